@@ -1,0 +1,45 @@
+# gpuslice — the two set-up commands are `make run` and `make test`; both install what they need.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: all run test test-python native native-test hack fuzz bench clean
+
+all: $(STAMP) native
+
+# The venv is (re)built whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpuslice needs Python 3.11+, found " + sys.version' 
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+# The enforcer: plain cc, no CUDA toolkit needed (prototypes live in native/include).
+native:
+	$(MAKE) -C native
+
+native-test:
+	$(MAKE) -C native test
+
+# Test harnesses that are not shipped (the Kubernetes control plane built from Go modules).
+hack:
+	$(MAKE) -C hack
+
+test: $(STAMP) native native-test hack
+	$(PY) -m pytest
+
+# Bounded fuzzing of the enforcer's config parser.
+fuzz:
+	$(MAKE) -C native fuzz
+
+bench: $(STAMP) native
+	$(PY) bench/run_cpu_benchmarks.py
+
+run: $(STAMP) native
+	$(VENV)/bin/gpuslice demo
+
+clean:
+	$(MAKE) -C native clean
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,79 @@
+"""The one entry point: ``gpuslice <verb>``.
+
+Each part owns a ``commands`` module with ``register(app)`` that adds its verbs; this file only wires
+them. Exit codes: 0 ok, 2 usage error (click's own), 1 runtime error (a :class:`GpusliceError`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+
+from gpuslice import __version__
+from gpuslice.errors import GpusliceError
+from gpuslice.spec import SpecError
+
+app = typer.Typer(
+    name="gpuslice",
+    help="Share NVIDIA GPUs safely: slices with hard memory limits, compute shares and priorities.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err_console = Console(stderr=True)
+
+# The parts that contribute verbs. A missing module is a packaging bug, so import errors propagate.
+PART_COMMANDS = (
+    "gpuslice.node.commands",
+    "gpuslice.sim.commands",
+    "gpuslice.kube.commands",
+)
+
+
+@app.command()
+def version() -> None:
+    """Print the gpuslice version."""
+    typer.echo(f"gpuslice {__version__}")
+
+
+def _register_parts() -> None:
+    for name in PART_COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that part has not landed yet
+                continue
+            raise
+        module.register(app)
+
+
+_register_parts()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; turn our typed errors into one red line and exit code 1."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except (GpusliceError, SpecError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return 1
+    except typer.Exit as exc:  # raised by commands that set their own code
+        return exc.exit_code
+    except typer.Abort:
+        err_console.print("aborted")
+        return 130
+    except Exception as exc:  # click usage errors carry exit_code 2
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

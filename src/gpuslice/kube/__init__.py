@@ -1,0 +1,1 @@
+"""gpuslice kube part."""

@@ -1,0 +1,1 @@
+"""gpuslice node part."""

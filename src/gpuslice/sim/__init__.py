@@ -1,0 +1,1 @@
+"""gpuslice sim part."""
