@@ -27,6 +27,8 @@ err_console = Console(stderr=True)
 
 # The parts that contribute verbs. A missing module is a packaging bug, so import errors propagate.
 PART_COMMANDS = (
+    "gpuslice.node.device_commands",
+    "gpuslice.demo",
     "gpuslice.node.commands",
     "gpuslice.sim.commands",
     "gpuslice.kube.commands",
@@ -54,24 +56,17 @@ _register_parts()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; turn our typed errors into one red line and exit code 1."""
-    try:
-        app(args=argv, standalone_mode=False)
-    except (GpusliceError, SpecError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        return 1
-    except typer.Exit as exc:  # raised by commands that set their own code
-        return exc.exit_code
-    except typer.Abort:
-        err_console.print("aborted")
-        return 130
-    except Exception as exc:  # click usage errors carry exit_code 2
-        import click
+    """Run the CLI; turn our typed errors into one red line and exit code 1.
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    Click (inside typer) handles usage errors itself in standalone mode: message + exit code 2.
+    """
+    try:
+        app(args=argv, prog_name="gpuslice")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except (GpusliceError, SpecError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        return 1
     return 0
 
 
