@@ -1,1 +1,88 @@
-"""gpuslice placement part."""
+"""Placement: the pure decision of which device(s) serve a request.
+
+Plain frozen data in, a decision out; no I/O, no clock, no Kubernetes objects. The local agent, the
+Kubernetes scheduler extender and the simulator all call these functions.
+
+API
+---
+``place(request, nodes, policy=None, *, workload=None, cpu_milli=0, host_memory=0, rng=None) -> Placement``
+    The best node and its slices, or raises :class:`NoFit` whose ``reason`` says what is free, e.g.
+    ``needs 20.0 GiB on 1 device; largest free is 12.0 GiB on GPU-… (node a)``.
+``filter_nodes(request, nodes, *, cpu_milli=0, host_memory=0) -> (fitting names, {name: reason})``
+``score_nodes(request, nodes, policy=None, *, workload=None, ...) -> {name: score 0..100}`` (fitting only)
+``fits(request, node) -> bool``
+``apply(node, slices, *, exclusive=False, cpu_milli=0, host_memory=0) -> NodeState`` and ``release(...)``
+    bookkeeping on plain data (refuse any over-commit with ``SpecError``).
+``NodeState.from_devices(name, devices, slices=(), *, exclusive=(), split_count=10, memory_scaling=1.0)``
+    builds state from NVML :class:`~gpuslice.spec.Device` s and the ledger's :class:`~gpuslice.spec.Slice` s.
+``Fleet(nodes)``: the same state as numpy columns, updated in place by ``apply``/``release``; pass it
+    instead of a list when you keep state between calls (simulator, benchmark, agent) — it skips the
+    per-call conversion.
+
+The model
+---------
+* A *device* is a physical GPU or one MIG instance (a MIG card contributes its instances, not itself).
+* A device takes at most ``split_count`` slices (HAMi's ``deviceSplitCount``, default 10); their memory
+  limits add up to at most ``memory_total × memory_scaling`` (HAMi's ``deviceMemoryScaling``: > 1
+  oversubscribes, < 1 keeps a reserve); their compute shares add up to at most 100 %.
+* A request's memory percent resolves per device against its physical memory (``MemoryAmount.resolve``,
+  floor); ``memory=None`` means the device's whole physical memory.
+* ``count > 1`` or ``exclusive`` requests get whole *idle* devices (no slice on them), held exclusively;
+  everything else gets one slice on one shared device.
+* ``models`` restricts devices (``V100M16|V100M32``); a name matches a device's model, its MIG profile or
+  ``model/profile``. Nodes may also track CPU (milli) and host memory, which the simulator uses.
+
+Policies (``PlacementPolicy(node=..., gpu=..., topology=True, seed=0)``, each level independently)
+-----------------------------------------------------------------------------------------------------
+GPU level (which device inside a node), for a shared request:
+  ``binpack`` most used after placing (memory share + compute share), ``spread`` least used,
+  ``bestfit`` least absolute memory left (then compute), ``fgd`` least fragmentation increase (below),
+  ``random`` any fitting device. For whole devices: ``bestfit`` the smallest that holds the request,
+  ``fgd`` the devices whose loss raises fragmentation least, others in index order.
+Node level (score 0..100, the highest wins; ties go to the earliest node in the caller's order):
+  ``binpack`` = 100 × node GPU allocation after placing, ``spread`` = 100 − that,
+  ``bestfit`` = 100 × (1 − remaining), remaining = mean of free device share (normalised by the widest
+  node) and free CPU (normalised by the largest node) — the FGD paper's Best-fit,
+  ``fgd`` = the node whose fragmentation rises least (linearly mapped to 0..100 over the candidates),
+  ``random`` uniform.
+Topology (``count > 1``): the set of idle devices is chosen by a topology score — 100 when every pair
+is NVLink-connected, else 40 × (share of linked pairs) + 60 if all on one NUMA node — and the node
+score becomes ``(1 − w) · policy + w · topology`` (``w = topology_weight``, 0.3).
+
+Fragmentation (FGD, Weng et al., USENIX ATC '23, in spirit)
+-----------------------------------------------------------
+Let a node's device *g* have free share ``f_g`` = unallocated memory / memory capacity (0 if held
+whole). A task shape *m* (count, memory, compute, whole or shared, models, CPU) can use device g if g
+fits one device's part of m. For one shape the node's fragmentation is the free capacity *m cannot use*::
+
+    F_n(m) = Σ_g f_g · [g cannot take m]     if node n can host m at all (enough fitting devices, CPU)
+    F_n(m) = Σ_g f_g                          otherwise (all of its free capacity is lost to m)
+
+Over the workload — the shapes seen so far with popularity ``p_m`` (:class:`Workload`; the 32 most
+frequent) — the expected fragmentation is ``F_n = Σ_m p_m · F_n(m)``. ``fgd`` places a request where
+``ΔF_n = F_n(after) − F_n(before)`` is smallest: it keeps devices able to take the shapes that will
+come, instead of leaving slivers nobody can use. Unlike the paper, which counts GPU milli only, a device
+here fits a shape only when memory, compute *and* a split slot are free; ``f_g`` is measured in memory
+share because memory is the hard limit (compute is time-shared).
+"""
+
+from gpuslice.placement.core import filter_nodes, fits, place, score_nodes
+from gpuslice.placement.fleet import Fleet
+from gpuslice.placement.model import (
+    DEFAULT_SPLIT_COUNT,
+    POLICIES,
+    DeviceState,
+    NodeState,
+    NoFit,
+    Placement,
+    PlacementPolicy,
+    TaskShape,
+    Workload,
+    apply,
+    release,
+)
+
+__all__ = [
+    "DEFAULT_SPLIT_COUNT", "POLICIES", "DeviceState", "NodeState", "NoFit", "Placement", "PlacementPolicy",
+    "TaskShape", "Workload", "Fleet", "apply", "release", "place", "score_nodes", "filter_nodes", "fits",
+]

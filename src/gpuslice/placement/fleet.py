@@ -1,0 +1,171 @@
+"""A column-store of many nodes' device state (numpy), so one request is scored over thousands of nodes
+in a few vectorised passes instead of a Python loop per device.
+
+:func:`gpuslice.placement.place` builds one from a list of :class:`NodeState` on each call (fine for a
+scheduler extender seeing tens or hundreds of nodes); long-lived callers (the simulator, a benchmark, an
+agent that keeps its state) build a :class:`Fleet` once and keep it current with :meth:`Fleet.apply` /
+:meth:`Fleet.release`, which change only the touched node's row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
+from gpuslice.placement.model import DeviceState, NodeState, Placement
+from gpuslice.spec import Slice, SpecError
+
+UNTRACKED = np.int64(2**62)  # CPU / host memory of a node that does not track them: never the limit
+
+
+class Fleet:
+    """Nodes × devices arrays (padded to the widest node). Rows are nodes in the order given."""
+
+    def __init__(self, nodes: Sequence[NodeState]):
+        nodes = list(nodes)
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise SpecError("nodes", names, "nodes with distinct names")
+        n = len(nodes)
+        g = max((len(x.devices) for x in nodes), default=0) or 1
+        self.names = names
+        self.index = {name: i for i, name in enumerate(names)}
+        self.static: list[tuple[DeviceState, ...]] = [x.devices for x in nodes]
+        self.width = g
+        shape = (n, g)
+        self.valid = np.zeros(shape, bool)
+        self.mem_total = np.ones(shape, np.int64)
+        self.mem_cap = np.ones(shape, np.int64)
+        self.mem_used = np.zeros(shape, np.int64)
+        self.comp_used = np.zeros(shape, np.int64)
+        self.slots_used = np.zeros(shape, np.int64)
+        self.split = np.zeros(shape, np.int64)
+        self.excl = np.zeros(shape, bool)
+        self.kind = np.zeros(shape, np.int32)
+        self.numa = np.full(shape, -1, np.int32)
+        self.cpu_total = np.full(n, UNTRACKED, np.int64)
+        self.cpu_used = np.zeros(n, np.int64)
+        self.hm_total = np.full(n, UNTRACKED, np.int64)
+        self.hm_used = np.zeros(n, np.int64)
+        self.kinds: list[DeviceState] = []  # one representative per (model, profile): for model matching
+        kind_ids: dict[tuple[str, str], int] = {}
+        self.pos: dict[str, tuple[int, int]] = {}
+        self.has_topology = np.zeros(n, bool)
+        for i, node in enumerate(nodes):
+            if node.cpu_milli is not None:
+                self.cpu_total[i], self.cpu_used[i] = node.cpu_milli, node.cpu_used
+            if node.host_memory is not None:
+                self.hm_total[i], self.hm_used[i] = node.host_memory, node.host_memory_used
+            for j, d in enumerate(node.devices):
+                if d.uuid in self.pos:
+                    raise SpecError("devices", d.uuid, "device UUIDs unique across the nodes")
+                self.pos[d.uuid] = (i, j)
+                key = (d.model, d.profile)
+                if key not in kind_ids:
+                    kind_ids[key] = len(self.kinds)
+                    self.kinds.append(d)
+                self.kind[i, j] = kind_ids[key]
+                self.valid[i, j] = True
+                self.mem_total[i, j] = d.memory_total
+                self.mem_cap[i, j] = d.memory_capacity
+                self.mem_used[i, j] = d.used_memory
+                self.comp_used[i, j] = d.used_compute
+                self.slots_used[i, j] = d.slice_count
+                self.split[i, j] = d.split_count
+                self.excl[i, j] = d.exclusive_taken
+                self.numa[i, j] = -1 if d.numa_node is None else d.numa_node
+                if d.nvlink_peers or d.numa_node is not None:
+                    self.has_topology[i] = True
+        self.version = 0  # bumped on every change: mixes into the seed of the random policy
+        self._type_cache: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    # ------------------------------------------------------------------------------------ state changes
+    def _rows(self, node: str | int) -> int:
+        if isinstance(node, str):
+            if node not in self.index:
+                raise SpecError("node", node, "a node of this fleet")
+            return self.index[node]
+        return int(node)
+
+    def apply(self, node: str | int, slices: Sequence[Slice], *, exclusive: bool = False,
+              cpu_milli: int = 0, host_memory: int = 0) -> None:
+        """Grant ``slices`` on ``node`` in place. Refuses (SpecError, nothing changed) any over-commit."""
+        self._change(self._rows(node), slices, exclusive, +1, cpu_milli, host_memory)
+
+    def release(self, node: str | int, slices: Sequence[Slice], *, exclusive: bool = False,
+                cpu_milli: int = 0, host_memory: int = 0) -> None:
+        """Take back the grant of ``slices`` on ``node`` in place."""
+        self._change(self._rows(node), slices, exclusive, -1, cpu_milli, host_memory)
+
+    def apply_placement(self, placement: Placement, *, cpu_milli: int = 0, host_memory: int = 0) -> None:
+        self.apply(placement.node, placement.slices, exclusive=placement.exclusive,
+                   cpu_milli=cpu_milli, host_memory=host_memory)
+
+    def release_placement(self, placement: Placement, *, cpu_milli: int = 0, host_memory: int = 0) -> None:
+        self.release(placement.node, placement.slices, exclusive=placement.exclusive,
+                     cpu_milli=cpu_milli, host_memory=host_memory)
+
+    def _change(self, i: int, slices: Sequence[Slice], exclusive: bool, sign: int,
+                cpu_milli: int, host_memory: int) -> None:
+        updates = []
+        for s in slices:
+            where = self.pos.get(s.device_uuid)
+            if where is None or where[0] != i:
+                raise SpecError("device_uuid", s.device_uuid, f"a UUID of a device on node {self.names[i]}")
+            j = where[1]
+            mem = int(self.mem_used[i, j]) + sign * s.memory_limit
+            comp = int(self.comp_used[i, j]) + sign * s.compute
+            slots = int(self.slots_used[i, j]) + sign
+            if sign > 0 and (self.excl[i, j] or (exclusive and self.slots_used[i, j])):
+                raise SpecError("device_uuid", s.device_uuid, "a device not held whole by another grant")
+            if not (0 <= mem <= self.mem_cap[i, j] and 0 <= comp <= 100 and 0 <= slots <= self.split[i, j]):
+                raise SpecError("slices", s, f"a slice that fits on {s.device_uuid} without over-commit")
+            excl = exclusive if sign > 0 else (False if exclusive else bool(self.excl[i, j]))
+            updates.append((j, mem, comp, slots, excl))
+        cpu = int(self.cpu_used[i]) + sign * cpu_milli
+        hm = int(self.hm_used[i]) + sign * host_memory
+        if self.cpu_total[i] != UNTRACKED and not 0 <= cpu <= self.cpu_total[i]:
+            raise SpecError("cpu_milli", cpu_milli, f"CPU that fits on node {self.names[i]}")
+        if self.hm_total[i] != UNTRACKED and not 0 <= hm <= self.hm_total[i]:
+            raise SpecError("host_memory", host_memory, f"host memory that fits on node {self.names[i]}")
+        for j, mem, comp, slots, excl in updates:  # all checks passed: nothing is half-applied
+            self.mem_used[i, j], self.comp_used[i, j], self.slots_used[i, j], self.excl[i, j] = mem, comp, slots, excl
+        if self.cpu_total[i] != UNTRACKED:
+            self.cpu_used[i] = cpu
+        if self.hm_total[i] != UNTRACKED:
+            self.hm_used[i] = hm
+        self.version += 1
+
+    # ------------------------------------------------------------------------------------------ views
+    def node_state(self, node: str | int) -> NodeState:
+        """The node's current state as plain data."""
+        i = self._rows(node)
+        devices = tuple(
+            replace(d, used_memory=int(self.mem_used[i, j]), used_compute=int(self.comp_used[i, j]),
+                    slice_count=int(self.slots_used[i, j]), exclusive_taken=bool(self.excl[i, j]))
+            for j, d in enumerate(self.static[i]))
+        tracked_cpu = self.cpu_total[i] != UNTRACKED
+        tracked_hm = self.hm_total[i] != UNTRACKED
+        return NodeState(name=self.names[i], devices=devices,
+                         cpu_milli=int(self.cpu_total[i]) if tracked_cpu else None,
+                         cpu_used=int(self.cpu_used[i]) if tracked_cpu else 0,
+                         host_memory=int(self.hm_total[i]) if tracked_hm else None,
+                         host_memory_used=int(self.hm_used[i]) if tracked_hm else 0)
+
+    def nodes(self) -> list[NodeState]:
+        return [self.node_state(i) for i in range(len(self))]
+
+    def used_share(self) -> np.ndarray:
+        """Per device: the allocated share of its memory capacity (1 when held whole, 0 when padding)."""
+        share = self.mem_used / self.mem_cap
+        share = np.where(self.excl, 1.0, share)
+        return np.where(self.valid, share, 0.0)
+
+    def free_share(self) -> np.ndarray:
+        """Per device: the unallocated share of its memory capacity (0 when held whole or padding)."""
+        return np.where(self.valid & ~self.excl, (self.mem_cap - self.mem_used) / self.mem_cap, 0.0)
