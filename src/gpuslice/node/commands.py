@@ -1,0 +1,67 @@
+"""Local-mode verbs: ``run``, ``ps``, ``top``, ``agent``. ``register(app)`` adds them; another module's
+``register`` may add more verbs to the same app (``devices`` lives in ``device_commands``)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+from typing import Callable, List, Optional
+
+import typer
+
+from gpuslice.node.paths import StateDir
+
+VERBS: dict[str, Callable[..., None]] = {}
+
+
+def verb(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def add(fn: Callable[..., None]) -> Callable[..., None]:
+        VERBS[name] = fn
+        return fn
+    return add
+
+
+def _say(text: str) -> None:
+    print(f"gpuslice: {text}", file=sys.stderr, flush=True)
+
+
+@verb("run")
+def run(
+    cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice."),
+    gpus: int = typer.Option(1, "--gpus", help="How many devices (more than 1 means whole devices)."),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Memory limit per device: 4GiB, 4096Mi, 50%. "
+                                         "Default: the whole device."),
+    compute: str = typer.Option("0", "--compute", help="Compute share of each device in percent (0 = not paced)."),
+    priority: str = typer.Option("low", "--priority", help="high or low."),
+    mode: str = typer.Option("hard", "--mode", help="Compute sharing mode: hard, soft or off."),
+    device: Optional[str] = typer.Option(None, "--device", help="Restrict to these devices: index or UUID, "
+                                         "comma separated."),
+    wait: bool = typer.Option(False, "--wait", help="Queue until the request fits instead of failing."),
+    policy: str = typer.Option("binpack", "--policy", help="Placement policy: binpack, spread, bestfit, fgd."),
+) -> None:
+    """Run CMD in a slice: grant, enforcer preloaded, output streamed, grant released at the end."""
+    from gpuslice.node.service import open_service
+    from gpuslice.node import launcher, procs
+    from gpuslice.node.enforcer import find_enforcer
+    from gpuslice.node.records import Ask
+    from gpuslice.spec import Request
+
+    request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
+                                    "priority": priority, "mode": mode})
+    enforcer = str(find_enforcer())
+    service, devices = open_service(StateDir.default())
+    ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
+              holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
+              devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
+              policy=policy)
+    code = launcher.run_command(service, ask, cmd, wait=wait, enforcer=enforcer, say=_say)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    for name, fn in VERBS.items():
+        if name == "run":
+            app.command(name, context_settings={"allow_interspersed_args": False})(fn)
+        else:
+            app.command(name)(fn)

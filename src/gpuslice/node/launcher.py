@@ -1,0 +1,311 @@
+"""``gpuslice run``: get a grant, start the command with the enforcer preloaded, release on every exit.
+
+The launcher makes itself a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so every process of
+the command's tree that is orphaned comes back to it: when the command ends, whatever it left behind is
+terminated (SIGTERM, then SIGKILL after a grace period) before the grant is released — the tree is the
+slice, as a container is. The command runs in its own process group (the terminal's foreground group
+when there is a terminal, so Ctrl-C reaches it directly); SIGINT/SIGTERM/SIGHUP sent to the launcher are
+forwarded to that group. If the launcher itself is killed, the command gets SIGTERM (``PDEATHSIG``) and
+the ledger keeps the grant while any process of the group lives, then reclaims it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from gpuslice.node import procs
+from gpuslice.node.client import GrantService
+from gpuslice.node.errors import LaunchError
+from gpuslice.node.records import Ask, GrantRecord, Queued
+from gpuslice.spec import Device, SpecError
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+GRACE_ENV = "GPUSLICE_KILL_GRACE"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+POLL_S = 0.5
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def grace_seconds() -> float:
+    text = os.environ.get(GRACE_ENV, "10")
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecError(GRACE_ENV, text, "seconds to wait after SIGTERM before SIGKILL, like 10") from None
+    if value < 0:
+        raise SpecError(GRACE_ENV, text, "a number of seconds at least 0")
+    return value
+
+
+# ------------------------------------------------------------------------------------------ devices
+def resolve_devices(text: str | None, devices: Sequence[Device]) -> tuple[str, ...]:
+    """``--device 0,1`` or ``--device GPU-…`` → UUIDs; every entry must name a device of this node."""
+    if not text:
+        return ()
+    by_index = {str(d.index): d.uuid for d in devices}
+    uuids = {d.uuid for d in devices} | {m.uuid for d in devices for m in d.mig_instances}
+    chosen = []
+    for part in (p.strip() for p in text.split(",")):
+        if part in by_index:
+            chosen.append(by_index[part])
+        elif part in uuids:
+            chosen.append(part)
+        else:
+            allowed = ", ".join(sorted(by_index)) + " or " + ", ".join(sorted(uuids))
+            raise SpecError("device", part, f"a device index or UUID of this node: {allowed}")
+    return tuple(dict.fromkeys(chosen))
+
+
+# ------------------------------------------------------------------------------------------ grant
+def obtain_grant(service: GrantService, ask: Ask, wait: bool, say: Callable[[str], None]) -> GrantRecord:
+    """Acquire, or with ``wait`` queue and poll until granted, saying the queue position as it changes."""
+    ticket: int | None = None
+    shown = None
+    try:
+        while True:
+            result = service.acquire(ask, wait=wait, ticket=ticket)
+            if isinstance(result, GrantRecord):
+                return result
+            ticket = result.ticket
+            if (result.position, result.reason) != shown:
+                say(f"waiting: position {result.position} in the queue ({result.reason})")
+                shown = (result.position, result.reason)
+            time.sleep(POLL_S)
+    except BaseException:
+        if ticket is not None:
+            try:
+                service.cancel(ticket)
+            except Exception:  # the ledger forgets waiters whose process is gone anyway
+                pass
+        raise
+
+
+def child_environment(grant: GrantRecord, enforcer: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    preload = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = enforcer + (" " + preload if preload else "")
+    env["GPUSLICE_SLICE"] = grant.slice_file
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(s.device_uuid for s in grant.slices)
+    env["GPUSLICE_GRANT"] = grant.grant_id
+    return env
+
+
+# ------------------------------------------------------------------------------------------ process
+@dataclass
+class _Tree:
+    child: int
+    grace: float
+    terminating: bool = False
+    signalled: int = 0
+
+    def forward(self, signum: int, _frame: object = None) -> None:
+        self.signalled = signum
+        _killpg(self.child, signum)
+        if signum != signal.SIGINT and not self.terminating:
+            self.terminating = True
+            signal.signal(signal.SIGALRM, self.kill_all)
+            signal.setitimer(signal.ITIMER_REAL, max(self.grace, 0.01))
+
+    def kill_all(self, _signum: int = 0, _frame: object = None) -> None:
+        _killpg(self.child, signal.SIGKILL)
+        for pid in procs.descendants(os.getpid()):
+            _kill(pid, signal.SIGKILL)
+
+
+def _killpg(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def become_subreaper() -> bool:
+    return _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _tty_fd() -> int | None:
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):
+        return None
+    try:
+        return fd if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp() else None
+    except OSError:
+        return None
+
+
+def _give_terminal(fd: int | None, pgid: int) -> None:
+    if fd is None:
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgid)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def _child_setup(tty: int | None) -> Callable[[], None]:
+    parent = os.getpid()
+
+    def setup() -> None:  # runs in the child between fork and exec
+        os.setpgid(0, 0)
+        _give_terminal(tty, os.getpid())
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl: do not run unsupervised
+            os._exit(1)
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+
+    return setup
+
+
+def spawn(cmd: Sequence[str], env: dict[str, str], tty: int | None) -> int:
+    """Fork + exec ``cmd`` in its own process group; LaunchError (with 126/127 in .code) if it cannot."""
+    import subprocess
+
+    try:
+        proc = subprocess.Popen(list(cmd), env=env, preexec_fn=_child_setup(tty), close_fds=True)
+    except FileNotFoundError:
+        raise _launch_error(f"command not found: {cmd[0]}", 127) from None
+    except PermissionError:
+        raise _launch_error(f"command is not executable: {cmd[0]}", 126) from None
+    except OSError as exc:
+        raise _launch_error(f"cannot start {cmd[0]}: {exc}", 126) from None
+    proc.returncode = 0  # we reap it ourselves with waitpid(-1); keep Popen from touching it
+    return proc.pid
+
+
+def _launch_error(message: str, code: int) -> LaunchError:
+    err = LaunchError(message)
+    err.code = code  # type: ignore[attr-defined]
+    return err
+
+
+def wait_tree(child: int, grace: float) -> int:
+    """Wait for ``child`` (forwarding signals), then end what is left of its tree; the exit status."""
+    tree = _Tree(child=child, grace=grace)
+    previous = {s: signal.signal(s, tree.forward) for s in FORWARDED}
+    try:
+        status = _wait_for(child)
+        leftovers = procs.descendants(os.getpid())
+        if leftovers:
+            _end_leftovers(leftovers, grace)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return status
+
+
+def _wait_for(child: int) -> int:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 0
+        if pid == child:
+            return os.waitstatus_to_exitcode(status)
+
+
+def _end_leftovers(pids: list[int], grace: float) -> None:
+    for pid in pids:
+        _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        _reap()
+        if not procs.descendants(os.getpid()):
+            return
+        time.sleep(0.05)
+    for pid in procs.descendants(os.getpid()):
+        _kill(pid, signal.SIGKILL)
+    while procs.descendants(os.getpid()):
+        _reap()
+        time.sleep(0.02)
+    _reap()
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def shell_code(status: int) -> int:
+    """waitstatus_to_exitcode gives -N for a signal: shells report 128 + N."""
+    return 128 - status if status < 0 else status
+
+
+# ------------------------------------------------------------------------------------------ the verb
+def run_command(service: GrantService, ask: Ask, cmd: Sequence[str], *, wait: bool, enforcer: str,
+                say: Callable[[str], None]) -> int:
+    """The whole of ``gpuslice run`` after argument parsing; returns the shell exit code."""
+    if not cmd:
+        raise SpecError("command", "", "a command after --, like: gpuslice run --memory 4GiB -- python train.py")
+    try:
+        grant = obtain_grant(service, ask, wait, say)
+    except KeyboardInterrupt:
+        say("interrupted while waiting; nothing was granted")
+        return 130
+    try:
+        say(describe_grant(grant))
+        become_subreaper()
+        tty = _tty_fd()
+        try:
+            child = spawn(cmd, child_environment(grant, enforcer), tty)
+        except LaunchError as exc:
+            say(f"error: {exc}")
+            return int(getattr(exc, "code", 127))
+        try:
+            service.set_child(grant.grant_id, child, procs.start_time(child))
+            status = wait_tree(child, grace_seconds())
+        finally:
+            _give_terminal(tty, os.getpgrp())
+        return shell_code(status)
+    finally:
+        _release_quietly(service, grant.grant_id, say)
+
+
+def _release_quietly(service: GrantService, grant_id: str, say: Callable[[str], None]) -> None:
+    for attempt in range(3):
+        try:
+            service.release(grant_id)
+            return
+        except Exception as exc:  # the agent's reclaimer will release it once our processes are gone
+            if attempt == 2:
+                say(f"warning: could not release grant {grant_id} now ({exc}); it is reclaimed when "
+                    "its processes are gone")
+            time.sleep(0.2)
+
+
+def describe_grant(grant: GrantRecord) -> str:
+    from gpuslice.spec import human_bytes
+
+    parts = [f"{s.device_uuid} memory {human_bytes(s.memory_limit)} compute {s.compute or '-'}%"
+             for s in grant.slices]
+    return f"grant {grant.grant_id}: " + "; ".join(parts)
+
+
+def command_text(cmd: Sequence[str]) -> str:
+    return shlex.join(cmd)[:500]

@@ -1,0 +1,255 @@
+"""The local ledger: grants and the wait queue of one node, in SQLite (WAL) under the state dir.
+
+Every change runs in one ``BEGIN IMMEDIATE`` transaction, which takes SQLite's write lock on the file
+before reading: two ``gpuslice run`` processes (or a run and the agent) can never both see the same free
+memory, so over-commit is impossible. Inside that transaction the ledger first reclaims grants whose
+processes are all gone (holder pid + start time, then the launched process group, then the processes
+recorded in the region), then asks the placement core.
+
+The wait queue is ordered by priority (high first), then arrival. A request is only placed when no
+live waiter is ahead of it, so a big waiting request is not starved by a stream of small ones.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Callable, Iterator, Sequence
+
+from gpuslice.node import procs
+from gpuslice.node.errors import LedgerError, UnknownGrant
+from gpuslice.node.grantfiles import remove_grant_files, write_grant_files
+from gpuslice.node.paths import StateDir
+from gpuslice.node.records import Ask, GrantRecord, Queued, Waiter, request_from_json, request_to_json
+from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place
+from gpuslice.placement.model import describe_free
+from gpuslice.spec import Device
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS grants (
+    id TEXT PRIMARY KEY,
+    record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS waiters (
+    ticket INTEGER PRIMARY KEY AUTOINCREMENT,
+    priority INTEGER NOT NULL,
+    enqueued REAL NOT NULL,
+    pid INTEGER NOT NULL,
+    pid_start INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    request TEXT NOT NULL
+);
+"""
+BUSY_TIMEOUT_S = 30.0
+
+# Extra liveness evidence, e.g. pids the enforcer recorded in the slice's region: grant -> live pids.
+RegionPids = Callable[[GrantRecord], list[int]]
+
+
+def _no_region_pids(grant: GrantRecord) -> list[int]:
+    return []
+
+
+class Ledger:
+    """Grants of one node. ``devices`` are the node's GPUs (NVML or a snapshot)."""
+
+    def __init__(self, state: StateDir, devices: Sequence[Device], *, node_name: str | None = None,
+                 region_pids: RegionPids = _no_region_pids):
+        self.state = state.ensure()
+        self.devices = list(devices)
+        self.node_name = node_name or socket.gethostname() or "local"
+        self.region_pids = region_pids
+        self._db = self._connect()
+
+    # -------------------------------------------------------------------------------------- storage
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(self.state.ledger, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                 check_same_thread=False)
+            deadline = time.monotonic() + BUSY_TIMEOUT_S
+            while True:  # switching to WAL needs a moment of exclusive access; others may hold the file
+                try:
+                    db.execute("PRAGMA journal_mode=WAL")
+                    break
+                except sqlite3.OperationalError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            db.execute("PRAGMA synchronous=NORMAL")
+            with _immediate(db):
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open the ledger {self.state.ledger}: {exc}") from None
+        return db
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            with _immediate(self._db) as db:
+                yield db
+        except sqlite3.OperationalError as exc:
+            raise LedgerError(f"ledger {self.state.ledger}: {exc}") from None
+
+    # -------------------------------------------------------------------------------------- queries
+    def grants(self) -> list[GrantRecord]:
+        rows = self._db.execute("SELECT record FROM grants ORDER BY rowid").fetchall()
+        return [GrantRecord.from_json(json.loads(r[0])) for r in rows]
+
+    def grant(self, grant_id: str) -> GrantRecord:
+        row = self._db.execute("SELECT record FROM grants WHERE id = ?", (grant_id,)).fetchone()
+        if row is None:
+            raise UnknownGrant(grant_id)
+        return GrantRecord.from_json(json.loads(row[0]))
+
+    def waiters(self) -> list[Waiter]:
+        rows = self._db.execute(
+            "SELECT ticket, priority, enqueued, pid, pid_start, owner, request FROM waiters "
+            "ORDER BY priority, ticket").fetchall()
+        return [Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r))) for t, p, e, pid, ps, o, r in rows]
+
+    def node_state(self, grants: Sequence[GrantRecord] | None = None, only: Sequence[str] = ()) -> NodeState:
+        """The node as placement sees it: devices (all, or ``only`` these UUIDs) and granted slices."""
+        grants = self.grants() if grants is None else grants
+        devices = [d for d in self.devices if not only or d.uuid in only]
+        uuids = {d.uuid for d in devices} | {m.uuid for d in devices for m in d.mig_instances}
+        slices = [s for g in grants for s in g.slices if s.device_uuid in uuids]
+        held = [s.device_uuid for g in grants if g.exclusive for s in g.slices if s.device_uuid in uuids]
+        return NodeState.from_devices(self.node_name, devices, slices, exclusive=held)
+
+    # -------------------------------------------------------------------------------------- changes
+    def acquire(self, ask: Ask, *, wait: bool = False, ticket: int | None = None) -> GrantRecord | Queued:
+        """Grant ``ask`` now, or (``wait``) queue it and say where it stands; raises :class:`NoFit`."""
+        policy = PlacementPolicy.parse(ask.policy)
+        with self._tx() as db:
+            self._reclaim(db)
+            if wait and ticket is None:
+                ticket = self._enqueue(db, ask)
+            ahead = self._ahead(db, ask, ticket if wait else None)
+            if ahead:
+                reason = f"{ahead} request(s) wait ahead in the queue"
+                if not wait:
+                    raise NoFit(f"{reason}; use --wait to queue behind them")
+                return Queued(ticket=ticket or 0, position=ahead + 1, reason=reason)
+            node = self.node_state(self._grants(db), ask.devices)
+            try:
+                placed = place(ask.request, [node], policy)
+            except NoFit as exc:
+                reason = f"{exc.reason}; free now: {describe_free(node)}"
+                if not wait:
+                    raise NoFit(reason, exc.per_node) from None
+                return Queued(ticket=ticket or 0, position=1, reason=reason)
+            record = GrantRecord(
+                grant_id=new_grant_id(), owner=ask.owner, slices=placed.slices, request=ask.request,
+                created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start,
+                exclusive=placed.exclusive, uid=ask.uid, command=ask.command,
+                slice_file="", region_file="")
+            record = replace(record, slice_file=str(self.state.slice_file(record.grant_id)),
+                             region_file=str(self.state.region_file(record.grant_id)))
+            db.execute("INSERT INTO grants (id, record) VALUES (?, ?)",
+                       (record.grant_id, json.dumps(record.to_json())))
+            if ticket is not None:
+                db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
+            try:  # inside the transaction: a failure rolls the grant back, nothing half-applied
+                write_grant_files(record, self.state)
+            except BaseException:
+                remove_grant_files(record.grant_id, self.state)
+                raise
+            return record
+
+    def cancel(self, ticket: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
+
+    def set_child(self, grant_id: str, child_pid: int, child_start: int) -> GrantRecord:
+        """Record the launched process (its process group holds the grant too)."""
+        with self._tx() as db:
+            record = replace(self._get(db, grant_id), child_pid=child_pid, child_start=child_start)
+            db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record.to_json()), grant_id))
+            return record
+
+    def release(self, grant_id: str) -> bool:
+        """End a grant; False if it was already gone."""
+        with self._tx() as db:
+            gone = db.execute("DELETE FROM grants WHERE id = ?", (grant_id,)).rowcount
+        remove_grant_files(grant_id, self.state)
+        return bool(gone)
+
+    def reclaim(self) -> list[str]:
+        """Release grants (and forget waiters) whose processes are all gone; the ids released."""
+        with self._tx() as db:
+            return self._reclaim(db)
+
+    # -------------------------------------------------------------------------------------- helpers
+    def _grants(self, db: sqlite3.Connection) -> list[GrantRecord]:
+        rows = db.execute("SELECT record FROM grants ORDER BY rowid").fetchall()
+        return [GrantRecord.from_json(json.loads(r[0])) for r in rows]
+
+    def _get(self, db: sqlite3.Connection, grant_id: str) -> GrantRecord:
+        row = db.execute("SELECT record FROM grants WHERE id = ?", (grant_id,)).fetchone()
+        if row is None:
+            raise UnknownGrant(grant_id)
+        return GrantRecord.from_json(json.loads(row[0]))
+
+    def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
+        cur = db.execute(
+            "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request) VALUES (?, ?, ?, ?, ?, ?)",
+            (int(ask.request.priority), time.time(), ask.holder_pid, ask.holder_start, ask.owner,
+             json.dumps(request_to_json(ask.request))))
+        return int(cur.lastrowid or 0)
+
+    def _ahead(self, db: sqlite3.Connection, ask: Ask, ticket: int | None) -> int:
+        """Live waiters that go before this request (a queued ticket, or a newcomer that does not wait)."""
+        prio = int(ask.request.priority)
+        if ticket is None:
+            sql, args = "SELECT COUNT(*) FROM waiters WHERE priority <= ?", (prio,)
+        else:
+            sql = "SELECT COUNT(*) FROM waiters WHERE priority < ? OR (priority = ? AND ticket < ?)"
+            args = (prio, prio, ticket)
+        return int(db.execute(sql, args).fetchone()[0])
+
+    def _reclaim(self, db: sqlite3.Connection) -> list[str]:
+        stats = procs.all_stats()
+        released = [g.grant_id for g in self._grants(db) if not grant_alive(g, stats, self.region_pids)]
+        for grant_id in released:
+            db.execute("DELETE FROM grants WHERE id = ?", (grant_id,))
+            remove_grant_files(grant_id, self.state)
+        live = {(s.pid, s.start) for s in stats}
+        for ticket, pid, start in db.execute("SELECT ticket, pid, pid_start FROM waiters").fetchall():
+            if (pid, start) not in live:
+                db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
+        return released
+
+
+def grant_alive(grant: GrantRecord, stats: list[procs.ProcStat], region_pids: RegionPids = _no_region_pids) -> bool:
+    """A grant lives while its holder, any process of the launched group, or a region process lives."""
+    live = {(s.pid, s.start) for s in stats}
+    if (grant.holder_pid, grant.holder_start) in live:
+        return True
+    if grant.child_pid and procs.group_members(grant.child_pid, grant.child_start, stats):
+        return True
+    return any(procs.alive(pid, 0) for pid in region_pids(grant))
+
+
+def new_grant_id() -> str:
+    return "g-" + secrets.token_hex(4)
+
+
+@contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")

@@ -1,0 +1,78 @@
+"""Processes as the ledger sees them: a pid plus its start time (so a reused pid is never mistaken for
+the original), process groups and descendants, all read from ``/proc``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    pgrp: int
+    start: int  # clock ticks since boot (field 22 of /proc/<pid>/stat)
+    state: str
+
+
+def stat(pid: int) -> ProcStat | None:
+    """The stat line of ``pid``, or None if it does not exist (or is a zombie: it is already over)."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        return None
+    # The command name is in parentheses and may contain spaces or ')': split after the last ')'.
+    fields = text[text.rfind(")") + 2:].split()
+    state = fields[0]
+    if state in ("Z", "X"):
+        return None
+    return ProcStat(pid=pid, ppid=int(fields[1]), pgrp=int(fields[2]), start=int(fields[19]), state=state)
+
+
+def start_time(pid: int) -> int:
+    """Start time of a live pid (clock ticks since boot); 0 when it is gone."""
+    found = stat(pid)
+    return found.start if found else 0
+
+
+def alive(pid: int, start: int) -> bool:
+    """True if ``pid`` runs and is the same process that had start time ``start`` (0 = do not check)."""
+    if pid <= 0:
+        return False
+    found = stat(pid)
+    return found is not None and (start == 0 or found.start == start)
+
+
+def all_stats() -> list[ProcStat]:
+    out = []
+    for entry in os.listdir(PROC):
+        if entry.isdigit():
+            found = stat(int(entry))
+            if found is not None:
+                out.append(found)
+    return out
+
+
+def group_members(pgid: int, not_before: int = 0, stats: list[ProcStat] | None = None) -> list[int]:
+    """Live pids of process group ``pgid`` started at or after ``not_before`` (ticks)."""
+    if pgid <= 0:
+        return []
+    return [s.pid for s in (stats if stats is not None else all_stats())
+            if s.pgrp == pgid and s.start >= not_before]
+
+
+def descendants(root: int, stats: list[ProcStat] | None = None) -> list[int]:
+    """Live pids below ``root`` in the parent tree (not ``root`` itself)."""
+    children: dict[int, list[int]] = {}
+    for s in stats if stats is not None else all_stats():
+        children.setdefault(s.ppid, []).append(s.pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

@@ -1,0 +1,151 @@
+"""Plain records of local mode: what a caller asks the ledger for, a recorded grant, a queue ticket.
+
+They travel as JSON over the agent's socket; ``to_json``/``from_json`` are exact inverses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuslice.spec import ComputeMode, Priority, Request, Slice, SpecError
+
+
+def request_to_json(request: Request) -> dict[str, Any]:
+    return {
+        "count": request.count,
+        "memory": None if request.memory is None else str(request.memory),
+        "compute": request.compute,
+        "priority": int(request.priority),
+        "mode": request.mode.value,
+        "weight": request.weight,
+        "exclusive": request.exclusive,
+        "models": list(request.models),
+    }
+
+
+def request_from_json(data: Any) -> Request:
+    if not isinstance(data, dict):
+        raise SpecError("request", data, "an object with count, memory, compute, priority, mode, …")
+    return Request.from_mapping({k: v for k, v in data.items() if v is not None})
+
+
+def slice_to_json(item: Slice) -> dict[str, Any]:
+    return {"device_uuid": item.device_uuid, "memory_limit": item.memory_limit, "compute": item.compute,
+            "priority": int(item.priority), "mode": item.mode.value, "weight": item.weight}
+
+
+def slice_from_json(data: dict[str, Any]) -> Slice:
+    return Slice(device_uuid=data["device_uuid"], memory_limit=int(data["memory_limit"]),
+                 compute=int(data["compute"]), priority=Priority(int(data["priority"])),
+                 mode=ComputeMode(data["mode"]), weight=int(data["weight"]))
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A request plus who asks: the holder process (pid + start time) keeps the grant alive."""
+
+    request: Request
+    owner: str
+    holder_pid: int
+    holder_start: int
+    uid: int = -1
+    devices: tuple[str, ...] = ()  # restrict placement to these device UUIDs (empty: any)
+    command: str = ""
+    policy: str = "binpack"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request": request_to_json(self.request), "owner": self.owner, "holder_pid": self.holder_pid,
+                "holder_start": self.holder_start, "uid": self.uid, "devices": list(self.devices),
+                "command": self.command, "policy": self.policy}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Ask":
+        if not isinstance(data, dict):
+            raise SpecError("ask", data, "an object with request, owner, holder_pid, holder_start")
+        for key in ("owner", "holder_pid", "holder_start"):
+            if key not in data:
+                raise SpecError(key, None, f"field {key} in the grant request")
+        devices = data.get("devices") or []
+        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+            raise SpecError("devices", devices, "a list of device UUIDs")
+        return cls(request=request_from_json(data.get("request", {})), owner=str(data["owner"]),
+                   holder_pid=_int("holder_pid", data["holder_pid"]),
+                   holder_start=_int("holder_start", data["holder_start"]), uid=_int("uid", data.get("uid", -1)),
+                   devices=tuple(devices), command=str(data.get("command", "")),
+                   policy=str(data.get("policy", "binpack")))
+
+
+def _int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(name, value, "a whole number")
+    return value
+
+
+@dataclass(frozen=True)
+class GrantRecord:
+    """One grant as the ledger holds it."""
+
+    grant_id: str
+    owner: str
+    slices: tuple[Slice, ...]
+    request: Request
+    created: float
+    holder_pid: int
+    holder_start: int
+    exclusive: bool = False
+    child_pid: int = 0
+    child_start: int = 0
+    uid: int = -1
+    command: str = ""
+    slice_file: str = ""
+    region_file: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grant_id": self.grant_id, "owner": self.owner, "slices": [slice_to_json(s) for s in self.slices],
+                "request": request_to_json(self.request), "created": self.created, "holder_pid": self.holder_pid,
+                "holder_start": self.holder_start, "exclusive": self.exclusive, "child_pid": self.child_pid,
+                "child_start": self.child_start, "uid": self.uid, "command": self.command,
+                "slice_file": self.slice_file, "region_file": self.region_file}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GrantRecord":
+        return cls(grant_id=data["grant_id"], owner=data["owner"],
+                   slices=tuple(slice_from_json(s) for s in data["slices"]),
+                   request=request_from_json(data["request"]), created=float(data["created"]),
+                   holder_pid=int(data["holder_pid"]), holder_start=int(data["holder_start"]),
+                   exclusive=bool(data.get("exclusive", False)), child_pid=int(data.get("child_pid", 0)),
+                   child_start=int(data.get("child_start", 0)), uid=int(data.get("uid", -1)),
+                   command=data.get("command", ""), slice_file=data.get("slice_file", ""),
+                   region_file=data.get("region_file", ""))
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A waiting request: its ticket, its place in the queue (1 = next) and why it does not fit now."""
+
+    ticket: int
+    position: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ticket": self.ticket, "position": self.position, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Queued":
+        return cls(ticket=int(data["ticket"]), position=int(data["position"]), reason=str(data["reason"]))
+
+
+@dataclass(frozen=True)
+class Waiter:
+    ticket: int
+    priority: int
+    enqueued: float
+    pid: int
+    pid_start: int
+    owner: str
+    request: Request = field(compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ticket": self.ticket, "priority": self.priority, "enqueued": self.enqueued, "pid": self.pid,
+                "owner": self.owner, "request": request_to_json(self.request)}
