@@ -243,8 +243,9 @@ def _rng(policy: PlacementPolicy, fleet: Fleet, rng: np.random.Generator | None)
     if rng is not None:
         return rng
     # Pure but not frozen: the same seed draws differently as the fleet's state changes.
-    state = int(fleet.mem_used.sum() % (2**31)) ^ int(fleet.slots_used.sum()) ^ fleet.version
-    return np.random.default_rng([policy.seed, state])
+    digest = [int(fleet.mem_used.sum()) % 2**63, int(fleet.comp_used.sum()), int(fleet.slots_used.sum()),
+              int(fleet.cpu_used.sum()) % 2**63, fleet.version]
+    return np.random.default_rng([policy.seed, *digest])
 
 
 def _normalise_low_is_good(values: np.ndarray) -> np.ndarray:
