@@ -59,6 +59,62 @@ def run(
     raise typer.Exit(code)
 
 
+@verb("ps")
+def ps(as_json: bool = typer.Option(False, "--json", help="Print the node view as JSON.")) -> None:
+    """Show devices, slices (memory limit/used, compute set/achieved, processes, priority, age) and the queue."""
+    import json
+
+    from gpuslice.console import stdout_console
+    from gpuslice.node.tables import view_renderable
+    from gpuslice.node.viewsource import ViewSource
+
+    view = ViewSource(StateDir.default()).view()
+    if as_json:
+        typer.echo(json.dumps(view.to_json(), indent=1))
+        return
+    stdout_console().print(view_renderable(view))
+
+
+@verb("top")
+def top(
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes."),
+    count: int = typer.Option(0, "--count", help="Stop after this many refreshes (0 = until Ctrl-C)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON line per refresh instead of the table."),
+) -> None:
+    """Live view of the slices of this node (refreshing)."""
+    from gpuslice.node.top import run_top
+
+    if interval <= 0:
+        from gpuslice.spec import SpecError
+
+        raise SpecError("interval", interval, "seconds above 0, like 1 or 0.5")
+    run_top(StateDir.default(), interval, count, as_json)
+
+
+@verb("agent")
+def agent(
+    port: int = typer.Option(9477, "--port", help="HTTP port of the dashboard and /metrics (0 = any free, -1 = off)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="HTTP address (localhost by default)."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between usage samples."),
+    history_minutes: float = typer.Option(10.0, "--history", help="Minutes of history the dashboard shows."),
+) -> None:
+    """Run the node agent: ledger over a Unix socket, stale-grant reclaim, Prometheus metrics, dashboard."""
+    import asyncio
+
+    from gpuslice.node.agent import AgentConfig, serve
+    from gpuslice.node.devices import discover
+    from gpuslice.spec import SpecError
+
+    if interval <= 0:
+        raise SpecError("interval", interval, "seconds above 0, like 1 or 0.5")
+    if history_minutes <= 0:
+        raise SpecError("history", history_minutes, "minutes above 0, like 10")
+    points = max(2, int(history_minutes * 60 / interval))
+    config = AgentConfig(state=StateDir.default().ensure(), host=host, port=port, interval=interval,
+                         history_points=points)
+    asyncio.run(serve(config, discover()))
+
+
 def register(app: typer.Typer) -> None:
     for name, fn in VERBS.items():
         if name == "run":

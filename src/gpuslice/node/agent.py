@@ -1,0 +1,247 @@
+"""``gpuslice agent``: the node daemon.
+
+It owns one :class:`Ledger`, samples every grant's region each ``interval`` seconds into a
+:class:`History`, reclaims stale grants, and serves two faces of one state:
+
+* the Unix socket (``<state>/agent.sock``, mode 0666): the full JSON API of :mod:`gpuslice.node.client`;
+* HTTP on ``host:port`` (localhost by default): read-only — the dashboard, ``/metrics``, status, history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gpuslice.errors import GpusliceError
+from gpuslice.node.devices import snapshot_json
+from gpuslice.node.errors import UnknownGrant
+from gpuslice.node.history import History
+from gpuslice.node.ledger import Ledger
+from gpuslice.node.metrics import exposition
+from gpuslice.node.monitor import Monitor, NodeView
+from gpuslice.node.paths import StateDir
+from gpuslice.node.records import Ask, GrantRecord
+from gpuslice.placement import NoFit
+from gpuslice.spec import Device, SpecError
+
+
+@dataclass
+class AgentConfig:
+    state: StateDir
+    host: str = "127.0.0.1"
+    port: int = 9477
+    interval: float = 1.0
+    reclaim_every: float = 5.0
+    history_points: int = 600
+
+
+class Agent:
+    """The state behind both faces. Ledger calls run in threads, one at a time (one SQLite connection)."""
+
+    def __init__(self, config: AgentConfig, devices: list[Device]):
+        from gpuslice.node.region_usage import region_pids
+
+        self.config = config
+        self.devices = devices
+        self.ledger = Ledger(config.state, devices, region_pids=region_pids)
+        self.monitor = Monitor(devices, self.ledger.node_name)
+        self.history = History(config.history_points)
+        self.latest: NodeView | None = None
+        self._lock = threading.Lock()
+
+    def locked(self, fn, *args, **kwargs):
+        with self._lock:
+            return fn(*args, **kwargs)
+
+    async def call(self, fn, *args, **kwargs):
+        return await asyncio.to_thread(self.locked, fn, *args, **kwargs)
+
+    def sample_once(self) -> NodeView:
+        with self._lock:
+            grants, waiters = self.ledger.grants(), self.ledger.waiters()
+            view = self.monitor.sample(grants, waiters)
+            self.latest = view
+            self.history.add(view)
+        return view
+
+    async def run_sampler(self) -> None:
+        last_reclaim = 0.0
+        while True:
+            if time.monotonic() - last_reclaim >= self.config.reclaim_every:
+                await self.call(self.ledger.reclaim)
+                last_reclaim = time.monotonic()
+            await asyncio.to_thread(self.sample_once)
+            await asyncio.sleep(self.config.interval)
+
+
+# ------------------------------------------------------------------------------------------ handlers
+def _error(code: int, kind: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": kind, "message": message, **extra}, status_code=code)
+
+
+async def _body(request: HttpRequest) -> Any:
+    try:
+        return json.loads(await request.body() or b"{}")
+    except ValueError as exc:
+        raise SpecError("body", "(not JSON)", f"a JSON object ({exc})") from None
+
+
+def _guard(handler):
+    async def wrapped(request: HttpRequest) -> Response:
+        try:
+            return await handler(request)
+        except NoFit as exc:
+            return _error(409, "nofit", exc.reason)
+        except UnknownGrant as exc:
+            return _error(404, "unknown_grant", str(exc), grant_id=exc.grant_id)
+        except SpecError as exc:
+            return _error(400, "spec", str(exc), field=exc.field, value=repr(exc.value), allowed=exc.allowed)
+        except GpusliceError as exc:
+            return _error(500, "internal", str(exc))
+    return wrapped
+
+
+def build_apps(agent: Agent) -> tuple[Starlette, Starlette]:
+    """(socket app with the full API, HTTP app read-only)."""
+
+    async def ping(request: HttpRequest) -> Response:
+        return JSONResponse({"ok": True, "pid": os.getpid()})
+
+    async def devices(request: HttpRequest) -> Response:
+        return JSONResponse(snapshot_json(agent.devices, f"gpuslice agent on {agent.ledger.node_name}"))
+
+    async def post_grant(request: HttpRequest) -> Response:
+        data = await _body(request)
+        ask = Ask.from_json(data)
+        ticket = data.get("ticket")
+        result = await agent.call(agent.ledger.acquire, ask, wait=bool(data.get("wait")),
+                                  ticket=int(ticket) if ticket is not None else None)
+        if isinstance(result, GrantRecord):
+            await asyncio.to_thread(agent.sample_once)
+            return JSONResponse(result.to_json(), status_code=201)
+        return JSONResponse(result.to_json(), status_code=202)
+
+    async def patch_grant(request: HttpRequest) -> Response:
+        data = await _body(request)
+        record = await agent.call(agent.ledger.set_child, request.path_params["grant_id"],
+                                  int(data.get("child_pid", 0)), int(data.get("child_start", 0)))
+        return JSONResponse(record.to_json())
+
+    async def delete_grant(request: HttpRequest) -> Response:
+        released = await agent.call(agent.ledger.release, request.path_params["grant_id"])
+        await asyncio.to_thread(agent.sample_once)
+        return JSONResponse({"released": released})
+
+    async def delete_ticket(request: HttpRequest) -> Response:
+        await agent.call(agent.ledger.cancel, int(request.path_params["ticket"]))
+        return JSONResponse({"cancelled": True})
+
+    async def grants(request: HttpRequest) -> Response:
+        records = await agent.call(agent.ledger.grants)
+        waiters = await agent.call(agent.ledger.waiters)
+        return JSONResponse({"grants": [g.to_json() for g in records], "waiters": [w.to_json() for w in waiters]})
+
+    async def status(request: HttpRequest) -> Response:
+        view = agent.latest or await asyncio.to_thread(agent.sample_once)
+        return JSONResponse(view.to_json())
+
+    async def history(request: HttpRequest) -> Response:
+        since = float(request.query_params.get("since", "0") or 0)
+        with agent._lock:
+            data = agent.history.to_json(since)
+        return JSONResponse(data)
+
+    async def metrics(request: HttpRequest) -> Response:
+        body = exposition(lambda: agent.latest)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def page(request: HttpRequest) -> Response:
+        return Response(_asset("dashboard.html"), media_type="text/html; charset=utf-8")
+
+    async def script(request: HttpRequest) -> Response:
+        return Response(_asset("dashboard.js"), media_type="application/javascript")
+
+    read_only = [
+        Route("/", _guard(page)), Route("/dashboard.js", _guard(script)), Route("/metrics", _guard(metrics)),
+        Route("/v1/ping", _guard(ping)), Route("/v1/devices", _guard(devices)), Route("/v1/status", _guard(status)),
+        Route("/v1/history", _guard(history)), Route("/v1/grants", _guard(grants), methods=["GET"]),
+    ]
+    writes = [
+        Route("/v1/grants", _guard(post_grant), methods=["POST"]),
+        Route("/v1/grants/{grant_id}", _guard(patch_grant), methods=["PATCH"]),
+        Route("/v1/grants/{grant_id}", _guard(delete_grant), methods=["DELETE"]),
+        Route("/v1/queue/{ticket:int}", _guard(delete_ticket), methods=["DELETE"]),
+    ]
+    return Starlette(routes=read_only + writes), Starlette(routes=read_only)
+
+
+def _asset(name: str) -> bytes:
+    return (resources.files("gpuslice.node") / "dashboard" / name).read_bytes()
+
+
+# ------------------------------------------------------------------------------------------ serving
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture: the agent stops both servers together."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+async def serve(config: AgentConfig, devices: list[Device], ready: threading.Event | None = None) -> None:
+    """Run the agent until SIGINT/SIGTERM."""
+    agent = Agent(config, devices)
+    socket_app, http_app = build_apps(agent)
+    sock = config.state.socket
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    servers = [_Server(uvicorn.Config(socket_app, uds=str(sock), log_level="warning", lifespan="off"))]
+    if config.port >= 0:
+        servers.append(_Server(uvicorn.Config(http_app, host=config.host, port=config.port, log_level="warning",
+                                              lifespan="off")))
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, lambda: [setattr(s, "should_exit", True) for s in servers])
+    sampler = asyncio.create_task(agent.run_sampler())
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    try:
+        await _announce(servers, tasks, config, sock, ready)
+        await asyncio.gather(*tasks)
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            config.state.agent_info.unlink()
+
+
+async def _announce(servers: list[_Server], tasks: list[asyncio.Task], config: AgentConfig, sock: Path,
+                    ready: threading.Event | None) -> None:
+    while not all(s.started for s in servers):
+        if any(t.done() for t in tasks) or any(s.should_exit for s in servers):
+            return  # a server failed to start (gather re-raises its error) or we are stopping
+        await asyncio.sleep(0.02)
+    os.chmod(sock, 0o666)
+    port = config.port
+    if len(servers) > 1 and servers[1].servers:
+        port = servers[1].servers[0].sockets[0].getsockname()[1]
+    info = {"pid": os.getpid(), "socket": str(sock), "dashboard": f"http://{config.host}:{port}/" if port >= 0 else ""}
+    config.state.agent_info.write_text(json.dumps(info))
+    print(f"gpuslice agent: socket {sock}; dashboard and /metrics on {info['dashboard'] or '(off)'}", flush=True)
+    if ready is not None:
+        ready.set()

@@ -1,0 +1,103 @@
+// gpuslice dashboard: polls the agent's /v1/history and /v1/status, draws SVG line plots. No libraries.
+"use strict";
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const SVGNS = "http://www.w3.org/2000/svg";
+const W = 600, H = 200, PAD = { l: 62, r: 10, t: 10, b: 24 };
+
+function human(bytes) {
+  const units = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 1024]];
+  for (const [u, s] of units) if (Math.abs(bytes) >= s) return (bytes / s).toFixed(1) + " " + u;
+  return bytes + " B";
+}
+function age(s) {
+  if (s < 60) return Math.round(s) + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m" + String(Math.round(s % 60)).padStart(2, "0") + "s";
+  return Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+}
+function el(name, attrs, parent) {
+  const node = document.createElementNS(SVGNS, name);
+  for (const k in attrs) node.setAttribute(k, attrs[k]);
+  if (parent) parent.appendChild(node);
+  return node;
+}
+
+// series: [{label, t: [...], v: [...]}]; yMax: fixed top or null (auto); fmt: axis label formatter
+function plot(id, series, yMax, fmt) {
+  const svg = document.getElementById("plot-" + id);
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  while (svg.firstChild) svg.removeChild(svg.firstChild);
+  const ts = series.flatMap(s => s.t);
+  const vs = series.flatMap(s => s.v.filter(v => v !== null));
+  const tMax = ts.length ? Math.max(...ts) : Date.now() / 1000;
+  const tMin = Math.min(ts.length ? Math.min(...ts) : tMax - 60, tMax - 60);
+  const top = yMax || Math.max(1, ...vs) * 1.1;
+  const x = t => PAD.l + (t - tMin) / Math.max(1e-9, tMax - tMin) * (W - PAD.l - PAD.r);
+  const y = v => H - PAD.b - v / top * (H - PAD.t - PAD.b);
+  el("rect", { x: PAD.l, y: PAD.t, width: W - PAD.l - PAD.r, height: H - PAD.t - PAD.b, fill: "#fff", stroke: "#ccc" }, svg);
+  for (let i = 0; i <= 4; i++) {
+    const v = top * i / 4;
+    el("line", { x1: PAD.l, x2: W - PAD.r, y1: y(v), y2: y(v), stroke: "#eee" }, svg);
+    const label = el("text", { x: PAD.l - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 10, fill: "#666" }, svg);
+    label.textContent = fmt(v);
+  }
+  const span = el("text", { x: W - PAD.r, y: H - 6, "text-anchor": "end", "font-size": 10, fill: "#666" }, svg);
+  span.textContent = "last " + age(tMax - tMin);
+  const legend = document.getElementById("legend-" + id);
+  legend.innerHTML = "";
+  series.forEach((s, i) => {
+    const color = COLORS[i % COLORS.length];
+    const pts = [];
+    s.t.forEach((t, k) => { if (s.v[k] !== null) pts.push(x(t).toFixed(1) + "," + y(s.v[k]).toFixed(1)); });
+    el("polyline", { points: pts.join(" "), fill: "none", stroke: color, "stroke-width": 2.5,
+                     "data-series": s.label, "data-points": pts.length, class: "series" }, svg);
+    const item = document.createElement("span");
+    item.innerHTML = `<i style="background:${color}"></i>`;
+    item.appendChild(document.createTextNode(s.label));
+    legend.appendChild(item);
+  });
+}
+
+function render(history, status) {
+  const slices = Object.entries(history.slices);
+  const devices = Object.entries(history.devices);
+  const sliceLabel = (k, s) => `${s.grant_id} (${s.owner}) GPU ${s.device_index}`;
+  plot("slice-memory", slices.map(([k, s]) => ({ label: sliceLabel(k, s), t: s.t, v: s.memory })), null, human);
+  plot("slice-compute", slices.map(([k, s]) => ({ label: sliceLabel(k, s), t: s.t, v: s.compute })), 100, v => v.toFixed(0) + "%");
+  const names = Object.fromEntries(status.devices.map(d => [String(d.index), d]));
+  const devTop = Math.max(1, ...status.devices.map(d => d.memory_total));
+  plot("device-memory", devices.map(([k, d]) => ({ label: `GPU ${k} ${names[k] ? names[k].name : ""}`, t: d.t, v: d.memory })), devTop, human);
+  plot("device-compute", devices.map(([k, d]) => ({ label: `GPU ${k}`, t: d.t, v: d.compute })), 100, v => v.toFixed(0) + "%");
+  document.getElementById("node").textContent = status.node;
+  document.getElementById("meta").firstChild.textContent =
+    `${status.devices.length} device(s), ${status.slices.length} slice(s), ${status.waiters.length} waiting — updated ${new Date(status.time * 1000).toLocaleTimeString()} `;
+  const body = document.querySelector("#grants tbody");
+  body.innerHTML = "";
+  for (const s of status.slices) {
+    const row = document.createElement("tr");
+    const achieved = s.compute_achieved === null ? "-" : s.compute_achieved.toFixed(0) + "%";
+    const cells = [s.grant_id, s.owner, `${s.device_index} ${s.device_uuid.slice(0, 12)}…`,
+      `${human(s.memory_used)} / ${human(s.memory_limit)}`, `${achieved} / ${s.compute_set}%`, s.priority,
+      s.pids.join(" ") || "-", age(s.age_seconds), s.command];
+    cells.forEach((c, i) => {
+      const td = document.createElement("td");
+      td.textContent = c;
+      if (i === 3 || i === 4 || i === 7) td.className = "num";
+      row.appendChild(td);
+    });
+    body.appendChild(row);
+  }
+}
+
+async function tick() {
+  try {
+    const [history, status] = await Promise.all(["v1/history", "v1/status"].map(u => fetch(u).then(r => r.json())));
+    render(history, status);
+    document.getElementById("error").textContent = "";
+    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+  } catch (err) {
+    document.getElementById("error").textContent = "agent unreachable: " + err;
+  }
+}
+tick();
+setInterval(tick, 1000);

@@ -1,0 +1,131 @@
+"""The node view: devices, grants and live usage joined into one plain structure, sampled over time.
+
+``Monitor.sample()`` reads the ledger and every grant's region; compute *achieved* is the slice's busy
+time (the pacer's ``busy_ns``) over wall time between two samples, so the first sample of a slice has
+none. ``ps``, ``top``, the metrics and the dashboard all render a :class:`NodeView`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from gpuslice.node.records import GrantRecord, Waiter
+from gpuslice.node.region_usage import GrantUsage, read_grant_usage
+from gpuslice.spec import Device, Priority
+
+UsageReader = Callable[[GrantRecord], GrantUsage]
+
+
+@dataclass(frozen=True)
+class SliceView:
+    grant_id: str
+    owner: str
+    device_uuid: str
+    device_index: int
+    memory_limit: int
+    memory_used: int
+    memory_peak: int
+    compute_set: int
+    compute_achieved: float | None
+    throttled_seconds: float
+    oom_refusals: int
+    priority: str
+    mode: str
+    pids: tuple[int, ...]
+    age_seconds: float
+    command: str
+    exclusive: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    uuid: str
+    index: int
+    name: str
+    memory_total: int
+    memory_granted: int
+    memory_used: int
+    compute_granted: int
+    compute_achieved: float | None
+    slices: int
+
+
+@dataclass(frozen=True)
+class NodeView:
+    time: float
+    node: str
+    devices: tuple[DeviceView, ...]
+    slices: tuple[SliceView, ...]
+    waiters: tuple[dict[str, Any], ...] = ()
+    errors: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Monitor:
+    """Turns (devices, grants, regions) into NodeViews; keeps the last busy counters for rates."""
+
+    def __init__(self, devices: Sequence[Device], node: str, read_usage: UsageReader = read_grant_usage):
+        self.devices = list(devices)
+        self.node = node
+        self.read_usage = read_usage
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # (grant, device) -> (t, busy_ns)
+
+    def sample(self, grants: Sequence[GrantRecord], waiters: Sequence[Waiter] = (),
+               now: float | None = None) -> NodeView:
+        now = time.time() if now is None else now
+        index = {d.uuid: d.index for d in self.devices}
+        for d in self.devices:
+            index.update({m.uuid: d.index for m in d.mig_instances})
+        slices, errors, seen = [], [], set()
+        for grant in grants:
+            usage = self.read_usage(grant)
+            if usage.error:
+                errors.append(f"{grant.grant_id}: {usage.error}")
+            for s in grant.slices:
+                u = usage.slices.get(s.device_uuid)
+                key = (grant.grant_id, s.device_uuid)
+                seen.add(key)
+                achieved = self._rate(key, now, u.busy_ns if u else 0) if usage.readable else None
+                slices.append(SliceView(
+                    grant_id=grant.grant_id, owner=grant.owner, device_uuid=s.device_uuid,
+                    device_index=index.get(s.device_uuid, -1), memory_limit=s.memory_limit,
+                    memory_used=u.used if u else 0, memory_peak=u.peak if u else 0, compute_set=s.compute,
+                    compute_achieved=achieved, throttled_seconds=(u.throttled_ns if u else 0) / 1e9,
+                    oom_refusals=u.oom_refusals if u else 0, priority=Priority(s.priority).name.lower(),
+                    mode=s.mode.value, pids=usage.pids, age_seconds=max(0.0, now - grant.created),
+                    command=grant.command, exclusive=grant.exclusive))
+        self._last = {k: v for k, v in self._last.items() if k in seen}
+        return NodeView(time=now, node=self.node, devices=tuple(self._devices(slices)), slices=tuple(slices),
+                        waiters=tuple(w.to_json() for w in waiters), errors=tuple(errors))
+
+    def _rate(self, key: tuple[str, str], now: float, busy_ns: int) -> float | None:
+        last = self._last.get(key)
+        self._last[key] = (now, busy_ns)
+        if last is None or now <= last[0] or busy_ns < last[1]:
+            return None
+        return min(100.0, (busy_ns - last[1]) / ((now - last[0]) * 1e9) * 100.0)
+
+    def _devices(self, slices: list[SliceView]) -> list[DeviceView]:
+        out = []
+        for d in self.devices:
+            mine = [s for s in slices if s.device_index == d.index]
+            rates = [s.compute_achieved for s in mine if s.compute_achieved is not None]
+            out.append(DeviceView(
+                uuid=d.uuid, index=d.index, name=d.name, memory_total=d.memory_total,
+                memory_granted=sum(s.memory_limit for s in mine), memory_used=sum(s.memory_used for s in mine),
+                compute_granted=sum(s.compute_set for s in mine),
+                compute_achieved=min(100.0, sum(rates)) if rates else None, slices=len(mine)))
+        return out
+
+
+def view_from_json(data: dict[str, Any]) -> NodeView:
+    """Inverse of NodeView.to_json (for ``ps`` reading the agent's /v1/status)."""
+    return NodeView(
+        time=data["time"], node=data["node"],
+        devices=tuple(DeviceView(**d) for d in data["devices"]),
+        slices=tuple(SliceView(**{**s, "pids": tuple(s["pids"])}) for s in data["slices"]),
+        waiters=tuple(data.get("waiters", ())), errors=tuple(data.get("errors", ())))

@@ -1,0 +1,35 @@
+"""``gpuslice top``: the node view, refreshed in place (rich Live), or one JSON line per refresh."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rich.live import Live
+
+from gpuslice.console import stdout_console
+from gpuslice.node.paths import StateDir
+from gpuslice.node.tables import view_renderable
+from gpuslice.node.viewsource import ViewSource
+
+
+def run_top(state: StateDir, interval: float, count: int, as_json: bool) -> None:
+    source = ViewSource(state)
+    shown = 0
+    if as_json:
+        while count == 0 or shown < count:
+            print(json.dumps(source.view().to_json()), flush=True)
+            shown += 1
+            if count == 0 or shown < count:
+                time.sleep(interval)
+        return
+    console = stdout_console()
+    try:
+        with Live(view_renderable(source.view()), console=console, auto_refresh=False) as live:
+            shown = 1
+            while count == 0 or shown < count:
+                time.sleep(interval)
+                live.update(view_renderable(source.view()), refresh=True)
+                shown += 1
+    except KeyboardInterrupt:
+        pass

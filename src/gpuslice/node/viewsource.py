@@ -1,0 +1,37 @@
+"""Where ``ps``/``top`` get a NodeView: the agent when one runs (it has compute rates), else the ledger."""
+
+from __future__ import annotations
+
+from gpuslice.node.client import AgentClient, find_agent_socket
+from gpuslice.node.monitor import Monitor, NodeView, view_from_json
+from gpuslice.node.paths import StateDir
+
+
+class ViewSource:
+    def __init__(self, state: StateDir):
+        socket_path = find_agent_socket(state)
+        self.client = AgentClient(socket_path) if socket_path else None
+        self.ledger = None
+        self.monitor = None
+        if self.client is None:
+            from gpuslice.node.devices import discover
+            from gpuslice.node.ledger import Ledger
+            from gpuslice.node.region_usage import region_pids
+
+            devices = discover()
+            self.ledger = Ledger(state, devices, region_pids=region_pids)
+            self.monitor = Monitor(devices, self.ledger.node_name)
+
+    @property
+    def where(self) -> str:
+        return f"agent {self.client.socket_path}" if self.client else f"ledger {self.ledger.state.ledger}"
+
+    def view(self) -> NodeView:
+        if self.client is not None:
+            return view_from_json(self.client.status())
+        assert self.ledger is not None and self.monitor is not None
+        try:
+            self.ledger.reclaim()
+        except Exception:  # a read-only state dir: show what is recorded
+            pass
+        return self.monitor.sample(self.ledger.grants(), self.ledger.waiters())
