@@ -35,22 +35,38 @@ def _check_request(request: Request) -> None:
         raise SpecError("request", request, "a gpuslice.spec.Request")
 
 
+def _static(fleet: Fleet, key: tuple, make) -> np.ndarray:
+    """Arrays that depend only on the fleet's devices (per memory amount, per model list): built once."""
+    value = fleet._static_cache.get(key)
+    if value is None:
+        if len(fleet._static_cache) > 256:
+            fleet._static_cache.clear()
+        value = fleet._static_cache[key] = make()
+    return value
+
+
 def _model_mask(fleet: Fleet, models: Sequence[str]) -> np.ndarray:
     """[N, G] True where the device's model is allowed (kinds are few, so test each kind once)."""
     if not models:
         return fleet.valid
-    allowed = np.array([k.matches(models) for k in fleet.kinds] or [False], bool)
-    return fleet.valid & allowed[fleet.kind]
+
+    def make() -> np.ndarray:
+        allowed = np.array([k.matches(models) for k in fleet.kinds] or [False], bool)
+        return fleet.valid & allowed[fleet.kind]
+    return _static(fleet, ("models", tuple(models)), make)
 
 
 def _memory_need(fleet: Fleet, shape: TaskShape) -> np.ndarray:
     """[N, G] bytes the request needs on each device: percent resolves per device, None = whole memory."""
-    if shape.memory is None:
+    memory = shape.memory
+    if memory is None:
         return fleet.mem_total
-    if shape.memory.bytes is not None:
-        return np.full(fleet.mem_total.shape, shape.memory.bytes, np.int64)
+    if memory.bytes is not None:
+        return _static(fleet, ("bytes", memory.bytes),
+                       lambda: np.full(fleet.mem_total.shape, memory.bytes, np.int64))
     # Same rounding as MemoryAmount.resolve (floor), so the slices we emit equal what a caller resolves.
-    return (fleet.mem_total * shape.memory.percent // 100).astype(np.int64)
+    return _static(fleet, ("percent", memory.percent),
+                   lambda: (fleet.mem_total * memory.percent // 100).astype(np.int64))
 
 
 @dataclass
@@ -105,16 +121,19 @@ def _types(fleet: Fleet, shapes: tuple[TaskShape, ...]) -> _Types:
                    np.array([s.cpu_milli for s in shapes]), np.array([s.host_memory for s in shapes]))
     if len(fleet._type_cache) > 8:  # workloads drift; keep the few most recent
         fleet._type_cache.clear()
+        fleet._frag_cache.clear()
     fleet._type_cache[shapes] = types
     return types
 
 
 def _workload_vectors(workload: Workload | None, shape: TaskShape) -> tuple[tuple[TaskShape, ...], np.ndarray]:
+    """The shapes FGD weighs (sorted, so the same set always maps to the same cache) and their weights."""
     if workload is None or not workload.counts:
         return (shape,), np.ones(1)
     top = workload.top(FGD_MAX_SHAPES) if len(workload.counts) > FGD_MAX_SHAPES else workload
-    shapes = tuple(s for s, _ in top.counts)
-    weights = np.array([c for _, c in top.counts], float)
+    ranked = sorted(top.counts, key=lambda kv: repr(kv[0]))
+    shapes = tuple(s for s, _ in ranked)
+    weights = np.array([c for _, c in ranked], float)
     return shapes, weights / weights.sum()
 
 
@@ -124,15 +143,6 @@ def _shape_fits(t: _Types, rows: np.ndarray, mem_free: np.ndarray, comp_free: np
     shared = ((slots_free[..., None] >= 1) & (mem_free[..., None] >= t.need[rows])
               & (comp_free[..., None] >= t.compute))
     return np.where(t.whole, idle[..., None], shared) & t.model_ok[rows]
-
-
-def _node_frag(fits: np.ndarray, share: np.ndarray, cpu_free: np.ndarray, hm_free: np.ndarray,
-               t: _Types, p: np.ndarray) -> np.ndarray:
-    """Expected fragmentation of each node (see the package docstring). fits [..., G, K], share [..., G]."""
-    lost = (share[..., None] * ~fits).sum(axis=-2)  # [..., K] free share on devices that cannot take k
-    hostable = ((fits.sum(axis=-2) >= t.count) & (cpu_free[..., None] >= t.cpu) & (hm_free[..., None] >= t.hm))
-    total = share.sum(axis=-1)[..., None]
-    return (np.where(hostable, lost, total) * p).sum(axis=-1)
 
 
 def _dyn(fleet: Fleet, rows: np.ndarray):
@@ -147,49 +157,103 @@ def _dyn(fleet: Fleet, rows: np.ndarray):
     return mem_free, comp_free, slots_free, idle, share, cpu_free, hm_free
 
 
-def _frag_delta_shared(fleet: Fleet, fit: _Fit, rows: np.ndarray, workload: Workload | None) -> np.ndarray:
-    """[C, G]: increase of expected fragmentation if the (shared, one-device) request goes on device g.
+class _Terms:
+    """Per-shape fragmentation terms of every node, kept current row by row (``Fleet.row_version``).
 
-    Only device g (and the node's CPU) change, so the node's sums are updated by g's before/after terms
-    instead of being recomputed per candidate.
+    ``fits``/``lost`` [N, G, K]: can device g take shape k, and the free share it loses to k;
+    ``lost_node``/``count`` [N, K] their sums; ``frag`` [N, K] = F_n(k) of the package docstring.
+    ``deltas`` caches, per request shape, [N, G, K] = F_n(k) after placing it on device g − before.
     """
-    shapes, p = _workload_vectors(workload, fit.shape)
-    t = _types(fleet, shapes)
-    mem_free, comp_free, slots_free, idle, share, cpu_free, hm_free = _dyn(fleet, rows)
-    fits_b = _shape_fits(t, rows, mem_free, comp_free, slots_free, idle)
-    need = fit.need[rows]
-    mem_a = mem_free - need
-    share_a = mem_a / fleet.mem_cap[rows]
-    fits_a = _shape_fits(t, rows, mem_a, comp_free - fit.shape.compute, slots_free - 1, np.zeros_like(idle))
-    lost_b = share[..., None] * ~fits_b  # [C, G, K]
-    lost_a = share_a[..., None] * ~fits_a
-    lost_node = lost_b.sum(axis=1)  # [C, K]
-    count_node = fits_b.sum(axis=1)
-    total = share.sum(axis=1)  # [C]
-    host_b = ((count_node >= t.count) & (cpu_free[:, None] >= t.cpu) & (hm_free[:, None] >= t.hm))
-    before = (np.where(host_b, lost_node, total[:, None]) * p).sum(axis=-1)  # [C]
-    lost_after = lost_node[:, None, :] - lost_b + lost_a  # [C, G, K]
-    count_after = count_node[:, None, :] - fits_b + fits_a
-    total_after = total[:, None] - share + share_a  # [C, G]
-    cpu_a = (cpu_free - fit.shape.cpu_milli)[:, None, None]
-    hm_a = (hm_free - fit.shape.host_memory)[:, None, None]
-    host_a = (count_after >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
-    after = (np.where(host_a, lost_after, total_after[..., None]) * p).sum(axis=-1)
-    return after - before[:, None]
+
+    def __init__(self, fleet: Fleet, t: _Types):
+        n, g, k = t.need.shape
+        self.t = t
+        self.seen = np.full(n, -1, np.int64)
+        self.fits = np.zeros((n, g, k), bool)
+        self.lost = np.zeros((n, g, k))
+        self.share = np.zeros((n, g))
+        self.lost_node = np.zeros((n, k))
+        self.count = np.zeros((n, k), np.int64)
+        self.frag = np.zeros((n, k))
+        self.deltas: dict[TaskShape, tuple[np.ndarray, np.ndarray]] = {}
+
+    def refresh(self, fleet: Fleet, rows: np.ndarray) -> None:
+        dirty = rows[self.seen[rows] != fleet.row_version[rows]]
+        if dirty.size == 0:
+            return
+        t = self.t
+        mem_free, comp_free, slots_free, idle, share, cpu_free, hm_free = _dyn(fleet, dirty)
+        fits = _shape_fits(t, dirty, mem_free, comp_free, slots_free, idle)
+        lost = share[..., None] * ~fits
+        lost_node = lost.sum(axis=1)
+        count = fits.sum(axis=1)
+        host = (count >= t.count) & (cpu_free[:, None] >= t.cpu) & (hm_free[:, None] >= t.hm)
+        self.fits[dirty], self.lost[dirty], self.share[dirty] = fits, lost, share
+        self.lost_node[dirty], self.count[dirty] = lost_node, count
+        self.frag[dirty] = np.where(host, lost_node, share.sum(axis=1)[:, None])
+        self.seen[dirty] = fleet.row_version[dirty]
+
+    def shared_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray) -> np.ndarray:
+        """[C, G, K]: change of F_n(k) if the one-device request goes on device g of each row.
+
+        Only device g (and the node's CPU) change, so the node's sums are updated by g's before/after
+        terms; rows unchanged since the last call for this request shape are served from the cache.
+        """
+        t = self.t
+        n, g, k = t.need.shape
+        entry = self.deltas.get(fit.shape)
+        if entry is None:
+            if len(self.deltas) > 64:
+                self.deltas.clear()
+            entry = (np.full(n, -1, np.int64), np.zeros((n, g, k)))
+            self.deltas[fit.shape] = entry
+        seen, delta = entry
+        dirty = rows[seen[rows] != fleet.row_version[rows]]
+        if dirty.size:
+            mem_free, comp_free, slots_free, idle, share, cpu_free, hm_free = _dyn(fleet, dirty)
+            mem_a = mem_free - fit.need[dirty]
+            share_a = mem_a / fleet.mem_cap[dirty]
+            fits_a = _shape_fits(t, dirty, mem_a, comp_free - fit.shape.compute, slots_free - 1,
+                                 np.zeros_like(idle))
+            fits_b = self.fits[dirty]
+            lost_after = self.lost_node[dirty][:, None, :] - self.lost[dirty] + share_a[..., None] * ~fits_a
+            count_after = self.count[dirty][:, None, :] - fits_b + fits_a
+            total_after = share.sum(axis=1)[:, None] - share + share_a
+            cpu_a = (cpu_free - fit.shape.cpu_milli)[:, None, None]
+            hm_a = (hm_free - fit.shape.host_memory)[:, None, None]
+            host_a = (count_after >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
+            after = np.where(host_a, lost_after, total_after[..., None])
+            delta[dirty] = after - self.frag[dirty][:, None, :]
+            seen[dirty] = fleet.row_version[dirty]
+        return delta[rows]
+
+    def whole_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+        """[C, K]: change of F_n(k) if the idle devices ``chosen`` ([C, G]) are taken whole."""
+        t = self.t
+        fits_b = self.fits[rows]
+        lost_after = self.lost_node[rows] - (self.lost[rows] * chosen[..., None]).sum(axis=1)
+        count_after = self.count[rows] - (fits_b & chosen[..., None]).sum(axis=1)
+        total_after = (self.share[rows] * ~chosen).sum(axis=1)
+        cpu_a = (fleet.cpu_total[rows] - fleet.cpu_used[rows] - fit.shape.cpu_milli)[:, None]
+        hm_a = (fleet.hm_total[rows] - fleet.hm_used[rows] - fit.shape.host_memory)[:, None]
+        host_a = (count_after >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
+        after = np.where(host_a, lost_after, total_after[:, None])
+        return after - self.frag[rows]
 
 
-def _frag_delta_whole(fleet: Fleet, fit: _Fit, rows: np.ndarray, chosen: np.ndarray,
-                      workload: Workload | None) -> np.ndarray:
-    """[C]: increase of expected fragmentation if the whole devices ``chosen`` ([C, G] bool) are taken."""
+def _terms(fleet: Fleet, workload: Workload | None, fit: _Fit, rows: np.ndarray) -> tuple[_Terms, np.ndarray]:
     shapes, p = _workload_vectors(workload, fit.shape)
     t = _types(fleet, shapes)
-    mem_free, comp_free, slots_free, idle, share, cpu_free, hm_free = _dyn(fleet, rows)
-    fits_b = _shape_fits(t, rows, mem_free, comp_free, slots_free, idle)
-    before = _node_frag(fits_b, share, cpu_free, hm_free, t, p)
-    fits_a = fits_b & ~chosen[..., None]  # a device held whole takes nothing more
-    share_a = np.where(chosen, 0.0, share)
-    after = _node_frag(fits_a, share_a, cpu_free - fit.shape.cpu_milli, hm_free - fit.shape.host_memory, t, p)
-    return after - before
+    terms = fleet._frag_cache.get(shapes)
+    if terms is None:
+        terms = fleet._frag_cache[shapes] = _Terms(fleet, t)
+    terms.refresh(fleet, rows)
+    return terms, p
+
+
+def _weigh(delta_k: np.ndarray, p: np.ndarray) -> np.ndarray:
+    # Rounded so that equal states tie exactly whatever order the dot product summed in.
+    return np.round(delta_k @ p, 9)
 
 
 # ------------------------------------------------------------------------------------------ topology
@@ -266,40 +330,46 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
     width = fleet.width
     if rows.size == 0:
         return fit, _Scored(rows, np.zeros((0, width), bool), np.zeros(0))
-    generator = None
-    if "random" in (policy.node, policy.gpu):
-        generator = _rng(policy, fleet, rng)
-    dev_ok = fit.dev_ok[rows]
-    need = fit.need[rows]
-    cap = fleet.mem_cap[rows]
+    # Most nodes usually fit: then whole arrays are used as they are instead of copied by fancy indexing.
+    everything = rows.size == len(fleet)
+
+    def take(array: np.ndarray) -> np.ndarray:
+        return array if everything else array[rows]
+
+    generator = _rng(policy, fleet, rng) if "random" in (policy.node, policy.gpu) else None
+    uses_fgd = "fgd" in (policy.node, policy.gpu)
+    terms, p = _terms(fleet, workload, fit, rows) if uses_fgd else (None, None)
+    dev_ok = take(fit.dev_ok)
+    need = take(fit.need)
+    cap = take(fleet.mem_cap)
+    mem_used = take(fleet.mem_used)
     delta = None  # [C] fragmentation increase of the chosen placement, when fgd needs it
-    topo = np.full(rows.size, 100.0)
+    topo = None
+    arange = np.arange(rows.size)
 
     if not shape.whole:
         # GPU level: a per-device preference (higher is better), masked to devices that fit.
-        used_after = (fleet.mem_used[rows] + need) / cap
-        comp_after = (fleet.comp_used[rows] + shape.compute) / 100.0
-        if policy.gpu == "binpack":
-            pref = used_after + comp_after
-        elif policy.gpu == "spread":
-            pref = -(used_after + comp_after)
+        frag = None
+        if uses_fgd:
+            assert terms is not None and p is not None
+            frag = _weigh(terms.shared_delta(fleet, fit, rows), p)
+        if policy.gpu in ("binpack", "spread"):
+            pref = (mem_used + need) / cap + (take(fleet.comp_used) + shape.compute) / 100.0
+            if policy.gpu == "spread":
+                pref = -pref
         elif policy.gpu == "bestfit":  # least absolute memory left, then least compute left
-            pref = -((cap - fleet.mem_used[rows] - need).astype(float) + (1.0 - comp_after) * 1e-3)
+            pref = -((cap - mem_used - need) + (100 - take(fleet.comp_used) - shape.compute) * 1e-3)
         elif policy.gpu == "fgd":
-            frag = _frag_delta_shared(fleet, fit, rows, workload)
             pref = -frag
         else:
             assert generator is not None
             pref = generator.random(dev_ok.shape)
-        pref = np.where(dev_ok, pref, -np.inf)
-        pick = pref.argmax(axis=1)  # ties: lowest device index
+        pick = np.where(dev_ok, pref, -np.inf).argmax(axis=1)  # ties: lowest device index
         chosen = np.zeros(dev_ok.shape, bool)
-        chosen[np.arange(rows.size), pick] = True
+        chosen[arange, pick] = True
         if policy.node == "fgd":
-            if policy.gpu == "fgd":
-                delta = frag[np.arange(rows.size), pick]
-            else:
-                delta = _frag_delta_shared(fleet, fit, rows, workload)[np.arange(rows.size), pick]
+            assert frag is not None
+            delta = frag[arange, pick]
         added_share = np.where(chosen, need / cap, 0.0)
     else:
         # Whole devices: order idle devices by the GPU policy, then take the first `count` (or the best
@@ -309,55 +379,59 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         elif policy.gpu == "random":
             assert generator is not None
             key = generator.random(dev_ok.shape)
-        elif policy.gpu == "fgd":  # each device's own fragmentation cost when taken alone
-            key = np.zeros(dev_ok.shape)
-            for j in range(width):
-                only = np.zeros(dev_ok.shape, bool)
-                only[:, j] = True
-                key[:, j] = _frag_delta_whole(fleet, fit, rows, only & dev_ok, workload)
+        elif policy.gpu == "fgd" and terms is not None and p is not None:
+            # take first the idle devices least useful to the workload (fewest shapes they could host)
+            key = (terms.fits[rows] * p).sum(axis=-1)
         else:  # binpack / spread: all idle devices are alike; keep index order (stable, predictable)
-            key = np.tile(np.arange(width, dtype=float), (rows.size, 1))
+            key = np.broadcast_to(np.arange(width, dtype=float), dev_ok.shape)
         key = np.where(dev_ok, key, np.inf)
-        order = np.argsort(key, axis=1, kind="stable")[:, : shape.count]
-        chosen = np.zeros(dev_ok.shape, bool)
-        np.put_along_axis(chosen, order, True, axis=1)
+        if shape.count == 1:
+            chosen = np.zeros(dev_ok.shape, bool)
+            chosen[arange, key.argmin(axis=1)] = True
+        else:
+            order = np.argsort(key, axis=1, kind="stable")[:, : shape.count]
+            chosen = np.zeros(dev_ok.shape, bool)
+            np.put_along_axis(chosen, order, True, axis=1)
         if policy.topology and shape.count > 1:
+            topo = np.full(rows.size, 100.0)
             for c in np.flatnonzero(fleet.has_topology[rows]):
                 free = [int(j) for j in np.flatnonzero(dev_ok[c])]
                 group, topo[c] = _topology_sets(fleet, int(rows[c]), free, shape.count)
                 chosen[c] = False
                 chosen[c, list(group)] = True
         if policy.node == "fgd":
-            delta = _frag_delta_whole(fleet, fit, rows, chosen, workload)
-        added_share = np.where(chosen, 1.0 - fleet.mem_used[rows] / cap, 0.0)
+            assert terms is not None and p is not None
+            delta = _weigh(terms.whole_delta(fleet, fit, rows, chosen), p)
+        added_share = np.where(chosen, 1.0 - mem_used / cap, 0.0)
 
     # Node level: score 0..100 of the node with the chosen devices.
-    devices = fleet.valid[rows].sum(axis=1)
-    used = fleet.used_share()[rows]
-    util_after = (used + added_share).sum(axis=1) / devices
-    if policy.node == "binpack":
-        score = 100.0 * util_after
-    elif policy.node == "spread":
-        score = 100.0 * (1.0 - util_after)
-    elif policy.node == "bestfit":
-        # Least remaining resources, a weighted sum over dimensions (as the FGD paper's Best-fit):
-        # free devices' share normalised by the widest node, plus free CPU normalised by the largest node.
-        gpu_left = devices - (used + added_share).sum(axis=1)
-        remaining = gpu_left / max(1, fleet.valid.sum(axis=1).max())
-        cpu_total = fleet.cpu_total[rows]
-        tracked = cpu_total != UNTRACKED
-        if tracked.any():
-            biggest = max(1, int(fleet.cpu_total[fleet.cpu_total != UNTRACKED].max()))
-            cpu_left = np.where(tracked, (cpu_total - fleet.cpu_used[rows] - cpu_milli) / biggest, 0.0)
-            remaining = (remaining + cpu_left) / 2
-        score = 100.0 * (1.0 - remaining)
+    if policy.node in ("binpack", "spread", "bestfit"):
+        valid = take(fleet.valid)
+        devices = valid.sum(axis=1)
+        used = np.where(take(fleet.excl), 1.0, mem_used / cap) * valid
+        after = (used + added_share).sum(axis=1)
+        if policy.node == "binpack":
+            score = 100.0 * after / devices
+        elif policy.node == "spread":
+            score = 100.0 * (1.0 - after / devices)
+        else:
+            # Least remaining resources, a weighted sum over dimensions (as the FGD paper's Best-fit):
+            # free devices' share normalised by the widest node, plus free CPU normalised by the largest.
+            remaining = (devices - after) / max(1, width)
+            cpu_total = take(fleet.cpu_total)
+            tracked = cpu_total != UNTRACKED
+            if tracked.any():
+                biggest = max(1, int(fleet.cpu_total[fleet.cpu_total != UNTRACKED].max()))
+                cpu_left = np.where(tracked, (cpu_total - take(fleet.cpu_used) - cpu_milli) / biggest, 0.0)
+                remaining = (remaining + cpu_left) / 2
+            score = 100.0 * (1.0 - remaining)
     elif policy.node == "fgd":
         assert delta is not None
         score = _normalise_low_is_good(delta)
     else:
         assert generator is not None
         score = 100.0 * generator.random(rows.size)
-    if policy.topology and shape.count > 1:
+    if topo is not None:
         score = (1 - policy.topology_weight) * score + policy.topology_weight * topo
     return fit, _Scored(rows, chosen, np.clip(score, 0.0, 100.0))
 
@@ -395,7 +469,8 @@ def score_nodes(request: Request, nodes: Nodes, policy: PlacementPolicy | None =
     """Score 0..100 (higher is better) of every node that fits; nodes that do not fit are absent."""
     fleet = _as_fleet(nodes)
     _, scored = _score(request, fleet, policy or PlacementPolicy(), workload, cpu_milli, host_memory, rng)
-    return {fleet.names[int(i)]: float(s) for i, s in zip(scored.rows, scored.score)}
+    names = fleet.names
+    return dict(zip([names[i] for i in scored.rows.tolist()], scored.score.tolist()))
 
 
 def filter_nodes(request: Request, nodes: Nodes, *, cpu_milli: int = 0,

@@ -53,6 +53,9 @@ class Fleet:
         kind_ids: dict[tuple[str, str], int] = {}
         self.pos: dict[str, tuple[int, int]] = {}
         self.has_topology = np.zeros(n, bool)
+        # Built as flat Python lists, then converted once: per-element numpy stores cost ~10x more.
+        cells: list[tuple] = []
+        pad = (False, 1, 1, 0, 0, 0, 0, False, 0, -1)
         for i, node in enumerate(nodes):
             if node.cpu_milli is not None:
                 self.cpu_total[i], self.cpu_used[i] = node.cpu_milli, node.cpu_used
@@ -63,23 +66,29 @@ class Fleet:
                     raise SpecError("devices", d.uuid, "device UUIDs unique across the nodes")
                 self.pos[d.uuid] = (i, j)
                 key = (d.model, d.profile)
-                if key not in kind_ids:
-                    kind_ids[key] = len(self.kinds)
+                kind = kind_ids.get(key)
+                if kind is None:
+                    kind = kind_ids[key] = len(self.kinds)
                     self.kinds.append(d)
-                self.kind[i, j] = kind_ids[key]
-                self.valid[i, j] = True
-                self.mem_total[i, j] = d.memory_total
-                self.mem_cap[i, j] = d.memory_capacity
-                self.mem_used[i, j] = d.used_memory
-                self.comp_used[i, j] = d.used_compute
-                self.slots_used[i, j] = d.slice_count
-                self.split[i, j] = d.split_count
-                self.excl[i, j] = d.exclusive_taken
-                self.numa[i, j] = -1 if d.numa_node is None else d.numa_node
+                cells.append((True, d.memory_total, int(d.memory_total * d.memory_scaling), d.used_memory,
+                              d.used_compute, d.slice_count, d.split_count, d.exclusive_taken, kind,
+                              -1 if d.numa_node is None else d.numa_node))
                 if d.nvlink_peers or d.numa_node is not None:
                     self.has_topology[i] = True
+            cells.extend([pad] * (g - len(node.devices)))
+        if cells:
+            columns = list(zip(*cells))
+            for name, column, dtype in zip(
+                    ("valid", "mem_total", "mem_cap", "mem_used", "comp_used", "slots_used", "split", "excl",
+                     "kind", "numa"), columns,
+                    (bool, np.int64, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int32, np.int32)):
+                setattr(self, name, np.array(column, dtype).reshape(shape))
         self.version = 0  # bumped on every change: mixes into the seed of the random policy
+        # Per-row change counters: cached fragmentation terms are recomputed only for rows that changed.
+        self.row_version = np.zeros(n, np.int64)
         self._type_cache: dict = {}
+        self._static_cache: dict = {}  # per memory amount / model list: arrays that never change
+        self._frag_cache: dict = {}
 
     def __len__(self) -> int:
         return len(self.names)
@@ -140,6 +149,7 @@ class Fleet:
         if self.hm_total[i] != UNTRACKED:
             self.hm_used[i] = hm
         self.version += 1
+        self.row_version[i] += 1
 
     # ------------------------------------------------------------------------------------------ views
     def node_state(self, node: str | int) -> NodeState:
