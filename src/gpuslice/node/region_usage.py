@@ -75,6 +75,67 @@ def _usage_of(grant: GrantRecord, snap) -> GrantUsage:
 
 
 def _read(path: Path):
-    from gpuslice.node import region
-
+    try:
+        from gpuslice.node import region
+    except ImportError:  # TEMPORARY until node/region.py lands; then only region.read_region
+        return _read_v1(path)
     return region.read_region(path)
+
+
+# ---- TEMPORARY minimal reader of region.h version 1 (seqlock-consistent copy); replaced by node/region.py
+@dataclass(frozen=True)
+class _Dev:
+    uuid: str
+    limit: int
+    used: int
+    peak: int
+    oom_refusals: int
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    start_time: int
+    used: tuple[int, ...]
+    contexts: tuple[int, ...]
+    launches: tuple[int, ...]
+    throttled_ns: tuple[int, ...]
+    busy_ns: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Snap:
+    devices: tuple[_Dev, ...]
+    procs: tuple[_Proc, ...]
+
+
+def _read_v1(path: Path) -> _Snap:
+    import struct
+    import time as _time
+
+    for _ in range(100):
+        data = path.read_bytes()
+        if len(data) < 128 or data[:8] != b"GSREGION":
+            raise ValueError(f"{path}: not a gpuslice region (bad magic)")
+        version, header, size, ndev, nproc, dsize, psize, seq, count = struct.unpack_from("<IIQIIIIQI", data, 8)
+        if version != 1:
+            raise ValueError(f"{path}: region version {version} is not known (this reader knows 1)")
+        if seq % 2 == 0 and len(data) >= size:
+            break
+        _time.sleep(0.001)
+    devs = []
+    for i in range(min(count, ndev)):
+        off = header + i * dsize
+        uuid = data[off:off + 64].split(b"\0", 1)[0].decode(errors="replace")
+        limit, used, peak, oom = struct.unpack_from("<QQQQ", data, off + 64)
+        devs.append(_Dev(uuid, limit, used, peak, oom))
+    procs_ = []
+    base = header + ndev * dsize
+    for i in range(nproc):
+        off = base + i * psize
+        pid, state, start = struct.unpack_from("<iIQ", data, off)
+        if pid <= 0:
+            continue
+        arr = lambda o, fmt: struct.unpack_from(f"<16{fmt}", data, off + o)  # noqa: E731
+        procs_.append(_Proc(pid, start, arr(32, "Q"), arr(288, "I"), arr(352, "Q"), arr(480, "Q"), arr(608, "Q")))
+    return _Snap(tuple(devs), tuple(procs_))

@@ -1,0 +1,190 @@
+"""The ledger: grants, placement, no over-commit under real concurrency, crash reclaim, the wait queue."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuslice.node import procs
+from gpuslice.node.devices import load_snapshot
+from gpuslice.node.ledger import Ledger
+from gpuslice.node.paths import StateDir
+from gpuslice.node.records import Ask, GrantRecord, Queued
+from gpuslice.placement import NoFit
+from gpuslice.spec import GiB, Priority, Request, parse_memory
+
+DEVICES = load_snapshot("h100-80gb")
+GPU0 = DEVICES[0].uuid
+
+
+def ask(memory: str, compute: int = 0, pid: int | None = None, priority: Priority = Priority.LOW,
+        devices: tuple[str, ...] = (GPU0,)) -> Ask:
+    pid = os.getpid() if pid is None else pid
+    return Ask(request=Request(memory=parse_memory(memory), compute=compute, priority=priority), owner="t",
+               holder_pid=pid, holder_start=procs.start_time(pid), devices=devices)
+
+
+@pytest.fixture
+def ledger(tmp_path) -> Ledger:
+    return Ledger(StateDir(tmp_path / "state"), DEVICES, node_name="n1")
+
+
+def test_grant_writes_slice_file_and_release_removes_it(ledger):
+    grant = ledger.acquire(ask("4GiB", compute=30))
+    assert isinstance(grant, GrantRecord)
+    assert [s.device_uuid for s in grant.slices] == [GPU0]
+    text = Path(grant.slice_file).read_text()
+    assert "memory_limit=4294967296" in text and "compute=30" in text and f"devices={GPU0}" in text
+    assert f"region={grant.region_file}" in text
+    assert [g.grant_id for g in ledger.grants()] == [grant.grant_id]
+    assert ledger.release(grant.grant_id) is True
+    assert ledger.grants() == [] and not Path(grant.slice_file).exists()
+    assert ledger.release(grant.grant_id) is False
+
+
+def test_nofit_says_what_is_free(ledger):
+    ledger.acquire(ask("60GiB"))
+    with pytest.raises(NoFit) as err:
+        ledger.acquire(ask("30GiB"))
+    assert "30.0 GiB" in err.value.reason and "free now" in err.value.reason and GPU0 in err.value.reason
+    ledger.acquire(ask("30GiB", devices=()))  # another device takes it
+
+
+def test_compute_shares_cannot_exceed_100(ledger):
+    ledger.acquire(ask("1GiB", compute=70))
+    with pytest.raises(NoFit):
+        ledger.acquire(ask("1GiB", compute=40))
+
+
+HOLDER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from gpuslice.node import procs
+    from gpuslice.node.devices import load_snapshot
+    from gpuslice.node.ledger import Ledger
+    from gpuslice.node.paths import StateDir
+    from gpuslice.node.records import Ask
+    from gpuslice.placement import NoFit
+    from gpuslice.spec import Request, parse_memory
+    devices = load_snapshot("h100-80gb")
+    ledger = Ledger(StateDir(Path(sys.argv[1])), devices)
+    go = Path(sys.argv[2])
+    while not go.exists():
+        time.sleep(0.005)
+    a = Ask(Request(memory=parse_memory("10GiB"), compute=5), "t", os.getpid(), procs.start_time(os.getpid()),
+            devices=(devices[0].uuid,))
+    try:
+        ledger.acquire(a)
+        print("granted", flush=True)
+    except NoFit:
+        print("nofit", flush=True)
+    time.sleep(float(sys.argv[3]))
+""")
+
+
+def test_parallel_processes_never_overcommit(tmp_path):
+    state = tmp_path / "state"
+    Ledger(StateDir(state), DEVICES)  # create the file once, as a fresh box would on first use
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    workers = [subprocess.Popen([sys.executable, "-c", HOLDER, str(state), str(go), "4"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(12)]
+    time.sleep(1.5)  # let every interpreter start and wait on the go file
+    go.touch()
+    answers = []
+    for w in workers:
+        out, err = w.communicate(timeout=60)
+        assert w.returncode == 0, err
+        answers.append(out.strip())
+    # 79.6 GiB of one H100 holds exactly 7 slices of 10 GiB.
+    assert sorted(answers).count("granted") == 7, answers
+    assert answers.count("nofit") == 5
+
+
+def test_crashed_holder_is_reclaimed(ledger):
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        grant = ledger.acquire(ask("40GiB", pid=holder.pid))
+        assert ledger.reclaim() == []
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert ledger.reclaim() == [grant.grant_id]
+        assert not Path(grant.slice_file).parent.exists()
+    finally:
+        holder.kill()
+
+
+def test_reused_pid_does_not_keep_a_grant(ledger):
+    stale = ask("40GiB")
+    stale = Ask(stale.request, "t", os.getpid(), procs.start_time(os.getpid()) - 1, devices=stale.devices)
+    grant = ledger.acquire(stale)
+    assert ledger.reclaim() == [grant.grant_id]  # same pid, other start time: not the holder
+
+
+def test_live_process_group_keeps_grant_after_holder_died(ledger):
+    holder = subprocess.Popen(["sleep", "60"])
+    child = subprocess.Popen(["sleep", "60"], process_group=0)
+    try:
+        grant = ledger.acquire(ask("40GiB", pid=holder.pid))
+        ledger.set_child(grant.grant_id, child.pid, procs.start_time(child.pid))
+        holder.kill()
+        holder.wait()
+        assert ledger.reclaim() == []
+        child.kill()
+        child.wait()
+        assert ledger.reclaim() == [grant.grant_id]
+    finally:
+        holder.kill()
+        child.kill()
+
+
+def test_wait_queue_is_priority_then_fifo(ledger):
+    big = ledger.acquire(ask("70GiB"))
+    low = ledger.acquire(ask("30GiB"), wait=True)
+    high = ledger.acquire(ask("30GiB", priority=Priority.HIGH), wait=True)
+    assert isinstance(low, Queued) and isinstance(high, Queued)
+    assert high.position == 1
+    low = ledger.acquire(ask("30GiB"), wait=True, ticket=low.ticket)
+    assert low.position == 2 and "ahead" in low.reason
+    with pytest.raises(NoFit, match="wait ahead"):  # a newcomer that does not wait does not jump the queue
+        ledger.acquire(ask("1GiB"))
+    ledger.release(big.grant_id)
+    low_again = ledger.acquire(ask("30GiB"), wait=True, ticket=low.ticket)
+    assert isinstance(low_again, Queued)  # the high-priority waiter goes first
+    assert isinstance(ledger.acquire(ask("30GiB", priority=Priority.HIGH), wait=True, ticket=high.ticket),
+                      GrantRecord)
+    assert isinstance(ledger.acquire(ask("30GiB"), wait=True, ticket=low.ticket), GrantRecord)
+    assert ledger.waiters() == []
+
+
+def test_dead_waiters_leave_the_queue(ledger):
+    ledger.acquire(ask("70GiB"))
+    ghost = subprocess.Popen(["sleep", "60"])
+    queued = ledger.acquire(ask("30GiB", pid=ghost.pid), wait=True)
+    assert isinstance(queued, Queued) and len(ledger.waiters()) == 1
+    ghost.kill()
+    ghost.wait()
+    ledger.reclaim()
+    assert ledger.waiters() == []
+
+
+def test_used_memory_sums_stay_within_capacity_after_many_grants(ledger):
+    granted = 0
+    for _ in range(100):
+        try:
+            ledger.acquire(ask("7GiB", compute=0, devices=()))
+            granted += 1
+        except NoFit:
+            break
+    node = ledger.node_state()
+    assert all(d.used_memory <= d.memory_capacity for d in node.devices)
+    # 79.6 GiB holds 11 slices of 7 GiB, but a device takes at most 10 slices: 8 GPUs × 10.
+    assert granted == sum(d.slice_count for d in node.devices) == 80
+    assert sum(d.used_memory for d in node.devices) == granted * 7 * GiB
