@@ -1,0 +1,129 @@
+"""The agent: socket API, runs through the agent, metrics exposition from region data, history."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nodekit import gpuslice
+from regionfile import DeviceRecord, ProcRecord, write_region
+
+from gpuslice.node import procs
+from gpuslice.spec import GiB, MiB
+
+
+def uds(agent) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent", timeout=30)
+
+
+def ask_body(memory="4GiB", compute=30, wait=False) -> dict:
+    return {"request": {"memory": memory, "compute": compute}, "owner": "alice", "holder_pid": os.getpid(),
+            "holder_start": procs.start_time(os.getpid()), "wait": wait}
+
+
+def metrics(agent) -> dict[str, list]:
+    text = httpx.get(agent.url + "metrics", timeout=10).text
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_socket_api_grant_patch_release(agent):
+    with uds(agent) as http:
+        assert http.get("/v1/ping").json()["ok"] is True
+        reply = http.post("/v1/grants", json=ask_body())
+        assert reply.status_code == 201, reply.text
+        grant = reply.json()
+        assert Path(grant["slice_file"]).exists()
+        patched = http.patch(f"/v1/grants/{grant['grant_id']}", json={"child_pid": os.getpid(), "child_start": 1})
+        assert patched.json()["child_pid"] == os.getpid()
+        listed = http.get("/v1/grants").json()
+        assert [g["grant_id"] for g in listed["grants"]] == [grant["grant_id"]]
+        nofit = http.post("/v1/grants", json=ask_body(memory="500GiB"))
+        assert nofit.status_code == 409 and nofit.json()["error"] == "nofit"
+        bad = http.post("/v1/grants", json=ask_body(memory="lots"))
+        assert bad.status_code == 400 and bad.json()["field"] == "memory"
+        assert http.delete(f"/v1/grants/{grant['grant_id']}").json() == {"released": True}
+        missing = http.patch(f"/v1/grants/{grant['grant_id']}", json={"child_pid": 1})
+        assert missing.status_code == 404 and missing.json()["error"] == "unknown_grant"
+
+
+def test_http_face_is_read_only(agent):
+    assert httpx.post(agent.url + "v1/grants", json=ask_body(), timeout=10).status_code == 405
+    assert httpx.get(agent.url + "v1/status", timeout=10).status_code == 200
+
+
+def test_run_goes_through_the_agent(agent, state_env, enforcer_lib):
+    env = {**state_env, "GPUSLICE_ENFORCER_LIB": str(enforcer_lib)}
+    proc = gpuslice("run", "--memory", "3GiB", "--", "sh", "-c", "sleep 1; exit 4", env=env)
+    seen = None
+    deadline = time.monotonic() + 30
+    while seen is None and time.monotonic() < deadline:
+        slices = httpx.get(agent.url + "v1/status", timeout=10).json()["slices"]
+        seen = slices[0] if slices else None
+        time.sleep(0.1)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 4, err
+    assert seen is not None and seen["memory_limit"] == 3 * GiB
+    with uds(agent) as http:
+        assert http.get("/v1/grants").json()["grants"] == []
+
+
+def test_metrics_from_region_data(agent):
+    with uds(agent) as http:
+        grant = http.post("/v1/grants", json=ask_body(memory="8GiB", compute=40)).json()
+    uuid = grant["slices"][0]["device_uuid"]
+    me = ProcRecord(pid=os.getpid(), start_time=procs.start_time(os.getpid()), used={0: 1536 * MiB},
+                    busy_ns={0: 0}, throttled_ns={0: 2_500_000_000})
+    region = Path(grant["region_file"])
+    write_region(region, [DeviceRecord(uuid, 8 * GiB, used=1536 * MiB, peak=2 * GiB, oom_refusals=3, compute=40)],
+                 [me])
+    t0 = time.time()
+    time.sleep(0.5)
+    me.busy_ns[0] = int((time.time() - t0) * 0.4e9) * 3  # ~40 % busy over the coming samples
+    write_region(region, [DeviceRecord(uuid, 8 * GiB, used=1536 * MiB, peak=2 * GiB, oom_refusals=3, compute=40)],
+                 [me])
+    time.sleep(0.6)
+    fams = metrics(agent)
+    labels = {"grant": grant["grant_id"], "device": uuid}
+
+    def value(name: str) -> float:
+        found = [s.value for s in fams[name] if all(s.labels.get(k) == v for k, v in labels.items())]
+        assert len(found) == 1, (name, fams.get(name))
+        return found[0]
+
+    assert value("gpuslice_slice_memory_used_bytes") == 1536 * MiB
+    assert value("gpuslice_slice_memory_limit_bytes") == 8 * GiB
+    assert value("gpuslice_slice_memory_peak_bytes") == 2 * GiB
+    assert value("gpuslice_slice_compute_share_percent") == 40
+    assert value("gpuslice_slice_oom_refusals") == 3  # counter family (samples end in _total)
+    assert value("gpuslice_slice_throttled_seconds") == 2.5
+    assert value("gpuslice_slice_processes") == 1
+    sample = [s for s in fams["gpuslice_slice_memory_used_bytes"] if s.labels["grant"] == grant["grant_id"]][0]
+    assert {sample.labels[k] for k in ("namespace", "pod", "container")} == {""}
+    device = [s for s in fams["gpuslice_device_memory_used_bytes"] if s.labels["device"] == uuid][0]
+    assert device.value == 1536 * MiB
+    granted = [s for s in fams["gpuslice_device_memory_granted_bytes"] if s.labels["device"] == uuid][0]
+    assert granted.value == 8 * GiB
+    history = httpx.get(agent.url + "v1/history", timeout=10).json()
+    ring = history["slices"][f"{grant['grant_id']}/0"]
+    assert ring["memory"][-1] == 1536 * MiB and len(ring["t"]) >= 3
+
+
+def test_compute_achieved_is_busy_time_over_wall_time(agent):
+    with uds(agent) as http:
+        grant = http.post("/v1/grants", json=ask_body(memory="1GiB", compute=50)).json()
+    uuid = grant["slices"][0]["device_uuid"]
+    me = ProcRecord(pid=os.getpid(), start_time=procs.start_time(os.getpid()), used={0: MiB}, busy_ns={0: 0})
+    start = time.monotonic()
+    end = start + 2.0
+    while time.monotonic() < end:  # the slice is busy 30 % of wall time
+        me.busy_ns[0] = int((time.monotonic() - start) * 0.3e9)
+        write_region(Path(grant["region_file"]), [DeviceRecord(uuid, GiB, used=MiB, compute=50)], [me])
+        time.sleep(0.05)
+    history = httpx.get(agent.url + "v1/history", timeout=10).json()["slices"][f"{grant['grant_id']}/0"]
+    rates = [c for c in history["compute"][-5:] if c is not None]
+    assert rates and all(20 <= c <= 40 for c in rates), history["compute"]
