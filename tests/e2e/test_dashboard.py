@@ -1,0 +1,129 @@
+"""The dashboard in real headless Chromium (Debian's ``chromium``, driven by Playwright), against a real
+agent whose grants' regions are fed with scripted usage while the page is open."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
+
+from nodekit import AgentProcess  # noqa: E402
+from regionfile import DeviceRecord, ProcRecord, write_region  # noqa: E402
+
+from gpuslice.node import procs  # noqa: E402
+from gpuslice.spec import GiB, MiB  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOT = REPO / "bench" / "results" / "2026-11-22-cpu-dashboard.png"
+
+
+def chromium() -> str:
+    """The browser; installed with apt when root and absent. In CI a missing browser fails, never skips."""
+    if not Path(CHROMIUM).exists() and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=600,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    if not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} is missing (apt-get install -y chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
+
+
+class Feeder(threading.Thread):
+    """Writes two slices' regions 10×/s: memory ramps, compute busy time at 30 % and 60 %."""
+
+    def __init__(self, grants: list[dict], shares: list[float]):
+        super().__init__(daemon=True)
+        self.grants, self.shares = grants, shares
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        me = (os.getpid(), procs.start_time(os.getpid()))
+        while not self.stop.is_set():
+            elapsed = time.monotonic() - start
+            for k, (grant, share) in enumerate(zip(self.grants, self.shares)):
+                s = grant["slices"][0]
+                used = int(min(s["memory_limit"], (1 + k) * GiB * (0.3 + 0.2 * elapsed)))
+                used -= used % MiB
+                proc = ProcRecord(pid=me[0], start_time=me[1], used={0: used}, busy_ns={0: int(elapsed * share * 1e9)})
+                write_region(Path(grant["region_file"]),
+                             [DeviceRecord(s["device_uuid"], s["memory_limit"], used=used, peak=used)], [proc])
+            time.sleep(0.1)
+
+
+def _plot_pixels(png: bytes, box: dict) -> int:
+    """Pixels in the plot area that are neither white/grey background nor the light grid."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    image = Image.open(BytesIO(png)).convert("RGB")
+    left, top = int(box["x"]), int(box["y"])
+    crop = image.crop((left, top, left + int(box["width"]), top + int(box["height"])))
+    raw = crop.tobytes()
+    return sum(1 for i in range(0, len(raw), 3) if max(raw[i:i + 3]) - min(raw[i:i + 3]) > 60)  # coloured: data
+
+
+@pytest.fixture
+def state_env(tmp_path, monkeypatch) -> dict[str, str]:
+    monkeypatch.setenv("GPUSLICE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("GPUSLICE_DEVICE_SNAPSHOT", "h100-80gb")
+    return {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_dashboard_plots_live_data(state_env):
+    browser_path = chromium()
+    from playwright.sync_api import sync_playwright
+
+    agent = AgentProcess(state_env, interval=0.2)
+    feeder = None
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://a", timeout=30) as http:
+            me = {"owner": "alice", "holder_pid": os.getpid(), "holder_start": procs.start_time(os.getpid())}
+            grants = [http.post("/v1/grants", json={**me, "request": {"memory": m, "compute": c}}).json()
+                      for m, c in (("8GiB", 30), ("16GiB", 60))]
+        assert all("grant_id" in g for g in grants), grants
+        assert {g["slices"][0]["device_uuid"] for g in grants} == {grants[0]["slices"][0]["device_uuid"]}  # binpack
+        feeder = Feeder(grants, [0.3, 0.6])
+        feeder.start()
+        time.sleep(2.0)  # a few seconds of history before the page opens
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=browser_path, args=ARGS)
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page.goto(agent.url, wait_until="load")
+            page.wait_for_function("Number(document.body.dataset.updates || 0) >= 3", timeout=20000)
+            for plot in ("slice-memory", "slice-compute", "device-memory", "device-compute"):
+                counts = page.eval_on_selector_all(f"#plot-{plot} polyline.series",
+                                                   "els => els.map(e => Number(e.dataset.points))")
+                expected = 2 if plot.startswith("slice") else 8  # two slices; eight H100s in the snapshot
+                assert len(counts) == expected, (plot, counts)
+                # every slice has points; of the devices only GPU 0 carries the two slices' data
+                assert all(c >= 5 for c in (counts if plot.startswith("slice") else counts[:1])), (plot, counts)
+            rows = page.eval_on_selector_all("#grants tbody tr", "rows => rows.map(r => r.innerText)")
+            assert len(rows) == 2 and all("alice" in r for r in rows)
+            assert any("30%" in r for r in rows) and any("60%" in r for r in rows)
+            png = page.screenshot(full_page=True)
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            SCREENSHOT.write_bytes(png)
+            for plot in ("slice-memory", "slice-compute"):
+                box = page.locator(f"#plot-{plot}").bounding_box()
+                assert _plot_pixels(png, box) > 300, plot
+            browser.close()
+    finally:
+        if feeder is not None:
+            feeder.stop.set()
+        agent.stop()
