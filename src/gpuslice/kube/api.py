@@ -1,0 +1,178 @@
+"""The few API-server calls the adapters make, on the official ``kubernetes`` client, as plain dicts.
+
+Every object comes back as the API server's JSON (camelCase), the same shape the scheduler and the
+admission webhook receive, so one codec reads all of them. Conditional writes use resourceVersion
+preconditions (a merge patch that carries ``metadata.resourceVersion`` is refused with 409 when the
+object changed) and UID preconditions (a patch carrying ``metadata.uid`` cannot touch a recreated pod).
+
+:class:`KubeAPI` is the interface; :class:`ClientAPI` implements it on ``kubernetes.client.ApiClient``.
+Tests without an API server use the small in-memory double in ``tests/kube/fakeapi.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Mapping, Protocol
+from urllib.parse import quote
+
+from gpuslice.errors import GpusliceError
+
+
+class KubeError(GpusliceError):
+    """An API-server call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = ""):
+        self.status = status
+        self.reason = reason
+        super().__init__(message)
+
+
+class Conflict(KubeError):
+    """409: the object changed since it was read (resourceVersion precondition) or already exists."""
+
+
+class NotFound(KubeError):
+    """404: the object does not exist."""
+
+
+class KubeAPI(Protocol):
+    def get_node(self, name: str) -> dict[str, Any]: ...
+    def list_nodes(self) -> tuple[list[dict[str, Any]], str]: ...
+    def patch_node_annotations(self, name: str, changes: Mapping[str, str | None], *,
+                               resource_version: str | None = None) -> dict[str, Any]: ...
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def list_pods(self, field_selector: str = "") -> list[dict[str, Any]]: ...
+    def patch_pod_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None], *,
+                              uid: str | None = None, resource_version: str | None = None) -> dict[str, Any]: ...
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+def annotation_patch(changes: Mapping[str, str | None], *, uid: str | None = None,
+                     resource_version: str | None = None) -> dict[str, Any]:
+    """A JSON merge patch of annotations (``None`` deletes a key) with optional preconditions."""
+    meta: dict[str, Any] = {"annotations": dict(changes)}
+    if uid:
+        meta["uid"] = uid
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    return {"metadata": meta}
+
+
+class ClientAPI:
+    """:class:`KubeAPI` on the official client. ``api_client`` is a configured
+    ``kubernetes.client.ApiClient`` (see :func:`connect`)."""
+
+    MERGE = "application/merge-patch+json"
+
+    def __init__(self, api_client: Any, timeout: float = 10.0):
+        self.client = api_client
+        self.timeout = timeout
+
+    # ------------------------------------------------------------------------------------ transport
+    def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None,
+              query: list[tuple[str, str]] | None = None, timeout: float | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            m, url, hdrs, data, _ = self.client.param_serialize(
+                method=method, resource_path=path, query_params=query or [], header_params=headers,
+                body=body, auth_settings=["BearerToken"])
+            resp = self.client.call_api(m, url, header_params=hdrs, body=data,
+                                        _request_timeout=timeout or self.timeout)
+            raw = resp.read()
+        except Exception as exc:  # urllib3 / TLS / connection errors, and the client's own
+            status = getattr(exc, "status", 0) or 0
+            raise KubeError(f"{method} {path}: {exc}", status) from exc
+        status = resp.status
+        text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw or "")
+        if status >= 400:
+            message, reason = text, ""
+            try:
+                doc = json.loads(text)
+                message, reason = doc.get("message", text), doc.get("reason", "")
+            except (ValueError, AttributeError):
+                pass
+            kind = Conflict if status == 409 else NotFound if status == 404 else KubeError
+            raise kind(f"{method} {path}: {status} {message}", status, reason)
+        return json.loads(text) if text else {}
+
+    # ------------------------------------------------------------------------------------ nodes
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/v1/nodes/{quote(name)}")
+
+    def list_nodes(self) -> tuple[list[dict[str, Any]], str]:
+        doc = self._call("GET", "/api/v1/nodes", timeout=60)
+        return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion", ""))
+
+    def watch_nodes(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Yield ``(type, node)`` events after ``resource_version`` until the server ends the watch."""
+        query = [("watch", "true"), ("resourceVersion", resource_version),
+                 ("timeoutSeconds", str(timeout_seconds)), ("allowWatchBookmarks", "true")]
+        headers = {"Accept": "application/json"}
+        m, url, hdrs, _, _ = self.client.param_serialize(method="GET", resource_path="/api/v1/nodes",
+                                                         query_params=query, header_params=headers,
+                                                         auth_settings=["BearerToken"])
+        resp = self.client.rest_client.pool_manager.request(
+            m, url, headers=hdrs, preload_content=False, timeout=timeout_seconds + 10)
+        try:
+            if resp.status >= 400:
+                kind = Conflict if resp.status == 409 else KubeError
+                raise kind(f"watch nodes: {resp.status}", resp.status,
+                           "Expired" if resp.status == 410 else "")
+            buffer = b""
+            for chunk in resp.stream(65536):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        event = json.loads(line)
+                        yield event.get("type", ""), event.get("object") or {}
+        finally:
+            resp.release_conn()
+
+    def patch_node_annotations(self, name: str, changes: Mapping[str, str | None], *,
+                               resource_version: str | None = None) -> dict[str, Any]:
+        return self._call("PATCH", f"/api/v1/nodes/{quote(name)}",
+                          annotation_patch(changes, resource_version=resource_version), self.MERGE)
+
+    # ------------------------------------------------------------------------------------ pods
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
+
+    def list_pods(self, field_selector: str = "") -> list[dict[str, Any]]:
+        query = [("fieldSelector", field_selector)] if field_selector else []
+        return list(self._call("GET", "/api/v1/pods", query=query, timeout=60).get("items") or [])
+
+    def patch_pod_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None], *,
+                              uid: str | None = None, resource_version: str | None = None) -> dict[str, Any]:
+        return self._call("PATCH", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
+                          annotation_patch(changes, uid=uid, resource_version=resource_version), self.MERGE)
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST the binding subresource; ``metadata.uid`` makes the API server refuse a recreated pod."""
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding", body)
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None, timeout: float = 10.0) -> ClientAPI:
+    """A :class:`ClientAPI` from a kubeconfig file (``--kubeconfig``), else ``$KUBECONFIG``/``~/.kube/config``,
+    else the in-cluster service account."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                config.load_kube_config(context=context, client_configuration=cfg)
+    except Exception as exc:
+        raise KubeError(f"cannot load Kubernetes credentials ({kubeconfig or 'in-cluster / ~/.kube/config'}): {exc}") from exc
+    return ClientAPI(client.ApiClient(cfg), timeout=timeout)

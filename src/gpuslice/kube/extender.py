@@ -1,0 +1,547 @@
+"""The scheduler extender: kube-scheduler's ``filter``, ``prioritize`` and ``bind`` over the placement core.
+
+Wire format (``k8s.io/kube-scheduler/extender/v1``; the Go structs carry no JSON tags, so the keys are
+the Go field names — decoding here is case-insensitive, like Go's):
+
+* ``POST /filter``      ExtenderArgs ``{"Pod": {...}, "Nodes": {"items": [...]}}`` or ``{"Pod", "NodeNames"}``
+                        -> ExtenderFilterResult ``{"Nodes"|"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}``
+* ``POST /prioritize``  ExtenderArgs -> HostPriorityList ``[{"Host": "n1", "Score": 0..10}]``
+* ``POST /bind``        ExtenderBindingArgs ``{"PodName", "PodNamespace", "PodUID", "Node"}`` -> ``{"Error": ""}``
+
+State lives in the API server, never only here: a node's grants are the ``gpuslice.io/ledger``
+annotation on the Node, changed by ``bind`` only through a merge patch that carries the node's
+resourceVersion. Two binds racing for the same node (threads, replicas, or a restarted extender) cannot
+both commit: the loser gets 409, re-reads, and places again on what is really left. After the ledger
+commit, bind writes the pod's ``gpuslice.io/grant`` (UID precondition) and POSTs the binding subresource;
+if either fails the ledger entry is taken back. Entries whose pod is gone, finished, bound elsewhere, or
+still unbound long after its bind (a crash between commit and binding) are collected by
+:meth:`Extender.collect_garbage`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from gpuslice.errors import GpusliceError
+from gpuslice.kube import codec
+from gpuslice.kube.api import Conflict, KubeAPI, KubeError, NotFound
+from gpuslice.placement import NodeState, NoFit, PlacementPolicy, apply, filter_nodes, place, score_nodes
+from gpuslice.spec import SpecError
+
+log = logging.getLogger("gpuslice.extender")
+
+MAX_EXTENDER_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
+
+
+class BadRequest(GpusliceError):
+    """The payload is not what the endpoint takes: answered with HTTP 400 and this message."""
+
+
+# ---------------------------------------------------------------------------------------- payloads
+def _ci(obj: Mapping[str, Any], name: str) -> Any:
+    """Go's encoding/json matches keys case-insensitively; so do we."""
+    if name in obj:
+        return obj[name]
+    low = name.lower()
+    for k, v in obj.items():
+        if isinstance(k, str) and k.lower() == low:
+            return v
+    return None
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    pod: dict[str, Any]
+    nodes: list[dict[str, Any]] | None  # full Node objects (nodeCacheCapable: false)
+    node_names: list[str]               # candidate names, in the scheduler's order
+
+    @classmethod
+    def parse(cls, body: Any) -> "ExtenderArgs":
+        if not isinstance(body, dict):
+            raise BadRequest("ExtenderArgs must be a JSON object with Pod and Nodes or NodeNames")
+        pod = _ci(body, "Pod")
+        if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+            raise BadRequest("ExtenderArgs.Pod must be a Pod object with metadata")
+        if not isinstance(pod.get("spec"), dict):
+            raise BadRequest("ExtenderArgs.Pod.spec must be an object")
+        nodes_doc = _ci(body, "Nodes")
+        names_doc = _ci(body, "NodeNames")
+        nodes = None
+        if nodes_doc is not None:
+            items = nodes_doc.get("items") if isinstance(nodes_doc, dict) else None
+            if not isinstance(items, list) or not all(
+                    isinstance(n, dict) and isinstance((n.get("metadata") or {}).get("name"), str) for n in items):
+                raise BadRequest("ExtenderArgs.Nodes must be a NodeList: {\"items\": [Node with metadata.name]}")
+            nodes = items
+            names = [n["metadata"]["name"] for n in items]
+        elif names_doc is not None:
+            if not isinstance(names_doc, list) or not all(isinstance(n, str) for n in names_doc):
+                raise BadRequest("ExtenderArgs.NodeNames must be a list of node names")
+            names = list(names_doc)
+        else:
+            raise BadRequest("ExtenderArgs needs Nodes (a NodeList) or NodeNames (a list of names)")
+        return cls(pod=pod, nodes=nodes, node_names=names)
+
+
+@dataclass(frozen=True)
+class BindingArgs:
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+    @classmethod
+    def parse(cls, body: Any) -> "BindingArgs":
+        if not isinstance(body, dict):
+            raise BadRequest("ExtenderBindingArgs must be a JSON object with PodName, PodNamespace, PodUID, Node")
+        values = {}
+        for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+            v = _ci(body, key)
+            if not isinstance(v, str) or not v:
+                raise BadRequest(f"ExtenderBindingArgs.{key} must be a non-empty string (got {v!r})")
+            values[key] = v
+        return cls(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
+
+
+# ---------------------------------------------------------------------------------------- node views
+@dataclass(frozen=True)
+class NodeView:
+    """One node as the extender sees it: parsed annotations and the base placement state."""
+
+    name: str
+    resource_version: str
+    devices: codec.NodeDevices | None
+    ledger: codec.Ledger
+    state: NodeState | None
+    problem: str = ""  # why the node cannot take GPU pods (no or bad annotations)
+
+
+def view_of(node: Mapping[str, Any]) -> NodeView:
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    rv = str(meta.get("resourceVersion", ""))
+    anns = meta.get("annotations") or {}
+    if codec.NODE_DEVICES not in anns:
+        return NodeView(name, rv, None, codec.Ledger({}), None,
+                        f"node publishes no gpuslice devices (annotation {codec.NODE_DEVICES} is missing; "
+                        "is the gpuslice agent running there?)")
+    try:
+        devices = codec.decode_node_devices(anns[codec.NODE_DEVICES])
+        ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), name)
+        state = codec.node_state(name, devices, ledger)
+    except SpecError as exc:
+        return NodeView(name, rv, None, codec.Ledger({}), None, f"node annotations are unreadable: {exc}")
+    return NodeView(name, rv, devices, ledger, state)
+
+
+class ViewCache:
+    """Parsed node views keyed by (name, resourceVersion): parsing is paid once per node change."""
+
+    def __init__(self, limit: int = 100_000):
+        self._views: dict[str, NodeView] = {}
+        self._lock = threading.Lock()
+        self.limit = limit
+
+    def view(self, node: Mapping[str, Any]) -> NodeView:
+        meta = node.get("metadata") or {}
+        name, rv = str(meta.get("name", "")), str(meta.get("resourceVersion", ""))
+        with self._lock:
+            cached = self._views.get(name)
+        if cached is not None and rv and cached.resource_version == rv:
+            return cached
+        fresh = view_of(node)
+        with self._lock:
+            if len(self._views) >= self.limit:
+                self._views.clear()
+            self._views[name] = fresh
+        return fresh
+
+    def get(self, name: str) -> NodeView | None:
+        with self._lock:
+            return self._views.get(name)
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._views.pop(name, None)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._views)
+
+
+class NodeCache:
+    """The cluster's nodes for ``nodeCacheCapable: true`` (the scheduler sends names only): list once,
+    then watch (or poll every ``poll_interval`` when the API has no watch). Keeps parsed views."""
+
+    def __init__(self, api: KubeAPI, views: ViewCache | None = None, poll_interval: float = 2.0):
+        self.api = api
+        self.views = views or ViewCache()
+        self.poll_interval = poll_interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.synced = threading.Event()
+
+    def refresh(self) -> str:
+        items, rv = self.api.list_nodes()
+        seen = set()
+        for n in items:
+            self.views.view(n)
+            seen.add((n.get("metadata") or {}).get("name"))
+        for name in self.views.names():
+            if name not in seen:
+                self.views.forget(name)
+        self.synced.set()
+        return rv
+
+    def put(self, node: Mapping[str, Any]) -> None:
+        self.views.view(node)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gpuslice-node-cache", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        watch = getattr(self.api, "watch_nodes", None)
+        while not self._stop.is_set():
+            try:
+                rv = self.refresh()
+                if watch is None:
+                    self._stop.wait(self.poll_interval)
+                    continue
+                for kind, node in watch(rv):
+                    if self._stop.is_set():
+                        return
+                    if kind in ("ADDED", "MODIFIED"):
+                        self.views.view(node)
+                    elif kind == "DELETED":
+                        self.views.forget((node.get("metadata") or {}).get("name", ""))
+                    elif kind == "ERROR":
+                        break
+            except Exception as exc:  # the API server restarts, a watch expires: relist
+                log.warning("node cache: %s; relisting", exc)
+                self._stop.wait(min(self.poll_interval, 1.0))
+
+
+# ---------------------------------------------------------------------------------------- extender
+class Extender:
+    """filter / prioritize / bind. ``api`` may be ``None`` for a filter-and-prioritize-only extender fed
+    full Node objects (benchmarks, dry runs); ``bind`` and ``NodeNames`` need it."""
+
+    def __init__(self, api: KubeAPI | None, cfg: codec.KubeConfig | None = None, *,
+                 cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0,
+                 clock: Callable[[], float] = time.time):
+        self.api = api
+        self.cfg = cfg or codec.KubeConfig()
+        self.cache = cache
+        self.views = cache.views if cache else ViewCache()
+        self.bind_retries = bind_retries
+        self.gc_grace = gc_grace
+        self.clock = clock
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _views_for(self, args: ExtenderArgs) -> list[NodeView]:
+        if args.nodes is not None:
+            return [self.views.view(n) for n in args.nodes]
+        out = []
+        for name in args.node_names:
+            v = self.views.get(name)
+            if v is None and self.api is not None:
+                try:
+                    v = self.views.view(self.api.get_node(name))
+                except KubeError as exc:
+                    v = NodeView(name, "", None, codec.Ledger({}), None, f"cannot read node: {exc}")
+            if v is None:
+                v = NodeView(name, "", None, codec.Ledger({}), None, "node unknown to the extender's cache")
+            out.append(v)
+        return out
+
+    def _policy(self, req: codec.PodRequest) -> PlacementPolicy:
+        return req.policy or self.cfg.policy
+
+    @staticmethod
+    def _state_for(view: NodeView, req: codec.PodRequest) -> NodeState:
+        assert view.state is not None and view.devices is not None
+        if not (req.avoid_models or req.avoid_uuids or req.use_uuids):
+            return view.state
+        blocked = codec.blocked_devices(view.devices, req)
+        return codec.node_state(view.name, view.devices, view.ledger, blocked=blocked)
+
+    def _fit(self, req: codec.PodRequest, views: list[NodeView]) -> tuple[list[str], dict[str, str], dict[str, NodeState]]:
+        """(fitting names in the caller's order, {name: why not}, {name: state})."""
+        failed: dict[str, str] = {}
+        states: dict[str, NodeState] = {}
+        for v in views:
+            if v.state is None:
+                failed[v.name] = v.problem
+            else:
+                try:
+                    states[v.name] = self._state_for(v, req)
+                except SpecError as exc:
+                    failed[v.name] = f"node annotations are unreadable: {exc}"
+        if not states:
+            return [], failed, states
+        first = req.containers[0].request
+        ok, why = filter_nodes(first, list(states.values()))
+        failed.update(why)
+        ok_set = set(ok)
+        if len(req.containers) > 1:  # every container must fit, each after the ones before it
+            for name in list(ok_set):
+                try:
+                    self._place_all(req, states[name])
+                except NoFit as exc:
+                    ok_set.discard(name)
+                    failed[name] = exc.reason
+        fitting = [v.name for v in views if v.name in ok_set]
+        return fitting, failed, states
+
+    def _place_all(self, req: codec.PodRequest, state: NodeState) -> list[tuple[codec.ContainerRequest, Any]]:
+        policy = self._policy(req)
+        out = []
+        for c in req.containers:
+            try:
+                p = place(c.request, [state], policy)
+            except NoFit as exc:
+                raise NoFit(f"container {c.name}: {exc.reason}", exc.per_node) from None
+            state = apply(state, p.slices, exclusive=p.exclusive)
+            out.append((c, p))
+        return out
+
+    # ------------------------------------------------------------------------------------ filter
+    def filter(self, body: Any) -> dict[str, Any]:
+        args = ExtenderArgs.parse(body)
+        try:
+            req = codec.pod_request(args.pod, self.cfg)
+        except SpecError as exc:
+            return self._filter_result(args, [], {}, error=f"gpuslice: {exc}")
+        if req.empty:  # not a GPU-slice pod: nothing to say
+            return self._filter_result(args, list(args.node_names), {})
+        views = self._views_for(args)
+        fitting, failed, _ = self._fit(req, views)
+        return self._filter_result(args, fitting, failed)
+
+    @staticmethod
+    def _filter_result(args: ExtenderArgs, fitting: list[str], failed: Mapping[str, str],
+                       error: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {"FailedNodes": dict(failed), "FailedAndUnresolvableNodes": {}, "Error": error}
+        if args.nodes is not None:
+            keep = set(fitting)
+            out["Nodes"] = {"metadata": {}, "items": [n for n in args.nodes if n["metadata"]["name"] in keep]}
+            out["NodeNames"] = None
+        else:
+            out["NodeNames"] = list(fitting)
+            out["Nodes"] = None
+        return out
+
+    # ------------------------------------------------------------------------------------ prioritize
+    def prioritize(self, body: Any) -> list[dict[str, Any]]:
+        args = ExtenderArgs.parse(body)
+        try:
+            req = codec.pod_request(args.pod, self.cfg)
+        except SpecError:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        if req.empty:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        views = self._views_for(args)
+        fitting, _, states = self._fit(req, views)
+        scores: dict[str, float] = {}
+        if fitting:
+            scores = score_nodes(req.containers[0].request, [states[n] for n in fitting], self._policy(req))
+        return [{"Host": n, "Score": int(round(scores.get(n, 0.0) * MAX_EXTENDER_PRIORITY / 100))}
+                for n in args.node_names]
+
+    # ------------------------------------------------------------------------------------ bind
+    def _lock(self, node: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._node_locks.setdefault(node, threading.Lock())
+
+    def bind(self, body: Any) -> dict[str, Any]:
+        args = BindingArgs.parse(body)
+        if self.api is None:
+            return {"Error": "gpuslice: this extender has no API-server connection; it cannot bind"}
+        try:
+            self.bind_pod(args)
+        except (GpusliceError, SpecError) as exc:
+            log.info("bind %s/%s -> %s refused: %s", args.pod_namespace, args.pod_name, args.node, exc)
+            return {"Error": f"gpuslice: {exc}"}
+        return {"Error": ""}
+
+    def bind_pod(self, args: BindingArgs) -> codec.PodGrant | None:
+        """Commit a grant for the pod on ``args.node`` and bind it; raise with the reason on refusal."""
+        api = self.api
+        assert api is not None
+        try:
+            pod = api.get_pod(args.pod_namespace, args.pod_name)
+        except NotFound:
+            raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} no longer exists") from None
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") != args.pod_uid:
+            raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} was recreated (uid {meta.get('uid')}, "
+                            f"scheduler asked for {args.pod_uid})")
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to and bound_to != args.node:
+            raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} is already bound to {bound_to}")
+        req = codec.pod_request(pod, self.cfg)
+        if req.empty:
+            if not bound_to:
+                api.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
+            return None
+        with self._lock(args.node):
+            grant = self._commit(args, req)
+        try:
+            api.patch_pod_annotations(args.pod_namespace, args.pod_name,
+                                      {codec.POD_GRANT: codec.encode_pod_grant(grant),
+                                       codec.POD_ALLOCATED: None}, uid=args.pod_uid)
+            if not bound_to:
+                api.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
+        except KubeError as exc:
+            self._take_back(args.node, args.pod_uid)
+            raise KubeError(f"binding {args.pod_namespace}/{args.pod_name} to {args.node} failed; "
+                            f"grant taken back: {exc}", exc.status) from exc
+        self._release_elsewhere(args.pod_uid, args.node)
+        return grant
+
+    def _commit(self, args: BindingArgs, req: codec.PodRequest) -> codec.PodGrant:
+        api = self.api
+        assert api is not None
+        last = ""
+        for attempt in range(self.bind_retries):
+            node = api.get_node(args.node)
+            view = view_of(node)
+            if view.state is None or view.devices is None:
+                raise KubeError(f"node {args.node}: {view.problem}")
+            existing = view.ledger.entries.get(args.pod_uid)
+            if existing is not None:  # our own earlier attempt committed (retry after a crash / timeout)
+                return existing
+            state = self._state_for(view, req)
+            try:
+                placed = self._place_all(req, state)
+            except NoFit as exc:
+                raise KubeError(f"node {args.node} cannot take pod {args.pod_namespace}/{args.pod_name}: "
+                                f"{exc.reason}") from None
+            grant = codec.PodGrant(
+                node=args.node, pod_uid=args.pod_uid, namespace=args.pod_namespace, pod=args.pod_name,
+                containers=tuple(codec.ContainerGrant(c.name, codec.grant_id_for(args.pod_uid, c.name),
+                                                      p.slices, p.exclusive) for c, p in placed),
+                bound_at=self.clock())
+            try:
+                updated = api.patch_node_annotations(
+                    args.node, {codec.NODE_LEDGER: codec.encode_ledger(view.ledger.with_entry(grant))},
+                    resource_version=view.resource_version)
+            except Conflict as exc:
+                last = str(exc)
+                time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
+                continue
+            self.views.view(updated)
+            return grant
+        raise KubeError(f"node {args.node} kept changing under {self.bind_retries} bind attempts ({last})")
+
+    def _update_ledger(self, node_name: str, change: Callable[[codec.Ledger], codec.Ledger]) -> bool:
+        """Apply ``change`` to the node's ledger with a resourceVersion precondition; True if it changed."""
+        api = self.api
+        assert api is not None
+        for attempt in range(self.bind_retries):
+            try:
+                node = api.get_node(node_name)
+            except NotFound:
+                return False
+            meta = node.get("metadata") or {}
+            anns = meta.get("annotations") or {}
+            try:
+                ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), node_name)
+            except SpecError as exc:
+                log.error("node %s: %s", node_name, exc)
+                return False
+            new = change(ledger)
+            if dict(new.entries) == dict(ledger.entries):
+                return False
+            try:
+                updated = api.patch_node_annotations(node_name, {codec.NODE_LEDGER: codec.encode_ledger(new)},
+                                                     resource_version=meta.get("resourceVersion"))
+            except Conflict:
+                time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
+                continue
+            self.views.view(updated)
+            return True
+        log.error("node %s: ledger kept changing; will retry at the next collection", node_name)
+        return False
+
+    def _take_back(self, node: str, pod_uid: str) -> None:
+        try:
+            with self._lock(node):
+                self._update_ledger(node, lambda led: led.without([pod_uid]))
+        except KubeError as exc:  # garbage collection will take it back later
+            log.error("taking back the grant of pod %s on %s failed: %s", pod_uid, node, exc)
+
+    def _release_elsewhere(self, pod_uid: str, node: str) -> None:
+        """A pod bound here may hold a stale entry elsewhere (an earlier attempt bound nowhere)."""
+        for name in self.views.names():
+            v = self.views.get(name)
+            if name != node and v is not None and pod_uid in v.ledger.entries:
+                self._take_back(name, pod_uid)
+
+    # ------------------------------------------------------------------------------------ garbage
+    def collect_garbage(self) -> int:
+        """Take back ledger entries whose pod is gone, finished, bound to another node, or unbound for
+        longer than ``gc_grace`` after its bind. Returns how many entries were removed."""
+        api = self.api
+        assert api is not None
+        started = self.clock()
+        pods = {(p.get("metadata") or {}).get("uid"): p for p in api.list_pods()}
+        nodes, _ = api.list_nodes()
+        removed = 0
+        for node in nodes:
+            name = (node.get("metadata") or {}).get("name", "")
+            anns = (node.get("metadata") or {}).get("annotations") or {}
+            try:
+                ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), name)
+            except SpecError as exc:
+                log.error("node %s: %s", name, exc)
+                continue
+            stale = {uid for uid, g in ledger.entries.items() if self._stale(uid, g, name, pods, started)}
+            if stale:
+                def drop(led: codec.Ledger, stale: set[str] = stale, name: str = name) -> codec.Ledger:
+                    # re-check against the fresh ledger: only entries that are still the stale ones
+                    return led.without(u for u in stale if u in led.entries
+                                       and self._stale(u, led.entries[u], name, pods, started))
+                with self._lock(name):
+                    if self._update_ledger(name, drop):
+                        removed += len(stale)
+        return removed
+
+    def _stale(self, uid: str, grant: codec.PodGrant, node: str, pods: Mapping[str, Any], started: float) -> bool:
+        old = grant.bound_at < started - self.gc_grace
+        pod = pods.get(uid)
+        if pod is None:
+            return grant.bound_at < started - min(self.gc_grace, 30.0)
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            return True
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound and bound != node:
+            return True
+        return not bound and old
+
+
+def sum_grants(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per device UUID: granted memory, compute and slices over all nodes' ledgers (for checks/tests)."""
+    out: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        view = view_of(node)
+        for g in view.ledger.entries.values():
+            for s in g.slices():
+                d = out.setdefault(s.device_uuid, {"memory": 0, "compute": 0, "slices": 0})
+                d["memory"] += s.memory_limit
+                d["compute"] += s.compute
+                d["slices"] += 1
+    return out

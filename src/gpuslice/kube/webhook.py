@@ -1,0 +1,148 @@
+"""The mutating admission webhook (AdmissionReview ``admission.k8s.io/v1``) for pods asking for GPU slices.
+
+For a Pod CREATE whose containers ask for GPU slices (HAMi's resource names or ours), the response
+JSONPatch:
+
+* sets ``spec.schedulerName`` to the gpuslice scheduler (the kube-scheduler profile that calls our extender);
+* fills HAMi's defaults: a container with GPU memory / cores / memory percent but no GPU count gets
+  ``defaultGPUNum`` devices (limits and requests), memory and cores defaults are recorded in the request;
+* records the normalised request (``gpuslice.io/request``; ``nvidia.com/gpumem-percentage`` becomes a
+  percent of device memory, ``gpumem`` MiB become bytes) and drops any ``gpuslice.io/grant`` /
+  ``gpuslice.io/allocated`` the pod was created with (only the extender and the device plugin write those).
+
+Contradictory requests are refused with ``allowed: false`` and a message naming the field. A payload that
+is not an AdmissionReview is answered with HTTP 400 by the server (:mod:`gpuslice.kube.server`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Mapping
+
+from gpuslice.errors import GpusliceError
+from gpuslice.kube import codec
+from gpuslice.spec import SpecError
+
+ADMISSION_VERSION = "admission.k8s.io/v1"
+
+
+class BadReview(GpusliceError):
+    """Not an AdmissionReview we can answer (HTTP 400)."""
+
+
+def _escape(key: str) -> str:
+    """JSON Pointer escaping (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _review(uid: str, allowed: bool, patch: list[dict[str, Any]] | None = None, message: str = "",
+            code: int = 422) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if not allowed:
+        response["status"] = {"code": code, "message": message, "reason": "Invalid" if code == 422 else "BadRequest"}
+    return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def parse_review(body: Any) -> tuple[str, Mapping[str, Any]]:
+    """(request uid, request) of an AdmissionReview, or :class:`BadReview` saying what is wrong."""
+    if not isinstance(body, dict):
+        raise BadReview("the body must be a JSON AdmissionReview object")
+    if body.get("kind") != "AdmissionReview":
+        raise BadReview(f"kind must be AdmissionReview (got {body.get('kind')!r})")
+    if body.get("apiVersion") != ADMISSION_VERSION:
+        raise BadReview(f"apiVersion must be {ADMISSION_VERSION} (got {body.get('apiVersion')!r})")
+    request = body.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("AdmissionReview.request must be an object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("AdmissionReview.request.uid must be a non-empty string")
+    return uid, request
+
+
+def mutate(body: Any, cfg: codec.KubeConfig) -> dict[str, Any]:
+    """Answer one AdmissionReview. Raises :class:`BadReview` for malformed payloads (HTTP 400)."""
+    uid, request = parse_review(body)
+    kind = request.get("kind") or {}
+    if not isinstance(kind, dict) or kind.get("kind") != "Pod" or kind.get("group", "") != "":
+        return _review(uid, True)  # not ours: let it through untouched
+    if request.get("operation", "CREATE") != "CREATE":
+        return _review(uid, True)
+    pod = request.get("object")
+    if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
+        raise BadReview("AdmissionReview.request.object must be a Pod with a spec")
+    try:
+        req = codec.pod_request(pod, cfg)
+    except SpecError as exc:
+        return _review(uid, False, message=f"gpuslice: {exc}")
+    if req.empty:
+        return _review(uid, True)
+    spec = pod["spec"]
+    if spec.get("nodeName"):
+        return _review(uid, False, message=(
+            f"gpuslice: spec.nodeName {spec['nodeName']!r} is not allowed on a pod asking for GPU slices; "
+            f"expected no nodeName (the {cfg.scheduler_name} scheduler must place it so that its grant is recorded)"))
+    patch: list[dict[str, Any]] = []
+    if spec.get("schedulerName") != cfg.scheduler_name:
+        op = "replace" if "schedulerName" in spec else "add"
+        patch.append({"op": op, "path": "/spec/schedulerName", "value": cfg.scheduler_name})
+    count_name = cfg.names.count[0]
+    containers = spec.get("containers") or []
+    for c in req.containers:
+        container = containers[c.index]
+        limits = codec._limits(container)
+        if any(n in limits for n in cfg.names.count):
+            continue
+        value = str(c.request.count)
+        resources = container.get("resources")
+        base = f"/spec/containers/{c.index}/resources"
+        if not isinstance(resources, dict):
+            patch.append({"op": "add", "path": base, "value": {"limits": {count_name: value},
+                                                                "requests": {count_name: value}}})
+            continue
+        for part in ("limits", "requests"):
+            if isinstance(resources.get(part), dict):
+                patch.append({"op": "add", "path": f"{base}/{part}/{_escape(count_name)}", "value": value})
+            else:
+                patch.append({"op": "add", "path": f"{base}/{part}", "value": {count_name: value}})
+    meta = pod.get("metadata") or {}
+    anns = meta.get("annotations")
+    normalised = codec.encode_pod_request(req)
+    if not isinstance(anns, dict):
+        patch.append({"op": "add", "path": "/metadata/annotations", "value": {codec.POD_REQUEST: normalised}})
+    else:
+        patch.append({"op": "add", "path": f"/metadata/annotations/{_escape(codec.POD_REQUEST)}",
+                      "value": normalised})
+        for forged in (codec.POD_GRANT, codec.POD_ALLOCATED):
+            if forged in anns:
+                patch.append({"op": "remove", "path": f"/metadata/annotations/{_escape(forged)}"})
+    return _review(uid, True, patch)
+
+
+def apply_json_patch(doc: Any, patch: list[dict[str, Any]]) -> Any:
+    """Apply the add / replace / remove operations this webhook emits (tests and dry runs)."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for op in patch:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = doc
+        for p in parts[:-1]:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        last = parts[-1]
+        if op["op"] in ("add", "replace"):
+            if isinstance(target, list):
+                target.insert(int(last), op["value"]) if op["op"] == "add" else target.__setitem__(int(last), op["value"])
+            else:
+                if op["op"] == "replace" and last not in target:
+                    raise KeyError(op["path"])
+                target[last] = op["value"]
+        elif op["op"] == "remove":
+            del target[int(last) if isinstance(target, list) else last]
+        else:
+            raise ValueError(f"unsupported op {op['op']}")
+    return doc

@@ -1,0 +1,185 @@
+"""The annotation codec and the parsing of pod requests from resource names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubefixtures import H100, devices, node, pod
+
+from gpuslice.kube import codec
+from gpuslice.placement import PlacementPolicy
+from gpuslice.spec import ComputeMode, GiB, MiB, MemoryAmount, MigInstance, Device, Priority, Slice, SpecError
+
+CFG = codec.KubeConfig()
+
+
+def test_node_devices_round_trip_keeps_topology_mig_and_health():
+    devs = devices("n1", 2)
+    mig = Device(uuid="GPU-mig-parent", index=2, name="NVIDIA A100 80GB", memory_total=80 * GiB, sm_count=108,
+                 model="A100-80GB", numa_node=1, nvlink_peers=(devs[0].uuid,), mig_enabled=True,
+                 mig_instances=(MigInstance("MIG-aaaa", "3g.40gb", 40 * GiB, 42),), extra={"minor": 2})
+    text = codec.encode_node_devices([*devs, mig], health={devs[1].uuid: codec.UNHEALTHY}, split_count=4,
+                                     memory_scaling=1.5, now=1000.0)
+    back = codec.decode_node_devices(text)
+    assert [d.uuid for d in back.devices] == [devs[0].uuid, devs[1].uuid, "GPU-mig-parent"]
+    assert back.devices[2].mig_instances == mig.mig_instances and back.devices[2].nvlink_peers == (devs[0].uuid,)
+    assert back.devices[2].extra["minor"] == 2 and back.devices[0].memory_total == H100
+    assert back.split_count == 4 and back.memory_scaling == 1.5 and back.updated == 1000.0
+    assert not back.healthy(devs[1].uuid) and back.healthy(devs[0].uuid)
+    assert json.loads(text)["version"] == 1
+
+
+@pytest.mark.parametrize("text, field", [
+    ("not json", "gpuslice.io/devices"),
+    ('{"version": 2, "devices": []}', "gpuslice.io/devices.version"),
+    ('{"version": 1, "devices": [{"uuid": "GPU-1", "memory": -5}]}', "gpuslice.io/devices.devices[0].memory"),
+    ('{"version": 1, "devices": [{"uuid": "GPU-1", "memory": 5, "health": "meh"}]}',
+     "gpuslice.io/devices.devices[0].health"),
+    ('{"version": 1, "devices": [{"memory": 5}]}', "gpuslice.io/devices.devices[0].uuid"),
+    ('{"version": 1, "devices": "x"}', "gpuslice.io/devices.devices"),
+])
+def test_bad_node_devices_name_the_field(text, field):
+    with pytest.raises(SpecError) as exc:
+        codec.decode_node_devices(text)
+    assert exc.value.field == field
+
+
+def _grant(uid="u1", node="n1", uuid="GPU-1", memory=4 * GiB, compute=30):
+    return codec.PodGrant(node=node, pod_uid=uid, namespace="ns", pod="p", bound_at=12.5, containers=(
+        codec.ContainerGrant("main", codec.grant_id_for(uid, "main"),
+                             (Slice(uuid, memory, compute, Priority.HIGH, ComputeMode.SOFT, 3),)),))
+
+
+def test_pod_grant_and_ledger_round_trip():
+    g = _grant()
+    assert codec.decode_pod_grant(codec.encode_pod_grant(g)) == g
+    led = codec.Ledger({}).with_entry(g).with_entry(_grant("u2", memory=GiB))
+    back = codec.decode_ledger(codec.encode_ledger(led), "n1")
+    assert back.entries == led.entries
+    assert len(back.without(["u1"]).entries) == 1
+    slices, exclusive = back.slices()
+    assert sum(s.memory_limit for s in slices) == 5 * GiB and exclusive == set()
+    assert codec.decode_ledger(None, "n1").entries == {}
+
+
+def test_bad_grant_names_the_field():
+    data = json.loads(codec.encode_pod_grant(_grant()))
+    data["containers"][0]["slices"][0]["compute"] = 130
+    with pytest.raises(SpecError) as exc:
+        codec.decode_pod_grant(json.dumps(data))
+    assert exc.value.field == "gpuslice.io/grant.containers[0].slices[0].compute"
+
+
+def test_node_state_counts_ledger_and_blocks_unhealthy_devices():
+    devs = devices("n1", 2)
+    nd = codec.decode_node_devices(codec.encode_node_devices(devs, health={devs[1].uuid: codec.UNHEALTHY}))
+    led = codec.Ledger({}).with_entry(_grant(uuid=devs[0].uuid, memory=10 * GiB, compute=40))
+    st = codec.node_state("n1", nd, led)
+    assert st.devices[0].used_memory == 10 * GiB and st.devices[0].used_compute == 40
+    assert st.devices[1].free_memory == 0  # unhealthy: nothing new lands there
+    with pytest.raises(SpecError):  # the ledger names a device the node does not publish
+        codec.node_state("n1", nd, codec.Ledger({}).with_entry(_grant(uuid="GPU-gone")))
+
+
+# ------------------------------------------------------------------------------ pod requests
+def _one(limits, cfg=CFG, **kw):
+    req = codec.pod_request(pod("p", limits, **kw), cfg)
+    assert len(req.containers) == 1
+    return req.containers[0].request
+
+
+def test_hami_names_parse():
+    r = _one({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30",
+              "nvidia.com/priority": "0"})
+    assert r.count == 1 and r.memory == MemoryAmount(bytes=3000 * MiB) and r.compute == 30
+    assert r.priority is Priority.HIGH and not r.exclusive
+
+
+def test_percentage_and_our_names():
+    r = _one({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"})
+    assert r.memory == MemoryAmount(percent=50.0)
+    r = _one({"gpuslice.io/gpu": "1", "gpuslice.io/gpu-memory": "4Gi", "gpuslice.io/gpu-compute": "25"})
+    assert r.memory == MemoryAmount(bytes=4 * GiB) and r.compute == 25
+
+
+def test_defaults_follow_hami():
+    # memory without a count: defaultGPUNum devices; no memory: the whole device; no cores: defaultCores
+    r = _one({"nvidia.com/gpumem": "2000"})
+    assert r.count == 1
+    assert _one({"nvidia.com/gpu": "1"}).memory is None
+    cfg = codec.KubeConfig(default_memory_mib=1024, default_cores=20, default_gpu_num=2)
+    r = _one({"nvidia.com/gpucores": "10"}, cfg)
+    assert r.count == 2 and r.memory == MemoryAmount(bytes=1024 * MiB) and r.compute == 10
+    assert _one({"nvidia.com/gpu": "1"}, cfg).compute == 20
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}).exclusive
+    with pytest.raises(SpecError) as exc:
+        codec.pod_request(pod("p", {"nvidia.com/gpumem": "2000"}), codec.KubeConfig(default_gpu_num=0))
+    assert "nvidia.com/gpu" in exc.value.field
+
+
+def test_no_gpu_is_empty():
+    assert codec.pod_request(pod("p", {"cpu": "1"}), CFG).empty
+    assert codec.pod_request(pod("p", {"nvidia.com/gpu": "0"}), CFG).empty
+
+
+@pytest.mark.parametrize("limits, needle", [
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpumem-percentage": "50"}, "not both"),
+    ({"nvidia.com/gpu": "1", "gpuslice.io/gpu": "2"}, "contradict"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}, "1 to 100"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"}, "0 to 100"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3Gi"}, "MiB"),
+    ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, "at least 1"),
+    ({"nvidia.com/priority": "0"}, "only together with a GPU request"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/priority": "5"}, "0 (high) or 1 (low)"),
+    ({"nvidia.com/gpu": "lots"}, "Kubernetes quantity"),
+])
+def test_contradictions_name_the_field(limits, needle):
+    with pytest.raises(SpecError) as exc:
+        codec.pod_request(pod("p", limits), CFG)
+    assert needle in str(exc.value)
+    assert exc.value.field.startswith("spec.containers[0]")
+
+
+def test_pod_policy_annotations():
+    r = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"hami.io/node-scheduler-policy": "spread",
+                                                                       "gpuslice.io/gpu-policy": "fgd"}), CFG)
+    assert r.policy == PlacementPolicy(node="spread", gpu="fgd")
+    r = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"gpuslice.io/policy": "bestfit"}), CFG)
+    assert r.policy.node == "bestfit" and r.policy.gpu == "bestfit"
+    with pytest.raises(SpecError) as exc:
+        codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"gpuslice.io/node-policy": "closest"}), CFG)
+    assert exc.value.field == "metadata.annotations[gpuslice.io/node-policy]" and "binpack" in exc.value.allowed
+    r = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"gpuslice.io/compute-mode": "soft",
+                                                                       "nvidia.com/use-gputype": "A100|H100"}), CFG)
+    assert r.containers[0].request.mode is ComputeMode.SOFT and r.containers[0].request.models == ("A100", "H100")
+
+
+def test_init_containers_with_gpus_are_refused():
+    p = pod("p", {"nvidia.com/gpu": "1"})
+    p["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    with pytest.raises(SpecError) as exc:
+        codec.pod_request(p, CFG)
+    assert exc.value.field.startswith("spec.initContainers[0]")
+
+
+def test_request_annotation_round_trip():
+    req = codec.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25"}), CFG)
+    back = codec.decode_pod_request(codec.encode_pod_request(req))
+    assert back == [("main", req.containers[0].request)]
+
+
+def test_blocked_devices_from_hami_annotations():
+    nd = codec.decode_node_devices(node("n1", 2)["metadata"]["annotations"][codec.NODE_DEVICES])
+    uuids = [d.uuid for d in nd.devices]
+    req = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/use-gpuuuid": uuids[1]}), CFG)
+    assert codec.blocked_devices(nd, req) == {uuids[0]}
+    req = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/nouse-gpuuuid": uuids[1]}), CFG)
+    assert codec.blocked_devices(nd, req) == {uuids[1]}
+    req = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/nouse-gputype": "H100-80GB-HBM3"}), CFG)
+    assert codec.blocked_devices(nd, req) == set(uuids)
+
+
+def test_allocated_marks():
+    assert codec.decode_allocated(codec.encode_allocated(["b", "a", "a"])) == {"a", "b"}
+    assert codec.decode_allocated(None) == set()

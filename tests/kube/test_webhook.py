@@ -1,0 +1,129 @@
+"""The mutating admission webhook over real HTTPS (uvicorn on loopback with a self-signed CA)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+
+import httpx
+import pytest
+from kubefixtures import pod
+
+from gpuslice.kube import codec, webhook
+from gpuslice.kube.certs import write_self_signed
+from gpuslice.kube.server import make_app, start_in_thread
+
+CFG = codec.KubeConfig(default_gpu_num=1, default_cores=10)
+
+
+@pytest.fixture(scope="module")
+def https(tmp_path_factory):
+    tls = write_self_signed(tmp_path_factory.mktemp("tls"), ["localhost", "127.0.0.1"])
+    running = start_in_thread(make_app(None, CFG), certfile=str(tls.cert), keyfile=str(tls.key))
+    with httpx.Client(base_url=running.url, verify=ssl.create_default_context(cafile=str(tls.ca)), timeout=10) as client:
+        yield client
+    running.stop()
+
+
+def review(obj, operation="CREATE", kind="Pod"):
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                        "kind": {"group": "", "version": "v1", "kind": kind},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"},
+                        "requestKind": {"group": "", "version": "v1", "kind": kind},
+                        "name": obj.get("metadata", {}).get("name"), "namespace": "default",
+                        "operation": operation, "userInfo": {"username": "admin", "groups": ["system:masters"]},
+                        "object": obj, "oldObject": None, "dryRun": False,
+                        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}}
+
+
+def answer(client, body):
+    r = client.post("/mutate", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
+    assert out["response"]["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    return out["response"]
+
+
+def patched(obj, response):
+    assert response["allowed"] and response["patchType"] == "JSONPatch"
+    return webhook.apply_json_patch(obj, json.loads(base64.b64decode(response["patch"])))
+
+
+def test_hami_pod_gets_scheduler_defaults_and_request(https):
+    p = pod("train", {"nvidia.com/gpumem-percentage": "50"}, annotations={codec.POD_GRANT: "forged"})
+    out = patched(p, answer(https, review(p)))
+    assert out["spec"]["schedulerName"] == "gpuslice-scheduler"
+    res = out["spec"]["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == "1" and res["requests"]["nvidia.com/gpu"] == "1"  # defaultGPUNum
+    assert codec.POD_GRANT not in out["metadata"]["annotations"]  # a pod cannot bring its own grant
+    (name, req), = codec.decode_pod_request(out["metadata"]["annotations"][codec.POD_REQUEST])
+    assert name == "main" and str(req.memory) == "50%" and req.compute == 10  # defaultCores
+
+
+def test_pod_without_annotations_or_resources_block(https):
+    p = pod("a", {"nvidia.com/gpu": "2"})
+    del p["metadata"]["uid"]
+    out = patched(p, answer(https, review(p)))
+    assert json.loads(out["metadata"]["annotations"][codec.POD_REQUEST])["containers"][0]["count"] == 2
+    c = {"name": "x", "image": "busybox"}
+    p = pod("b", containers=[c, {"name": "y", "image": "busybox", "resources": {"limits": {"nvidia.com/gpucores": "20"}}}])
+    out = patched(p, answer(https, review(p)))
+    assert out["spec"]["containers"][1]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "resources" not in out["spec"]["containers"][0]
+
+
+def test_non_gpu_pods_and_other_kinds_pass_untouched(https):
+    assert answer(https, review(pod("cpu", {"cpu": "1"}))) == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                                                              "allowed": True}
+    assert answer(https, review({"metadata": {"name": "d"}}, kind="Deployment"))["allowed"]
+    assert "patch" not in answer(https, review(pod("p", {"nvidia.com/gpu": "1"}), operation="UPDATE"))
+
+
+@pytest.mark.parametrize("limits, needle", [
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpumem-percentage": "50"},
+     "one memory request"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"}, "nvidia.com/gpucores"),
+    ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "1000"}, "at least 1"),
+])
+def test_contradictory_requests_are_denied_with_a_message(https, limits, needle):
+    resp = answer(https, review(pod("bad", limits)))
+    assert resp["allowed"] is False and "patch" not in resp
+    assert resp["status"]["code"] == 422 and needle in resp["status"]["message"]
+    assert resp["status"]["message"].startswith("gpuslice: spec.containers[0]")
+
+
+def test_node_name_is_denied(https):
+    p = pod("pinned", {"nvidia.com/gpu": "1"})
+    p["spec"]["nodeName"] = "n1"
+    resp = answer(https, review(p))
+    assert not resp["allowed"] and "spec.nodeName" in resp["status"]["message"]
+
+
+@pytest.mark.parametrize("body, needle", [
+    (b"{not json", "not JSON"),
+    (b"", "empty body"),
+    (b"[1, 2]", "JSON AdmissionReview object"),
+    (json.dumps({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}}).encode(),
+     "apiVersion must be admission.k8s.io/v1"),
+    (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(), "request must be"),
+    (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": ""}}).encode(),
+     "uid"),
+    (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                 "request": {"uid": "x", "kind": {"kind": "Pod", "group": ""}, "object": "pod"}}).encode(),
+     "must be a Pod"),
+])
+def test_malformed_payloads_get_400_with_a_message(https, body, needle):
+    r = https.post("/mutate", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and needle in r.json()["error"]
+    assert https.get("/healthz").text == "ok"  # still serving
+
+
+def test_plain_http_is_refused_by_the_tls_server(https):
+    url = str(https.base_url).replace("https://", "http://")
+    with pytest.raises(httpx.HTTPError):
+        r = httpx.post(url + "/mutate", json={}, timeout=5)
+        assert r.status_code >= 400
+        raise httpx.HTTPError("plain HTTP answered with an error status")
