@@ -1,0 +1,147 @@
+"""Small pieces of local mode: records, device resolution, enforcer lookup, state dir, monitor, history."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from regionfile import DeviceRecord, ProcRecord, write_region
+
+from gpuslice.node import enforcer, paths, procs
+from gpuslice.node.devices import load_snapshot
+from gpuslice.node.errors import EnforcerNotFound
+from gpuslice.node.history import History
+from gpuslice.node.launcher import child_environment, resolve_devices, shell_code
+from gpuslice.node.monitor import Monitor, view_from_json
+from gpuslice.node.records import Ask, GrantRecord, request_from_json, request_to_json
+from gpuslice.node.region_usage import read_grant_usage
+from gpuslice.spec import GiB, MiB, Priority, Request, Slice, SpecError, parse_memory
+
+DEVICES = load_snapshot("h100-80gb")
+
+
+def grant(tmp_path: Path, memory=4 * GiB, compute=30, created=None) -> GrantRecord:
+    return GrantRecord(grant_id="g-1", owner="bob", slices=(Slice(DEVICES[0].uuid, memory, compute),),
+                       request=Request(memory=parse_memory(memory), compute=compute), created=created or time.time(),
+                       holder_pid=os.getpid(), holder_start=procs.start_time(os.getpid()),
+                       slice_file=str(tmp_path / "slice"), region_file=str(tmp_path / "region"))
+
+
+def test_records_round_trip(tmp_path):
+    r = Request(count=2, memory=parse_memory("50%"), compute=20, priority=Priority.HIGH)
+    assert request_from_json(json.loads(json.dumps(request_to_json(r)))) == r
+    a = Ask(r, "me", 12, 34, uid=1000, devices=("GPU-x",), command="python x.py", policy="spread")
+    assert Ask.from_json(json.loads(json.dumps(a.to_json()))) == a
+    g = grant(tmp_path)
+    assert GrantRecord.from_json(json.loads(json.dumps(g.to_json()))) == g
+
+
+def test_ask_refuses_missing_fields():
+    with pytest.raises(SpecError, match="holder_pid"):
+        Ask.from_json({"owner": "x", "holder_start": 1, "request": {}})
+    with pytest.raises(SpecError, match="compute"):
+        Ask.from_json({"owner": "x", "holder_pid": 1, "holder_start": 1, "request": {"compute": 130}})
+
+
+def test_resolve_devices_by_index_and_uuid():
+    assert resolve_devices("1,0", DEVICES) == (DEVICES[1].uuid, DEVICES[0].uuid)
+    assert resolve_devices(DEVICES[3].uuid, DEVICES) == (DEVICES[3].uuid,)
+    assert resolve_devices(None, DEVICES) == ()
+    with pytest.raises(SpecError) as err:
+        resolve_devices("8", DEVICES)
+    assert err.value.field == "device" and "0, 1" in err.value.allowed
+
+
+def test_child_environment_prepends_the_enforcer(tmp_path):
+    env = child_environment(grant(tmp_path), "/lib/libgpuslice.so", {"LD_PRELOAD": "/other.so", "PATH": "/bin"})
+    assert env["LD_PRELOAD"] == "/lib/libgpuslice.so /other.so"
+    assert env["CUDA_VISIBLE_DEVICES"] == DEVICES[0].uuid and env["GPUSLICE_SLICE"] == str(tmp_path / "slice")
+
+
+def test_shell_codes():
+    assert shell_code(3) == 3 and shell_code(-15) == 143 and shell_code(-9) == 137
+
+
+def test_enforcer_lookup(tmp_path, monkeypatch):
+    lib = tmp_path / "libgpuslice.so"
+    lib.write_bytes(b"")
+    monkeypatch.setenv("GPUSLICE_ENFORCER_LIB", str(lib))
+    assert enforcer.find_enforcer() == lib
+    monkeypatch.setenv("GPUSLICE_ENFORCER_LIB", str(tmp_path / "missing.so"))
+    with pytest.raises(EnforcerNotFound, match="names no file"):
+        enforcer.find_enforcer()
+    monkeypatch.delenv("GPUSLICE_ENFORCER_LIB")
+    monkeypatch.setattr(enforcer, "candidates", lambda: [tmp_path / "nowhere.so"])
+    with pytest.raises(EnforcerNotFound, match="make -C native"):
+        enforcer.find_enforcer()
+
+
+def test_state_dir_choice(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUSLICE_STATE_DIR", str(tmp_path / "s"))
+    assert paths.default_state_dir() == tmp_path / "s"
+    monkeypatch.delenv("GPUSLICE_STATE_DIR")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert paths.default_state_dir() == Path("/var/lib/gpuslice")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert paths.default_state_dir() == tmp_path / "xdg" / "gpuslice"
+
+
+def test_region_usage_and_refusal_of_unknown_versions(tmp_path):
+    g = grant(tmp_path)
+    assert read_grant_usage(g).readable is False  # no GPU process yet: nothing used
+    me = ProcRecord(os.getpid(), procs.start_time(os.getpid()), used={0: 300 * MiB}, throttled_ns={0: 10**9})
+    write_region(Path(g.region_file), [DeviceRecord(DEVICES[0].uuid, 4 * GiB, used=300 * MiB, oom_refusals=2)], [me])
+    usage = read_grant_usage(g)
+    s = usage.slices[DEVICES[0].uuid]
+    assert (s.used, s.oom_refusals, s.throttled_ns, usage.pids) == (300 * MiB, 2, 10**9, (os.getpid(),))
+    data = bytearray(Path(g.region_file).read_bytes())
+    data[8] = 9  # version 9
+    Path(g.region_file).write_bytes(bytes(data))
+    assert "version 9" in read_grant_usage(g).error
+
+
+def test_monitor_view_and_json_round_trip(tmp_path):
+    g = grant(tmp_path, created=100.0)
+    me = ProcRecord(os.getpid(), procs.start_time(os.getpid()), used={0: GiB}, busy_ns={0: 0})
+    write_region(Path(g.region_file), [DeviceRecord(DEVICES[0].uuid, 4 * GiB, used=GiB)], [me])
+    monitor = Monitor(DEVICES, "n")
+    first = monitor.sample([g], now=110.0)
+    assert first.slices[0].compute_achieved is None and first.slices[0].age_seconds == 10.0
+    me.busy_ns[0] = 500_000_000
+    write_region(Path(g.region_file), [DeviceRecord(DEVICES[0].uuid, 4 * GiB, used=GiB)], [me])
+    second = monitor.sample([g], now=112.0)
+    assert second.slices[0].compute_achieved == pytest.approx(25.0)
+    d0 = second.devices[0]
+    assert (d0.memory_used, d0.memory_granted, d0.compute_granted, d0.slices) == (GiB, 4 * GiB, 30, 1)
+    assert view_from_json(json.loads(json.dumps(second.to_json()))) == second
+
+
+def test_history_keeps_the_last_points_and_drops_gone_slices(tmp_path):
+    g = grant(tmp_path)
+    monitor, history = Monitor(DEVICES, "n"), History(points=3)
+    for t in range(5):
+        history.add(monitor.sample([g], now=1000.0 + t))
+    data = history.to_json()
+    assert data["t"] == [1002.0, 1003.0, 1004.0] and data["slices"]["g-1/0"]["t"] == [1002.0, 1003.0, 1004.0]
+    assert history.to_json(since=1003.0)["t"] == [1004.0]
+    for t in range(5, 9):
+        history.add(monitor.sample([], now=1000.0 + t))
+    assert history.to_json()["slices"] == {}
+
+
+def test_ps_and_top_json(state_env):
+    cli = [sys.executable, "-m", "gpuslice.cli"]
+    ps = subprocess.run([*cli, "ps"], env=state_env, capture_output=True, text=True, timeout=60)
+    assert ps.returncode == 0 and "NVIDIA H100" in ps.stdout and "slices" in ps.stdout
+    top = subprocess.run([*cli, "top", "--json", "--count", "2", "--interval", "0.1"], env=state_env,
+                         capture_output=True, text=True, timeout=60)
+    lines = [json.loads(x) for x in top.stdout.splitlines()]
+    assert len(lines) == 2 and len(lines[0]["devices"]) == 8
+    bad = subprocess.run([*cli, "top", "--interval", "0"], env=state_env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "interval" in bad.stderr
