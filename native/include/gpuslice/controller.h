@@ -1,0 +1,109 @@
+/* gpuslice compute controller: pure arithmetic, no I/O, no clock, no CUDA.
+ *
+ * Everything here is a function of the numbers passed in, so CI drives it with a simulated device
+ * clock (native/tests/test_controller.c). Times are int64 nanoseconds on one monotonic clock;
+ * shares and rates are basis points (10000 = the whole device). See native/README-compute.md.
+ *
+ * The loop, per slice and per device:
+ *   credit(t) = clamp( credit + rate * dt - busy , -GS_CTL_DEBT_MAX_NS, GS_CTL_BURST_NS )
+ * "busy" is the slice's measured GPU time (events, see pacer_core.c). credit is the integral of the
+ * error (allowed - used): the I term. A launch is let through when
+ *   credit - predicted_inflight >= 0
+ * where predicted_inflight is the GPU time already queued but not yet run (the P term: it acts on
+ * the error that is coming, so the queue cannot run far ahead of the allowance and the 1-s windows
+ * stay tight). The clamp at +BURST is the anti-windup: time a slice leaves unused is not banked
+ * beyond one burst. */
+#ifndef GPUSLICE_CONTROLLER_H
+#define GPUSLICE_CONTROLLER_H
+#include <stdint.h>
+
+#define GS_BP_FULL 10000
+
+/* Modes of the controller (mapped from gs_config's enum by pacer.c). */
+enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
+
+/* Constants, and why (README-compute.md has the long form):
+ * BURST 10 ms: a paced slice may run ahead by at most 10 ms of GPU time, 1 % of a 1-s window, so a
+ *   window can not exceed its share by more than 1 point from banked credit; still larger than the
+ *   launch-to-start latency (~10-50 us) so the GPU does not idle while a woken thread relaunches.
+ * DEBT_MAX 2 s: one pathological kernel (or a clock jump) can not block a slice for minutes.
+ * ACTIVE 100 ms: a slice that launched within this counts as contending; an idle neighbour's share
+ *   flows to soft slices after at most 100 ms.
+ * PRIO_HOLD 2 ms: a high-priority slice is "queued" while it has GPU work outstanding or launched
+ *   within 2 ms (an inference loop re-launches within microseconds after a sync); low-priority
+ *   slices resume at most PRIO_HOLD + one poll after the high one went quiet.
+ * PRIO_SERIAL 200 ms: after high-priority activity, low-priority slices keep at most one launch
+ *   batch in flight, so a new high-priority request waits behind at most one low-priority kernel.
+ * WAIT_MIN/MAX: sleep granularity of a throttled launch (50 .. 250 us): short enough that the
+ *   credit is used within 1 % of a burst, long enough not to burn a CPU core. */
+#define GS_CTL_BURST_NS       10000000LL
+#define GS_CTL_DEBT_MAX_NS  2000000000LL
+#define GS_CTL_WANT_CAP_NS    40000000LL
+#define GS_CTL_ACTIVE_NS     100000000LL
+#define GS_CTL_PRIO_HOLD_NS    2000000LL
+#define GS_CTL_PRIO_SERIAL_NS 200000000LL
+#define GS_CTL_WAIT_MIN_NS       50000LL
+#define GS_CTL_WAIT_MAX_NS      250000LL
+/* The pacer's poller harvests events and refreshes the shared state this often while the process
+ * has work queued: it bounds how stale a neighbour's "busy" flag is at a hand-over. */
+#define GS_CTL_POLL_NS          250000LL
+#define GS_CTL_WINDOW_NS    1000000000LL
+/* Turns: a paced process opens a busy period only when no other process's queued work is predicted
+ * to run for more than TURN_EARLY (so its events time its own kernels, not a neighbour's), and a
+ * holder stops adding work once a neighbour has waited TURN_MAX. EARLY 50 us covers launch latency
+ * so the device does not idle at the hand-over; MAX 10 ms bounds how long a small share waits and
+ * makes hand-overs rare enough (~100/s) that their cost (~0.1-0.3 ms each) stays near 1 %. */
+#define GS_CTL_TURN_EARLY_NS         0LL
+#define GS_CTL_TURN_MAX_NS    10000000LL
+
+struct gs_ctl_slice {
+    uint32_t share_bp;  /* set share, 0..10000 (0 or 10000 = not paced) */
+    uint8_t mode;       /* GS_CTL_* */
+    uint8_t weight;     /* 1..16 */
+    uint8_t priority;   /* 0 high, 1 low */
+    uint8_t active;     /* wants GPU time now */
+};
+
+/* Rates (basis points of the device) for n slices, by weighted water-filling:
+ *  1. guarantees: high-priority slices first, then low, each class gets min(share, what is left);
+ *     when a class's shares do not fit, they are scaled in proportion to share*weight;
+ *  2. the capacity nobody is guaranteed goes to active soft slices in proportion to weight (soft =
+ *     elastic: uses idle capacity, falls back to its share under contention);
+ *  3. inactive slices keep their guarantee (so a slice waking up is not starved for ACTIVE ns) but
+ *     it is not given to others as guarantee; OFF and unpaced (0/100 %) slices get GS_BP_FULL and
+ *     take no capacity from the sum (they are not paced, the others are not protected from them).
+ * Writes rate_bp[i] for every i. */
+void gs_ctl_allocate(const struct gs_ctl_slice *s, int n, uint32_t *rate_bp);
+
+/* Credit of one slice (the integral term). */
+struct gs_ctl_bucket {
+    int64_t credit_ns;   /* allowance minus measured use, clamped */
+    int64_t last_ns;     /* time of last refill */
+};
+/* cap_ns: BURST normally; a slice that is waiting for its turn on the device (it wants to run but a
+ * neighbour holds the GPU) may bank up to WANT_CAP, so waiting does not cost it its share. */
+void gs_ctl_refill(struct gs_ctl_bucket *b, int64_t now, uint32_t rate_bp, int64_t cap_ns);
+void gs_ctl_charge(struct gs_ctl_bucket *b, int64_t busy_ns);  /* negative = refund */
+/* 0 = launch now; else how long to sleep before asking again (WAIT_MIN..WAIT_MAX). */
+int64_t gs_ctl_gate(const struct gs_ctl_bucket *b, uint32_t rate_bp, int64_t inflight_ns);
+
+/* Predicted GPU time still queued: n launches of mean cost each, minus the time the current busy
+ * period has already run (clamped at 0). cost_ns == 0 (unknown yet) predicts 0. */
+int64_t gs_ctl_inflight(uint32_t n_launches, int64_t cost_ns, int64_t elapsed_ns);
+
+/* Exact correction at the end of a busy period. While a period is open the pacer charges wall time
+ * divided by the number of contexts busy on the device (host clock: cheap, immediate). When the
+ * period closes the events give its exact GPU length; the charge is scaled to it:
+ *   returns the amount to add to the charge (negative = refund), given the wall time accrued so far,
+ *   the amount charged for it, and the exact length. */
+int64_t gs_ctl_close_correction(int64_t accrued_wall_ns, int64_t charged_ns, int64_t exact_ns);
+
+/* Windowed achieved share (for gpuslice ps and the tests): busy time in the current window; when a
+ * window is complete, achieved_bp is set from it and a new window starts. */
+struct gs_ctl_window {
+    int64_t start_ns, busy_ns, throttled_ns;
+    int32_t achieved_bp;      /* last complete window, -1 = none yet */
+    int32_t throttled_bp;     /* share of the last window spent with a launch held back */
+};
+void gs_ctl_window_add(struct gs_ctl_window *w, int64_t now, int64_t busy_ns, int64_t throttled_ns);
+#endif

@@ -1,0 +1,116 @@
+/* gpuslice per-device shared state: how the slices (and their processes) on one device see each
+ * other, for the compute pacer and for `gpuslice ps` (Python reader: gpuslice.node.compute).
+ *
+ * One file per device: <device_state_dir>/<device-uuid>.dev, mmap'd MAP_SHARED by every paced
+ * process on the node. Fixed little-endian layout (x86-64/aarch64 native), version 1:
+ *
+ *   offset 0     header, 256 bytes   (struct gs_ds_header)
+ *   offset 256   GS_DS_MAX_SLICES slice records of 256 bytes (struct gs_ds_slice)
+ *   offset 256+32*256 = 8448   GS_DS_MAX_PROCS process records of 64 bytes (struct gs_ds_proc)
+ *   size 8448 + 128*64 = 16640 bytes
+ *
+ * Readers check magic, version, size and the record offsets/sizes in the header and refuse what they
+ * do not know. A layout change bumps GS_DS_VERSION.
+ * Crash safety: creation and validation happen under flock() (released by the kernel when a creator
+ * dies); updates happen under a process-shared robust pthread mutex in the header: a holder killed
+ * mid-update leaves EOWNERDEAD, the next locker marks it consistent and reaps dead processes (their
+ * records are freed; a slice record is freed when no live process refers to it). Counters are
+ * monotonic sums, so a half-done update loses at most one increment. */
+#ifndef GPUSLICE_DEVSTATE_H
+#define GPUSLICE_DEVSTATE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define GS_DS_MAGIC 0x0054535645445347ULL /* "GSDEVST\0" little-endian */
+#define GS_DS_VERSION 1u
+#define GS_DS_MAX_SLICES 32
+#define GS_DS_MAX_PROCS 128
+#define GS_DS_HEADER_SIZE 256
+#define GS_DS_SLICE_SIZE 256
+#define GS_DS_PROC_SIZE 64
+#define GS_DS_SLICE_OFF GS_DS_HEADER_SIZE
+#define GS_DS_PROC_OFF (GS_DS_SLICE_OFF + GS_DS_MAX_SLICES * GS_DS_SLICE_SIZE)
+#define GS_DS_FILE_SIZE (GS_DS_PROC_OFF + GS_DS_MAX_PROCS * GS_DS_PROC_SIZE)
+
+struct gs_ds_header {           /* 256 bytes */
+    uint64_t magic;             /*   0 */
+    uint32_t version;           /*   8 */
+    uint32_t size;              /*  12 total file size */
+    uint32_t max_slices;        /*  16 */
+    uint32_t max_procs;         /*  20 */
+    uint32_t slice_off;         /*  24 */
+    uint32_t slice_size;        /*  28 */
+    uint32_t proc_off;          /*  32 */
+    uint32_t proc_size;         /*  36 */
+    int64_t created_ns;         /*  40 CLOCK_MONOTONIC */
+    int64_t last_reap_ns;       /*  48 */
+    uint64_t updates;           /*  56 count of locked updates (readers: detect a torn read) */
+    char uuid[64];              /*  64 device UUID, NUL-terminated */
+    unsigned char lock[128];    /* 128 pthread_mutex_t (robust, process-shared) */
+};
+
+#define GS_DS_SLICE_IN_USE 1u
+struct gs_ds_slice {            /* 256 bytes */
+    uint32_t flags;             /*   0 GS_DS_SLICE_IN_USE */
+    uint32_t share_bp;          /*   4 set share, basis points (10000 = device) */
+    uint8_t mode;               /*   8 0 hard, 1 soft, 2 off (gs_config's enum gs_mode) */
+    uint8_t weight;             /*   9 1..16 */
+    uint8_t priority;           /*  10 0 high, 1 low */
+    uint8_t paced;              /*  11 1 = share is enforced (0 < share < 100 %, mode != off) */
+    uint32_t rate_bp;           /*  12 rate the controller allots right now */
+    char grant[128];            /*  16 grant id (slice identity across processes) */
+    int64_t credit_ns;          /* 144 controller credit (struct gs_ctl_bucket) */
+    int64_t credit_last_ns;     /* 152 */
+    int64_t last_active_ns;     /* 160 last launch by any process of the slice */
+    uint64_t busy_total_ns;     /* 168 measured GPU time, ever */
+    uint64_t throttled_total_ns;/* 176 time launches were held back, ever (summed over threads) */
+    uint64_t launches;          /* 184 launches seen, ever */
+    int64_t win_start_ns;       /* 192 current window (struct gs_ctl_window) */
+    int64_t win_busy_ns;        /* 200 */
+    int64_t win_throttled_ns;   /* 208 */
+    int32_t achieved_bp;        /* 216 achieved share over the last complete 1-s window, -1 none */
+    int32_t throttled_bp;       /* 220 share of that window spent holding launches back */
+    int64_t updated_ns;         /* 224 */
+    unsigned char pad[24];      /* 232 */
+};
+
+#define GS_DS_PROC_IN_USE 1u
+#define GS_DS_PROC_BUSY 2u      /* has GPU work outstanding (measured with events) */
+#define GS_DS_PROC_LIGHT 4u     /* unpaced: no events, busy = launched within PRIO_HOLD */
+struct gs_ds_proc {             /* 64 bytes */
+    int32_t pid;                /*  0 */
+    uint32_t flags;             /*  4 */
+    int32_t slice;              /*  8 index of its slice record */
+    uint32_t id;                /* 12 distinguishes engines of one pid (devices, tests) */
+    int64_t busy_since_ns;      /* 16 */
+    int64_t last_launch_ns;     /* 24 */
+    int64_t last_seen_ns;       /* 32 */
+    uint64_t busy_total_ns;     /* 40 this process's share of the slice's GPU time */
+    int64_t expect_idle_ns;     /* 48 predicted end of its queued work, 0 = unknown */
+    int64_t want_since_ns;      /* 56 waiting for its turn on the device since, 0 = not waiting */
+};
+
+struct gs_devstate {
+    int fd;
+    unsigned char *map;
+    struct gs_ds_header *hdr;
+    struct gs_ds_slice *slices;
+    struct gs_ds_proc *procs;
+};
+
+/* Open (creating if needed) <dir>/<uuid>.dev. 0, or -1 with a one-line reason in err. */
+int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, char *err, size_t errlen);
+void gs_devstate_close(struct gs_devstate *ds);
+/* Lock the shared state; recovers a lock whose holder died. 0 or -1. */
+int gs_devstate_lock(struct gs_devstate *ds);
+void gs_devstate_unlock(struct gs_devstate *ds);
+/* Join (under lock): find or create the slice record for grant, update its configuration, take a
+ * process record. 0 or -1 (tables full). */
+int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t share_bp, int mode,
+                            int weight, int priority, int paced, int32_t pid, uint32_t id,
+                            int *slice_idx, int *proc_idx);
+void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx);
+/* Free records of processes that no longer exist (and slices left without processes). Returns how
+ * many process records were freed. is_alive may be NULL (= kill(pid, 0)). */
+int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid));
+#endif

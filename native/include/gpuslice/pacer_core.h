@@ -1,0 +1,60 @@
+/* gpuslice pacer engine: one per (process, device). It measures the process's GPU time with an
+ * event pair per busy period, publishes it in the per-device state, runs the controller and tells
+ * the launch hook how long to hold a launch back. It never sleeps and never calls CUDA itself: GPU
+ * operations come through gs_gpu_ops (CUDA events in pacer.c, a simulated device in the tests),
+ * time comes in as an argument. All state changes happen under the device state lock. */
+#ifndef GPUSLICE_PACER_CORE_H
+#define GPUSLICE_PACER_CORE_H
+#include <stdint.h>
+#include "gpuslice/controller.h"
+#include "gpuslice/devstate.h"
+
+/* Launches measured at once per process and device: each launch gets an event pair (start recorded
+ * before it, end after it on the same stream). When all 256 are outstanding the next launch waits
+ * for the oldest to finish (a paced slice never has that much queued; see README-compute.md). */
+#define GS_ENG_RING 256
+
+struct gs_gpu_ops {
+    int (*record_start)(void *ctx, int idx, void *stream);  /* 0 ok */
+    int (*record_end)(void *ctx, int idx, void *stream);    /* 0 ok */
+    int (*query_end)(void *ctx, int idx);                   /* 1 done, 0 pending, <0 error */
+    int64_t (*elapsed)(void *ctx, int idx);                 /* ns start..end of pair idx; <0 error */
+};
+
+enum { GS_RING_FREE = 0, GS_RING_RESERVED = 1, GS_RING_RECORDED = 2, GS_RING_VOID = 3 };
+
+struct gs_engine {
+    struct gs_devstate *ds;
+    int slice, proc;
+    const struct gs_gpu_ops *ops;
+    void *ops_ctx;
+    int light_base;       /* unpaced high-priority (or mode off): needs no measurement for itself */
+    int light;            /* now publishing activity only, no events (light_base and no low-priority
+                             neighbour that must know when our queue is empty) */
+    int64_t light_check_ns;
+    uint8_t ring[GS_ENG_RING];
+    int head, tail, outstanding;   /* pairs handed out: [tail, head) */
+    int64_t cost_ns;      /* mean GPU time per launch (EWMA of measured pairs), 0 = unknown */
+    int64_t cost_dev_ns;  /* mean absolute deviation (EWMA): neighbours are told a late-biased end
+                             (mean + 2 dev), because entering early costs an overlap, late only a
+                             short idle gap bounded by the poll */
+    int64_t last_reap_ns;
+    uint64_t measured, event_errors;
+};
+
+/* share_bp: 0..10000; mode: GS_CTL_*; returns 0 or -1 (device state full). */
+int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *grant, uint32_t share_bp,
+                   int mode, int weight, int priority, int32_t pid, uint32_t id,
+                   const struct gs_gpu_ops *ops, void *ops_ctx, int64_t now);
+/* Before a launch on `stream`: 0 = launch now (*slot is the event pair to hand to gs_engine_after,
+ * -1 = not measured); >0 = sleep that many ns and ask again. slept_ns: how long the caller slept
+ * since its previous call for this same launch (0 the first time). */
+int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t slept_ns, int *slot);
+/* After the launch (ok = the driver accepted it). */
+void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, int slot, int ok);
+/* Periodic (about every ms while busy): detect completion, accrue, refill, publish. */
+void gs_engine_poll(struct gs_engine *e, int64_t now);
+void gs_engine_fini(struct gs_engine *e);
+/* The rate the controller currently allots this engine's slice (basis points). */
+uint32_t gs_engine_rate(struct gs_engine *e, int64_t now);
+#endif

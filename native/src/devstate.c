@@ -1,0 +1,258 @@
+/* gpuslice per-device shared state (layout and crash-safety: gpuslice/devstate.h). */
+#define _GNU_SOURCE
+#include "gpuslice/devstate.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+_Static_assert(sizeof(struct gs_ds_header) == GS_DS_HEADER_SIZE, "header layout");
+_Static_assert(sizeof(struct gs_ds_slice) == GS_DS_SLICE_SIZE, "slice layout");
+_Static_assert(sizeof(struct gs_ds_proc) == GS_DS_PROC_SIZE, "proc layout");
+_Static_assert(sizeof(pthread_mutex_t) <= 128, "mutex fits");
+_Static_assert(offsetof(struct gs_ds_slice, credit_ns) == 144, "slice layout");
+_Static_assert(offsetof(struct gs_ds_slice, achieved_bp) == 216, "slice layout");
+_Static_assert(offsetof(struct gs_ds_proc, busy_total_ns) == 40, "proc layout");
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static pthread_mutex_t *mtx(struct gs_devstate *ds) { return (pthread_mutex_t *)(void *)ds->hdr->lock; }
+
+static int init_file(struct gs_devstate *ds)
+{
+    memset(ds->map, 0, GS_DS_FILE_SIZE);
+    struct gs_ds_header *h = ds->hdr;
+    h->version = GS_DS_VERSION;
+    h->size = GS_DS_FILE_SIZE;
+    h->max_slices = GS_DS_MAX_SLICES;
+    h->max_procs = GS_DS_MAX_PROCS;
+    h->slice_off = GS_DS_SLICE_OFF;
+    h->slice_size = GS_DS_SLICE_SIZE;
+    h->proc_off = GS_DS_PROC_OFF;
+    h->proc_size = GS_DS_PROC_SIZE;
+    h->created_ns = mono_ns();
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a)) return -1;
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    int rc = pthread_mutex_init(mtx(ds), &a);
+    pthread_mutexattr_destroy(&a);
+    if (rc) return -1;
+    /* magic last: a reader that sees the magic sees an initialised file */
+    __atomic_store_n(&h->magic, GS_DS_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static int validate(const struct gs_ds_header *h, char *err, size_t errlen)
+{
+    if (h->magic != GS_DS_MAGIC) {
+        snprintf(err, errlen, "device state: bad magic");
+        return -1;
+    }
+    if (h->version != GS_DS_VERSION || h->size != GS_DS_FILE_SIZE || h->slice_off != GS_DS_SLICE_OFF ||
+        h->slice_size != GS_DS_SLICE_SIZE || h->proc_off != GS_DS_PROC_OFF || h->proc_size != GS_DS_PROC_SIZE ||
+        h->max_slices != GS_DS_MAX_SLICES || h->max_procs != GS_DS_MAX_PROCS) {
+        snprintf(err, errlen, "device state: version %u size %u not known (this build: version %u size %u)",
+                 h->version, h->size, GS_DS_VERSION, (unsigned)GS_DS_FILE_SIZE);
+        return -1;
+    }
+    return 0;
+}
+
+int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, char *err, size_t errlen)
+{
+    memset(ds, 0, sizeof *ds);
+    ds->fd = -1;
+    if (!dir || !*dir || !uuid || !*uuid || strchr(uuid, '/')) {
+        snprintf(err, errlen, "device state: need a directory and a device uuid");
+        return -1;
+    }
+    /* The directory is shared by every slice on the node: world-writable with the sticky bit, like
+     * /tmp, so processes of different users can join. */
+    if (mkdir(dir, 01777) == 0) chmod(dir, 01777);
+    char path[1200];
+    if (snprintf(path, sizeof path, "%s/%s.dev", dir, uuid) >= (int)sizeof path) {
+        snprintf(err, errlen, "device state: path too long");
+        return -1;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        snprintf(err, errlen, "device state: open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    fchmod(fd, 0666); /* umask must not lock other users out of coordination */
+    if (flock(fd, LOCK_EX) != 0) {
+        snprintf(err, errlen, "device state: flock %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    struct stat st;
+    int fresh = 0;
+    if (fstat(fd, &st) != 0) goto fail_errno;
+    if (st.st_size == 0) {
+        if (ftruncate(fd, GS_DS_FILE_SIZE) != 0) goto fail_errno;
+        fresh = 1;
+    } else if (st.st_size != GS_DS_FILE_SIZE) {
+        snprintf(err, errlen, "device state: %s has size %lld, expected %d (other version?)", path,
+                 (long long)st.st_size, GS_DS_FILE_SIZE);
+        goto fail;
+    }
+    void *m = mmap(NULL, GS_DS_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) goto fail_errno;
+    ds->map = m;
+    ds->hdr = (struct gs_ds_header *)m;
+    ds->slices = (struct gs_ds_slice *)(ds->map + GS_DS_SLICE_OFF);
+    ds->procs = (struct gs_ds_proc *)(ds->map + GS_DS_PROC_OFF);
+    ds->fd = fd;
+    /* a creator that died between ftruncate and writing the magic left zeros: initialise again */
+    if (fresh || ds->hdr->magic == 0) {
+        if (init_file(ds) != 0) {
+            snprintf(err, errlen, "device state: mutex init failed");
+            goto fail_unmap;
+        }
+        snprintf(ds->hdr->uuid, sizeof ds->hdr->uuid, "%s", uuid);
+    } else if (validate(ds->hdr, err, errlen) != 0) {
+        goto fail_unmap;
+    }
+    flock(fd, LOCK_UN);
+    return 0;
+fail_errno:
+    snprintf(err, errlen, "device state: %s: %s", path, strerror(errno));
+    goto fail;
+fail_unmap:
+    munmap(ds->map, GS_DS_FILE_SIZE);
+    ds->map = NULL;
+fail:
+    close(fd);
+    ds->fd = -1;
+    return -1;
+}
+
+void gs_devstate_close(struct gs_devstate *ds)
+{
+    if (ds->map) munmap(ds->map, GS_DS_FILE_SIZE);
+    if (ds->fd >= 0) close(ds->fd);
+    memset(ds, 0, sizeof *ds);
+    ds->fd = -1;
+}
+
+static int alive_kill(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+int gs_devstate_lock(struct gs_devstate *ds)
+{
+    int rc = pthread_mutex_lock(mtx(ds));
+    if (rc == EOWNERDEAD) {
+        /* The holder died mid-update. Records are sums and flags; make the mutex usable again
+         * and free what the dead process held. */
+        pthread_mutex_consistent(mtx(ds));
+        gs_devstate_reap_locked(ds, NULL);
+        rc = 0;
+    }
+    if (rc == 0) ds->hdr->updates++;
+    return rc == 0 ? 0 : -1;
+}
+
+void gs_devstate_unlock(struct gs_devstate *ds) { pthread_mutex_unlock(mtx(ds)); }
+
+int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid))
+{
+    if (!is_alive) is_alive = alive_kill;
+    int freed = 0;
+    int refs[GS_DS_MAX_SLICES] = {0};
+    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
+        struct gs_ds_proc *p = &ds->procs[i];
+        if (!(p->flags & GS_DS_PROC_IN_USE)) continue;
+        if (!is_alive(p->pid)) {
+            memset(p, 0, sizeof *p);
+            freed++;
+            continue;
+        }
+        if (p->slice >= 0 && p->slice < GS_DS_MAX_SLICES) refs[p->slice]++;
+    }
+    for (int s = 0; s < GS_DS_MAX_SLICES; s++)
+        if ((ds->slices[s].flags & GS_DS_SLICE_IN_USE) && refs[s] == 0) memset(&ds->slices[s], 0, sizeof ds->slices[s]);
+    ds->hdr->last_reap_ns = mono_ns();
+    return freed;
+}
+
+int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t share_bp, int mode,
+                            int weight, int priority, int paced, int32_t pid, uint32_t id,
+                            int *slice_idx, int *proc_idx)
+{
+    int s = -1, free_s = -1;
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+        struct gs_ds_slice *r = &ds->slices[i];
+        if (!(r->flags & GS_DS_SLICE_IN_USE)) {
+            if (free_s < 0) free_s = i;
+            continue;
+        }
+        if (strncmp(r->grant, grant, sizeof r->grant) == 0) {
+            s = i;
+            break;
+        }
+    }
+    int p = -1;
+    for (int i = 0; i < GS_DS_MAX_PROCS; i++)
+        if (!(ds->procs[i].flags & GS_DS_PROC_IN_USE)) {
+            p = i;
+            break;
+        }
+    if (s < 0 && free_s < 0) {
+        if (gs_devstate_reap_locked(ds, NULL) > 0) return gs_devstate_join_locked(ds, grant, share_bp, mode, weight, priority, paced, pid, id, slice_idx, proc_idx);
+        return -1;
+    }
+    if (p < 0) {
+        if (gs_devstate_reap_locked(ds, NULL) > 0) return gs_devstate_join_locked(ds, grant, share_bp, mode, weight, priority, paced, pid, id, slice_idx, proc_idx);
+        return -1;
+    }
+    struct gs_ds_slice *r;
+    if (s < 0) {
+        s = free_s;
+        r = &ds->slices[s];
+        memset(r, 0, sizeof *r);
+        snprintf(r->grant, sizeof r->grant, "%s", grant);
+        r->achieved_bp = -1;
+        r->flags = GS_DS_SLICE_IN_USE;
+    }
+    r = &ds->slices[s];
+    /* the latest joiner's configuration wins: all processes of a grant read the same slice file */
+    r->share_bp = share_bp;
+    r->mode = (uint8_t)mode;
+    r->weight = (uint8_t)weight;
+    r->priority = (uint8_t)priority;
+    r->paced = (uint8_t)(paced != 0);
+    r->rate_bp = share_bp;
+    struct gs_ds_proc *q = &ds->procs[p];
+    memset(q, 0, sizeof *q);
+    q->pid = pid;
+    q->id = id;
+    q->slice = s;
+    q->last_seen_ns = mono_ns();
+    q->flags = GS_DS_PROC_IN_USE | (paced ? 0u : GS_DS_PROC_LIGHT);
+    *slice_idx = s;
+    *proc_idx = p;
+    return 0;
+}
+
+void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx)
+{
+    if (proc_idx < 0 || proc_idx >= GS_DS_MAX_PROCS) return;
+    int s = ds->procs[proc_idx].slice;
+    memset(&ds->procs[proc_idx], 0, sizeof ds->procs[proc_idx]);
+    for (int i = 0; i < GS_DS_MAX_PROCS; i++)
+        if ((ds->procs[i].flags & GS_DS_PROC_IN_USE) && ds->procs[i].slice == s) return;
+    if (s >= 0 && s < GS_DS_MAX_SLICES) memset(&ds->slices[s], 0, sizeof ds->slices[s]);
+}

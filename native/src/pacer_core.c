@@ -1,0 +1,353 @@
+/* gpuslice pacer engine (see gpuslice/pacer_core.h, README-compute.md).
+ *
+ * Measuring: every paced launch is bracketed by an event pair on its stream. An event is a command in
+ * the context's own channel; on a time-sliced GPU the channel is processed only while its context is
+ * scheduled, so start..end is the time this kernel (or graph) held the device, not the time it
+ * waited behind another process. Pairs are harvested in launch order when their end completes and
+ * the exact elapsed time is charged to the slice's credit. Work launched but not yet harvested is
+ * predicted (count x mean cost) and held against the credit before the next launch (the P term).
+ *
+ * Turns: a process starts new work only when no other process on the device has queued work
+ * predicted to run longer than TURN_EARLY, first come first served; a holder stops adding work when
+ * a neighbour waited TURN_MAX or when it finds itself overlapping another busy process. Two contexts
+ * with work queued at once get time-sliced by the GPU, which stretches the kernel that gets
+ * preempted; turns keep that rare, and they make the hand-over cost about one launch latency. */
+#include "gpuslice/pacer_core.h"
+#include <string.h>
+
+#define GS_REAP_EVERY_NS 1000000000LL
+#define GS_PRIO_POLL_NS 200000LL
+
+static int64_t clamp_add_u64(uint64_t *x, int64_t d)
+{
+    if (d < 0 && (uint64_t)(-d) > *x) d = -(int64_t)*x;
+    *x += (uint64_t)d;
+    return d;
+}
+
+int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *grant, uint32_t share_bp,
+                   int mode, int weight, int priority, int32_t pid, uint32_t id,
+                   const struct gs_gpu_ops *ops, void *ops_ctx, int64_t now)
+{
+    memset(e, 0, sizeof *e);
+    e->ds = ds;
+    e->ops = ops;
+    e->ops_ctx = ops_ctx;
+    if (share_bp > GS_BP_FULL) share_bp = GS_BP_FULL;
+    int paced = mode != GS_CTL_OFF && share_bp > 0 && share_bp < GS_BP_FULL;
+    /* Unpaced high-priority processes need no measurement: neighbours only need "has it launched
+     * lately", which is one store. This keeps the 100 % path at a few ns per launch. */
+    e->light_base = mode == GS_CTL_OFF || (!paced && priority == 0);
+    e->light = e->light_base;
+    if (gs_devstate_lock(ds) != 0) return -1;
+    int rc = gs_devstate_join_locked(ds, grant, share_bp, mode, weight, priority, paced, pid, id, &e->slice, &e->proc);
+    if (rc == 0) {
+        ds->slices[e->slice].updated_ns = now;
+        ds->procs[e->proc].last_seen_ns = now;
+        if (e->light_base) ds->procs[e->proc].flags |= GS_DS_PROC_LIGHT;
+        else ds->procs[e->proc].flags &= ~GS_DS_PROC_LIGHT;
+    }
+    gs_devstate_unlock(ds);
+    e->last_reap_ns = now;
+    return rc;
+}
+
+static int proc_busy(const struct gs_ds_proc *p, int64_t now)
+{
+    if (!(p->flags & GS_DS_PROC_IN_USE)) return 0;
+    if (p->flags & GS_DS_PROC_BUSY) return 1;
+    return (p->flags & GS_DS_PROC_LIGHT) && p->last_launch_ns && now - p->last_launch_ns < GS_CTL_PRIO_HOLD_NS;
+}
+
+static int valid_slice(int s) { return s >= 0 && s < GS_DS_MAX_SLICES; }
+
+uint32_t gs_engine_rate(struct gs_engine *e, int64_t now)
+{
+    struct gs_ctl_slice in[GS_DS_MAX_SLICES];
+    uint32_t out[GS_DS_MAX_SLICES];
+    int map = -1, n = 0;
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+        const struct gs_ds_slice *s = &e->ds->slices[i];
+        if (!(s->flags & GS_DS_SLICE_IN_USE)) continue;
+        if (i == e->slice) map = n;
+        in[n].share_bp = s->share_bp;
+        in[n].mode = s->mode;
+        in[n].weight = s->weight;
+        in[n].priority = s->priority;
+        in[n].active = i == e->slice || (s->last_active_ns && now - s->last_active_ns < GS_CTL_ACTIVE_NS);
+        n++;
+    }
+    if (map < 0) return GS_BP_FULL;
+    gs_ctl_allocate(in, n, out);
+    return out[map];
+}
+
+static void window_add(struct gs_ds_slice *s, int64_t now, int64_t busy, int64_t throttled)
+{
+    struct gs_ctl_window w = {s->win_start_ns, s->win_busy_ns, s->win_throttled_ns, s->achieved_bp, s->throttled_bp};
+    gs_ctl_window_add(&w, now, busy, throttled);
+    s->win_start_ns = w.start_ns;
+    s->win_busy_ns = w.busy_ns;
+    s->win_throttled_ns = w.throttled_ns;
+    s->achieved_bp = w.achieved_bp;
+    s->throttled_bp = w.throttled_bp;
+}
+
+static void charge(struct gs_engine *e, int64_t now, int64_t ns)
+{
+    struct gs_ds_slice *s = &e->ds->slices[e->slice];
+    struct gs_ctl_bucket b = {s->credit_ns, s->credit_last_ns};
+    gs_ctl_charge(&b, ns);
+    s->credit_ns = b.credit_ns;
+    ns = clamp_add_u64(&s->busy_total_ns, ns);
+    clamp_add_u64(&e->ds->procs[e->proc].busy_total_ns, ns);
+    window_add(s, now, ns, 0);
+}
+
+/* Harvest completed pairs in launch order; stop at the first one still running. */
+static void harvest(struct gs_engine *e, int64_t now)
+{
+    while (e->outstanding > 0) {
+        int i = e->tail;
+        if (e->ring[i] == GS_RING_RESERVED) break; /* its launch is in progress on another thread */
+        if (e->ring[i] == GS_RING_RECORDED) {
+            int q = e->ops->query_end(e->ops_ctx, i);
+            if (q == 0) break;
+            int64_t ns = q > 0 ? e->ops->elapsed(e->ops_ctx, i) : -1;
+            if (ns < 0) {
+                /* an event failed: charge the mean so the slice is not let free */
+                e->event_errors++;
+                ns = e->cost_ns;
+            } else {
+                e->measured++;
+                /* EWMA 1/8: follows a change of workload within ~20 launches, smooths mixed kernels */
+                if (e->cost_ns) {
+                    int64_t d = ns - e->cost_ns;
+                    e->cost_ns += d / 8;
+                    e->cost_dev_ns += ((d < 0 ? -d : d) - e->cost_dev_ns) / 8;
+                } else {
+                    e->cost_ns = ns > 0 ? ns : 1;
+                }
+            }
+            charge(e, now, ns);
+        }
+        e->ring[i] = GS_RING_FREE;
+        e->tail = (i + 1) % GS_ENG_RING;
+        e->outstanding--;
+    }
+}
+
+static void poll_locked(struct gs_engine *e, int64_t now)
+{
+    struct gs_ds_proc *me = &e->ds->procs[e->proc];
+    struct gs_ds_slice *s = &e->ds->slices[e->slice];
+    me->last_seen_ns = now;
+    harvest(e, now);
+    if (e->outstanding > 0) {
+        me->flags |= GS_DS_PROC_BUSY;
+        int64_t pred = (int64_t)e->outstanding * (e->cost_ns + 2 * e->cost_dev_ns);
+        if (!e->cost_ns) me->expect_idle_ns = 0;
+        else if (me->expect_idle_ns == 0 || me->expect_idle_ns > now + pred) me->expect_idle_ns = now + pred;
+    } else {
+        me->flags &= ~GS_DS_PROC_BUSY;
+        me->expect_idle_ns = 0;
+    }
+    struct gs_ctl_bucket b = {s->credit_ns, s->credit_last_ns};
+    uint32_t rate = gs_engine_rate(e, now);
+    s->rate_bp = rate;
+    /* is any process of this slice waiting for its turn? then its credit may grow past BURST */
+    int wanting = 0;
+    for (int i = 0; i < GS_DS_MAX_PROCS && !wanting; i++) {
+        const struct gs_ds_proc *p = &e->ds->procs[i];
+        wanting = (p->flags & GS_DS_PROC_IN_USE) && p->slice == e->slice && p->want_since_ns;
+    }
+    gs_ctl_refill(&b, now, rate, wanting ? GS_CTL_WANT_CAP_NS : GS_CTL_BURST_NS);
+    s->credit_ns = b.credit_ns;
+    s->credit_last_ns = b.last_ns;
+    s->updated_ns = now;
+    if (now - e->last_reap_ns > GS_REAP_EVERY_NS) {
+        e->last_reap_ns = now;
+        gs_devstate_reap_locked(e->ds, NULL);
+    }
+}
+
+void gs_engine_poll(struct gs_engine *e, int64_t now)
+{
+    if (e->light && e->outstanding == 0) return;
+    if (gs_devstate_lock(e->ds) != 0) return;
+    poll_locked(e, now);
+    gs_devstate_unlock(e->ds);
+}
+
+/* Is a high-priority slice on this device queued (work outstanding, or launched within HOLD)?
+ * Returns 2 = queued now, 1 = active within PRIO_SERIAL, 0 = neither. */
+static int high_priority_state(struct gs_engine *e, int64_t now)
+{
+    int st = 0;
+    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
+        const struct gs_ds_proc *p = &e->ds->procs[i];
+        if (i == e->proc || !(p->flags & GS_DS_PROC_IN_USE) || !valid_slice(p->slice)) continue;
+        const struct gs_ds_slice *s = &e->ds->slices[p->slice];
+        if (s->priority != 0 || s->mode == GS_CTL_OFF) continue;
+        if (proc_busy(p, now)) return 2;
+        if (p->last_launch_ns && now - p->last_launch_ns < GS_CTL_PRIO_SERIAL_NS) st = 1;
+    }
+    return st;
+}
+
+/* Does process p take part in turns with us? Same or higher priority, measured (not light). */
+static int rival(struct gs_engine *e, int i, int myprio)
+{
+    const struct gs_ds_proc *p = &e->ds->procs[i];
+    if (i == e->proc || !(p->flags & GS_DS_PROC_IN_USE) || !valid_slice(p->slice)) return 0;
+    return e->ds->slices[p->slice].priority <= myprio;
+}
+
+/* How long to wait before starting new work while idle (0 = go). */
+static int64_t turn_wait(struct gs_engine *e, int64_t now)
+{
+    int myprio = e->ds->slices[e->slice].priority;
+    int64_t w = 0;
+    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
+        const struct gs_ds_proc *p = &e->ds->procs[i];
+        if (!rival(e, i, myprio) || !(p->flags & GS_DS_PROC_BUSY)) continue;
+        int64_t left = p->expect_idle_ns ? p->expect_idle_ns - now - GS_CTL_TURN_EARLY_NS : GS_CTL_WAIT_MIN_NS;
+        /* a busy flag not refreshed for a while belongs to a process stuck outside the driver's
+         * launch path (or dead): do not wait on it forever */
+        if (now - p->last_seen_ns > GS_CTL_TURN_MAX_NS) continue;
+        if (left > w) w = left;
+    }
+    /* first come, first served: a neighbour that has waited longer goes first */
+    int64_t mine = e->ds->procs[e->proc].want_since_ns;
+    for (int i = 0; w == 0 && i < GS_DS_MAX_PROCS; i++) {
+        const struct gs_ds_proc *p = &e->ds->procs[i];
+        if (!rival(e, i, myprio) || !p->want_since_ns) continue;
+        if (now - p->last_seen_ns > GS_CTL_TURN_MAX_NS) continue;
+        if (!mine || p->want_since_ns < mine || (p->want_since_ns == mine && i < e->proc)) w = GS_CTL_WAIT_MIN_NS;
+    }
+    if (w == 0) return 0;
+    return w < GS_CTL_WAIT_MIN_NS ? GS_CTL_WAIT_MIN_NS : (w > GS_CTL_WAIT_MAX_NS ? GS_CTL_WAIT_MAX_NS : w);
+}
+
+/* While we hold work on the device: stop adding when a rival waited TURN_MAX, or is busy too. */
+static int should_yield(struct gs_engine *e, int64_t now)
+{
+    int myprio = e->ds->slices[e->slice].priority;
+    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
+        const struct gs_ds_proc *p = &e->ds->procs[i];
+        if (!rival(e, i, myprio) || now - p->last_seen_ns > GS_CTL_TURN_MAX_NS) continue;
+        if (p->flags & GS_DS_PROC_BUSY) return 1;
+        if (p->want_since_ns && now - p->want_since_ns > GS_CTL_TURN_MAX_NS) return 1;
+    }
+    return 0;
+}
+
+/* For an unpaced high-priority process: measure (events) only while a low-priority slice is active
+ * on the device, because then it must see when our queue is really empty; alone, one store per
+ * launch is enough. Re-decided every LIGHT_RECHECK. Returns whether to take the light path. */
+#define GS_LIGHT_RECHECK_NS 10000000LL
+static int mode_recheck(struct gs_engine *e, int64_t now)
+{
+    if (e->ds->slices[e->slice].mode == GS_CTL_OFF) return 1;
+    if (now - e->light_check_ns < GS_LIGHT_RECHECK_NS) return e->light;
+    e->light_check_ns = now;
+    int low = 0;
+    for (int i = 0; i < GS_DS_MAX_SLICES && !low; i++) {
+        const struct gs_ds_slice *s = &e->ds->slices[i];
+        int64_t la = __atomic_load_n(&s->last_active_ns, __ATOMIC_RELAXED);
+        low = (s->flags & GS_DS_SLICE_IN_USE) && s->priority != 0 && s->mode != GS_CTL_OFF && la &&
+              now - la < GS_CTL_ACTIVE_NS;
+    }
+    /* leave the measured mode only with nothing outstanding, so our busy flag is cleared first */
+    e->light = !low && e->outstanding == 0;
+    return e->light;
+}
+
+int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t slept_ns, int *slot)
+{
+    struct gs_ds_slice *s = &e->ds->slices[e->slice];
+    struct gs_ds_proc *me = &e->ds->procs[e->proc];
+    *slot = -1;
+    if (e->light_base && mode_recheck(e, now)) {
+        /* no lock: two aligned stores that readers treat as hints */
+        __atomic_store_n(&me->last_launch_ns, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED);
+        return 0;
+    }
+    if (gs_devstate_lock(e->ds) != 0) return 0; /* never block the program on our own failure */
+    poll_locked(e, now);
+    if (slept_ns > 0) {
+        s->throttled_total_ns += (uint64_t)slept_ns;
+        window_add(s, now, 0, slept_ns);
+    }
+    int64_t wait = 0;
+    if (s->priority != 0) {
+        int hp = high_priority_state(e, now);
+        if (hp == 2) wait = GS_PRIO_POLL_NS;                                /* yield while high is queued */
+        else if (hp == 1 && e->outstanding > 0) wait = GS_CTL_WAIT_MIN_NS;  /* one launch in flight */
+    }
+    if (wait == 0 && s->paced) {
+        struct gs_ctl_bucket b = {s->credit_ns, s->credit_last_ns};
+        /* until the first pair is measured the cost is unknown: one launch at a time */
+        if (e->cost_ns == 0 && e->outstanding > 0) wait = GS_CTL_WAIT_MIN_NS;
+        else wait = gs_ctl_gate(&b, s->rate_bp, (int64_t)e->outstanding * e->cost_ns);
+        if (wait > 0) me->want_since_ns = 0; /* not ready: hold no place in the turn queue */
+    }
+    if (wait == 0) {
+        int64_t t = e->outstanding > 0 ? (should_yield(e, now) ? GS_CTL_WAIT_MIN_NS : 0) : turn_wait(e, now);
+        if (t > 0) {
+            wait = t;
+            if (e->outstanding == 0 && !me->want_since_ns) me->want_since_ns = now;
+        }
+    }
+    if (wait == 0 && e->outstanding >= GS_ENG_RING) wait = GS_CTL_WAIT_MIN_NS; /* ring full */
+    if (wait == 0) {
+        me->want_since_ns = 0;
+        int i = e->head;
+        if (e->ops->record_start(e->ops_ctx, i, stream) == 0) {
+            e->ring[i] = GS_RING_RESERVED;
+            e->head = (i + 1) % GS_ENG_RING;
+            e->outstanding++;
+            *slot = i;
+            me->flags |= GS_DS_PROC_BUSY;
+            if (e->cost_ns)
+                me->expect_idle_ns = (me->expect_idle_ns > now ? me->expect_idle_ns : now) + e->cost_ns + 2 * e->cost_dev_ns;
+        } else {
+            e->event_errors++;
+        }
+        me->last_launch_ns = now;
+        s->last_active_ns = now;
+        s->launches++;
+    } else {
+        /* wanting to launch is activity: a throttled slice keeps its claim on capacity */
+        s->last_active_ns = now;
+    }
+    gs_devstate_unlock(e->ds);
+    return wait;
+}
+
+void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, int slot, int ok)
+{
+    (void)now;
+    if (slot < 0 || slot >= GS_ENG_RING) return;
+    if (gs_devstate_lock(e->ds) != 0) return;
+    if (e->ring[slot] == GS_RING_RESERVED) {
+        if (ok && e->ops->record_end(e->ops_ctx, slot, stream) == 0) {
+            e->ring[slot] = GS_RING_RECORDED;
+        } else {
+            if (ok) e->event_errors++;
+            e->ring[slot] = GS_RING_VOID; /* launch refused (or no end event): nothing ran */
+        }
+    }
+    gs_devstate_unlock(e->ds);
+}
+
+void gs_engine_fini(struct gs_engine *e)
+{
+    if (!e->ds) return;
+    if (gs_devstate_lock(e->ds) == 0) {
+        gs_devstate_leave_locked(e->ds, e->proc);
+        gs_devstate_unlock(e->ds);
+    }
+    e->ds = NULL;
+}

@@ -1,0 +1,483 @@
+/* Controller and pacer engine against a simulated device (no GPU).
+ *
+ * The plant: one GPU that runs, per process (context), a FIFO of kernels and event markers; when
+ * several contexts have work it time-slices between them round-robin (TIMESLICE, like the hardware
+ * scheduler without MPS). Each simulated process has a CPU side that launches kernels through the
+ * real engine (pacer_core.c + controller.c + devstate.c on a real file), sleeping when told, plus a
+ * poller every ms as pacer.c runs. Shares are judged on the plant's own ground truth (time each
+ * context actually ran), never on the engine's estimate, in 1-s windows after a warm-up. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "gpuslice/controller.h"
+#include "gpuslice/pacer_core.h"
+
+static int failures, checks;
+#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+/* ---------------- allocation (pure) ---------------- */
+static void test_allocate(void)
+{
+    uint32_t r[8];
+    struct gs_ctl_slice a[] = {{3000, GS_CTL_HARD, 1, 0, 1}, {7000, GS_CTL_HARD, 1, 0, 1}};
+    gs_ctl_allocate(a, 2, r);
+    CHECK(r[0] == 3000 && r[1] == 7000, "30/70 hard fits: %u %u", r[0], r[1]);
+    struct gs_ctl_slice b[] = {{8000, GS_CTL_HARD, 1, 0, 1}, {8000, GS_CTL_HARD, 3, 0, 1}};
+    gs_ctl_allocate(b, 2, r);
+    CHECK(r[0] == 2500 && r[1] == 7500, "oversubscribed, weights 1:3 -> 25/75: %u %u", r[0], r[1]);
+    struct gs_ctl_slice c[] = {{3000, GS_CTL_SOFT, 1, 0, 1}};
+    gs_ctl_allocate(c, 1, r);
+    CHECK(r[0] == 10000, "soft alone takes the device: %u", r[0]);
+    struct gs_ctl_slice d[] = {{3000, GS_CTL_SOFT, 1, 0, 1}, {5000, GS_CTL_HARD, 1, 0, 1}};
+    gs_ctl_allocate(d, 2, r);
+    CHECK(r[0] == 5000 && r[1] == 5000, "soft 30 + hard 50 -> 50/50: %u %u", r[0], r[1]);
+    struct gs_ctl_slice e[] = {{3000, GS_CTL_SOFT, 1, 0, 1}, {7000, GS_CTL_HARD, 1, 0, 1}};
+    gs_ctl_allocate(e, 2, r);
+    CHECK(r[0] == 3000 && r[1] == 7000, "soft falls back to its share under contention: %u %u", r[0], r[1]);
+    struct gs_ctl_slice f[] = {{2000, GS_CTL_SOFT, 1, 0, 1}, {2000, GS_CTL_SOFT, 3, 0, 1}};
+    gs_ctl_allocate(f, 2, r);
+    CHECK(r[0] == 3500 && r[1] == 6500, "idle 60 split 1:3 between soft slices: %u %u", r[0], r[1]);
+    struct gs_ctl_slice g[] = {{3000, GS_CTL_SOFT, 1, 0, 1}, {5000, GS_CTL_HARD, 1, 0, 0}};
+    gs_ctl_allocate(g, 2, r);
+    CHECK(r[0] == 10000 && r[1] == 5000, "inactive neighbour's share flows to soft: %u %u", r[0], r[1]);
+    struct gs_ctl_slice h[] = {{6000, GS_CTL_HARD, 1, 1, 1}, {6000, GS_CTL_HARD, 1, 0, 1}};
+    gs_ctl_allocate(h, 2, r);
+    CHECK(r[0] == 4000 && r[1] == 6000, "high priority guaranteed first: %u %u", r[0], r[1]);
+    struct gs_ctl_slice i[] = {{10000, GS_CTL_HARD, 1, 0, 1}, {0, GS_CTL_HARD, 1, 0, 1}, {5000, GS_CTL_OFF, 1, 0, 1}};
+    gs_ctl_allocate(i, 3, r);
+    CHECK(r[0] == 10000 && r[1] == 10000 && r[2] == 10000, "100/0/off are not paced: %u %u %u", r[0], r[1], r[2]);
+    /* brute invariants on random inputs: the sum of paced active rates never exceeds the device,
+     * hard rates never exceed the share, and nobody active with a share gets 0 */
+    srand(7);
+    for (int t = 0; t < 20000; t++) {
+        int n = 1 + rand() % 8;
+        struct gs_ctl_slice s[8];
+        for (int k = 0; k < n; k++) {
+            s[k].share_bp = (uint32_t)(100 + rand() % 9800);
+            s[k].mode = (uint8_t)(rand() % 2);
+            s[k].weight = (uint8_t)(1 + rand() % 16);
+            s[k].priority = (uint8_t)(rand() % 2);
+            s[k].active = (uint8_t)(rand() % 4 != 0);
+        }
+        gs_ctl_allocate(s, n, r);
+        int64_t sum = 0;
+        for (int k = 0; k < n; k++) {
+            if (!s[k].active) continue;
+            sum += r[k];
+            if (s[k].mode == GS_CTL_HARD && r[k] > s[k].share_bp) { CHECK(0, "hard above share"); break; }
+        }
+        if (sum > 10000) { CHECK(0, "allocated %lld bp > device", (long long)sum); break; }
+        /* starvation: a slice of the highest class present always gets something */
+        int hi = 0;
+        for (int k = 0; k < n; k++) hi |= s[k].active && s[k].priority == 0;
+        for (int k = 0; k < n; k++)
+            if (s[k].active && (s[k].priority == 0 || !hi) && r[k] == 0) { CHECK(0, "active slice starved"); t = 1 << 30; break; }
+    }
+    CHECK(gs_ctl_close_correction(1000, 500, 800) == -100, "close correction scales exact length by the average share");
+    CHECK(gs_ctl_inflight(10, 100, 300) == 700 && gs_ctl_inflight(10, 100, 5000) == 0, "inflight prediction");
+}
+
+/* ---------------- the plant ---------------- */
+#define DT 5000LL               /* 5 us step */
+#define QMAX 1024
+#define MAXP 12
+#define TIMESLICE 2000000LL
+
+enum { W_SAT, W_ITER, W_BURST, W_REQ };
+struct item { int64_t rem; int marker; uint64_t seq; };
+struct simev { uint64_t latest, done_seq; int64_t t_done; };
+struct sproc {
+    /* configuration */
+    const char *grant; uint32_t share_bp; int mode, weight, prio;
+    int wl;                     /* workload kind */
+    int64_t kmin, kmax;         /* kernel duration range */
+    int kper;                   /* kernels per iteration/request */
+    int64_t think, on, off, period, launch_cpu;
+    /* plant state */
+    struct item q[QMAX + 64]; int qh, qn;
+    struct simev ev[2 * GS_ENG_RING];
+    uint64_t seq;
+    int64_t busy_true;          /* ground truth GPU time */
+    int64_t win_busy; double wins[64]; int nwin;
+    /* cpu */
+    int state; int64_t next_t, slept, iter_k, req_t, next_req;
+    int64_t lat[4096]; int nlat;
+    int64_t last_poll;
+    struct gs_engine eng;
+    unsigned rng;
+    int started;
+};
+static struct sproc P[MAXP];
+static int NP;
+static int64_t NOW;
+static const int64_t T0 = 1000000000LL; /* simulated start (the engine treats 0 as never) */
+
+static int cur = -1;
+static int64_t slice_left;
+static int MARKERS_WAIT = 1; /* see gpu_step */
+static int sim_rec(struct sproc *p, int id)
+{
+    struct simev *e = &p->ev[id];
+    e->latest = ++p->seq;
+    /* an idle context's marker is processed at once, unless (realistic model) another context holds
+     * the GPU: then it waits for this context's turn like any command in its channel */
+    int other_running = cur >= 0 && &P[cur] != p && P[cur].qn > 0;
+    if (p->qn == 0 && !(MARKERS_WAIT && other_running)) { e->done_seq = e->latest; e->t_done = NOW; return 0; }
+    struct item *it = &p->q[(p->qh + p->qn) % (QMAX + 64)];
+    it->rem = 0; it->marker = id; it->seq = e->latest;
+    p->qn++;
+    return 0;
+}
+static int op_start(void *c, int idx, void *s) { (void)s; return sim_rec(c, 2 * idx); }
+static int op_end(void *c, int idx, void *s) { (void)s; return sim_rec(c, 2 * idx + 1); }
+static int op_query(void *c, int idx) { struct simev *e = &((struct sproc *)c)->ev[2 * idx + 1]; return e->done_seq == e->latest; }
+static int64_t op_elapsed(void *c, int idx)
+{
+    struct sproc *p = c;
+    struct simev *a = &p->ev[2 * idx], *b = &p->ev[2 * idx + 1];
+    if (b->done_seq != b->latest || a->done_seq != a->latest) return -1;
+    return b->t_done - a->t_done;
+}
+static const struct gs_gpu_ops SIM_OPS = {op_start, op_end, op_query, op_elapsed};
+
+/* Where event markers complete. 1 (default, what a time-sliced GPU does: an event is a command in
+ * the context's own channel, processed when that context is scheduled): a marker completes when its
+ * context runs. 0 (pessimistic): markers complete as soon as they reach the head of their queue,
+ * even while another context holds the GPU, so event intervals include waiting. */
+static void pop_markers(struct sproc *p, int64_t t)
+{
+    while (p->qn && p->q[p->qh].marker >= 0) {
+        struct item *it = &p->q[p->qh];
+        struct simev *e = &p->ev[it->marker];
+        if (it->seq > e->done_seq) { e->done_seq = it->seq; e->t_done = t; }
+        p->qh = (p->qh + 1) % (QMAX + 64); p->qn--;
+    }
+}
+static void gpu_step(void)
+{
+    if (!MARKERS_WAIT)
+        for (int i = 0; i < NP; i++) pop_markers(&P[i], NOW);
+    for (int round = 0; round < 2; round++) {
+        int want = 0;
+        for (int i = 0; i < NP; i++) want += P[i].qn > 0;
+        if (!want) { cur = -1; return; }
+        if (cur < 0 || P[cur].qn == 0 || (slice_left <= 0 && want > 1)) {
+            for (int k = 1; k <= NP; k++) {
+                int c = ((cur < 0 ? 0 : cur) + k) % NP;
+                if (P[c].qn) { cur = c; break; }
+            }
+            slice_left = TIMESLICE;
+        }
+        pop_markers(&P[cur], NOW);
+        if (P[cur].qn) break;  /* a kernel to run; else the context only had markers: pick again */
+    }
+    struct sproc *p = &P[cur];
+    if (!p->qn) return;
+    struct item *it = &p->q[p->qh];
+    it->rem -= DT;
+    slice_left -= DT;
+    p->busy_true += DT;
+    p->win_busy += DT;
+    if (it->rem <= 0) { p->qh = (p->qh + 1) % (QMAX + 64); p->qn--; pop_markers(p, NOW + DT); /* the kernel ended at the end of this step */ }
+}
+
+static unsigned rnd(unsigned *s) { *s = *s * 1103515245u + 12345u; return (*s >> 8) & 0xffffff; }
+static int64_t kdur(struct sproc *p) { return p->kmin + (p->kmax > p->kmin ? (int64_t)(rnd(&p->rng) % (unsigned)(p->kmax - p->kmin)) : 0); }
+
+enum { S_LAUNCH, S_SYNC, S_THINK, S_IDLE };
+static void cpu_step(struct sproc *p)
+{
+    if (NOW - p->last_poll >= GS_CTL_POLL_NS) { gs_engine_poll(&p->eng, NOW); p->last_poll = NOW; }
+    if (p->wl == W_REQ && p->state == S_IDLE && NOW >= p->next_req) {
+        p->state = S_LAUNCH; p->req_t = p->next_req; p->next_req += p->period; p->iter_k = 0;
+    }
+    if (p->wl == W_BURST && p->state == S_LAUNCH) {
+        int64_t ph = (NOW - T0) % (p->on + p->off);
+        if (ph >= p->on) { p->state = S_THINK; p->next_t = NOW - ph + p->on + p->off; }
+    }
+    if (NOW < p->next_t) return;
+    switch (p->state) {
+    case S_THINK: p->state = S_LAUNCH; /* fallthrough */
+    case S_LAUNCH: {
+        if (p->qn >= QMAX) { p->next_t = NOW + DT; return; }
+        int slot;
+        int64_t w = gs_engine_before(&p->eng, NOW, NULL, p->slept, &slot);
+        if (w > 0) { p->slept = w; p->next_t = NOW + w; return; }
+        p->slept = 0;
+        struct item *it = &p->q[(p->qh + p->qn) % (QMAX + 64)];
+        it->rem = kdur(p); it->marker = -1; it->seq = 0; p->qn++;
+        gs_engine_after(&p->eng, NOW, NULL, slot, 1);
+        p->next_t = NOW + p->launch_cpu;
+        if (p->kper && ++p->iter_k >= p->kper) { p->state = S_SYNC; p->iter_k = 0; }
+        return;
+    }
+    case S_SYNC:
+        if (p->qn) { p->next_t = NOW + DT; return; }
+        if (p->wl == W_REQ) {
+            if (p->nlat < 4096) p->lat[p->nlat++] = NOW - p->req_t;
+            p->state = S_IDLE;
+            return;
+        }
+        p->state = S_THINK; p->next_t = NOW + p->think;
+        return;
+    case S_IDLE: return;
+    }
+}
+
+static struct gs_devstate DS;
+static char DIR_[256];
+
+static void sim_reset(void)
+{
+    memset(P, 0, sizeof P); NP = 0; cur = -1; slice_left = 0;
+}
+static struct sproc *add(const char *grant, double share, int mode, int weight, int prio, int wl, int64_t kmin, int64_t kmax)
+{
+    struct sproc *p = &P[NP++];
+    p->grant = grant; p->share_bp = (uint32_t)lround(share * 100); p->mode = mode; p->weight = weight; p->prio = prio;
+    p->wl = wl; p->kmin = kmin; p->kmax = kmax; p->launch_cpu = 5000; p->rng = 12345u + (unsigned)NP * 77u;
+    p->kper = wl == W_ITER ? 50 : 0;
+    
+    return p;
+}
+
+/* run for `secs` simulated seconds; 1-s windows after `warm` seconds go to wins[] */
+static void sim_run(double secs, double warm)
+{
+    char err[256];
+    static int opened;
+    if (!opened) {
+        snprintf(DIR_, sizeof DIR_, "/tmp/gs-test-controller-%d", (int)getpid());
+        if (gs_devstate_open(&DS, DIR_, "GPU-sim", err, sizeof err) != 0) { printf("FAIL devstate: %s\n", err); exit(1); }
+        opened = 1;
+    }
+    NOW = T0;
+    for (int i = 0; i < NP; i++) {
+        struct sproc *p = &P[i];
+        if (gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, &SIM_OPS, p, NOW) != 0) {
+            printf("FAIL engine init\n"); exit(1);
+        }
+        p->last_poll = NOW; p->next_req = NOW + 1000000 + i * 333000; p->state = p->wl == W_REQ ? S_IDLE : S_LAUNCH;
+    }
+    int64_t end = NOW + (int64_t)(secs * 1e9), w0 = NOW + (int64_t)(warm * 1e9), wstart = w0;
+    for (; NOW < end; NOW += DT) {
+        for (int i = 0; i < NP; i++) cpu_step(&P[i]);
+        gpu_step();
+        if (NOW == w0) for (int i = 0; i < NP; i++) P[i].win_busy = 0;
+        if (NOW > w0 && NOW - wstart >= 1000000000LL) {
+            for (int i = 0; i < NP; i++) { if (P[i].nwin < 64) P[i].wins[P[i].nwin++] = P[i].win_busy / 1e7; P[i].win_busy = 0; }
+            wstart = NOW;
+        }
+    }
+    if (!getenv("GS_KEEP")) for (int i = 0; i < NP; i++) gs_engine_fini(&P[i].eng);
+}
+static void win_stats(const struct sproc *p, double *mean, double *lo, double *hi)
+{
+    double s = 0; *lo = 1e9; *hi = -1e9;
+    for (int i = 0; i < p->nwin; i++) { s += p->wins[i]; if (p->wins[i] < *lo) *lo = p->wins[i]; if (p->wins[i] > *hi) *hi = p->wins[i]; }
+    *mean = p->nwin ? s / p->nwin : 0;
+}
+static void expect_share(const struct sproc *p, double target, double tol, const char *what)
+{
+    double m, lo, hi;
+    win_stats(p, &m, &lo, &hi);
+    CHECK(p->nwin >= 3, "%s: only %d windows", what, p->nwin);
+    CHECK(fabs(m - target) <= tol && lo >= target - tol - 1 && hi <= target + tol + 1,
+          "%s [%s]: target %.1f achieved mean %.2f min %.2f max %.2f", what, p->grant, target, m, lo, hi);
+    printf("  %-36s %-6s set %5.1f -> mean %6.2f  [%6.2f, %6.2f]\n", what, p->grant, target, m, lo, hi);
+}
+
+static void test_single_shares(void)
+{
+    const double shares[] = {5, 10, 25, 33, 50, 66, 75, 90, 95};
+    for (unsigned k = 0; k < sizeof shares / sizeof *shares; k++) {
+        sim_reset();
+        add("a", shares[k], GS_CTL_HARD, 1, 0, W_SAT, 200000, 200000);
+        sim_run(6, 2);
+        expect_share(&P[0], shares[k], 2, "single hard, 200us kernels");
+    }
+    /* mixed kernels (ResNet-like: 20 us .. 3 ms), iterations of 50 launches + sync + 1 ms CPU */
+    const double s2[] = {10, 50, 90};
+    for (unsigned k = 0; k < 3; k++) {
+        sim_reset();
+        struct sproc *p = add("r", s2[k], GS_CTL_HARD, 1, 0, W_ITER, 20000, 3000000);
+        p->think = 1000000;
+        sim_run(6, 2);
+        /* the slice cannot exceed what it would use unpaced; at 90 % the 1 ms CPU gap per iteration
+         * (~1.3 %) makes its natural demand ~98 %, still above the share */
+        expect_share(p, s2[k], 2, "single hard, mixed kernels + sync");
+    }
+    /* long kernels (20 ms, longer than a burst): the debt carries over, windows stay within ±2 */
+    sim_reset();
+    add("l", 30, GS_CTL_HARD, 1, 0, W_SAT, 20000000, 20000000);
+    sim_run(8, 2);
+    expect_share(&P[0], 30, 2, "single hard, 20 ms kernels");
+}
+
+static void test_multi(void)
+{
+    static const char *names[] = {"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"};
+    for (int n = 2; n <= 8; n += 2) {
+        sim_reset();
+        double sum = 0, sh[8];
+        for (int i = 0; i < n; i++) { sh[i] = 5 + (i * 37) % 20; sum += sh[i]; }
+        /* scale so they fill 95 % of the device (contention, not oversubscription) */
+        for (int i = 0; i < n; i++) { sh[i] = floor(sh[i] * 95 / sum); add(names[i], sh[i], GS_CTL_HARD, 1, 0, W_SAT, 100000 + i * 50000, 400000 + i * 50000); }
+        sim_run(6, 2);
+        for (int i = 0; i < n; i++) expect_share(&P[i], sh[i], 2, n == 2 ? "2 hard slices" : n == 4 ? "4 hard slices" : n == 6 ? "6 hard slices" : "8 hard slices");
+    }
+    sim_reset();
+    add("a30", 30, GS_CTL_HARD, 1, 0, W_SAT, 300000, 300000);
+    add("b70", 70, GS_CTL_HARD, 1, 0, W_ITER, 50000, 2000000);
+    sim_run(6, 2);
+    expect_share(&P[0], 30, 2, "30/70 split");
+    expect_share(&P[1], 70, 2, "30/70 split");
+    {
+        double a, b, lo, hi;
+        win_stats(&P[0], &a, &lo, &hi);
+        win_stats(&P[1], &b, &lo, &hi);
+        CHECK(a + b >= 97, "30/70: device busy %.1f %% (turn hand-overs must not idle it)", a + b);
+    }
+    /* two processes of one slice share its 40 % */
+    sim_reset();
+    add("g", 40, GS_CTL_HARD, 1, 0, W_SAT, 200000, 200000);
+    add("g", 40, GS_CTL_HARD, 1, 0, W_SAT, 500000, 500000);
+    add("h", 50, GS_CTL_HARD, 1, 0, W_SAT, 300000, 300000);
+    sim_run(6, 2);
+    struct sproc sum2 = P[0];
+    sum2.grant = "g(2p)";
+    for (int i = 0; i < sum2.nwin; i++) sum2.wins[i] += P[1].wins[i];
+    expect_share(&sum2, 40, 2, "2 processes of one 40% slice");
+    expect_share(&P[2], 50, 2, "beside it a 50% slice");
+}
+
+static void test_weights_soft(void)
+{
+    sim_reset();
+    add("w1", 80, GS_CTL_HARD, 1, 0, W_SAT, 200000, 200000);
+    add("w3", 80, GS_CTL_HARD, 3, 0, W_SAT, 200000, 200000);
+    sim_run(6, 2);
+    expect_share(&P[0], 25, 2, "oversubscribed, weight 1 of 1:3");
+    expect_share(&P[1], 75, 2, "oversubscribed, weight 3 of 1:3");
+    sim_reset();
+    add("soft", 30, GS_CTL_SOFT, 1, 0, W_SAT, 200000, 200000);
+    sim_run(5, 2);
+    {
+        double m, lo, hi;
+        win_stats(&P[0], &m, &lo, &hi);
+        CHECK(m >= 97, "soft 30 alone uses the idle device: %.2f", m);
+        printf("  soft 30 alone                        mean %.2f\n", m);
+    }
+    sim_reset();
+    add("soft", 30, GS_CTL_SOFT, 1, 0, W_SAT, 200000, 200000);
+    add("hard", 50, GS_CTL_HARD, 1, 0, W_SAT, 200000, 200000);
+    sim_run(6, 2);
+    expect_share(&P[0], 50, 2, "soft 30 beside hard 50 takes the idle 20");
+    expect_share(&P[1], 50, 2, "hard 50 beside soft");
+    sim_reset();
+    add("soft", 30, GS_CTL_SOFT, 1, 0, W_SAT, 200000, 200000);
+    add("hard", 70, GS_CTL_HARD, 1, 0, W_SAT, 200000, 200000);
+    sim_run(6, 2);
+    expect_share(&P[0], 30, 2, "soft 30 under full contention");
+    expect_share(&P[1], 70, 2, "hard 70 beside soft");
+}
+
+static void test_bursty(void)
+{
+    /* on 300 ms / off 200 ms: the hard slice must never exceed its share in a window, and gets its
+     * share during the on-phases (60 % duty -> 0.6 * 40 = 24 % average) */
+    sim_reset();
+    struct sproc *p = add("burst", 40, GS_CTL_HARD, 1, 0, W_BURST, 100000, 1000000);
+    p->on = 300000000; p->off = 200000000;
+    struct sproc *q = add("steady", 50, GS_CTL_HARD, 1, 0, W_SAT, 250000, 250000);
+    sim_run(8, 2);
+    /* credit banked during each off phase is capped at BURST (10 ms), so each of the 2 on phases a
+     * second may add 10 ms: 24 % + 2 points; hard never exceeds its share while it runs */
+    expect_share(p, 26, 1.5, "bursty 40% (60% duty)");
+    expect_share(q, 50, 2, "steady 50% beside a bursty one");
+}
+
+static int cmp64(const void *a, const void *b) { int64_t x = *(const int64_t *)a, y = *(const int64_t *)b; return x < y ? -1 : x > y; }
+static int64_t pct(struct sproc *p, double f) { qsort(p->lat, (size_t)p->nlat, sizeof p->lat[0], cmp64); return p->nlat ? p->lat[(int)(f * (p->nlat - 1))] : -1; }
+
+static void test_priority(void)
+{
+    /* high priority: a request every 4 ms of 10 x 100 us kernels; low priority: training, 1 ms
+     * kernels, unpaced */
+    sim_reset();
+    struct sproc *h = add("online", 100, GS_CTL_HARD, 1, 0, W_REQ, 100000, 100000);
+    h->kper = 10; h->period = 4000000;
+    sim_run(4, 1);
+    int64_t a50 = pct(h, 0.5), a99 = pct(h, 0.99);
+    sim_reset();
+    h = add("online", 100, GS_CTL_HARD, 1, 0, W_REQ, 100000, 100000);
+    h->kper = 10; h->period = 4000000;
+    struct sproc *l = add("offline", 100, GS_CTL_HARD, 1, 1, W_SAT, 1000000, 1000000);
+    sim_run(4, 1);
+    int64_t b50 = pct(h, 0.5), b99 = pct(h, 0.99);
+    double lm, llo, lhi;
+    win_stats(l, &lm, &llo, &lhi);
+    printf("  priority: high p50/p99 alone %.2f/%.2f ms, beside low %.2f/%.2f ms; low got %.1f %%\n",
+           a50 / 1e6, a99 / 1e6, b50 / 1e6, b99 / 1e6, lm);
+    /* the design bound: a request waits behind at most one low-priority kernel (1 ms) that was
+     * already running, plus one poll of the pacer */
+    CHECK(b99 <= a99 + 1000000 + 300000, "high p99 beside low %.2f ms > alone %.2f + 1 low kernel", b99 / 1e6, a99 / 1e6);
+    CHECK(lm > 40, "low priority not starved between requests: %.1f %%", lm);
+    CHECK(lm < 75, "low priority yields (high uses 25 %%): %.1f %%", lm);
+}
+
+static void test_resume_bounded(void)
+{
+    /* a high-priority burst for 1 s then silence; the low-priority slice must run again within
+     * PRIO_HOLD + one poll after the high one's last kernel completed */
+    sim_reset();
+    struct sproc *h = add("online", 100, GS_CTL_HARD, 1, 0, W_BURST, 500000, 500000);
+    h->on = 1000000000; h->off = 3000000000LL; h->kper = 20; /* batches of 20 then sync, like serving */
+    struct sproc *l = add("offline", 100, GS_CTL_HARD, 1, 1, W_SAT, 200000, 200000);
+    (void)l;
+    sim_run(2.01, 0);
+    /* window 0: high busy for the whole second -> low ~0; window 1: low runs almost all of it */
+    CHECK(P[1].nwin >= 2, "windows");
+    printf("  resume: low got %.1f %% while high ran, %.1f %% after\n", P[1].wins[0], P[1].wins[1]);
+    CHECK(P[1].wins[0] < 5, "low paused while high queued: %.1f", P[1].wins[0]);
+    /* after the last high batch: PRIO_HOLD (2 ms) paused, then PRIO_SERIAL (200 ms) one launch at a
+     * time (~80 %% with 200 us kernels), then full speed */
+    CHECK(P[1].wins[1] > 90, "low resumed within a bounded time: %.1f", P[1].wins[1]);
+}
+
+/* The pessimistic device: events complete as soon as they reach the head of their queue even while
+ * another context runs, so a measured pair can include time spent waiting behind a neighbour. Not
+ * what a time-sliced GPU does (see gpu_step); run to know the bound if a device did it: with turns
+ * the error stays within a few points, reported here and asserted loosely. */
+static void test_pessimistic_events(void)
+{
+    MARKERS_WAIT = 0;
+    sim_reset();
+    add("a30", 30, GS_CTL_HARD, 1, 0, W_SAT, 300000, 300000);
+    add("b70", 70, GS_CTL_HARD, 1, 0, W_ITER, 50000, 2000000);
+    sim_run(6, 2);
+    expect_share(&P[0], 30, 5, "pessimistic events, 30/70");
+    expect_share(&P[1], 70, 5, "pessimistic events, 30/70");
+    MARKERS_WAIT = 1;
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    test_allocate();
+    test_single_shares();
+    test_multi();
+    test_weights_soft();
+    test_bursty();
+    test_priority();
+    test_resume_bounded();
+    test_pessimistic_events();
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);
+    if (DIR_[0] && system(cmd) != 0) printf("note: could not remove %s\n", DIR_);
+    printf("test_controller: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
