@@ -1,0 +1,57 @@
+/* The slice configuration: parsed from the slice file named by GPUSLICE_SLICE (the contract, see
+ * native/README.md), lowered by GPUSLICE_* env, or built from HAMi's env names when no slice file is
+ * set. The pacer (compute part) reads this struct; keep fields stable and additive. */
+#ifndef GPUSLICE_CONFIG_H
+#define GPUSLICE_CONFIG_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define GS_MAX_DEVICES 16
+#define GS_UUID_LEN 64
+#define GS_PATH_LEN 1024
+#define GS_UNLIMITED UINT64_MAX
+
+enum gs_source { GS_SRC_NONE = 0, GS_SRC_SLICE_FILE = 1, GS_SRC_HAMI_ENV = 2 };
+enum gs_mode { GS_MODE_HARD = 0, GS_MODE_SOFT = 1, GS_MODE_OFF = 2 };
+enum gs_oom_policy { GS_OOM_RETURN = 0, GS_OOM_KILL = 1 };
+enum gs_log_level { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
+
+struct gs_config {
+    int source;                              /* enum gs_source; NONE = not in a slice: pass through */
+    int version;                             /* slice file version (1) */
+    char grant[128];
+    int device_count;                        /* number of UUIDs in devices[]; 0 = by ordinal (HAMi env) */
+    char devices[GS_MAX_DEVICES][GS_UUID_LEN];
+    uint64_t device_limit[GS_MAX_DEVICES];   /* per listed device (or per ordinal when device_count == 0) */
+    uint64_t memory_limit;                   /* default for devices without an override; GS_UNLIMITED if unset */
+    int compute;                             /* 0..100; 0 or 100 = not paced */
+    int compute_per_ordinal[GS_MAX_DEVICES]; /* HAMi CUDA_DEVICE_SM_LIMIT_<i>; -1 = use compute */
+    int mode;                                /* enum gs_mode (compute pacing; memory is always hard unless off) */
+    int weight;                              /* 1..16 */
+    int priority;                            /* 0 high, 1 low */
+    char region[GS_PATH_LEN];                /* "" = private to this process */
+    char device_state_dir[GS_PATH_LEN];      /* "" = none (compute part decides) */
+    int oom_policy;                          /* enum gs_oom_policy */
+    int log_level;                           /* enum gs_log_level */
+    int fail_open;                           /* 1 = on our own failure, let calls through unlimited */
+    uint64_t context_overhead;               /* bytes counted per CUDA context; GS_UNLIMITED = built-in default */
+};
+
+/* Parse slice-file text into *out (defaults first). Returns 0, or -1 with a one-line reason in err
+ * naming the line and key. Never reads env or files: the fuzzer drives this directly. */
+int gs_config_parse_text(const char *text, size_t len, struct gs_config *out, char *err, size_t errlen);
+
+/* Load the process's configuration: GPUSLICE_SLICE file, then GPUSLICE_* env (may only lower),
+ * or HAMi env when no slice file. Returns 0 (out->source may be GS_SRC_NONE), or -1 with err set. */
+int gs_config_load(struct gs_config *out, char *err, size_t errlen);
+
+/* Parse a byte size: plain bytes, k/m/g/t (binary), Ki/Mi/Gi/Ti(B). -1 on bad input or overflow. */
+int gs_parse_bytes(const char *s, uint64_t *out);
+
+/* Limit for a listed device UUID, or for a CUDA ordinal when the config is by ordinal. */
+uint64_t gs_config_limit_for_uuid(const struct gs_config *cfg, const char *uuid, int *found);
+
+/* Write the config as key=value lines (the format gpuslice-config-check prints). */
+void gs_config_dump(const struct gs_config *cfg, char *buf, size_t len);
+
+#endif

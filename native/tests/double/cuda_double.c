@@ -1,0 +1,372 @@
+/* A small CPU double of the CUDA driver API, loaded as libcuda.so.1 by the native tests. It keeps
+ * the behaviour the enforcer depends on and nothing more:
+ *  - devices with fixed UUIDs and a memory size (double_common.h), per-thread current context,
+ *    primary contexts with a retain count, created contexts;
+ *  - allocations backed by host memory (mmap MAP_NORESERVE, so a test can "allocate" gigabytes)
+ *    and refused with CUDA_ERROR_OUT_OF_MEMORY past the device size, like a full card;
+ *  - every allocation path the enforcer hooks (plain, pitch, managed, async, pools, VMM, arrays);
+ *  - launches are no-ops that count (gsdouble_launches) so tests see pass-through;
+ *  - cuGetProcAddress / _v2 with the real protocol: a base name plus cudaVersion and the
+ *    per-thread-default-stream flag select the exported version (cuMemAlloc -> cuMemAlloc_v2,
+ *    cuLaunchKernel + PTDS -> cuLaunchKernel_ptsz, cuGetProcAddress at 12000 -> cuGetProcAddress_v2),
+ *    answered from an internal table (the real driver does not use dlsym for it either).
+ * gsdouble_used(dev) lets tests compare what the enforcer counted with what the "driver" holds. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "../../include/gpuslice/cuda_types.h"
+#include "double_common.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAXDEV 8
+
+struct ctx {
+    int dev;
+    int alive;
+};
+static struct ctx g_primary[MAXDEV];
+static int g_primary_refs[MAXDEV];
+static __thread struct ctx *t_current;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long g_used[MAXDEV];
+static int g_inited;
+EXPORT unsigned long gsdouble_launches;
+
+/* live allocations: address -> (size, device); a tiny open-addressing table */
+#define TAB 65536
+static struct { uint64_t key, size; int dev, kind; } g_tab[TAB];
+
+EXPORT unsigned long long gsdouble_used(int dev) { return dev >= 0 && dev < MAXDEV ? g_used[dev] : 0; }
+
+static int ndev(void) { return dbl_device_count(); }
+
+static CUresult take(int dev, uint64_t size)
+{
+    if (dev < 0 || dev >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    if (g_used[dev] + size > dbl_total()) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g_used[dev] += size;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+static void record(uint64_t key, uint64_t size, int dev, int kind)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t i = (key >> 4) % TAB;
+    while (g_tab[i].key) i = (i + 1) % TAB;
+    g_tab[i].key = key;
+    g_tab[i].size = size;
+    g_tab[i].dev = dev;
+    g_tab[i].kind = kind;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* Remove key; returns size or 0 when unknown. Deletion re-inserts the rest of the probe run. */
+static uint64_t forget(uint64_t key, int kind, int *dev)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t i = (key >> 4) % TAB;
+    while (g_tab[i].key && !(g_tab[i].key == key && g_tab[i].kind == kind)) i = (i + 1) % TAB;
+    if (!g_tab[i].key) {
+        pthread_mutex_unlock(&g_lock);
+        return 0;
+    }
+    uint64_t size = g_tab[i].size;
+    *dev = g_tab[i].dev;
+    g_used[*dev] -= size;
+    g_tab[i].key = 0;
+    for (size_t j = (i + 1) % TAB; g_tab[j].key; j = (j + 1) % TAB) {
+        __typeof__(g_tab[0]) e = g_tab[j];
+        g_tab[j].key = 0;
+        size_t k = (e.key >> 4) % TAB;
+        while (g_tab[k].key) k = (k + 1) % TAB;
+        g_tab[k] = e;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return size;
+}
+
+static void *host_map(uint64_t size)
+{
+    void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static CUresult alloc_on(int dev, uint64_t size, CUdeviceptr *out, int kind)
+{
+    if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = take(dev, size);
+    if (r) return r;
+    void *p = host_map(size);
+    if (!p) {
+        pthread_mutex_lock(&g_lock);
+        g_used[dev] -= size;
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = (CUdeviceptr)(uintptr_t)p;
+    record(*out, size, dev, kind);
+    return CUDA_SUCCESS;
+}
+
+static CUresult free_kind(uint64_t key, int kind)
+{
+    int dev;
+    uint64_t size = forget(key, kind, &dev);
+    if (!size) return CUDA_ERROR_INVALID_VALUE;
+    munmap((void *)(uintptr_t)key, size);
+    return CUDA_SUCCESS;
+}
+
+static int cur_dev(void) { return t_current && t_current->alive ? t_current->dev : -1; }
+#define NEED_CTX() do { if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED; if (cur_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
+
+/* ---- init, devices */
+EXPORT CUresult cuInit(unsigned flags) { (void)flags; g_inited = 1; return ndev() ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE; }
+EXPORT CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *n) { if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED; *n = ndev(); return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGet(CUdevice *d, int i) { if (i < 0 || i >= ndev()) return CUDA_ERROR_INVALID_DEVICE; *d = i; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) { if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE; dbl_uuid_bytes(d, (unsigned char *)u->bytes); return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) { snprintf(name, (size_t)len, "gpuslice CPU double %d", d); return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE; *b = dbl_total(); return CUDA_SUCCESS; }
+
+/* ---- contexts */
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
+{
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    g_primary[d].dev = d;
+    g_primary[d].alive = 1;
+    g_primary_refs[d]++;
+    pthread_mutex_unlock(&g_lock);
+    *pctx = (CUcontext)&g_primary[d];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+    if (d < 0 || d >= ndev() || g_primary_refs[d] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    if (--g_primary_refs[d] == 0) g_primary[d].alive = 0;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return cuDevicePrimaryCtxRelease_v2(d); }
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice d) { return cuDevicePrimaryCtxReset_v2(d); }
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice d)
+{
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    struct ctx *c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    c->dev = d;
+    c->alive = 1;
+    t_current = c;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxCreate_v2(CUcontext *p, unsigned f, CUdevice d) { (void)f; return ctx_create(p, d); }
+EXPORT CUresult cuCtxCreate_v3(CUcontext *p, void *a, int n, unsigned f, CUdevice d) { (void)a; (void)n; (void)f; return ctx_create(p, d); }
+EXPORT CUresult cuCtxCreate_v4(CUcontext *p, void *a, unsigned f, CUdevice d) { (void)a; (void)f; return ctx_create(p, d); }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
+{
+    struct ctx *x = (struct ctx *)c;
+    if (!x) return CUDA_ERROR_INVALID_VALUE;
+    if (t_current == x) t_current = NULL;
+    x->alive = 0;
+    if (x < g_primary || x >= g_primary + MAXDEV) free(x);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) { t_current = (struct ctx *)c; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)t_current; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) { if (cur_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT; *d = cur_dev(); return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+
+/* ---- memory */
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { NEED_CTX(); return alloc_on(cur_dev(), b, p, 1); }
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t b, unsigned f) { (void)f; NEED_CTX(); return alloc_on(cur_dev(), b, p, 1); }
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e)
+{
+    (void)e;
+    NEED_CTX();
+    *pitch = (w + 511) & ~(size_t)511;
+    return alloc_on(cur_dev(), (uint64_t)*pitch * h, p, 1);
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return free_kind(p, 1); }
+EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
+{
+    NEED_CTX();
+    *t = dbl_total();
+    *f = dbl_total() - g_used[cur_dev()];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { (void)s; NEED_CTX(); return alloc_on(cur_dev(), b, p, 1); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { return cuMemAllocAsync(p, b, s); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return free_kind(p, 1); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+static int g_pool_dummy[8];
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props) { (void)props; *pool = (CUmemoryPool)&g_pool_dummy[0]; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) { (void)pool; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s) { (void)pool; return cuMemAllocAsync(p, b, s); }
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s) { return cuMemAllocFromPoolAsync(p, b, pool, s); }
+
+/* VMM: a handle is the host mapping of the physical allocation; map/unmap move nothing. */
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int opt) { (void)prop; (void)opt; *g = 2u << 20; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    (void)flags;
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || size % (2u << 20)) return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr p;
+    CUresult r = alloc_on(prop->location.id, size, &p, 2);
+    if (!r) *h = p;
+    return r;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return free_kind(h, 2); }
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f)
+{
+    (void)align; (void)addr; (void)f;
+    void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { munmap((void *)(uintptr_t)p, size); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long f) { (void)p; (void)size; (void)off; (void)h; (void)f; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) { (void)p; (void)size; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *d, size_t n) { (void)p; (void)size; (void)d; (void)n; return CUDA_SUCCESS; }
+
+/* arrays: sized like the enforcer's estimate would be for 1/2/4-byte formats */
+static uint64_t fmt_bytes(int f) { return f == 1 || f == 8 ? 1 : f == 2 || f == 9 || f == 16 ? 2 : 4; }
+EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    NEED_CTX();
+    CUdeviceptr p;
+    CUresult r = alloc_on(cur_dev(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels, &p, 3);
+    if (!r) *a = (CUarray)(uintptr_t)p;
+    return r;
+}
+EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    NEED_CTX();
+    CUdeviceptr p;
+    CUresult r = alloc_on(cur_dev(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels, &p, 3);
+    if (!r) *a = (CUarray)(uintptr_t)p;
+    return r;
+}
+EXPORT CUresult cuArrayDestroy(CUarray a) { return free_kind((uintptr_t)a, 3); }
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
+{
+    NEED_CTX();
+    uint64_t b = 0;
+    size_t w = d->Width, h = d->Height, z = d->Depth;
+    for (unsigned l = 0; l < levels; l++) {
+        b += (uint64_t)w * (h ? h : 1) * (z ? z : 1) * fmt_bytes(d->Format) * d->NumChannels;
+        w = w > 1 ? w / 2 : 1; h = h > 1 ? h / 2 : h; z = z > 1 ? z / 2 : z;
+    }
+    CUdeviceptr p;
+    CUresult r = alloc_on(cur_dev(), b, &p, 4);
+    if (!r) *a = (CUmipmappedArray)(uintptr_t)p;
+    return r;
+}
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return free_kind((uintptr_t)a, 4); }
+
+/* ---- launches, streams, events (what a pacer needs; events carry a host timestamp) */
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p, void **x)
+{ (void)f; (void)a; (void)b; (void)c; (void)d; (void)e; (void)g; (void)sh; (void)s; (void)p; (void)x; NEED_CTX(); __atomic_add_fetch(&gsdouble_launches, 1, __ATOMIC_RELAXED); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p, void **x) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s, p, x); }
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **p, void **x) { (void)cfg; return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, p, x); }
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p, void **x) { return cuLaunchKernelEx(cfg, f, p, x); }
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s, p, NULL); }
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s, p, NULL); }
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { (void)g; return cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned f) { (void)f; static int dummy; *s = (CUstream)&dummy; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+struct ev { struct timespec t; };
+EXPORT CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct ev)); return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
+EXPORT CUresult cuEventDestroy_v2(void *e) { free(e); return CUDA_SUCCESS; }
+EXPORT CUresult cuEventRecord(void *e, CUstream s) { (void)s; clock_gettime(CLOCK_MONOTONIC, &((struct ev *)e)->t); return CUDA_SUCCESS; }
+EXPORT CUresult cuEventRecord_ptsz(void *e, CUstream s) { return cuEventRecord(e, s); }
+EXPORT CUresult cuEventQuery(void *e) { (void)e; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventSynchronize(void *e) { (void)e; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventElapsedTime(float *ms, void *a, void *b)
+{
+    struct ev *x = a, *y = b;
+    *ms = (float)((y->t.tv_sec - x->t.tv_sec) * 1e3 + (y->t.tv_nsec - x->t.tv_nsec) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress: (base name, cudaVersion, flags) -> exported version */
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st);
+#define F(n) {#n, (void *)n}
+static const struct { const char *name; void *fn; } g_syms[] = {
+    F(cuInit), F(cuDriverGetVersion), F(cuDeviceGetCount), F(cuDeviceGet), F(cuDeviceGetUuid), F(cuDeviceGetUuid_v2),
+    F(cuDeviceGetName), F(cuDeviceTotalMem_v2), F(cuDevicePrimaryCtxRetain), F(cuDevicePrimaryCtxRelease),
+    F(cuDevicePrimaryCtxRelease_v2), F(cuDevicePrimaryCtxReset), F(cuDevicePrimaryCtxReset_v2), F(cuCtxCreate_v2),
+    F(cuCtxCreate_v3), F(cuCtxCreate_v4), F(cuCtxDestroy_v2), F(cuCtxSetCurrent), F(cuCtxGetCurrent), F(cuCtxGetDevice),
+    F(cuCtxSynchronize), F(cuMemAlloc_v2), F(cuMemAllocManaged), F(cuMemAllocPitch_v2), F(cuMemFree_v2),
+    F(cuMemGetInfo_v2), F(cuMemAllocAsync), F(cuMemAllocAsync_ptsz), F(cuMemFreeAsync), F(cuMemFreeAsync_ptsz),
+    F(cuMemPoolCreate), F(cuMemPoolDestroy), F(cuMemAllocFromPoolAsync), F(cuMemAllocFromPoolAsync_ptsz),
+    F(cuMemGetAllocationGranularity), F(cuMemCreate), F(cuMemRelease), F(cuMemAddressReserve), F(cuMemAddressFree),
+    F(cuMemMap), F(cuMemUnmap), F(cuMemSetAccess), F(cuArrayCreate_v2), F(cuArray3DCreate_v2), F(cuArrayDestroy),
+    F(cuMipmappedArrayCreate), F(cuMipmappedArrayDestroy), F(cuLaunchKernel), F(cuLaunchKernel_ptsz),
+    F(cuLaunchKernelEx), F(cuLaunchKernelEx_ptsz), F(cuLaunchCooperativeKernel), F(cuLaunchCooperativeKernel_ptsz),
+    F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
+    F(cuStreamSynchronize), F(cuEventCreate), F(cuEventDestroy_v2), F(cuEventRecord), F(cuEventRecord_ptsz),
+    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuGetProcAddress), F(cuGetProcAddress_v2),
+};
+/* Versioned names and the CUDA version that introduced each (cuda.h's __CUDA_API_VERSION rules). */
+static const struct { const char *base; int since; const char *suffix; } g_versions[] = {
+    {"cuMemAlloc", 3020, "_v2"}, {"cuMemAllocPitch", 3020, "_v2"}, {"cuMemFree", 3020, "_v2"},
+    {"cuMemGetInfo", 3020, "_v2"}, {"cuDeviceTotalMem", 3020, "_v2"}, {"cuArrayCreate", 3020, "_v2"},
+    {"cuArray3DCreate", 3020, "_v2"}, {"cuCtxCreate", 12050, "_v4"}, {"cuCtxCreate", 11040, "_v3"},
+    {"cuCtxCreate", 3020, "_v2"}, {"cuCtxDestroy", 4000, "_v2"}, {"cuDevicePrimaryCtxRelease", 11000, "_v2"},
+    {"cuDevicePrimaryCtxReset", 11000, "_v2"}, {"cuGetProcAddress", 12000, "_v2"}, {"cuDeviceGetUuid", 11040, "_v2"},
+    {"cuStreamDestroy", 4000, "_v2"}, {"cuEventDestroy", 4000, "_v2"},
+};
+static const char *g_ptsz[] = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
+                               "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuEventRecord"};
+
+static void *lookup(const char *sym, int ver, cuuint64_t flags)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s", sym);
+    for (size_t i = 0; i < sizeof g_versions / sizeof g_versions[0]; i++)
+        if (!strcmp(sym, g_versions[i].base) && ver >= g_versions[i].since) {
+            snprintf(name, sizeof name, "%s%s", sym, g_versions[i].suffix);
+            break;
+        }
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+        for (size_t i = 0; i < sizeof g_ptsz / sizeof g_ptsz[0]; i++)
+            if (!strcmp(sym, g_ptsz[i])) snprintf(name, sizeof name, "%s_ptsz", sym);
+    for (size_t i = 0; i < sizeof g_syms / sizeof g_syms[0]; i++)
+        if (!strcmp(name, g_syms[i].name)) return g_syms[i].fn;
+    return NULL;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st)
+{
+    if (!sym || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = lookup(sym, ver, flags);
+    if (st) *st = *pfn ? 0 : 1; /* CU_GET_PROC_ADDRESS_SUCCESS / _SYMBOL_NOT_FOUND */
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(sym, pfn, ver, flags, NULL);
+}

@@ -1,0 +1,78 @@
+/* A tiny CPU double of NVML (libnvidia-ml.so.1) for the native tests: the devices of
+ * double_common.h; memory info reports GSDOUBLE_NVML_USED bytes used (default 1 GiB); the process
+ * list is GSDOUBLE_NVML_PIDS ("pid:bytes,pid:bytes", default: none). */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "../../include/gpuslice/cuda_types.h"
+#include "double_common.h"
+
+#define EXPORT __attribute__((visibility("default")))
+static int g_ids[8];
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *n) { *n = (unsigned)dbl_device_count(); return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d)
+{
+    if ((int)i >= dbl_device_count()) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+    g_ids[i] = (int)i;
+    *d = (nvmlDevice_t)&g_ids[i];
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned len)
+{
+    char u[64];
+    dbl_uuid_string(*(int *)d, u);
+    if (strlen(u) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(buf, u);
+    return NVML_SUCCESS;
+}
+static unsigned long long used(void)
+{
+    const char *e = getenv("GSDOUBLE_NVML_USED");
+    return e ? strtoull(e, NULL, 10) : 1ull << 30;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
+{
+    (void)d;
+    m->total = dbl_total();
+    m->used = used();
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
+{
+    (void)d;
+    m->total = dbl_total();
+    m->reserved = 300ull << 20;
+    m->used = used();
+    m->free = m->total - m->used - m->reserved;
+    return NVML_SUCCESS;
+}
+#define PROCS(name, T)                                                         \
+    EXPORT nvmlReturn_t name(nvmlDevice_t d, unsigned *count, T *infos)        \
+    {                                                                          \
+        (void)d;                                                               \
+        const char *e = getenv("GSDOUBLE_NVML_PIDS");                          \
+        unsigned n = 0, cap = *count;                                          \
+        while (e && *e) {                                                      \
+            char *end;                                                         \
+            unsigned pid = (unsigned)strtoul(e, &end, 10);                     \
+            unsigned long long b = *end == ':' ? strtoull(end + 1, &end, 10) : 0; \
+            if (infos && n < cap) {                                            \
+                memset(&infos[n], 0, sizeof infos[n]);                         \
+                infos[n].pid = pid;                                            \
+                infos[n].usedGpuMemory = b;                                    \
+            }                                                                  \
+            n++;                                                               \
+            e = *end == ',' ? end + 1 : end;                                   \
+            if (*e && *e != ',' && (*e < '0' || *e > '9')) break;              \
+        }                                                                      \
+        *count = n;                                                            \
+        return n > cap ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;          \
+    }
+PROCS(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
+PROCS(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
+PROCS(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
+PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
