@@ -1,0 +1,256 @@
+"""The device plugin over real gRPC on Unix sockets: a client speaking the kubelet's protocol, and a fake
+kubelet Registration server (registration, and registration again after a kubelet restart)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from fakeapi import FakeAPI
+from kubefixtures import devices, node, pod
+
+from gpuslice.kube import codec
+from gpuslice.kube.deviceplugin import load
+from gpuslice.kube.extender import Extender
+from gpuslice.kube.plugin import DevicePlugin, NvmlHealth, PluginConfig, device_id
+
+pb, pb_grpc = load()
+
+
+class FakeKubelet(pb_grpc.RegistrationServicer):
+    """The kubelet's Registration service on <dir>/kubelet.sock, recording every RegisterRequest."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.requests: list = []
+        self.event = threading.Event()
+        self.server = None
+
+    def Register(self, request, context):
+        self.requests.append(request)
+        self.event.set()
+        return pb.Empty()
+
+    def start(self):
+        sock = self.folder / "kubelet.sock"
+        if sock.exists():
+            sock.unlink()
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        pb_grpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{sock}")
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(0).wait()
+
+    def restart(self):
+        """What a kubelet restart looks like to plugins: every socket in the folder is removed, then
+        kubelet.sock comes back."""
+        self.stop()
+        for f in self.folder.iterdir():
+            if f.is_socket():
+                f.unlink()
+        self.start()
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture
+def folder():
+    path = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # short: Unix socket paths max 108 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make_plugin(folder: Path, api=None, node_name="n0", count=2, **kw):
+    cfg = PluginConfig(node=node_name, plugin_dir=folder / "dp", host_state_dir=folder / "state",
+                       host_library=Path("/opt/gpuslice/libgpuslice.so"), device_nodes="always",
+                       watch_interval=0.05, split_count=4, **kw)
+    (folder / "dp").mkdir(exist_ok=True)
+    return DevicePlugin(cfg, devices(node_name, count), api)
+
+
+def stub(plugin):
+    channel = grpc.insecure_channel(f"unix://{plugin.cfg.socket_path}")
+    return channel, pb_grpc.DevicePluginStub(channel)
+
+
+def test_registers_and_registers_again_after_kubelet_restart(folder):
+    plugin = make_plugin(folder)
+    kubelet = FakeKubelet(folder / "dp")
+    kubelet.start()
+    plugin.start()
+    try:
+        assert wait_for(lambda: len(kubelet.requests) == 1)
+        req = kubelet.requests[0]
+        assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", "gpuslice.sock", "nvidia.com/gpu")
+        assert req.options.get_preferred_allocation_available
+        kubelet.restart()
+        assert wait_for(lambda: len(kubelet.requests) >= 2), "no registration after the kubelet restarted"
+        assert wait_for(lambda: plugin.cfg.socket_path.exists())
+        channel, client = stub(plugin)
+        with channel:
+            opts = client.GetDevicePluginOptions(pb.Empty(), timeout=5)
+            assert opts.get_preferred_allocation_available and not opts.pre_start_required
+            assert isinstance(client.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["x"]), timeout=5),
+                              pb.PreStartContainerResponse)
+    finally:
+        plugin.stop()
+        kubelet.stop()
+
+
+def test_list_and_watch_advertises_split_devices_and_health_changes(folder):
+    plugin = make_plugin(folder)
+    plugin.serve()
+    try:
+        channel, client = stub(plugin)
+        with channel:
+            stream = client.ListAndWatch(pb.Empty())
+            first = next(stream)
+            ids = [d.ID for d in first.devices]
+            uuids = [d.uuid for d in devices("n0", 2)]
+            assert ids == [device_id(u, k) for u in uuids for k in range(4)]
+            assert all(d.health == "Healthy" and d.topology.nodes[0].ID == 0 for d in first.devices)
+            plugin.set_health(uuids[1], False, "XID 79")
+            second = next(stream)
+            health = {d.ID: d.health for d in second.devices}
+            assert all(health[device_id(uuids[1], k)] == "Unhealthy" for k in range(4))
+            assert all(health[device_id(uuids[0], k)] == "Healthy" for k in range(4))
+            plugin.set_devices(devices("n0", 1))  # GPU 1 vanished from discovery: stays Unhealthy
+            third = next(stream)
+            assert len(third.devices) == 8
+            stream.cancel()
+    finally:
+        plugin.stop()
+        plugin.shutdown()
+
+
+def bound_cluster(names_limits):
+    api = FakeAPI()
+    api.add_node("n0", node("n0", 2)["metadata"]["annotations"])
+    ext = Extender(api)
+    pods = []
+    for name, limits in names_limits:
+        p = api.add_pod(pod(name, limits))
+        m = p["metadata"]
+        assert ext.bind({"PodName": name, "PodNamespace": "default", "PodUID": m["uid"], "Node": "n0"})["Error"] == ""
+        pods.append(api.get_pod("default", name))
+    return api, pods
+
+
+def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
+    api, (p,) = bound_cluster([("train", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000",
+                                          "nvidia.com/gpucores": "30"})])
+    grant = codec.decode_pod_grant(p["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    plugin = make_plugin(folder, api)
+    plugin.serve()
+    try:
+        channel, client = stub(plugin)
+        with channel:
+            available = [device_id(u, k) for u in reversed([d.uuid for d in devices("n0", 2)]) for k in range(4)]
+            pref = client.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[
+                pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=1)]), timeout=5)
+            (chosen,) = pref.container_responses[0].deviceIDs
+            assert chosen.split("::")[0] == grant.uuids[0]
+            resp = client.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[chosen])]), timeout=5)
+            c = resp.container_responses[0]
+            assert c.envs["NVIDIA_VISIBLE_DEVICES"] == grant.uuids[0]
+            assert c.envs["GPUSLICE_SLICE"] == "/etc/gpuslice/slice" and c.envs["GPUSLICE_GRANT"] == grant.grant_id
+            mounts = {m.container_path: (m.host_path, m.read_only) for m in c.mounts}
+            slice_host, ro = mounts["/etc/gpuslice/slice"]
+            assert ro and mounts["/etc/ld.so.preload"][1] and mounts["/usr/local/gpuslice/lib/libgpuslice.so"] == (
+                "/opt/gpuslice/libgpuslice.so", True)
+            assert mounts["/var/run/gpuslice/region"][1] is False
+            text = Path(slice_host).read_text()
+            settings = dict(line.split("=", 1) for line in text.splitlines())
+            assert settings["memory_limit"] == str(10000 * 1024**2) and settings["compute"] == "30"
+            assert settings["devices"] == grant.uuids[0] and settings["grant"] == grant.grant_id
+            assert settings["region"] == "/var/run/gpuslice/region/region"
+            assert Path(mounts["/etc/ld.so.preload"][0]).read_text() == "/usr/local/gpuslice/lib/libgpuslice.so\n"
+            assert [d.container_path for d in c.devices] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
+                                                             "/dev/nvidia-uvm-tools", f"/dev/nvidia{grant.uuids[0] == devices('n0', 2)[1].uuid and 1 or 0}"]
+            marked = api.get_pod("default", "train")["metadata"]["annotations"][codec.POD_ALLOCATED]
+            assert codec.decode_allocated(marked) == {"main"}
+            with pytest.raises(grpc.RpcError) as exc:  # nothing left to allocate for this pod
+                client.Allocate(pb.AllocateRequest(container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=[chosen])]), timeout=5)
+            assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "no gpuslice grant" in exc.value.details()
+    finally:
+        plugin.stop()
+        plugin.shutdown()
+
+
+def test_allocate_matches_the_pod_by_granted_uuids(folder):
+    # 50 GiB each: the two pods land on different GPUs, so the IDs' UUIDs say which pod is meant
+    api, (a, b) = bound_cluster([("a", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"}),
+                                 ("b", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"})])
+    ga = codec.decode_pod_grant(a["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    gb = codec.decode_pod_grant(b["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    assert ga.uuids != gb.uuids
+    plugin = make_plugin(folder, api)
+    plugin.serve()
+    try:
+        channel, client = stub(plugin)
+        with channel:
+            resp = client.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[device_id(gb.uuids[0], 3)])]), timeout=5)
+            assert resp.container_responses[0].envs["GPUSLICE_GRANT"] == gb.grant_id
+            # kubelet ignored the preference: IDs on b's GPU again -> the oldest waiting grant (a)
+            resp = client.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[device_id(gb.uuids[0], 2)])]), timeout=5)
+            assert resp.container_responses[0].envs["GPUSLICE_GRANT"] == ga.grant_id
+    finally:
+        plugin.stop()
+        plugin.shutdown()
+
+
+def test_allocate_refuses_unhealthy_devices_and_missing_grants(folder):
+    api, _ = bound_cluster([])
+    plugin = make_plugin(folder, api)
+    plugin.serve()
+    uuid = devices("n0", 2)[0].uuid
+    try:
+        channel, client = stub(plugin)
+        with channel:
+            with pytest.raises(grpc.RpcError) as exc:
+                client.Allocate(pb.AllocateRequest(container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=[device_id(uuid, 0)])]), timeout=5)
+            assert "must be scheduled by the gpuslice scheduler" in exc.value.details()
+            plugin.set_health(uuid, False)
+            with pytest.raises(grpc.RpcError) as exc:
+                client.Allocate(pb.AllocateRequest(container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=[device_id(uuid, 0)])]), timeout=5)
+            assert "unhealthy" in exc.value.details()
+    finally:
+        plugin.stop()
+        plugin.shutdown()
+
+
+@pytest.mark.gpu
+def test_nvml_health_reports_no_false_alarm_on_a_healthy_gpu():
+    from gpuslice.node.devices import discover_nvml
+
+    devs = discover_nvml()
+    reports = []
+    stop = threading.Event()
+    t = threading.Thread(target=NvmlHealth(poll_seconds=0.2).run, args=(devs, lambda *a: reports.append(a), stop))
+    t.start()
+    time.sleep(1.5)
+    stop.set()
+    t.join(5)
+    assert reports == []
