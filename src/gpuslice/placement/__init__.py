@@ -11,6 +11,9 @@ API
 ``filter_nodes(request, nodes, *, cpu_milli=0, host_memory=0) -> (fitting names, {name: reason})``
 ``score_nodes(request, nodes, policy=None, *, workload=None, ...) -> {name: score 0..100}`` (fitting only)
 ``fits(request, node) -> bool``
+``place_host(nodes, policy, *, cpu_milli, host_memory=0, workload=None) -> node name``
+    for tasks that need no device (the simulator's CPU-only tasks).
+``node_fragmentation(nodes, workload) -> numpy array``: each node's expected fragmentation ``F_n``.
 ``apply(node, slices, *, exclusive=False, cpu_milli=0, host_memory=0) -> NodeState`` and ``release(...)``
     bookkeeping on plain data (refuse any over-commit with ``SpecError``).
 ``NodeState.from_devices(name, devices, slices=(), *, exclusive=(), split_count=10, memory_scaling=1.0)``
@@ -66,7 +69,7 @@ here fits a shape only when memory, compute *and* a split slot are free; ``f_g``
 share because memory is the hard limit (compute is time-shared).
 """
 
-from gpuslice.placement.core import filter_nodes, fits, place, score_nodes
+from gpuslice.placement.core import filter_nodes, fits, node_fragmentation, place, place_host, score_nodes
 from gpuslice.placement.fleet import Fleet
 from gpuslice.placement.model import (
     DEFAULT_SPLIT_COUNT,
@@ -84,5 +87,6 @@ from gpuslice.placement.model import (
 
 __all__ = [
     "DEFAULT_SPLIT_COUNT", "POLICIES", "DeviceState", "NodeState", "NoFit", "Placement", "PlacementPolicy",
-    "TaskShape", "Workload", "Fleet", "apply", "release", "place", "score_nodes", "filter_nodes", "fits",
+    "TaskShape", "Workload", "Fleet", "apply", "release", "place", "place_host", "score_nodes", "filter_nodes",
+    "fits", "node_fragmentation",
 ]

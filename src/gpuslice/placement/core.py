@@ -127,13 +127,13 @@ def _types(fleet: Fleet, shapes: tuple[TaskShape, ...]) -> _Types:
 
 
 def _workload_vectors(workload: Workload | None, shape: TaskShape) -> tuple[tuple[TaskShape, ...], np.ndarray]:
-    """The shapes FGD weighs (sorted, so the same set always maps to the same cache) and their weights."""
+    """The shapes FGD weighs and their weights. The shapes tuple keys the caches: callers that keep a
+    workload (``Workload.observe`` keeps first-seen order) hit them call after call."""
     if workload is None or not workload.counts:
         return (shape,), np.ones(1)
     top = workload.top(FGD_MAX_SHAPES) if len(workload.counts) > FGD_MAX_SHAPES else workload
-    ranked = sorted(top.counts, key=lambda kv: repr(kv[0]))
-    shapes = tuple(s for s, _ in ranked)
-    weights = np.array([c for _, c in ranked], float)
+    shapes = tuple(s for s, _ in top.counts)
+    weights = np.array([c for _, c in top.counts], float)
     return shapes, weights / weights.sum()
 
 
@@ -142,7 +142,8 @@ def _shape_fits(t: _Types, rows: np.ndarray, mem_free: np.ndarray, comp_free: np
     """[C, G, K]: can a device in this state take one device's part of each shape."""
     shared = ((slots_free[..., None] >= 1) & (mem_free[..., None] >= t.need[rows])
               & (comp_free[..., None] >= t.compute))
-    return np.where(t.whole, idle[..., None], shared) & t.model_ok[rows]
+    # A shape with count 0 (CPU-only task) needs no device: no device's free share is lost to it.
+    return (np.where(t.whole, idle[..., None], shared) & t.model_ok[rows]) | (t.count == 0)
 
 
 def _dyn(fleet: Fleet, rows: np.ndarray):
@@ -484,6 +485,78 @@ def filter_nodes(request: Request, nodes: Nodes, *, cpu_milli: int = 0,
     return fitting, reasons
 
 
+def place_host(nodes: Nodes, policy: PlacementPolicy | None = None, *, cpu_milli: int, host_memory: int = 0,
+               workload: Workload | None = None, rng: np.random.Generator | None = None) -> str:
+    """The node for a task that needs no device, only CPU and host memory (the simulator's CPU-only
+    tasks; in Kubernetes the scheduler places those itself). Raises :class:`NoFit`.
+
+    ``fgd``: the CPU a task takes can leave a node's GPUs unusable (no CPU left for GPU tasks), so the
+    node whose expected fragmentation rises least wins; ``binpack`` prefers the node whose GPUs are
+    fullest (then least CPU left), ``spread`` the emptiest, ``bestfit`` the least remaining GPU + CPU
+    (the same weighted sum as for GPU tasks); ``random`` is uniform. The ``gpu`` level does not apply.
+    """
+    fleet = _as_fleet(nodes)
+    policy = policy or PlacementPolicy()
+    if cpu_milli < 0 or host_memory < 0:
+        raise SpecError("cpu_milli", cpu_milli, "a CPU and host memory need of at least 0")
+    cpu_free = fleet.cpu_total - fleet.cpu_used
+    hm_free = fleet.hm_total - fleet.hm_used
+    rows = np.flatnonzero((cpu_free >= cpu_milli) & (hm_free >= host_memory))
+    if rows.size == 0:
+        best = int(np.argmax(cpu_free)) if len(fleet) else -1
+        where = f"; most free CPU is {int(cpu_free[best])}m on node {fleet.names[best]}" if best >= 0 else ""
+        raise NoFit(f"needs {cpu_milli}m CPU and {human_bytes(host_memory)} host memory on one node{where}")
+    tracked = fleet.cpu_total[rows] != UNTRACKED
+    biggest = max(1, int(fleet.cpu_total[fleet.cpu_total != UNTRACKED].max())) if tracked.any() else 1
+    cpu_left = np.where(tracked, (cpu_free[rows] - cpu_milli) / biggest, 1.0)
+    valid = fleet.valid[rows]
+    devices = valid.sum(axis=1)
+    used = (fleet.used_share()[rows]).sum(axis=1)
+    # Nodes without devices count as full: a CPU task strands no GPU there.
+    gpu_util = np.where(devices > 0, used / np.maximum(devices, 1), 1.0)
+    gpu_left = (devices - used) / max(1, fleet.width)
+    if policy.node == "binpack":  # where GPUs are fullest (a CPU task there strands none), then least CPU
+        score = gpu_util - 1e-3 * cpu_left
+    elif policy.node == "spread":
+        score = -gpu_util + 1e-3 * cpu_left
+    elif policy.node == "bestfit":  # least remaining resources, the same weighted sum as for GPU tasks
+        score = -(gpu_left + cpu_left) / 2
+    elif policy.node == "fgd":
+        shape = TaskShape(cpu_milli=cpu_milli, host_memory=host_memory)
+        shapes, p = _workload_vectors(workload, shape)
+        if workload is None or not workload.counts:
+            score = -(gpu_left + cpu_left) / 2  # nothing to protect yet: best fit
+        else:
+            t = _types(fleet, shapes)
+            terms = fleet._frag_cache.get(shapes)
+            if terms is None:
+                terms = fleet._frag_cache[shapes] = _Terms(fleet, t)
+            terms.refresh(fleet, rows)
+            cpu_a = (cpu_free[rows] - cpu_milli)[:, None]
+            hm_a = (hm_free[rows] - host_memory)[:, None]
+            host_a = (terms.count[rows] >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
+            after = np.where(host_a, terms.lost_node[rows], terms.share[rows].sum(axis=1)[:, None])
+            score = -_weigh(after - terms.frag[rows], p)
+    else:
+        score = _rng(policy, fleet, rng).random(rows.size)
+    return fleet.names[int(rows[int(np.argmax(score))])]
+
+
+def node_fragmentation(nodes: Nodes, workload: Workload) -> np.ndarray:
+    """Expected fragmentation ``F_n`` of every node under ``workload`` (in devices' worth of free share,
+    the package docstring's formula), in the nodes' order. Zero for an empty workload."""
+    fleet = _as_fleet(nodes)
+    if not workload.counts or len(fleet) == 0:
+        return np.zeros(len(fleet))
+    shapes, p = _workload_vectors(workload, TaskShape())
+    t = _types(fleet, shapes)
+    terms = fleet._frag_cache.get(shapes)
+    if terms is None:
+        terms = fleet._frag_cache[shapes] = _Terms(fleet, t)
+    terms.refresh(fleet, np.arange(len(fleet)))
+    return _weigh(terms.frag, p)
+
+
 def fits(request: Request, node: NodeState, *, cpu_milli: int = 0, host_memory: int = 0) -> bool:
     """Whether ``request`` fits on ``node`` (a one-node filter)."""
     return not filter_nodes(request, [node], cpu_milli=cpu_milli, host_memory=host_memory)[1]
@@ -557,4 +630,4 @@ def _why_not(fleet: Fleet, fit: _Fit) -> str:
     return text
 
 
-__all__ = ["place", "score_nodes", "filter_nodes", "fits", "Nodes"]
+__all__ = ["place", "place_host", "node_fragmentation", "score_nodes", "filter_nodes", "fits", "Nodes"]

@@ -271,7 +271,10 @@ class NoFit(GpusliceError):
 # ------------------------------------------------------------------------------------------ workload
 @dataclass(frozen=True)
 class TaskShape:
-    """The part of a request that decides where it fits: what FGD's workload distribution counts."""
+    """The part of a request that decides where it fits: what FGD's workload distribution counts.
+
+    ``count=0`` is a task that needs no device (CPU only), which matters to FGD only through CPU.
+    """
 
     count: int = 1
     memory: MemoryAmount | None = None
@@ -316,6 +319,18 @@ class Workload:
         table = dict(self.counts)
         table[shape] = table.get(shape, 0.0) + weight
         return Workload(tuple(table.items()))
+
+    def typical(self, coverage: float = 0.95, limit: int = 32) -> "Workload":
+        """The most frequent shapes that together cover ``coverage`` of all tasks (at most ``limit``):
+        the FGD simulator's "typical pods" (popularity threshold 95 %)."""
+        ranked = sorted(self.counts, key=lambda kv: (-kv[1], repr(kv[0])))
+        total, kept, acc = self.total, [], 0.0
+        for shape, count in ranked[:limit]:
+            kept.append((shape, count))
+            acc += count
+            if acc >= coverage * total:
+                break
+        return Workload(tuple(kept))
 
     def top(self, limit: int) -> "Workload":
         """The ``limit`` most frequent shapes (FGD's cost grows with the number of shapes)."""

@@ -1,0 +1,290 @@
+"""The two replays: workload inflation (the FGD paper's method) and a time-ordered replay.
+
+**Inflation** (Weng et al., ATC '23, §6 and their simulator's ``workloadTuningConfig``): tasks are drawn
+uniformly, with replacement, from the trace until the GPU demand drawn reaches ``ratio`` (1.3) × the
+cluster's GPU capacity. They arrive one by one in that order and are placed or fail (a failed task is
+not retried). After each arrival we record the *arrived load* (GPU demand of all arrived tasks, % of
+capacity) and the *allocation ratio* (GPU demand of placed tasks, % of capacity); the curve is read at
+whole percents of arrived load (0..130), as the paper's analysis does. The same seed draws the same
+sequence for every policy, so policies differ only by their decisions. CPU-only tasks are drawn and
+placed too (they take CPU on GPU nodes, as in the paper's runs); ``cpu_tasks="skip"`` leaves them out.
+
+**Timeline**: tasks arrive at ``creation_time`` and run for ``deletion_time − creation_time``; a task
+that does not fit waits in a FIFO queue and every release retries the queue in order (a later task that
+fits may start before an earlier one that does not — backfill). Queueing delay = start − creation.
+
+FGD's workload ("the request shapes seen so far") is the arrived tasks' shapes, refreshed into the
+typical set (most frequent shapes covering 95 %, at most 32 — the paper's popularity threshold) every
+``typical_refresh`` arrivals; weights are current at every arrival.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from gpuslice.placement import (
+    Fleet, NoFit, PlacementPolicy, TaskShape, Workload, node_fragmentation, place, place_host,
+)
+from gpuslice.sim.trace import NodeSpec, Task, build_nodes
+from gpuslice.spec import SpecError
+
+Progress = Callable[[int], None]  # called with the number of tasks just processed
+
+
+@dataclass
+class SimConfig:
+    ratio: float = 1.3  # inflation: stop drawing when demand reaches this × capacity
+    seed: int = 42
+    split_count: int = 10
+    memory_scaling: float = 1.0
+    cpu_tasks: str = "include"  # or "skip"
+    typical_refresh: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ratio <= 5:
+            raise SpecError("ratio", self.ratio, "a number above 0 and at most 5")
+        if self.cpu_tasks not in ("include", "skip"):
+            raise SpecError("cpu_tasks", self.cpu_tasks, "include or skip")
+        if self.typical_refresh < 1:
+            raise SpecError("typical_refresh", self.typical_refresh, "at least 1")
+
+
+def _shape(task: Task) -> TaskShape:
+    """The FGD shape of a task: its GPU request and CPU (host memory is checked but rarely binds)."""
+    request = task.request()
+    if request is None:
+        return TaskShape(count=0, cpu_milli=task.cpu_milli)
+    return TaskShape.of(request, cpu_milli=task.cpu_milli)
+
+
+class _Mix:
+    """Counts of shapes seen; the typical set is re-chosen every ``refresh`` observations."""
+
+    def __init__(self, refresh: int):
+        self.counts: dict[TaskShape, float] = {}
+        self.refresh = refresh
+        self.seen = 0
+        self.typical: tuple[TaskShape, ...] = ()
+
+    def observe(self, shape: TaskShape) -> None:
+        self.counts[shape] = self.counts.get(shape, 0.0) + 1
+        self.seen += 1
+        if not self.typical or self.seen % self.refresh == 0 or (self.seen < self.refresh and shape not in self.typical):
+            chosen = Workload(tuple(self.counts.items())).typical(0.95, 32)
+            self.typical = tuple(s for s, _ in chosen.counts)
+
+    def workload(self) -> Workload:
+        return Workload(tuple((s, self.counts[s]) for s in self.typical))
+
+
+@dataclass
+class Cluster:
+    """A fleet plus what the replay needs to place one task."""
+
+    fleet: Fleet
+    capacity: float  # GPUs
+
+    @classmethod
+    def build(cls, specs: Sequence[NodeSpec], config: SimConfig) -> "Cluster":
+        nodes = [n for n in build_nodes(list(specs), split_count=config.split_count,
+                                        memory_scaling=config.memory_scaling)]
+        capacity = float(sum(len(n.devices) for n in nodes))
+        if capacity == 0:
+            raise SpecError("nodes", len(nodes), "a node list with at least one GPU")
+        return cls(Fleet(nodes), capacity)
+
+    def try_place(self, task: Task, policy: PlacementPolicy, workload: Workload | None,
+                  rng: np.random.Generator):
+        """Place and apply; returns an undo token, or None when nothing fits."""
+        request = task.request()
+        try:
+            if request is None:
+                node = place_host(self.fleet, policy, cpu_milli=task.cpu_milli, host_memory=task.host_memory,
+                                  workload=workload, rng=rng)
+                self.fleet.apply(node, [], cpu_milli=task.cpu_milli, host_memory=task.host_memory)
+                return ("host", node)
+            placement = place(request, self.fleet, policy, workload=workload, cpu_milli=task.cpu_milli,
+                              host_memory=task.host_memory, rng=rng)
+        except NoFit:
+            return None
+        self.fleet.apply_placement(placement, cpu_milli=task.cpu_milli, host_memory=task.host_memory)
+        return ("gpu", placement)
+
+    def undo(self, task: Task, token) -> None:
+        kind, what = token
+        if kind == "host":
+            self.fleet.release(what, [], cpu_milli=task.cpu_milli, host_memory=task.host_memory)
+        else:
+            self.fleet.release_placement(what, cpu_milli=task.cpu_milli, host_memory=task.host_memory)
+
+    def fragmentation(self, workload: Workload) -> float:
+        """Cluster fragmentation, % of GPU capacity (Σ_n F_n over all nodes)."""
+        return float(node_fragmentation(self.fleet, workload).sum()) / self.capacity * 100
+
+
+# ------------------------------------------------------------------------------------------ inflation
+@dataclass
+class InflationResult:
+    policy: str
+    seed: int
+    capacity: float
+    tasks: int
+    failed: int
+    failed_gpu_tasks: int
+    alloc_curve: np.ndarray  # [131]: allocation % when arrived load first reached k %
+    frag_curve: np.ndarray  # [131]: cluster fragmentation % at the same points
+    final_arrived: float
+    final_alloc: float
+    seconds: float
+
+    def alloc_at(self, load: int) -> float:
+        return float(self.alloc_curve[min(load, len(self.alloc_curve) - 1)])
+
+
+def draw_inflation(tasks: Sequence[Task], capacity: float, config: SimConfig) -> list[Task]:
+    """The arrival sequence: uniform draws with replacement until GPU demand reaches ratio × capacity."""
+    pool = [t for t in tasks if config.cpu_tasks == "include" or t.num_gpu > 0]
+    if not any(t.gpu_demand > 0 for t in pool):
+        raise SpecError("trace", len(tasks), "a pod list with at least one GPU task")
+    rng = np.random.default_rng(config.seed)
+    target = config.ratio * capacity
+    drawn: list[Task] = []
+    demand = 0.0
+    while demand < target:
+        for i in rng.integers(0, len(pool), size=1024).tolist():
+            task = pool[i]
+            drawn.append(task)
+            demand += task.gpu_demand
+            if demand >= target:
+                break
+    return drawn
+
+
+def run_inflation(tasks: Sequence[Task], specs: Sequence[NodeSpec], policy: PlacementPolicy,
+                  config: SimConfig, progress: Progress | None = None) -> InflationResult:
+    start = time.perf_counter()
+    cluster = Cluster.build(specs, config)
+    sequence = draw_inflation(tasks, cluster.capacity, config)
+    rng = np.random.default_rng([config.seed, 7])  # the random policy's own stream
+    mix = _Mix(config.typical_refresh)
+    points = int(round(config.ratio * 100)) + 1
+    alloc_curve = np.full(points, np.nan)
+    frag_curve = np.full(points, np.nan)
+    arrived = allocated = 0.0
+    failed = failed_gpu = 0
+    next_point = 0
+    uses_workload = "fgd" in (policy.node, policy.gpu)
+    for n, task in enumerate(sequence, start=1):
+        mix.observe(_shape(task))
+        workload = mix.workload() if uses_workload else None
+        token = cluster.try_place(task, policy, workload, rng)
+        arrived += task.gpu_demand
+        if token is None:
+            failed += 1
+            failed_gpu += task.num_gpu > 0
+        else:
+            allocated += task.gpu_demand
+        load = arrived / cluster.capacity * 100
+        while next_point < points and load >= next_point:
+            alloc_curve[next_point] = allocated / cluster.capacity * 100
+            frag_curve[next_point] = cluster.fragmentation(workload or mix.workload())
+            next_point += 1
+        if progress and n % 256 == 0:
+            progress(256)
+    if progress:
+        progress(len(sequence) % 256)
+    return InflationResult(policy.name, config.seed, cluster.capacity, len(sequence), failed, failed_gpu,
+                           alloc_curve, frag_curve, arrived / cluster.capacity * 100,
+                           allocated / cluster.capacity * 100, time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------------------------------ timeline
+@dataclass
+class TimelineResult:
+    policy: str
+    capacity: float
+    tasks: int
+    started: int
+    never_started: int
+    delays: np.ndarray  # seconds, of started tasks
+    times: np.ndarray  # sample times (s since the first arrival)
+    utilization: np.ndarray  # allocated GPU % at each sample
+    queued: np.ndarray  # tasks waiting at each sample
+    fragmentation: np.ndarray  # cluster fragmentation % at each sample
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def run_timeline(tasks: Sequence[Task], specs: Sequence[NodeSpec], policy: PlacementPolicy, config: SimConfig,
+                 progress: Progress | None = None, samples: int = 400) -> TimelineResult:
+    timed = [t for t in tasks if t.creation is not None and t.deletion is not None
+             and (config.cpu_tasks == "include" or t.num_gpu > 0)]
+    if not timed:
+        raise SpecError("trace", len(tasks), "a pod list with creation_time and deletion_time (timeline mode)")
+    start_clock = time.perf_counter()
+    cluster = Cluster.build(specs, config)
+    rng = np.random.default_rng([config.seed, 7])
+    mix = _Mix(config.typical_refresh)
+    uses_workload = "fgd" in (policy.node, policy.gpu)
+    order = sorted(range(len(timed)), key=lambda i: (timed[i].creation, i))
+    t0 = timed[order[0]].creation or 0
+    horizon = max(t.deletion or 0 for t in timed)
+    grid = np.linspace(t0, max(horizon, t0 + 1), samples)
+    events: list[tuple[int, int, int]] = []  # (time, kind 0=end 1=arrival, index): ends first at a tie
+    for i in order:
+        heapq.heappush(events, (timed[i].creation or 0, 1, i))
+    queue: deque[int] = deque()
+    running: dict[int, object] = {}
+    allocated = 0.0
+    delays: list[float] = []
+    sample_t, sample_u, sample_q, sample_f = [], [], [], []
+    next_sample = 0
+
+    def start(i: int, now: int) -> bool:
+        nonlocal allocated
+        task = timed[i]
+        token = cluster.try_place(task, policy, mix.workload() if uses_workload else None, rng)
+        if token is None:
+            return False
+        running[i] = token
+        allocated += task.gpu_demand
+        delays.append(now - (task.creation or 0))
+        duration = max(0, (task.deletion or 0) - (task.creation or 0))
+        heapq.heappush(events, (now + duration, 0, i))
+        return True
+
+    processed = 0
+    while events:
+        now, kind, i = heapq.heappop(events)
+        while next_sample < samples and grid[next_sample] <= now:
+            sample_t.append(grid[next_sample] - t0)
+            sample_u.append(allocated / cluster.capacity * 100)
+            sample_q.append(len(queue))
+            sample_f.append(cluster.fragmentation(mix.workload()) if mix.typical else 0.0)
+            next_sample += 1
+        if kind == 1:
+            mix.observe(_shape(timed[i]))
+            if queue or not start(i, now):
+                queue.append(i)  # FIFO: a newcomer does not jump a non-empty queue
+            processed += 1
+            if progress and processed % 256 == 0:
+                progress(256)
+        else:
+            task = timed[i]
+            cluster.undo(task, running.pop(i))
+            allocated -= task.gpu_demand
+            for _ in range(len(queue)):  # retry the queue in order; what still does not fit keeps its place
+                j = queue.popleft()
+                if not start(j, now):
+                    queue.append(j)
+    if progress:
+        progress(processed % 256)
+    return TimelineResult(policy.name, cluster.capacity, len(timed), len(delays), len(queue),
+                          np.array(delays, float), np.array(sample_t), np.array(sample_u), np.array(sample_q),
+                          np.array(sample_f), time.perf_counter() - start_clock)
