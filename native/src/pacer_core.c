@@ -37,7 +37,7 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
     int paced = mode != GS_CTL_OFF && share_bp > 0 && share_bp < GS_BP_FULL;
     /* Unpaced high-priority processes need no measurement: neighbours only need "has it launched
      * lately", which is one store. This keeps the 100 % path at a few ns per launch. */
-    e->light_base = mode == GS_CTL_OFF || (!paced && priority == 0);
+    e->light_base = !paced;
     e->light = e->light_base;
     if (gs_devstate_lock(ds) != 0) return -1;
     int rc = gs_devstate_join_locked(ds, grant, share_bp, mode, weight, priority, paced, pid, id, &e->slice, &e->proc);
@@ -242,24 +242,29 @@ static int should_yield(struct gs_engine *e, int64_t now)
     return 0;
 }
 
-/* For an unpaced high-priority process: measure (events) only while a low-priority slice is active
- * on the device, because then it must see when our queue is really empty; alone, one store per
- * launch is enough. Re-decided every LIGHT_RECHECK. Returns whether to take the light path. */
+/* For an unpaced process (share 0/100 % or mode off): measure with events only while a neighbour
+ * needs to know when our queue is really empty: a high-priority process only for active
+ * low-priority slices (they yield to it), a low-priority one for any other active slice (it yields
+ * and takes turns). Alone, one store per launch is enough: this is the 100 % path whose overhead
+ * the benchmark measures. Mode off never measures. Re-decided every LIGHT_RECHECK. Returns whether
+ * to take the light path. */
 #define GS_LIGHT_RECHECK_NS 10000000LL
 static int mode_recheck(struct gs_engine *e, int64_t now)
 {
-    if (e->ds->slices[e->slice].mode == GS_CTL_OFF) return 1;
+    const struct gs_ds_slice *mine = &e->ds->slices[e->slice];
+    if (mine->mode == GS_CTL_OFF) return 1;
     if (now - e->light_check_ns < GS_LIGHT_RECHECK_NS) return e->light;
     e->light_check_ns = now;
-    int low = 0;
-    for (int i = 0; i < GS_DS_MAX_SLICES && !low; i++) {
+    int need = 0;
+    for (int i = 0; i < GS_DS_MAX_SLICES && !need; i++) {
+        if (i == e->slice) continue;
         const struct gs_ds_slice *s = &e->ds->slices[i];
         int64_t la = __atomic_load_n(&s->last_active_ns, __ATOMIC_RELAXED);
-        low = (s->flags & GS_DS_SLICE_IN_USE) && s->priority != 0 && s->mode != GS_CTL_OFF && la &&
-              now - la < GS_CTL_ACTIVE_NS;
+        if (!(s->flags & GS_DS_SLICE_IN_USE) || s->mode == GS_CTL_OFF || !la || now - la >= GS_CTL_ACTIVE_NS) continue;
+        need = mine->priority != 0 || s->priority != 0;
     }
     /* leave the measured mode only with nothing outstanding, so our busy flag is cleared first */
-    e->light = !low && e->outstanding == 0;
+    e->light = !need && e->outstanding == 0;
     return e->light;
 }
 
@@ -304,17 +309,13 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
     if (wait == 0) {
         me->want_since_ns = 0;
         int i = e->head;
-        if (e->ops->record_start(e->ops_ctx, i, stream) == 0) {
-            e->ring[i] = GS_RING_RESERVED;
-            e->head = (i + 1) % GS_ENG_RING;
-            e->outstanding++;
-            *slot = i;
-            me->flags |= GS_DS_PROC_BUSY;
-            if (e->cost_ns)
-                me->expect_idle_ns = (me->expect_idle_ns > now ? me->expect_idle_ns : now) + e->cost_ns + 2 * e->cost_dev_ns;
-        } else {
-            e->event_errors++;
-        }
+        e->ring[i] = GS_RING_RESERVED;
+        e->head = (i + 1) % GS_ENG_RING;
+        e->outstanding++;
+        *slot = i;
+        me->flags |= GS_DS_PROC_BUSY;
+        if (e->cost_ns)
+            me->expect_idle_ns = (me->expect_idle_ns > now ? me->expect_idle_ns : now) + e->cost_ns + 2 * e->cost_dev_ns;
         me->last_launch_ns = now;
         s->last_active_ns = now;
         s->launches++;
@@ -323,6 +324,16 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
         s->last_active_ns = now;
     }
     gs_devstate_unlock(e->ds);
+    /* Event records go outside the lock: a record can block while the launch queue is full, and a
+     * neighbour must never wait on our queue for the lock. The reserved slot stops the harvest. */
+    if (*slot >= 0 && e->ops->record_start(e->ops_ctx, *slot, stream) != 0) {
+        if (gs_devstate_lock(e->ds) == 0) {
+            e->ring[*slot] = GS_RING_VOID;
+            e->event_errors++;
+            gs_devstate_unlock(e->ds);
+        }
+        *slot = -1;
+    }
     return wait;
 }
 
@@ -330,9 +341,10 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, int slot, i
 {
     (void)now;
     if (slot < 0 || slot >= GS_ENG_RING) return;
+    int rec = ok ? e->ops->record_end(e->ops_ctx, slot, stream) : -1; /* outside the lock, as above */
     if (gs_devstate_lock(e->ds) != 0) return;
     if (e->ring[slot] == GS_RING_RESERVED) {
-        if (ok && e->ops->record_end(e->ops_ctx, slot, stream) == 0) {
+        if (rec == 0) {
             e->ring[slot] = GS_RING_RECORDED;
         } else {
             if (ok) e->event_errors++;
