@@ -1,0 +1,186 @@
+"""Kubernetes verbs: ``gpuslice scheduler`` (extender + webhook), ``gpuslice kube-agent`` (device plugin +
+node registration + metrics with Kubernetes labels) and ``gpuslice kube-certs`` (webhook TLS files)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from gpuslice.errors import GpusliceError
+
+
+def _say(text: str) -> None:
+    print(f"gpuslice: {text}", file=sys.stderr, flush=True)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
+            mode: str):
+    from gpuslice.kube.codec import KubeConfig
+    from gpuslice.placement import PlacementPolicy
+    from gpuslice.spec import ComputeMode
+
+    return KubeConfig(default_memory_mib=default_mem, default_cores=default_cores, default_gpu_num=default_gpu_num,
+                      scheduler_name=scheduler_name, policy=PlacementPolicy.parse(policy),
+                      default_mode=ComputeMode.parse(mode, "--mode"))
+
+
+def scheduler(
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, "
+                                             "then $KUBECONFIG / ~/.kube/config)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address of the extender (HTTP)."),
+    port: int = typer.Option(8888, "--port", help="Port of the extender: /filter /prioritize /bind."),
+    webhook_host: str = typer.Option("0.0.0.0", "--webhook-host", help="Address of the admission webhook (HTTPS)."),
+    webhook_port: int = typer.Option(8443, "--webhook-port", help="Port of the webhook: /mutate (0 = no webhook)."),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Webhook certificate (PEM)."),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="Webhook private key (PEM)."),
+    policy: str = typer.Option("binpack", "--policy", help="Cluster policy: binpack, spread, bestfit, fgd, random, "
+                               "or node=<p>,gpu=<p>. Pods override it with gpuslice.io/policy."),
+    default_mem: int = typer.Option(0, "--default-mem", help="HAMi defaultMem: MiB per device when a pod gives "
+                                    "none (0 = the whole device)."),
+    default_cores: int = typer.Option(0, "--default-cores", help="HAMi defaultCores: percent when none given."),
+    default_gpu_num: int = typer.Option(1, "--default-gpu-num", help="HAMi defaultGPUNum: devices when a pod "
+                                        "gives memory or cores but no count."),
+    scheduler_name: str = typer.Option("gpuslice-scheduler", "--scheduler-name",
+                                       help="schedulerName the webhook sets (the kube-scheduler profile with our extender)."),
+    mode: str = typer.Option("hard", "--mode", help="Default compute mode: hard, soft or off."),
+    node_cache: bool = typer.Option(True, "--node-cache/--no-node-cache",
+                                    help="Watch nodes (needed when kube-scheduler uses nodeCacheCapable: true)."),
+    gc_interval: float = typer.Option(15.0, "--gc-interval", help="Seconds between ledger garbage collections."),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Serve the scheduler extender (HTTP) and the mutating admission webhook (HTTPS)."""
+    from gpuslice.kube.api import connect
+    from gpuslice.kube.extender import Extender, NodeCache
+    from gpuslice.kube.server import make_app, serve_all
+
+    _logging(log_level)
+    cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode)
+    api = connect(kubeconfig)
+    cache = NodeCache(api) if node_cache else None
+    if cache:
+        cache.start()
+    extender = Extender(api, cfg, cache=cache)
+
+    def collect() -> None:
+        stop = threading.Event()
+        while not stop.wait(gc_interval):
+            try:
+                n = extender.collect_garbage()
+                if n:
+                    logging.getLogger("gpuslice.extender").info("took back %d stale grant(s)", n)
+            except Exception as exc:  # the API server may be away for a while
+                logging.getLogger("gpuslice.extender").warning("garbage collection: %s", exc)
+
+    threading.Thread(target=collect, name="gpuslice-gc", daemon=True).start()
+    servers = [(make_app(extender, cfg, webhook_enabled=not webhook_port), host, port, None, None)]
+    if webhook_port:
+        if not (tls_cert and tls_key):
+            raise GpusliceError("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over "
+                                "TLS only); make them with `gpuslice kube-certs` or pass --webhook-port 0")
+        servers.append((make_app(None, cfg, webhook_enabled=True), webhook_host, webhook_port, tls_cert, tls_key))
+    _say(f"extender on http://{host}:{port}" + (f", webhook on https://{webhook_host}:{webhook_port}/mutate"
+                                                 if webhook_port else ""))
+    asyncio.run(serve_all(servers))
+
+
+def kube_agent(
+    node: Optional[str] = typer.Option(None, "--node", envvar="NODE_NAME", help="This node's name ($NODE_NAME)."),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster)."),
+    resource_name: str = typer.Option("nvidia.com/gpu", "--resource-name", help="Resource advertised to the kubelet."),
+    split_count: int = typer.Option(10, "--split-count", help="Slices per device (HAMi deviceSplitCount)."),
+    memory_scaling: float = typer.Option(1.0, "--memory-scaling", help="HAMi deviceMemoryScaling."),
+    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir",
+                                   help="The kubelet's device-plugin folder."),
+    socket_name: str = typer.Option("gpuslice.sock", "--socket-name"),
+    host_state_dir: str = typer.Option("/var/lib/gpuslice", "--host-state-dir",
+                                       help="State folder as the host sees it (slice files, regions)."),
+    state_dir: Optional[str] = typer.Option(None, "--state-dir", help="The same folder as this process sees it "
+                                            "(default: --host-state-dir)."),
+    library: str = typer.Option("/usr/local/gpuslice/lib/libgpuslice.so", "--library",
+                                help="Host path of the enforcer library mounted into containers."),
+    snapshot: Optional[str] = typer.Option(None, "--snapshot", help="Describe devices from a snapshot "
+                                           "(file or bundled name like h100-80gb) instead of NVML."),
+    unique_uuids: bool = typer.Option(False, "--unique-uuids", help="Rename snapshot UUIDs per node (fake nodes)."),
+    register_only: bool = typer.Option(False, "--register-only", help="Publish the node's devices once and exit."),
+    publish_interval: float = typer.Option(30.0, "--publish-interval"),
+    device_nodes: str = typer.Option("auto", "--device-nodes", help="Device nodes in Allocate: auto, always, none."),
+    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics with namespace/pod/"
+                                     "container labels on this port (0 = off)."),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Device plugin + node registration (+ metrics) for one Kubernetes node."""
+    from gpuslice.kube.agent import NodePublisher, unique_devices
+    from gpuslice.kube.api import connect
+    from gpuslice.kube.plugin import DevicePlugin, NvmlHealth, PluginConfig, StaticHealth
+    from gpuslice.node.devices import discover, load_snapshot
+
+    _logging(log_level)
+    if not node:
+        raise GpusliceError("--node (or $NODE_NAME) is required: the name of the Node this agent serves")
+    devices = load_snapshot(snapshot) if snapshot else discover()
+    if unique_uuids:
+        devices = unique_devices(devices, node)
+    api = connect(kubeconfig)
+    publisher = NodePublisher(api, node, devices, split_count=split_count, memory_scaling=memory_scaling,
+                              interval=publish_interval)
+    if register_only:
+        publisher.publish()
+        _say(f"published {len(devices)} device(s) on node {node}")
+        return
+    cfg = PluginConfig(node=node, resource_name=resource_name, split_count=split_count,
+                       memory_scaling=memory_scaling, plugin_dir=Path(plugin_dir), socket_name=socket_name,
+                       host_state_dir=Path(host_state_dir), local_state_dir=Path(state_dir) if state_dir else None,
+                       host_library=Path(library), device_nodes=device_nodes)
+    health = StaticHealth() if snapshot or os.environ.get("GPUSLICE_DEVICE_SNAPSHOT") else NvmlHealth()
+    plugin = DevicePlugin(cfg, devices, api, health=health, on_health=publisher.health_changed)
+    publisher.start()
+    if metrics_port:
+        _serve_metrics(api, node, devices, cfg.local_state, metrics_port)
+    _say(f"device plugin for {resource_name} ({len(devices)} device(s) × {split_count}) on {cfg.socket_path}")
+    plugin.run()
+
+
+def _serve_metrics(api, node: str, devices, state_dir: Path, port: int) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, grant_records
+    from gpuslice.node.metrics import ViewCollector
+    from gpuslice.node.monitor import Monitor
+
+    monitor = Monitor(devices, node)
+    labels = LedgerLabels(api, node)
+    registry = CollectorRegistry()
+    registry.register(KubeLabelCollector(
+        ViewCollector(lambda: monitor.sample(grant_records(labels.ledger(), state_dir))), labels))
+    start_http_server(port, registry=registry)
+    _say(f"metrics on :{port}/metrics")
+
+
+def kube_certs(
+    directory: str = typer.Option(..., "--dir", help="Folder for ca.crt, tls.crt and tls.key."),
+    hosts: List[str] = typer.Option(["localhost", "127.0.0.1"], "--host", help="DNS names / IPs of the webhook "
+                                    "(repeat), e.g. gpuslice-webhook.gpuslice.svc."),
+) -> None:
+    """Write a self-signed CA and webhook certificate; prints the CA path (the caBundle)."""
+    from gpuslice.kube.certs import write_self_signed
+
+    files = write_self_signed(directory, hosts)
+    typer.echo(str(files.ca))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("scheduler")(scheduler)
+    app.command("kube-agent")(kube_agent)
+    app.command("kube-certs")(kube_certs)

@@ -1,0 +1,132 @@
+"""Node registration, the metrics label bridge, and the CLI entry points (as separate processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from fakeapi import FakeAPI
+from kubefixtures import devices, node, pod
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuslice.kube import codec
+from gpuslice.kube.agent import NodePublisher, unique_devices
+from gpuslice.kube.certs import write_self_signed
+from gpuslice.kube.extender import Extender
+from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, grant_labels, grant_records
+from gpuslice.node.devices import load_snapshot
+from gpuslice.node.metrics import ViewCollector
+from gpuslice.node.monitor import Monitor
+
+
+def test_unique_devices_rename_consistently_per_node():
+    base = load_snapshot("h100-80gb")
+    a, b = unique_devices(base, "fake-1"), unique_devices(base, "fake-2")
+    assert {d.uuid for d in a}.isdisjoint({d.uuid for d in b})
+    assert unique_devices(base, "fake-1") == a  # deterministic
+    uuids = {d.uuid for d in a}
+    assert all(p in uuids for d in a for p in d.nvlink_peers)
+    assert all(d.uuid.startswith("GPU-") for d in a)
+
+
+def test_publisher_writes_devices_and_keeps_the_ledger():
+    api = FakeAPI()
+    api.add_node("n0", {codec.NODE_LEDGER: codec.encode_ledger(codec.Ledger({}))})
+    devs = devices("n0", 2)
+    pub = NodePublisher(api, "n0", devs, split_count=7, memory_scaling=1.2, interval=0.05)
+    pub.start()
+    try:
+        deadline = time.monotonic() + 5
+        while pub.published < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pub.health_changed({devs[1].uuid: codec.UNHEALTHY})
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            anns = api.get_node("n0")["metadata"]["annotations"]
+            nd = codec.decode_node_devices(anns[codec.NODE_DEVICES])
+            if not nd.healthy(devs[1].uuid):
+                break
+            time.sleep(0.01)
+    finally:
+        pub.stop()
+    assert [d.uuid for d in nd.devices] == [d.uuid for d in devs] and nd.split_count == 7
+    assert nd.memory_scaling == 1.2 and not nd.healthy(devs[1].uuid) and nd.healthy(devs[0].uuid)
+    assert codec.NODE_LEDGER in anns  # a merge patch of one key
+
+
+def test_metrics_get_namespace_pod_container_from_the_ledger(tmp_path):
+    api = FakeAPI()
+    api.add_node("n0", node("n0", 2)["metadata"]["annotations"])
+    p = api.add_pod(pod("train", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}, namespace="ml"))
+    assert Extender(api).bind({"PodName": "train", "PodNamespace": "ml", "PodUID": p["metadata"]["uid"],
+                               "Node": "n0"})["Error"] == ""
+    labels = LedgerLabels(api, "n0", ttl=0)
+    ledger = labels.ledger()
+    (gid, found), = grant_labels(ledger).items()
+    assert found.namespace == "ml" and found.pod == "train" and found.container == "main"
+    records = grant_records(ledger, tmp_path)
+    assert records[0].region_file == str(tmp_path / "kube" / "regions" / gid / "region")
+    monitor = Monitor(devices("n0", 2), "n0")
+    registry = CollectorRegistry()
+    registry.register(KubeLabelCollector(ViewCollector(lambda: monitor.sample(records)), labels))
+    text = generate_latest(registry).decode()
+    line = next(l for l in text.splitlines() if l.startswith("gpuslice_slice_memory_limit_bytes{"))
+    assert f'grant="{gid}"' in line and 'namespace="ml"' in line and 'pod="train"' in line
+    assert 'container="main"' in line and float(line.rsplit(" ", 1)[1]) == 4096 * 1024**2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_scheduler_verb_serves_extender_and_tls_webhook(tmp_path):
+    tls = write_self_signed(tmp_path / "tls")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n"
+        "    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n"
+        "current-context: c\nusers:\n- name: u\n  user:\n    token: t\n")
+    port, wport = _free_port(), _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "scheduler", "--kubeconfig", str(kubeconfig),
+                             "--port", str(port), "--webhook-host", "127.0.0.1", "--webhook-port", str(wport),
+                             "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--policy", "spread",
+                             "--log-level", "error"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).text == "ok":
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "scheduler did not come up"
+            time.sleep(0.1)
+        body = {"Pod": pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}),
+                "Nodes": {"items": [node("a"), node("b", memory=512 * 1024**2)]}}
+        out = httpx.post(f"http://127.0.0.1:{port}/filter", json=body, timeout=10).json()
+        assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["a"] and "b" in out["FailedNodes"]
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                              "operation": "CREATE", "object": pod("q", {"nvidia.com/gpumem": "1000"})}}
+        ctx = ssl.create_default_context(cafile=str(tls.ca))
+        r = httpx.post(f"https://127.0.0.1:{wport}/mutate", json=review, verify=ctx, timeout=10)
+        assert r.status_code == 200 and r.json()["response"]["allowed"] is True
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_scheduler_verb_refuses_webhook_without_tls(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "scheduler", "--kubeconfig", str(tmp_path / "none")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Kubernetes credentials" in r.stderr
