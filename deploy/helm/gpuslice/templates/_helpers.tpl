@@ -1,0 +1,36 @@
+{{- define "gpuslice.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuslice.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuslice.labels" -}}
+app.kubernetes.io/name: {{ include "gpuslice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "gpuslice.selector" -}}
+app.kubernetes.io/name: {{ include "gpuslice.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpuslice.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "gpuslice.agentServiceAccount" -}}{{ include "gpuslice.fullname" . }}-agent{{- end -}}
+{{- define "gpuslice.schedulerServiceAccount" -}}{{ include "gpuslice.fullname" . }}-scheduler{{- end -}}
+{{- define "gpuslice.certgenServiceAccount" -}}{{ include "gpuslice.fullname" . }}-certgen{{- end -}}
+{{- define "gpuslice.webhookName" -}}{{ include "gpuslice.fullname" . }}-webhook{{- end -}}
+{{- define "gpuslice.webhookSecret" -}}{{ include "gpuslice.fullname" . }}-webhook-tls{{- end -}}
+

@@ -1,0 +1,401 @@
+"""Fixtures that start a real Kubernetes control plane for the end-to-end tests.
+
+The control plane is hack/bin/controlplane (etcd + kube-apiserver + kube-scheduler built from
+the published Go modules of one Kubernetes release by ``make -C hack``). It is started once per
+test session, on loopback, with a KubeSchedulerConfiguration that sends GPU pods to our extender.
+
+When the binary is missing the e2e tests *fail* under CI (env CI=true): a CI run that cannot test
+against the real API server must not look green. Outside CI they skip with the command to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = ROOT / "hack" / "bin" / "controlplane"
+READY_PREFIX = "GPUSLICE_CONTROLPLANE_READY "
+SCHEDULER_NAME = "gpuslice-scheduler"
+START_TIMEOUT_S = 150
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "kube_e2e: end to end against the real kube-apiserver and kube-scheduler built in hack/"
+    )
+
+
+def require_harness() -> Path:
+    if HARNESS.exists():
+        return HARNESS
+    message = f"{HARNESS} is missing; build it with `make -C hack` (Go >= 1.26)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + " — CI must test against the real control plane", pytrace=False)
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane: where it is and how to talk to it."""
+
+    info: dict[str, Any]
+    process: subprocess.Popen[str]
+    extender_port: int
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.info["kubeconfig"]
+
+    @property
+    def server(self) -> str:
+        return self.info["server"]
+
+    @property
+    def token(self) -> str:
+        return self.info["token"]
+
+    @property
+    def ca_file(self) -> str:
+        return self.info["ca_file"]
+
+    def logs(self, which: str = "scheduler", tail: int = 4000) -> str:
+        path = Path(self.info[f"{which}_log"])
+        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
+
+    def api(self) -> Any:
+        """A kubernetes-client ApiClient with a pool wide enough for hundreds of parallel calls."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
+        cfg.connection_pool_maxsize = 128
+        return client.ApiClient(cfg)
+
+
+def scheduler_config_yaml(extender_port: int) -> str:
+    """The same extender wiring the Helm chart renders (deploy/helm/gpuslice/templates/configmap.yaml)."""
+    resources = ["nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
+                 "nvidia.com/priority"]
+    managed = "\n".join(
+        f"      - name: {r}\n        ignoredByScheduler: {'false' if r == 'nvidia.com/gpu' else 'true'}" for r in resources
+    )
+    return f"""apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+  - schedulerName: {SCHEDULER_NAME}
+  - schedulerName: default-scheduler
+extenders:
+  - urlPrefix: "http://127.0.0.1:{extender_port}"
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    bindVerb: bind
+    weight: 1
+    enableHTTPS: false
+    nodeCacheCapable: false
+    httpTimeout: 30s
+    ignorable: false
+    managedResources:
+{managed}
+"""
+
+
+def _read_ready(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    lines: "queue.Queue[str | None]" = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        if line.startswith(READY_PREFIX):
+            return json.loads(line[len(READY_PREFIX):])
+    proc.kill()
+    err = proc.stderr.read() if proc.stderr else ""
+    raise RuntimeError(f"control plane did not report ready within {timeout}s (rc={proc.poll()}):\n{err[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    harness = require_harness()
+    workdir = tmp_path_factory.mktemp("controlplane")
+    extender_port = free_port()
+    sched_cfg = workdir / "scheduler-config.yaml"
+    sched_cfg.write_text(scheduler_config_yaml(extender_port))
+    proc = subprocess.Popen(
+        [str(harness), "--dir", str(workdir / "state"), "--scheduler-config", str(sched_cfg)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        info = _read_ready(proc, START_TIMEOUT_S)
+    except Exception as exc:
+        pytest.fail(f"could not start the control plane: {exc}", pytrace=False)
+    cp = ControlPlane(info=info, process=proc, extender_port=extender_port)
+    try:
+        yield cp
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ------------------------------------------------------------------------------ TLS for webhooks
+@dataclass
+class ServingCert:
+    """A throwaway CA and a serving cert for 127.0.0.1, as the API server must verify the webhook."""
+
+    ca_pem: bytes
+    cert_file: str
+    key_file: str
+
+
+@pytest.fixture(scope="session")
+def serving_cert(tmp_path_factory: pytest.TempPathFactory) -> ServingCert:
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    d = tmp_path_factory.mktemp("webhook-tls")
+    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuslice-e2e-webhook-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now)
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuslice-webhook")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (d / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (d / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+    return ServingCert(ca_pem=ca.public_bytes(serialization.Encoding.PEM), cert_file=str(d / "tls.crt"),
+                       key_file=str(d / "tls.key"))
+
+
+# ------------------------------------------------------------- the kubelet's side of the device plugin
+@pytest.fixture(scope="session")
+def kubelet_api(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Python stubs generated from the kubelet's own api.proto (hack/kubelet-api, copied verbatim from
+    k8s.io/kubelet), so the test speaks the kubelet's wire format, not gpuslice's copy of it."""
+    import importlib
+    import sys
+
+    from grpc_tools import protoc
+
+    src = ROOT / "hack" / "kubelet-api"
+    out = tmp_path_factory.mktemp("kubelet-api")
+    # Generated under a package name of our own so it cannot clash with gpuslice's generated module.
+    pkg = out / "kubeletdp"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    proto = pkg / "api.proto"
+    proto.write_text((src / "deviceplugin-v1beta1.proto").read_text())
+    rc = protoc.main(["protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}", str(proto)])
+    assert rc == 0, "protoc failed on the kubelet's api.proto"
+    sys.path.insert(0, str(out))
+    pb2 = importlib.import_module("kubeletdp.api_pb2")
+    grpc_mod = importlib.import_module("kubeletdp.api_pb2_grpc")
+    return pb2, grpc_mod
+
+
+# --------------------------------------------------------------------------------- gpuslice parts
+E2E_NAMESPACE = "gpuslice-e2e"
+NODE_COUNT = 50
+DEVICES_PER_NODE = 4
+DEVICE_MEMORY = 80 * 1024**3
+DEVICE_SMS = 132
+SPLIT_COUNT = 10
+
+# The extender runs as its own process so the tests can kill it (SIGKILL, mid-bind) and start a
+# fresh one that has nothing but what the API server holds.
+EXTENDER_RUNNER = r"""
+import sys, threading
+from gpuslice.kube import api, extender, server
+kubeconfig, port = sys.argv[1], int(sys.argv[2])
+ext = extender.Extender(api.connect(kubeconfig))
+running = server.start_in_thread(server.make_app(ext, webhook_enabled=False), port=port)
+print("EXTENDER_READY", running.url, flush=True)
+threading.Event().wait()
+"""
+
+
+class ExtenderProcess:
+    """Our scheduler extender on the loopback port the scheduler config names; restartable."""
+
+    def __init__(self, kubeconfig: str, port: int, log_dir: Path):
+        self.kubeconfig, self.port, self.log_dir = kubeconfig, port, log_dir
+        self.proc: subprocess.Popen[str] | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60) -> None:
+        import sys
+
+        self.starts += 1
+        log = open(self.log_dir / f"extender-{self.starts}.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-c", EXTENDER_RUNNER, self.kubeconfig, str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=log, text=True)
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("EXTENDER_READY"):
+                return
+            if not line and self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"extender did not start (rc={self.proc.poll()}); see {log.name}:\n"
+                           + Path(log.name).read_text()[-3000:])
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to finish in-flight binds or clean anything up."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self) -> None:
+        self.kill()
+        # The port is fixed by the scheduler config; wait until the kernel lets it go.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", self.port))
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        self.start()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@pytest.fixture(scope="session")
+def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExtenderProcess]:
+    ext = ExtenderProcess(control_plane.kubeconfig, control_plane.extender_port, tmp_path_factory.mktemp("extender"))
+    ext.start()
+    yield ext
+    ext.kill()
+
+
+@pytest.fixture(scope="session")
+def webhook(control_plane: ControlPlane, serving_cert: ServingCert) -> Iterator[Any]:
+    """Our admission webhook over TLS, registered with the real API server through a
+    MutatingWebhookConfiguration whose caBundle is the test CA, for the e2e namespace only."""
+    import base64
+
+    from kubernetes import client
+
+    from gpuslice.kube import codec, server
+
+    running = server.start_in_thread(server.make_app(None, codec.KubeConfig(), webhook_enabled=True),
+                                     certfile=serving_cert.cert_file, keyfile=serving_cert.key_file)
+    api = control_plane.api()
+    core, adm = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
+    core.create_namespace({"metadata": {"name": E2E_NAMESPACE, "labels": {"gpuslice-e2e": "true"}}})
+    mwc = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "gpuslice-e2e"},
+        "webhooks": [{
+            "name": "pods.gpuslice.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            # Fail, not Ignore: a pod that slipped through unmutated must show up as an error here.
+            "failurePolicy": "Fail", "timeoutSeconds": 10,
+            "clientConfig": {"url": f"{running.url}/mutate",
+                             "caBundle": base64.b64encode(serving_cert.ca_pem).decode()},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                       "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"gpuslice-e2e": "true"}},
+        }],
+    }
+    adm.create_mutating_webhook_configuration(mwc)
+    yield running
+    adm.delete_mutating_webhook_configuration("gpuslice-e2e")
+    running.stop()
+
+
+def device_uuid(node: str, index: int) -> str:
+    return f"GPU-e2e-{node}-{index}"
+
+
+@pytest.fixture(scope="session")
+def fake_nodes(control_plane: ControlPlane) -> list[str]:
+    """50 plain Node objects (no kubelet) with 4 × 80 GiB devices each, published the way our agent
+    publishes them (the gpuslice.io/devices annotation) and nvidia.com/gpu = devices × split count."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kubernetes import client
+
+    from gpuslice.kube import codec
+    from gpuslice.spec import Device
+
+    api = control_plane.api()
+    core = client.CoreV1Api(api)
+    names = [f"gpu-node-{i:02d}" for i in range(NODE_COUNT)]
+
+    def make(name: str) -> None:
+        uuids = [device_uuid(name, k) for k in range(DEVICES_PER_NODE)]
+        devices = [Device(uuid=u, index=k, name="NVIDIA H100 80GB HBM3", memory_total=DEVICE_MEMORY,
+                          sm_count=DEVICE_SMS, model="H100", numa_node=k // 2,
+                          nvlink_peers=tuple(p for p in uuids if p != u)) for k, u in enumerate(uuids)]
+        ann = codec.encode_node_devices(devices, split_count=SPLIT_COUNT)
+        capacity = {"cpu": "64", "memory": "512Gi", "pods": "110",
+                    "nvidia.com/gpu": str(DEVICES_PER_NODE * SPLIT_COUNT)}
+        core.create_node({"metadata": {"name": name, "labels": {"gpu": "on", "kubernetes.io/hostname": name},
+                                       "annotations": {codec.NODE_DEVICES: ann}}})
+        # Status is its own subresource: capacity and a Ready condition, as a kubelet would report.
+        core.patch_node_status(name, {"status": {
+            "capacity": capacity, "allocatable": capacity,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node"}]}})
+        # The API server's TaintNodesByCondition admission gives every new Node the not-ready
+        # taint; the node-lifecycle controller (not run here) would lift it once Ready.
+        core.patch_node(name, {"spec": {"taints": None}})
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(make, names))
+    return names

@@ -1,0 +1,351 @@
+"""The Helm chart (deploy/helm/gpuslice): it lints, renders, wires the parts together, grants
+least-privilege RBAC, and its values schema refuses bad values before anything is rendered.
+
+helm comes from hack/bin (built from the Go module proxy by ``make -C hack helm``; it is not a
+Debian package). These tests build it when it is missing and fail, never skip, when that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpuslice"
+HELM = ROOT / "hack" / "bin" / "helm"
+RESOURCE_KEYS = ("gpu", "memory", "memoryPercentage", "cores", "priority")
+HAMI_NAMES = {
+    "nvidia.com/gpu",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpumem-percentage",
+    "nvidia.com/gpucores",
+    "nvidia.com/priority",
+}
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    if not HELM.exists():
+        # Cached by make: builds once per machine (about a minute), then is a no-op.
+        proc = subprocess.run(["make", "-C", str(ROOT / "hack"), "helm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"could not build helm with `make -C hack helm`:\n{proc.stdout}\n{proc.stderr}")
+    return HELM
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HELM_CACHE_HOME="/tmp/gpuslice-helm/cache", HELM_CONFIG_HOME="/tmp/gpuslice-helm/config",
+               HELM_DATA_HOME="/tmp/gpuslice-helm/data")
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def render(helm: Path, *sets: str, namespace: str = "gpuslice-system") -> list[dict[str, Any]]:
+    args = ["template", "gs", str(CHART), "--namespace", namespace]
+    for s in sets:
+        # --set turns "1.5" into a string; --set-json keeps numbers numbers.
+        args += ["--set-json", s[5:]] if s.startswith("json:") else ["--set", s]
+    proc = run_helm(helm, *args)
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+
+def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = list(by_kind(objs, kind).values())
+    assert len(found) == 1, f"expected one {kind}, found {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def scheduler_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return yaml.safe_load(by_kind(objs, "ConfigMap")["gs-gpuslice-scheduler-config"]["data"]["config.yaml"])
+
+
+def gpuslice_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return yaml.safe_load(by_kind(objs, "ConfigMap")["gs-gpuslice-config"]["data"]["gpuslice.yaml"])
+
+
+# ------------------------------------------------------------------------------------------ lint
+def test_chart_lints_strict(helm: Path) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_chart_lints_with_cert_manager_and_service_monitor(helm: Path) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART), "--set", "certificates.certManager.enabled=true",
+                    "--set", "metrics.serviceMonitor.enabled=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------------------------------------- the objects
+def test_default_render_has_every_part(helm: Path) -> None:
+    objs = render(helm)
+    kinds = {o["kind"] for o in objs}
+    assert {"DaemonSet", "Deployment", "MutatingWebhookConfiguration", "ConfigMap", "Service", "ServiceAccount",
+            "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"} <= kinds
+    assert "ServiceMonitor" not in kinds and "Certificate" not in kinds
+    for o in objs:
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+            assert o["metadata"]["namespace"] in ("gpuslice-system", "kube-system"), o["metadata"]
+
+
+def test_daemonset_mounts_kubelet_dir_state_and_enforcer(helm: Path) -> None:
+    ds = one(render(helm, "agent.hostPaths.state=/data/gs", "metrics.port=9555"), "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host == {"device-plugins": "/var/lib/kubelet/device-plugins", "state": "/data/gs",
+                    "enforcer": "/usr/local/gpuslice"}
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert set(containers) == {"agent", "exporter"}
+    agent = containers["agent"]
+    assert agent["args"][:2] == ["agent", "--kubernetes"]
+    assert {m["mountPath"] for m in agent["volumeMounts"]} >= {"/var/lib/kubelet/device-plugins", "/var/lib/gpuslice",
+                                                              "/usr/local/gpuslice"}
+    assert any(e["name"] == "NODE_NAME" and e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+               for e in agent["env"])
+    exporter = containers["exporter"]
+    assert exporter["ports"][0]["containerPort"] == 9555
+    assert "--listen=0.0.0.0:9555" in exporter["args"]
+    # The exporter only reads regions; it must not be able to write slice files.
+    assert all(m.get("readOnly") for m in exporter["volumeMounts"])
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert spec["serviceAccountName"] == "gs-gpuslice-agent"
+
+
+def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> None:
+    objs = render(helm, "scheduler.extender.port=12345", "scheduler.webhook.port=9999", "scheduler.name=gs-sched")
+    dep = one(objs, "Deployment")
+    spec = dep["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert set(containers) == {"kube-scheduler", "extender", "webhook"}
+    assert containers["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.37.2"
+    assert "--config=/config/config.yaml" in containers["kube-scheduler"]["command"]
+    assert "--listen=127.0.0.1:12345" in containers["extender"]["args"]
+    assert "--listen=0.0.0.0:9999" in containers["webhook"]["args"]
+    assert containers["webhook"]["ports"][0]["containerPort"] == 9999
+
+    cfg = scheduler_config(objs)
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["gs-sched"]
+    (ext,) = cfg["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:12345"
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["ignorable"] is False
+    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+    assert set(managed) == HAMI_NAMES
+    # Only the count is advertised by nodes; the scheduler can judge nothing else.
+    assert managed["nvidia.com/gpu"] is False
+    assert all(v for k, v in managed.items() if k != "nvidia.com/gpu")
+    # The webhook sends GPU pods to this profile.
+    assert gpuslice_config(objs)["schedulerName"] == "gs-sched"
+
+
+def test_every_knob_reaches_the_shared_config(helm: Path) -> None:
+    objs = render(helm, "sharing.splitCount=4", "json:sharing.memoryScaling=1.5", "defaults.memory=4GiB", "defaults.cores=30",
+                  "defaults.gpuNum=2", "policies.node=spread", "policies.gpu=fgd",
+                  "resourceNames.memory=example.com/vram")
+    cfg = gpuslice_config(objs)
+    assert cfg["sharing"]["splitCount"] == 4
+    assert cfg["sharing"]["memoryScaling"] == 1.5
+    assert cfg["defaults"] == {"memory": "4GiB", "cores": 30, "gpuNum": 2, "priority": 1}
+    assert cfg["policies"]["node"] == "spread" and cfg["policies"]["gpu"] == "fgd"
+    assert cfg["resourceNames"]["memory"] == "example.com/vram"
+    # A renamed resource must reach kube-scheduler's managedResources too, or pods asking
+    # for it would never be sent to the extender.
+    managed = {m["name"] for m in scheduler_config(objs)["extenders"][0]["managedResources"]}
+    assert "example.com/vram" in managed and "nvidia.com/gpumem" not in managed
+    # Both workloads restart when the config changes.
+    before = render(helm)
+    for kind in ("DaemonSet", "Deployment"):
+        a = one(objs, kind)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        b = one(before, kind)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        assert a != b
+
+
+def test_webhook_points_at_its_service_and_skips_own_namespace(helm: Path) -> None:
+    objs = render(helm, "scheduler.webhook.failurePolicy=Fail")
+    mwc = one(objs, "MutatingWebhookConfiguration")
+    (hook,) = mwc["webhooks"]
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["sideEffects"] == "None"
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE"]
+    svc = hook["clientConfig"]["service"]
+    assert svc["path"] == "/mutate" and svc["namespace"] == "gpuslice-system"
+    service = by_kind(objs, "Service")[svc["name"]]
+    assert service["spec"]["ports"][0]["port"] == svc["port"]
+    assert service["spec"]["ports"][0]["targetPort"] == "webhook"
+    (expr,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and {"gpuslice-system", "kube-system"} <= set(expr["values"])
+    dep_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= dep_labels.items()
+
+
+def test_self_signed_certificates_by_hook_jobs(helm: Path) -> None:
+    objs = render(helm)
+    jobs = by_kind(objs, "Job")
+    assert set(jobs) == {"gs-gpuslice-certgen-create", "gs-gpuslice-certgen-patch"}
+    create, patch = jobs["gs-gpuslice-certgen-create"], jobs["gs-gpuslice-certgen-patch"]
+    assert create["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert patch["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    args = create["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--secret-name=gs-gpuslice-webhook-tls" in args
+    assert any(a.startswith("--host=") and "gs-gpuslice-webhook.gpuslice-system.svc" in a for a in args)
+    assert "--webhook-name=gs-gpuslice-webhook" in patch["spec"]["template"]["spec"]["containers"][0]["args"]
+    tls = [v for v in one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
+    assert tls["secret"]["secretName"] == "gs-gpuslice-webhook-tls"
+    assert {i["path"] for i in tls["secret"]["items"]} == {"tls.crt", "tls.key"}
+
+
+def test_cert_manager_option_replaces_the_jobs(helm: Path) -> None:
+    objs = render(helm, "certificates.certManager.enabled=true")
+    assert "Job" not in {o["kind"] for o in objs}
+    cert = one(objs, "Certificate")
+    assert cert["spec"]["secretName"] == "gs-gpuslice-webhook-tls"
+    assert "gs-gpuslice-webhook.gpuslice-system.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"]["name"] == one(objs, "Issuer")["metadata"]["name"]
+    mwc = one(objs, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "gpuslice-system/gs-gpuslice-webhook"
+    tls = [v for v in one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
+    assert "items" not in tls["secret"]  # cert-manager writes tls.crt / tls.key itself
+    external = render(helm, "certificates.certManager.enabled=true", "certificates.certManager.issuerRef.name=corp-ca",
+                      "certificates.certManager.issuerRef.kind=ClusterIssuer")
+    assert "Issuer" not in {o["kind"] for o in external}
+    assert one(external, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+
+
+def test_service_monitor_option(helm: Path) -> None:
+    objs = render(helm, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom")
+    sm = one(objs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    metrics_svc = by_kind(objs, "Service")["gs-gpuslice-metrics"]
+    assert sm["spec"]["selector"]["matchLabels"] == metrics_svc["spec"]["selector"]
+    assert metrics_svc["spec"]["clusterIP"] == "None"
+
+
+# ------------------------------------------------------------------------------------------- RBAC
+def _rules(objs: list[dict[str, Any]], kind: str, name: str) -> set[tuple[str, str, str, str]]:
+    """Flatten a role into (apiGroup, resource, verb, resourceName or '') tuples."""
+    out = set()
+    for r in by_kind(objs, kind)[name]["rules"]:
+        for g in r.get("apiGroups", [""]):
+            for res in r["resources"]:
+                for v in r["verbs"]:
+                    for n in r.get("resourceNames") or [""]:
+                        out.add((g, res, v, n))
+    return out
+
+
+def test_rbac_is_least_privilege(helm: Path) -> None:
+    objs = render(helm)
+    for kind in ("ClusterRole", "Role"):
+        for name, role in by_kind(objs, kind).items():
+            for rule in role["rules"]:
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"], (name, rule)
+                assert "*" not in rule.get("apiGroups", []), (name, rule)
+                assert "secrets" not in rule["resources"] or name.endswith("-certgen"), (name, rule)
+
+    agent = _rules(objs, "ClusterRole", "gs-gpuslice-agent")
+    assert agent == {("", "nodes", v, "") for v in ("get", "list", "watch", "patch")} | {
+        ("", "pods", v, "") for v in ("get", "list", "watch")}
+
+    extender = _rules(objs, "ClusterRole", "gs-gpuslice-extender")
+    assert extender == ({("", "nodes", v, "") for v in ("get", "list", "watch")}
+                        | {("", "pods", v, "") for v in ("get", "list", "watch", "patch")}
+                        | {("", "pods/binding", "create", "")})
+
+    lease = _rules(objs, "Role", "gs-gpuslice-scheduler-lease")
+    assert lease == {("coordination.k8s.io", "leases", "create", ""),
+                     ("coordination.k8s.io", "leases", "get", "gs-gpuslice-scheduler"),
+                     ("coordination.k8s.io", "leases", "update", "gs-gpuslice-scheduler")}
+    assert scheduler_config(objs)["leaderElection"]["resourceName"] == "gs-gpuslice-scheduler"
+
+    # The certgen hook may read only its own secret and update only our webhook.
+    certgen_ns = _rules(objs, "Role", "gs-gpuslice-certgen")
+    assert certgen_ns == {("", "secrets", "get", "gs-gpuslice-webhook-tls"), ("", "secrets", "create", "")}
+    certgen_cluster = _rules(objs, "ClusterRole", "gs-gpuslice-certgen")
+    assert certgen_cluster == {("admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, "gs-gpuslice-webhook")
+                               for v in ("get", "update")}
+
+    # Every binding points at a role that exists (rendered or upstream bootstrap) and a rendered SA.
+    sas = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs if o["kind"] == "ServiceAccount"}
+    roles = set(by_kind(objs, "ClusterRole")) | {"system:kube-scheduler", "system:volume-scheduler"}
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        for name, b in by_kind(objs, kind).items():
+            ref = b["roleRef"]
+            if ref["kind"] == "ClusterRole":
+                assert ref["name"] in roles, (name, ref)
+            else:
+                assert ref["name"] in set(by_kind(objs, "Role")) | {"extension-apiserver-authentication-reader"}
+            for s in b["subjects"]:
+                assert (s["namespace"], s["name"]) in sas, (name, s)
+
+    # Each workload runs as its own account, and the webhook-bearing scheduler pod cannot touch secrets.
+    ds_sa = one(objs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
+    dep_sa = one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert ds_sa != dep_sa
+
+
+def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
+    objs = render(helm, "rbac.create=false")
+    assert not {"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"} & {
+        o["kind"] for o in objs if "helm.sh/hook" not in o["metadata"].get("annotations", {})}
+
+
+# ------------------------------------------------------------------------------------------ schema
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("sharing.splitCount=-1", "splitCount"),
+        ("sharing.splitCount=0", "splitCount"),
+        ("sharing.splitCount=ten", "splitCount"),
+        ("sharing.memoryScaling=0", "memoryScaling"),
+        ("defaults.cores=101", "cores"),
+        ("defaults.memory=lots", "memory"),
+        ("defaults.gpuNum=0", "gpuNum"),
+        ("policies.node=worst", "node"),
+        ("policies.gpu=topologyy", "gpu"),
+        ("metrics.port=70000", "port"),
+        ("scheduler.webhook.failurePolicy=Sometimes", "failurePolicy"),
+        ("resourceNames.gpu=not a name", "gpu"),
+        ("agent.hostPaths.state=relative/dir", "state"),
+        ("sharing.splitcount=4", "splitcount"),  # a typo must not be silently ignored
+        ("scheduler.extender.httpTimeout=30", "httpTimeout"),
+    ],
+)
+def test_schema_rejects_bad_values(helm: Path, setting: str, field: str) -> None:
+    proc = run_helm(helm, "template", "gs", str(CHART), "--set", setting)
+    assert proc.returncode != 0, f"{setting} was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert field in proc.stderr, proc.stderr
+
+
+def test_schema_accepts_documented_forms(helm: Path) -> None:
+    for setting in ("defaults.memory=50%", "defaults.memory=3000", "defaults.memory=4096Mi", "sharing.memoryScaling=2",
+                    "policies.node=fgd", "resourceNames.gpu=example.com/vgpu"):
+        proc = run_helm(helm, "template", "gs", str(CHART), "--set-string" if "memory=" in setting else "--set", setting)
+        assert proc.returncode == 0, (setting, proc.stderr)
+
+
+def test_schema_is_valid_json_and_covers_every_value() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(v: Any, s: dict[str, Any], path: str) -> None:
+        if isinstance(v, dict) and s.get("type") == "object" and "properties" in s:
+            for k, sub in v.items():
+                assert k in s["properties"], f"values.yaml key {path}{k} has no schema"
+                walk(sub, s["properties"][k], f"{path}{k}.")
+
+    walk(values, schema, "")
