@@ -42,7 +42,9 @@ def barrier(d: str | None, peers: int) -> float:
         return time.time() + 0.2
     p = Path(d)
     p.mkdir(parents=True, exist_ok=True)
-    (p / f"ready.{os.getpid()}").write_text(str(time.time()))
+    tmp = p / f".ready.{os.getpid()}"
+    tmp.write_text(str(time.time()))
+    tmp.rename(p / f"ready.{os.getpid()}")  # atomic: a peer never reads a half-written time
     deadline = time.time() + 120
     while True:
         files = list(p.glob("ready.*"))
