@@ -62,9 +62,11 @@ fits one device's part of m. For one shape the node's fragmentation is the free 
     F_n(m) = Σ_g f_g                          otherwise (all of its free capacity is lost to m)
 
 Over the workload — the shapes seen so far with popularity ``p_m`` (:class:`Workload`; the 32 most
-frequent) — the expected fragmentation is ``F_n = Σ_m p_m · F_n(m)``. ``fgd`` places a request where
+frequent) — the expected fragmentation is ``F_n = Σ_m p_m · F_n(m)``. Popularity counts a whole-device
+shape once per device it needs (``TaskShape.demand_weight``), so rare 8-GPU tasks still shape it. ``fgd`` places a request where
 ``ΔF_n = F_n(after) − F_n(before)`` is smallest: it keeps devices able to take the shapes that will
-come, instead of leaving slivers nobody can use. Unlike the paper, which counts GPU milli only, a device
+come, instead of leaving slivers nobody can use. Equal ΔF (common: many idle nodes) is broken by
+best fit. A CPU-only task (:func:`place_host`) changes ``F_n`` only through the CPU it takes. Unlike the paper, which counts GPU milli only, a device
 here fits a shape only when memory, compute *and* a split slot are free; ``f_g`` is measured in memory
 share because memory is the hard limit (compute is time-shared).
 """

@@ -194,8 +194,8 @@ class _Terms:
         self.frag[dirty] = np.where(host, lost_node, share.sum(axis=1)[:, None])
         self.seen[dirty] = fleet.row_version[dirty]
 
-    def shared_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray) -> np.ndarray:
-        """[C, G, K]: change of F_n(k) if the one-device request goes on device g of each row.
+    def shared_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """[C, G]: change of F_n = Σ_k p_k F_n(k) if the one-device request goes on device g of each row.
 
         Only device g (and the node's CPU) change, so the node's sums are updated by g's before/after
         terms; rows unchanged since the last call for this request shape are served from the cache.
@@ -226,15 +226,17 @@ class _Terms:
             after = np.where(host_a, lost_after, total_after[..., None])
             delta[dirty] = after - self.frag[dirty][:, None, :]
             seen[dirty] = fleet.row_version[dirty]
-        return delta[rows]
+        # Weigh the whole cached array (one matrix-vector product) rather than copying the rows out first.
+        weighed = _weigh(delta, p)
+        return weighed if rows.size == n else weighed[rows]
 
-    def whole_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-        """[C, K]: change of F_n(k) if the idle devices ``chosen`` ([C, G]) are taken whole."""
+    def whole_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
+        """[C, K]: change of F_n(k) if the idle devices ``picked`` ([C, count] indices) are taken whole."""
         t = self.t
-        fits_b = self.fits[rows]
-        lost_after = self.lost_node[rows] - (self.lost[rows] * chosen[..., None]).sum(axis=1)
-        count_after = self.count[rows] - (fits_b & chosen[..., None]).sum(axis=1)
-        total_after = (self.share[rows] * ~chosen).sum(axis=1)
+        at = (rows[:, None], picked)  # gathers [C, count, K]: far less than masking all devices
+        lost_after = self.lost_node[rows] - self.lost[at].sum(axis=1)
+        count_after = self.count[rows] - self.fits[at].sum(axis=1)
+        total_after = self.share[rows].sum(axis=1) - self.share[at].sum(axis=1)
         cpu_a = (fleet.cpu_total[rows] - fleet.cpu_used[rows] - fit.shape.cpu_milli)[:, None]
         hm_a = (fleet.hm_total[rows] - fleet.hm_used[rows] - fit.shape.host_memory)[:, None]
         host_a = (count_after >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
@@ -353,7 +355,7 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         frag = None
         if uses_fgd:
             assert terms is not None and p is not None
-            frag = _weigh(terms.shared_delta(fleet, fit, rows), p)
+            frag = terms.shared_delta(fleet, fit, rows, p)
         if policy.gpu in ("binpack", "spread"):
             pref = (mem_used + need) / cap + (take(fleet.comp_used) + shape.compute) / 100.0
             if policy.gpu == "spread":
@@ -387,48 +389,49 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
             key = np.broadcast_to(np.arange(width, dtype=float), dev_ok.shape)
         key = np.where(dev_ok, key, np.inf)
         if shape.count == 1:
-            chosen = np.zeros(dev_ok.shape, bool)
-            chosen[arange, key.argmin(axis=1)] = True
+            picked = key.argmin(axis=1)[:, None]
         else:
-            order = np.argsort(key, axis=1, kind="stable")[:, : shape.count]
-            chosen = np.zeros(dev_ok.shape, bool)
-            np.put_along_axis(chosen, order, True, axis=1)
+            picked = np.argsort(key, axis=1, kind="stable")[:, : shape.count]
         if policy.topology and shape.count > 1:
             topo = np.full(rows.size, 100.0)
             for c in np.flatnonzero(fleet.has_topology[rows]):
                 free = [int(j) for j in np.flatnonzero(dev_ok[c])]
                 group, topo[c] = _topology_sets(fleet, int(rows[c]), free, shape.count)
-                chosen[c] = False
-                chosen[c, list(group)] = True
+                picked[c] = sorted(group)
+        chosen = np.zeros(dev_ok.shape, bool)
+        np.put_along_axis(chosen, picked, True, axis=1)
         if policy.node == "fgd":
             assert terms is not None and p is not None
-            delta = _weigh(terms.whole_delta(fleet, fit, rows, chosen), p)
+            delta = _weigh(terms.whole_delta(fleet, fit, rows, picked), p)
         added_share = np.where(chosen, 1.0 - mem_used / cap, 0.0)
 
     # Node level: score 0..100 of the node with the chosen devices.
-    if policy.node in ("binpack", "spread", "bestfit"):
+    if policy.node in ("binpack", "spread", "bestfit", "fgd"):
         valid = take(fleet.valid)
         devices = valid.sum(axis=1)
         used = np.where(take(fleet.excl), 1.0, mem_used / cap) * valid
         after = (used + added_share).sum(axis=1)
-        if policy.node == "binpack":
-            score = 100.0 * after / devices
-        elif policy.node == "spread":
-            score = 100.0 * (1.0 - after / devices)
-        else:
-            # Least remaining resources, a weighted sum over dimensions (as the FGD paper's Best-fit):
-            # free devices' share normalised by the widest node, plus free CPU normalised by the largest.
-            remaining = (devices - after) / max(1, width)
-            cpu_total = take(fleet.cpu_total)
-            tracked = cpu_total != UNTRACKED
-            if tracked.any():
-                biggest = max(1, int(fleet.cpu_total[fleet.cpu_total != UNTRACKED].max()))
-                cpu_left = np.where(tracked, (cpu_total - take(fleet.cpu_used) - cpu_milli) / biggest, 0.0)
-                remaining = (remaining + cpu_left) / 2
+    if policy.node == "binpack":
+        score = 100.0 * after / devices
+    elif policy.node == "spread":
+        score = 100.0 * (1.0 - after / devices)
+    elif policy.node in ("bestfit", "fgd"):
+        # Least remaining resources, a weighted sum over dimensions (as the FGD paper's Best-fit):
+        # free devices' share normalised by the widest node, plus free CPU normalised by the largest.
+        remaining = (devices - after) / max(1, width)
+        cpu_total = take(fleet.cpu_total)
+        tracked = cpu_total != UNTRACKED
+        if tracked.any():
+            biggest = max(1, int(fleet.cpu_total[fleet.cpu_total != UNTRACKED].max()))
+            cpu_left = np.where(tracked, (cpu_total - take(fleet.cpu_used) - cpu_milli) / biggest, 0.0)
+            remaining = (remaining + cpu_left) / 2
+        if policy.node == "bestfit":
             score = 100.0 * (1.0 - remaining)
-    elif policy.node == "fgd":
-        assert delta is not None
-        score = _normalise_low_is_good(delta)
+        else:
+            assert delta is not None
+            # Equal fragmentation increases are common (e.g. many idle nodes): break those ties by best
+            # fit, with a weight far below one step of Δ, instead of by node order.
+            score = _normalise_low_is_good(delta + 1e-6 * remaining)
     else:
         assert generator is not None
         score = 100.0 * generator.random(rows.size)
@@ -536,7 +539,7 @@ def place_host(nodes: Nodes, policy: PlacementPolicy | None = None, *, cpu_milli
             hm_a = (hm_free[rows] - host_memory)[:, None]
             host_a = (terms.count[rows] >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
             after = np.where(host_a, terms.lost_node[rows], terms.share[rows].sum(axis=1)[:, None])
-            score = -_weigh(after - terms.frag[rows], p)
+            score = -_weigh(after - terms.frag[rows], p) - 1e-6 * (gpu_left + cpu_left) / 2  # ties: best fit
     else:
         score = _rng(policy, fleet, rng).random(rows.size)
     return fleet.names[int(rows[int(np.argmax(score))])]

@@ -284,6 +284,16 @@ class TaskShape:
     cpu_milli: int = 0
     host_memory: int = 0
 
+    def __hash__(self) -> int:
+        # Shapes key the fragmentation caches on every call; hashing their fields each time showed up
+        # in profiles, so the hash is computed once (the object is frozen).
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.count, self.memory, self.compute, self.exclusive, self.models, self.cpu_milli,
+                           self.host_memory))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     @classmethod
     def of(cls, request: Request, cpu_milli: int = 0, host_memory: int = 0) -> "TaskShape":
         return cls(count=request.count, memory=request.memory, compute=request.compute,
@@ -294,6 +304,14 @@ class TaskShape:
     def whole(self) -> bool:
         """Needs whole devices (multi-device or exclusive requests)."""
         return self.exclusive or self.count > 1
+
+    @property
+    def demand_weight(self) -> float:
+        """How much one task of this shape counts in a :class:`Workload`: the number of whole devices
+        for whole-device shapes, else 1. Counting tasks alone (the FGD paper's default) lets rare
+        8-GPU tasks drop out of the typical set, and nothing then keeps whole nodes free for them;
+        weighting by devices (FGD's ``gpuResWeight`` option, in spirit) does."""
+        return float(self.count) if self.whole else 1.0
 
     def describe(self) -> str:
         mem = "whole memory" if self.memory is None else str(self.memory)
@@ -315,9 +333,10 @@ class Workload:
     def from_shapes(cls, shapes: Iterable[TaskShape]) -> "Workload":
         return cls(tuple(Counter(shapes).items()))
 
-    def observe(self, shape: TaskShape, weight: float = 1.0) -> "Workload":
+    def observe(self, shape: TaskShape, weight: float | None = None) -> "Workload":
+        """Count one more task of ``shape``; ``weight`` defaults to :attr:`TaskShape.demand_weight`."""
         table = dict(self.counts)
-        table[shape] = table.get(shape, 0.0) + weight
+        table[shape] = table.get(shape, 0.0) + (shape.demand_weight if weight is None else weight)
         return Workload(tuple(table.items()))
 
     def typical(self, coverage: float = 0.95, limit: int = 32) -> "Workload":

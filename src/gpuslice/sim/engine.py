@@ -13,9 +13,10 @@ placed too (they take CPU on GPU nodes, as in the paper's runs); ``cpu_tasks="sk
 that does not fit waits in a FIFO queue and every release retries the queue in order (a later task that
 fits may start before an earlier one that does not — backfill). Queueing delay = start − creation.
 
-FGD's workload ("the request shapes seen so far") is the arrived tasks' shapes, refreshed into the
-typical set (most frequent shapes covering 95 %, at most 32 — the paper's popularity threshold) every
-``typical_refresh`` arrivals; weights are current at every arrival.
+FGD's workload ("the request shapes seen so far") is the arrived tasks' shapes, each counted with its
+``TaskShape.demand_weight`` (whole-device tasks count once per device), refreshed into the
+typical set (most frequent shapes covering 95 %, at most 32 — the paper's popularity threshold) at 1, 2,
+4, … arrivals and then every ``typical_refresh`` (1,024) arrivals; weights are current at every arrival.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class SimConfig:
     split_count: int = 10
     memory_scaling: float = 1.0
     cpu_tasks: str = "include"  # or "skip"
-    typical_refresh: int = 256
+    typical_refresh: int = 1024
 
     def __post_init__(self) -> None:
         if not 0 < self.ratio <= 5:
@@ -73,11 +74,18 @@ class _Mix:
         self.typical: tuple[TaskShape, ...] = ()
 
     def observe(self, shape: TaskShape) -> None:
-        self.counts[shape] = self.counts.get(shape, 0.0) + 1
+        self.counts[shape] = self.counts.get(shape, 0.0) + shape.demand_weight
         self.seen += 1
-        if not self.typical or self.seen % self.refresh == 0 or (self.seen < self.refresh and shape not in self.typical):
+        # Re-chosen at 1, 2, 4, … arrivals and then every `refresh`: often while the mix is still being
+        # learnt, rarely once it is known (each change of the set re-derives FGD's cached terms).
+        seen = self.seen
+        if (seen & (seen - 1)) == 0 and seen < self.refresh or seen % self.refresh == 0:
             chosen = Workload(tuple(self.counts.items())).typical(0.95, 32)
-            self.typical = tuple(s for s, _ in chosen.counts)
+            typical = tuple(s for s, _ in chosen.counts)
+            # The shapes tuple keys placement's fragmentation caches: keep the same tuple (same order)
+            # while the membership is unchanged, so only a real change of the mix costs a recompute.
+            if set(typical) != set(self.typical):
+                self.typical = typical
 
     def workload(self) -> Workload:
         return Workload(tuple((s, self.counts[s]) for s in self.typical))
