@@ -91,9 +91,11 @@ class ControlPlane:
 
 
 def scheduler_config_yaml(extender_port: int) -> str:
-    """The same extender wiring the Helm chart renders (deploy/helm/gpuslice/templates/configmap.yaml)."""
-    resources = ["nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
-                 "nvidia.com/priority"]
+    """The same extender wiring the Helm chart renders (deploy/helm/gpuslice/templates/configmap.yaml):
+    every resource name the extender reads, only the advertised count checked by kube-scheduler."""
+    from gpuslice.kube.codec import ResourceNames
+
+    resources = list(ResourceNames().all())
     managed = "\n".join(
         f"      - name: {r}\n        ignoredByScheduler: {'false' if r == 'nvidia.com/gpu' else 'true'}" for r in resources
     )
@@ -249,17 +251,16 @@ DEVICE_MEMORY = 80 * 1024**3
 DEVICE_SMS = 132
 SPLIT_COUNT = 10
 
-# The extender runs as its own process so the tests can kill it (SIGKILL, mid-bind) and start a
-# fresh one that has nothing but what the API server holds.
-EXTENDER_RUNNER = r"""
-import sys, threading
-from gpuslice.kube import api, extender, server
-kubeconfig, port = sys.argv[1], int(sys.argv[2])
-ext = extender.Extender(api.connect(kubeconfig))
-running = server.start_in_thread(server.make_app(ext, webhook_enabled=False), port=port)
-print("EXTENDER_READY", running.url, flush=True)
-threading.Event().wait()
-"""
+# The extender runs as its own process, started the way the chart starts it (`gpuslice scheduler`),
+# so the tests can kill it (SIGKILL, mid-bind) and start a fresh one that has nothing but what the
+# API server holds.
+def gpuslice_cli() -> str:
+    import sys
+
+    exe = Path(sys.executable).parent / "gpuslice"
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: install gpuslice into this environment (make test does)")
+    return str(exe)
 
 
 class ExtenderProcess:
@@ -275,22 +276,26 @@ class ExtenderProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60) -> None:
-        import sys
+        import httpx
 
         self.starts += 1
-        log = open(self.log_dir / f"extender-{self.starts}.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-c", EXTENDER_RUNNER, self.kubeconfig, str(self.port)],
-                                     stdout=subprocess.PIPE, stderr=log, text=True)
+        log_path = self.log_dir / f"extender-{self.starts}.log"
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [gpuslice_cli(), "scheduler", "--kubeconfig", self.kubeconfig, "--host", "127.0.0.1",
+                 "--port", str(self.port), "--webhook-port", "0", "--log-level", "warning"],
+                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("EXTENDER_READY"):
-                return
-            if not line and self.proc.poll() is not None:
-                break
-        raise RuntimeError(f"extender did not start (rc={self.proc.poll()}); see {log.name}:\n"
-                           + Path(log.name).read_text()[-3000:])
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"extender did not start (rc={self.proc.poll()}); {log_path}:\n"
+                           + log_path.read_text()[-3000:])
 
     def kill(self) -> None:
         """SIGKILL: no chance to finish in-flight binds or clean anything up."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpuslice"
 HELM = ROOT / "hack" / "bin" / "helm"
-RESOURCE_KEYS = ("gpu", "memory", "memoryPercentage", "cores", "priority")
 HAMI_NAMES = {
     "nvidia.com/gpu",
     "nvidia.com/gpumem",
@@ -29,14 +29,18 @@ HAMI_NAMES = {
 }
 
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
+def _helm_for_module() -> Path:
     if not HELM.exists():
         # Cached by make: builds once per machine (about a minute), then is a no-op.
         proc = subprocess.run(["make", "-C", str(ROOT / "hack"), "helm"], capture_output=True, text=True)
         if proc.returncode != 0:
             pytest.fail(f"could not build helm with `make -C hack helm`:\n{proc.stdout}\n{proc.stderr}")
     return HELM
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return _helm_for_module()
 
 
 def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -69,8 +73,16 @@ def scheduler_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return yaml.safe_load(by_kind(objs, "ConfigMap")["gs-gpuslice-scheduler-config"]["data"]["config.yaml"])
 
 
-def gpuslice_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    return yaml.safe_load(by_kind(objs, "ConfigMap")["gs-gpuslice-config"]["data"]["gpuslice.yaml"])
+def args_of(objs: list[dict[str, Any]], kind: str, container: str) -> list[str]:
+    spec = one(objs, kind)["spec"]["template"]["spec"]
+    (c,) = [c for c in spec["containers"] if c["name"] == container]
+    return c["args"]
+
+
+def flag(args: list[str], name: str) -> str:
+    values = [a.split("=", 1)[1] for a in args if a.startswith(name + "=")]
+    assert len(values) == 1, f"{name} given {len(values)} times in {args}"
+    return values[0]
 
 
 # ------------------------------------------------------------------------------------------ lint
@@ -98,27 +110,52 @@ def test_default_render_has_every_part(helm: Path) -> None:
             assert o["metadata"]["namespace"] in ("gpuslice-system", "kube-system"), o["metadata"]
 
 
-def test_daemonset_mounts_kubelet_dir_state_and_enforcer(helm: Path) -> None:
-    ds = one(render(helm, "agent.hostPaths.state=/data/gs", "metrics.port=9555"), "DaemonSet")
+def test_daemonset_runs_the_agent_with_kubelet_dir_state_and_enforcer(helm: Path) -> None:
+    objs = render(helm, "agent.hostPaths.state=/data/gs", "metrics.port=9555", "sharing.splitCount=4")
+    ds = one(objs, "DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert host == {"device-plugins": "/var/lib/kubelet/device-plugins", "state": "/data/gs",
                     "enforcer": "/usr/local/gpuslice"}
-    containers = {c["name"]: c for c in spec["containers"]}
-    assert set(containers) == {"agent", "exporter"}
-    agent = containers["agent"]
-    assert agent["args"][:2] == ["agent", "--kubernetes"]
-    assert {m["mountPath"] for m in agent["volumeMounts"]} >= {"/var/lib/kubelet/device-plugins", "/var/lib/gpuslice",
-                                                              "/usr/local/gpuslice"}
+    (agent,) = spec["containers"]
+    args = agent["args"]
+    assert args[0] == "kube-agent"
+    assert flag(args, "--split-count") == "4"
+    assert flag(args, "--resource-name") == "nvidia.com/gpu"
+    assert flag(args, "--metrics-port") == "9555"
+    # The kubelet mounts slice files by their host path; the agent writes them through its mount.
+    assert flag(args, "--host-state-dir") == "/data/gs"
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["state"]["mountPath"] == flag(args, "--state-dir")
+    assert mounts["device-plugins"]["mountPath"] == flag(args, "--plugin-dir")
+    # Containers get the library by its host path; the agent itself cannot modify it.
+    assert flag(args, "--library") == "/usr/local/gpuslice/lib/libgpuslice.so"
+    assert mounts["enforcer"].get("readOnly") is True
+    (init,) = spec["initContainers"]
+    assert init["volumeMounts"][0]["name"] == "enforcer"
+    assert "/host-enforcer/lib/libgpuslice.so" in " ".join(init["command"])
+    assert agent["ports"][0]["containerPort"] == 9555
     assert any(e["name"] == "NODE_NAME" and e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
                for e in agent["env"])
-    exporter = containers["exporter"]
-    assert exporter["ports"][0]["containerPort"] == 9555
-    assert "--listen=0.0.0.0:9555" in exporter["args"]
-    # The exporter only reads regions; it must not be able to write slice files.
-    assert all(m.get("readOnly") for m in exporter["volumeMounts"])
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     assert spec["serviceAccountName"] == "gs-gpuslice-agent"
+
+
+def test_agent_flags_exist_in_the_cli() -> None:
+    """Every flag the chart passes is one `gpuslice kube-agent` / `gpuslice scheduler` accepts,
+    so a rendered pod does not crash-loop on an unknown option."""
+    from typer.testing import CliRunner
+
+    from gpuslice.cli import app
+
+    objs = render(_helm_for_module(), "certificates.certManager.enabled=false")
+    for kind, container in (("DaemonSet", "agent"), ("Deployment", "extender"), ("Deployment", "webhook")):
+        args = args_of(objs, kind, container)
+        help_text = CliRunner().invoke(app, [args[0], "--help"], terminal_width=400).output
+        for a in args[1:]:
+            name = a.split("=", 1)[0]
+            assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", help_text), \
+                f"{kind}/{container} passes {name}, which `gpuslice {args[0]}` does not take"
 
 
 def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> None:
@@ -129,9 +166,15 @@ def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> N
     assert set(containers) == {"kube-scheduler", "extender", "webhook"}
     assert containers["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.37.2"
     assert "--config=/config/config.yaml" in containers["kube-scheduler"]["command"]
-    assert "--listen=127.0.0.1:12345" in containers["extender"]["args"]
-    assert "--listen=0.0.0.0:9999" in containers["webhook"]["args"]
+    ext_args, hook_args = args_of(objs, "Deployment", "extender"), args_of(objs, "Deployment", "webhook")
+    assert ext_args[0] == hook_args[0] == "scheduler"
+    assert (flag(ext_args, "--host"), flag(ext_args, "--port"), flag(ext_args, "--webhook-port")) == \
+        ("127.0.0.1", "12345", "0")
+    assert (flag(hook_args, "--port"), flag(hook_args, "--webhook-port")) == ("0", "9999")
+    assert (flag(hook_args, "--tls-cert"), flag(hook_args, "--tls-key")) == ("/tls/tls.crt", "/tls/tls.key")
     assert containers["webhook"]["ports"][0]["containerPort"] == 9999
+    # The webhook sends pods to the profile that calls the extender.
+    assert flag(hook_args, "--scheduler-name") == "gs-sched"
 
     cfg = scheduler_config(objs)
     assert cfg["kind"] == "KubeSchedulerConfiguration"
@@ -142,34 +185,36 @@ def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> N
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["ignorable"] is False
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
-    assert set(managed) == HAMI_NAMES
-    # Only the count is advertised by nodes; the scheduler can judge nothing else.
-    assert managed["nvidia.com/gpu"] is False
-    assert all(v for k, v in managed.items() if k != "nvidia.com/gpu")
-    # The webhook sends GPU pods to this profile.
-    assert gpuslice_config(objs)["schedulerName"] == "gs-sched"
+    # Every name the extender reads, so a pod naming any of them reaches it.
+    from gpuslice.kube.codec import ResourceNames
+
+    assert set(managed) == set(ResourceNames().all()) and HAMI_NAMES <= set(managed)
+    # Only the advertised count exists on nodes; kube-scheduler can judge nothing else.
+    assert [k for k, v in managed.items() if not v] == ["nvidia.com/gpu"]
 
 
-def test_every_knob_reaches_the_shared_config(helm: Path) -> None:
-    objs = render(helm, "sharing.splitCount=4", "json:sharing.memoryScaling=1.5", "defaults.memory=4GiB", "defaults.cores=30",
-                  "defaults.gpuNum=2", "policies.node=spread", "policies.gpu=fgd",
-                  "resourceNames.memory=example.com/vram")
-    cfg = gpuslice_config(objs)
-    assert cfg["sharing"]["splitCount"] == 4
-    assert cfg["sharing"]["memoryScaling"] == 1.5
-    assert cfg["defaults"] == {"memory": "4GiB", "cores": 30, "gpuNum": 2, "priority": 1}
-    assert cfg["policies"]["node"] == "spread" and cfg["policies"]["gpu"] == "fgd"
-    assert cfg["resourceNames"]["memory"] == "example.com/vram"
-    # A renamed resource must reach kube-scheduler's managedResources too, or pods asking
-    # for it would never be sent to the extender.
-    managed = {m["name"] for m in scheduler_config(objs)["extenders"][0]["managedResources"]}
-    assert "example.com/vram" in managed and "nvidia.com/gpumem" not in managed
-    # Both workloads restart when the config changes.
+def test_every_knob_reaches_the_components(helm: Path) -> None:
+    objs = render(helm, "sharing.splitCount=4", "json:sharing.memoryScaling=1.5", "defaults.memory=4096",
+                  "defaults.cores=30", "defaults.gpuNum=2", "policies.node=spread", "policies.gpu=fgd",
+                  "sharing.computeMode=soft", "resourceName=gpuslice.io/gpu", "agent.deviceNodes=none")
+    agent = args_of(objs, "DaemonSet", "agent")
+    assert (flag(agent, "--split-count"), flag(agent, "--memory-scaling")) == ("4", "1.5")
+    assert flag(agent, "--resource-name") == "gpuslice.io/gpu"
+    assert flag(agent, "--device-nodes") == "none"
+    for container in ("extender", "webhook"):
+        args = args_of(objs, "Deployment", container)
+        assert flag(args, "--policy") == "node=spread,gpu=fgd"
+        assert (flag(args, "--default-mem"), flag(args, "--default-cores"), flag(args, "--default-gpu-num")) == \
+            ("4096", "30", "2")
+        assert flag(args, "--mode") == "soft"
+    # The advertised name is the one kube-scheduler checks against node capacity.
+    managed = {m["name"]: m["ignoredByScheduler"] for m in scheduler_config(objs)["extenders"][0]["managedResources"]}
+    assert [k for k, v in managed.items() if not v] == ["gpuslice.io/gpu"]
+    # kube-scheduler restarts when its extender wiring changes.
     before = render(helm)
-    for kind in ("DaemonSet", "Deployment"):
-        a = one(objs, kind)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-        b = one(before, kind)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-        assert a != b
+    a = one(objs, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    b = one(before, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    assert a != b
 
 
 def test_webhook_points_at_its_service_and_skips_own_namespace(helm: Path) -> None:
@@ -256,13 +301,14 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
                 assert "*" not in rule.get("apiGroups", []), (name, rule)
                 assert "secrets" not in rule["resources"] or name.endswith("-certgen"), (name, rule)
 
+    # What gpuslice.kube.{agent,plugin,labels} call: get/patch its Node, list/patch pods.
     agent = _rules(objs, "ClusterRole", "gs-gpuslice-agent")
-    assert agent == {("", "nodes", v, "") for v in ("get", "list", "watch", "patch")} | {
-        ("", "pods", v, "") for v in ("get", "list", "watch")}
+    assert agent == {("", "nodes", v, "") for v in ("get", "patch")} | {("", "pods", v, "") for v in ("list", "patch")}
 
+    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods.
     extender = _rules(objs, "ClusterRole", "gs-gpuslice-extender")
-    assert extender == ({("", "nodes", v, "") for v in ("get", "list", "watch")}
-                        | {("", "pods", v, "") for v in ("get", "list", "watch", "patch")}
+    assert extender == ({("", "nodes", v, "") for v in ("get", "list", "watch", "patch")}
+                        | {("", "pods", v, "") for v in ("get", "list", "patch")}
                         | {("", "pods/binding", "create", "")})
 
     lease = _rules(objs, "Role", "gs-gpuslice-scheduler-lease")
@@ -313,12 +359,14 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
         ("sharing.memoryScaling=0", "memoryScaling"),
         ("defaults.cores=101", "cores"),
         ("defaults.memory=lots", "memory"),
-        ("defaults.gpuNum=0", "gpuNum"),
+        ("defaults.memory=-1", "memory"),
+        ("defaults.gpuNum=65", "gpuNum"),
+        ("sharing.computeMode=fast", "computeMode"),
         ("policies.node=worst", "node"),
         ("policies.gpu=topologyy", "gpu"),
         ("metrics.port=70000", "port"),
         ("scheduler.webhook.failurePolicy=Sometimes", "failurePolicy"),
-        ("resourceNames.gpu=not a name", "gpu"),
+        ("resourceName=example.com/gpu", "resourceName"),
         ("agent.hostPaths.state=relative/dir", "state"),
         ("sharing.splitcount=4", "splitcount"),  # a typo must not be silently ignored
         ("scheduler.extender.httpTimeout=30", "httpTimeout"),
@@ -332,9 +380,9 @@ def test_schema_rejects_bad_values(helm: Path, setting: str, field: str) -> None
 
 
 def test_schema_accepts_documented_forms(helm: Path) -> None:
-    for setting in ("defaults.memory=50%", "defaults.memory=3000", "defaults.memory=4096Mi", "sharing.memoryScaling=2",
-                    "policies.node=fgd", "resourceNames.gpu=example.com/vgpu"):
-        proc = run_helm(helm, "template", "gs", str(CHART), "--set-string" if "memory=" in setting else "--set", setting)
+    for setting in ("defaults.memory=3000", "sharing.memoryScaling=2", "policies.node=fgd",
+                    "resourceName=gpuslice.io/gpu", "defaults.gpuNum=0", "sharing.computeMode=off"):
+        proc = run_helm(helm, "template", "gs", str(CHART), "--set", setting)
         assert proc.returncode == 0, (setting, proc.stderr)
 
 

@@ -34,3 +34,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpuslice.webhookName" -}}{{ include "gpuslice.fullname" . }}-webhook{{- end -}}
 {{- define "gpuslice.webhookSecret" -}}{{ include "gpuslice.fullname" . }}-webhook-tls{{- end -}}
 
+
+{{/*
+Every resource name the extender and webhook read (gpuslice.kube.codec.ResourceNames): HAMi's and
+ours. kube-scheduler calls the extender only for pods asking for one of these (managedResources).
+*/}}
+{{- define "gpuslice.managedResources" -}}
+{{- list "nvidia.com/gpu" "gpuslice.io/gpu" "nvidia.com/gpumem" "gpuslice.io/gpu-memory" "nvidia.com/gpumem-percentage" "gpuslice.io/gpu-memory-percentage" "nvidia.com/gpucores" "gpuslice.io/gpu-compute" "nvidia.com/priority" "gpuslice.io/priority" | toJson -}}
+{{- end -}}
+
+{{/* Flags of `gpuslice scheduler` that the extender and the webhook must agree on. */}}
+{{- define "gpuslice.schedulerFlags" -}}
+- --policy=node={{ .Values.policies.node }},gpu={{ .Values.policies.gpu }}
+- --default-mem={{ .Values.defaults.memory }}
+- --default-cores={{ .Values.defaults.cores }}
+- --default-gpu-num={{ .Values.defaults.gpuNum }}
+- --scheduler-name={{ .Values.scheduler.name }}
+- --mode={{ .Values.sharing.computeMode }}
+{{- end -}}
