@@ -19,6 +19,7 @@ from gpuslice.kube import codec
 from gpuslice.kube.deviceplugin import load
 from gpuslice.kube.extender import Extender
 from gpuslice.kube.plugin import DevicePlugin, NvmlHealth, PluginConfig, device_id
+from gpuslice.node.slicefile import read_slice_file
 
 pb, pb_grpc = load()
 
@@ -175,14 +176,15 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
             assert ro and mounts["/etc/ld.so.preload"][1] and mounts["/usr/local/gpuslice/lib/libgpuslice.so"] == (
                 "/opt/gpuslice/libgpuslice.so", True)
             assert mounts["/var/run/gpuslice/region"][1] is False
-            text = Path(slice_host).read_text()
-            settings = dict(line.split("=", 1) for line in text.splitlines())
-            assert settings["memory_limit"] == str(10000 * 1024**2) and settings["compute"] == "30"
-            assert settings["devices"] == grant.uuids[0] and settings["grant"] == grant.grant_id
-            assert settings["region"] == "/var/run/gpuslice/region/region"
+            written = read_slice_file(slice_host)  # the enforcer's own parsing rules
+            assert written.memory_limit == 10000 * 1024**2 and written.compute == 30
+            assert written.devices == grant.uuids and written.grant == grant.grant_id
+            assert written.region == "/var/run/gpuslice/region/region" and not written.fail_open
+            assert oct(Path(slice_host).stat().st_mode & 0o777) == "0o644"
             assert Path(mounts["/etc/ld.so.preload"][0]).read_text() == "/usr/local/gpuslice/lib/libgpuslice.so\n"
+            index = [d.uuid for d in devices("n0", 2)].index(grant.uuids[0])
             assert [d.container_path for d in c.devices] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
-                                                             "/dev/nvidia-uvm-tools", f"/dev/nvidia{grant.uuids[0] == devices('n0', 2)[1].uuid and 1 or 0}"]
+                                                             "/dev/nvidia-uvm-tools", f"/dev/nvidia{index}"]
             marked = api.get_pod("default", "train")["metadata"]["annotations"][codec.POD_ALLOCATED]
             assert codec.decode_allocated(marked) == {"main"}
             with pytest.raises(grpc.RpcError) as exc:  # nothing left to allocate for this pod

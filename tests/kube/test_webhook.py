@@ -127,3 +127,16 @@ def test_plain_http_is_refused_by_the_tls_server(https):
         r = httpx.post(url + "/mutate", json={}, timeout=5)
         assert r.status_code >= 400
         raise httpx.HTTPError("plain HTTP answered with an error status")
+
+
+def test_listening_sockets_are_tcp_nodelay():
+    """Without TCP_NODELAY uvicorn's header and body writes wait for the caller's delayed ACK (~40 ms)."""
+    import socket as s
+
+    from gpuslice.kube.server import bind_socket
+
+    sock = bind_socket()
+    try:
+        assert sock.proto == s.IPPROTO_TCP and sock.getsockopt(s.IPPROTO_TCP, s.TCP_NODELAY)
+    finally:
+        sock.close()

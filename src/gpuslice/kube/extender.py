@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping
 from gpuslice.errors import GpusliceError
 from gpuslice.kube import codec
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, NotFound
-from gpuslice.placement import NodeState, NoFit, PlacementPolicy, apply, filter_nodes, place, score_nodes
+from gpuslice.placement import Fleet, NodeState, NoFit, PlacementPolicy, apply, filter_nodes, place, score_nodes
 from gpuslice.spec import SpecError
 
 log = logging.getLogger("gpuslice.extender")
@@ -140,10 +140,13 @@ def view_of(node: Mapping[str, Any]) -> NodeView:
 
 
 class ViewCache:
-    """Parsed node views keyed by (name, resourceVersion): parsing is paid once per node change."""
+    """Parsed node views keyed by (name, resourceVersion): parsing is paid once per node change.
+    Every change bumps ``version`` and is remembered per node, so a :class:`FleetIndex` can follow."""
 
     def __init__(self, limit: int = 100_000):
         self._views: dict[str, NodeView] = {}
+        self._changed: dict[str, int] = {}
+        self.version = 0
         self._lock = threading.Lock()
         self.limit = limit
 
@@ -156,9 +159,13 @@ class ViewCache:
             return cached
         fresh = view_of(node)
         with self._lock:
-            if len(self._views) >= self.limit:
+            self.version += 1
+            if len(self._views) >= self.limit and name not in self._views:
+                for gone in self._views:
+                    self._changed[gone] = self.version
                 self._views.clear()
             self._views[name] = fresh
+            self._changed[name] = self.version
         return fresh
 
     def get(self, name: str) -> NodeView | None:
@@ -167,11 +174,85 @@ class ViewCache:
 
     def forget(self, name: str) -> None:
         with self._lock:
-            self._views.pop(name, None)
+            if self._views.pop(name, None) is not None:
+                self.version += 1
+                self._changed[name] = self.version
 
     def names(self) -> list[str]:
         with self._lock:
             return list(self._views)
+
+    def changes_since(self, version: int) -> tuple[int, dict[str, NodeView | None]]:
+        """(current version, {name: view or None if forgotten}) of the nodes changed after ``version``."""
+        with self._lock:
+            changed = {n: self._views.get(n) for n, v in self._changed.items() if v > version}
+            return self.version, changed
+
+    def snapshot(self) -> tuple[int, dict[str, NodeView]]:
+        with self._lock:
+            return self.version, dict(self._views)
+
+
+class FleetIndex:
+    """One placement :class:`~gpuslice.placement.Fleet` over every known node, kept current row by row:
+    a node whose ledger changed is updated with ``Fleet.release``/``Fleet.apply`` of the grants that went
+    and came (public placement API); a change of devices, health or the node set rebuilds it. Filter and
+    prioritize then cost a few numpy passes instead of a per-request conversion of every node."""
+
+    def __init__(self, views: ViewCache):
+        self.views = views
+        self.lock = threading.Lock()
+        self.fleet: Fleet | None = None
+        self.used: dict[str, NodeView] = {}
+        self.version = -1
+        self.rebuilds = 0
+
+    @staticmethod
+    def _same_devices(a: NodeView, b: NodeView) -> bool:
+        da, db = a.devices, b.devices
+        assert da is not None and db is not None
+        return (da.devices == db.devices and dict(da.health) == dict(db.health)
+                and da.split_count == db.split_count and da.memory_scaling == db.memory_scaling)
+
+    def _rebuild(self) -> None:
+        self.version, views = self.views.snapshot()
+        self.used = {n: v for n, v in views.items() if v.state is not None}
+        self.fleet = Fleet([v.state for v in self.used.values()])  # type: ignore[misc]
+        self.rebuilds += 1
+
+    def _update(self, name: str, new: NodeView | None) -> bool:
+        """Move one row to ``new``; False when only a rebuild can (node set / devices changed)."""
+        old = self.used.get(name)
+        if old is None or new is None or new.state is None or not self._same_devices(old, new):
+            return old is None and (new is None or new.state is None)  # a node we never placed on: no row
+        assert self.fleet is not None
+        went = [g for u, g in old.ledger.entries.items() if new.ledger.entries.get(u) != g]
+        came = [g for u, g in new.ledger.entries.items() if old.ledger.entries.get(u) != g]
+        try:
+            for g in went:
+                for c in g.containers:
+                    self.fleet.release(name, c.slices, exclusive=c.exclusive)
+            for g in came:
+                for c in g.containers:
+                    self.fleet.apply(name, c.slices, exclusive=c.exclusive)
+        except SpecError:
+            return False
+        self.used[name] = new
+        return True
+
+    def current(self) -> Fleet:
+        """The fleet as of the latest views (call with :attr:`lock` held)."""
+        if self.fleet is None:
+            self._rebuild()
+        else:
+            version, changed = self.views.changes_since(self.version)
+            if changed:
+                if not all(self._update(n, v) for n, v in changed.items()):
+                    self._rebuild()
+                else:
+                    self.version = version
+        assert self.fleet is not None
+        return self.fleet
 
 
 class NodeCache:
@@ -237,12 +318,14 @@ class Extender:
     full Node objects (benchmarks, dry runs); ``bind`` and ``NodeNames`` need it."""
 
     def __init__(self, api: KubeAPI | None, cfg: codec.KubeConfig | None = None, *,
-                 cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0,
+                 cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0, use_index: bool = True,
                  clock: Callable[[], float] = time.time):
         self.api = api
         self.cfg = cfg or codec.KubeConfig()
         self.cache = cache
         self.views = cache.views if cache else ViewCache()
+        self.index = FleetIndex(self.views)
+        self.use_index = use_index
         self.bind_retries = bind_retries
         self.gc_grace = gc_grace
         self.clock = clock
@@ -278,23 +361,31 @@ class Extender:
         return codec.node_state(view.name, view.devices, view.ledger, blocked=blocked)
 
     def _fit(self, req: codec.PodRequest, views: list[NodeView]) -> tuple[list[str], dict[str, str], dict[str, NodeState]]:
-        """(fitting names in the caller's order, {name: why not}, {name: state})."""
-        failed: dict[str, str] = {}
+        """(fitting names in the caller's order, {name: why not}, {name: state} of the fitting ones)."""
+        failed: dict[str, str] = {v.name: v.problem for v in views if v.state is None}
+        live = [v for v in views if v.state is not None]
+        if not live:
+            return [], failed, {}
+        first = req.containers[0].request
         states: dict[str, NodeState] = {}
-        for v in views:
-            if v.state is None:
-                failed[v.name] = v.problem
-            else:
+        if self._indexed(req):
+            with self.index.lock:
+                fleet = self.index.current()
+                ok, why = filter_nodes(first, fleet)
+                wanted = {v.name for v in live}
+                failed.update({n: r for n, r in why.items() if n in wanted})
+                ok_set = set(ok) & wanted
+                if len(req.containers) > 1:
+                    states = {n: fleet.node_state(n) for n in ok_set}
+        else:
+            for v in live:
                 try:
                     states[v.name] = self._state_for(v, req)
                 except SpecError as exc:
                     failed[v.name] = f"node annotations are unreadable: {exc}"
-        if not states:
-            return [], failed, states
-        first = req.containers[0].request
-        ok, why = filter_nodes(first, list(states.values()))
-        failed.update(why)
-        ok_set = set(ok)
+            ok, why = filter_nodes(first, list(states.values()))
+            failed.update(why)
+            ok_set = set(ok)
         if len(req.containers) > 1:  # every container must fit, each after the ones before it
             for name in list(ok_set):
                 try:
@@ -303,7 +394,11 @@ class Extender:
                     ok_set.discard(name)
                     failed[name] = exc.reason
         fitting = [v.name for v in views if v.name in ok_set]
-        return fitting, failed, states
+        return fitting, failed, {n: states[n] for n in fitting if n in states}
+
+    def _indexed(self, req: codec.PodRequest) -> bool:
+        """The shared fleet serves pods without per-pod device exclusions."""
+        return self.use_index and not (req.avoid_models or req.avoid_uuids or req.use_uuids)
 
     def _place_all(self, req: codec.PodRequest, state: NodeState) -> list[tuple[codec.ContainerRequest, Any]]:
         policy = self._policy(req)
@@ -353,10 +448,16 @@ class Extender:
         if req.empty:
             return [{"Host": n, "Score": 0} for n in args.node_names]
         views = self._views_for(args)
-        fitting, _, states = self._fit(req, views)
         scores: dict[str, float] = {}
-        if fitting:
-            scores = score_nodes(req.containers[0].request, [states[n] for n in fitting], self._policy(req))
+        first = req.containers[0].request
+        if self._indexed(req) and len(req.containers) == 1:
+            with self.index.lock:
+                scores = score_nodes(first, self.index.current(), self._policy(req))
+        else:
+            fitting, _, _ = self._fit(req, views)
+            states = {v.name: self._state_for(v, req) for v in views if v.name in set(fitting)}
+            if fitting:
+                scores = score_nodes(first, [states[n] for n in fitting], self._policy(req))
         return [{"Host": n, "Score": int(round(scores.get(n, 0.0) * MAX_EXTENDER_PRIORITY / 100))}
                 for n in args.node_names]
 

@@ -38,6 +38,7 @@ from gpuslice.errors import GpusliceError
 from gpuslice.kube import codec
 from gpuslice.kube.api import KubeAPI, KubeError
 from gpuslice.kube.deviceplugin import load
+from gpuslice.node.slicefile import SliceConfig, SliceFileError, write_slice_file
 from gpuslice.spec import Device
 
 log = logging.getLogger("gpuslice.deviceplugin")
@@ -75,7 +76,7 @@ class PluginConfig:
     device_nodes: str = "auto"                        # auto: the ones that exist; always; none
     dev_root: Path = Path("/")
     oom_policy: str = "return"
-    log_level: str = "warn"
+    log_level: str = "warn"                           # the enforcer's: error, warn, info, debug
     fail_open: bool = False
     watch_interval: float = 1.0                       # how often the kubelet socket is checked
 
@@ -275,19 +276,15 @@ class Allocator:
         return chosen[:size]
 
     # ------------------------------------------------------------------------------------ files
-    def slice_settings(self, grant: codec.ContainerGrant) -> dict[str, str]:
+    def slice_config(self, grant: codec.ContainerGrant) -> "SliceConfig":
+        """The grant as the enforcer's slice file (paths as the container sees them)."""
         first = grant.slices[0]
-        settings = {
-            "version": "1", "grant": grant.grant_id, "devices": ",".join(grant.uuids),
-            "memory_limit": str(first.memory_limit), "compute": str(first.compute), "mode": first.mode.value,
-            "weight": str(first.weight), "priority": str(int(first.priority)),
-            "region": f"{CONTAINER_REGION_DIR}/region", "device_state_dir": CONTAINER_DEVICE_STATE,
-            "oom_policy": self.cfg.oom_policy, "log_level": self.cfg.log_level,
-            "fail_open": "1" if self.cfg.fail_open else "0",
-        }
-        for s in grant.slices:
-            settings[f"memory_limit.{s.device_uuid}"] = str(s.memory_limit)
-        return settings
+        return SliceConfig(
+            devices=grant.uuids, memory_limit=first.memory_limit,
+            memory_limits={s.device_uuid: s.memory_limit for s in grant.slices}, grant=grant.grant_id,
+            compute=first.compute, mode=first.mode.value, weight=first.weight, priority=int(first.priority),
+            region=f"{CONTAINER_REGION_DIR}/region", device_state_dir=CONTAINER_DEVICE_STATE,
+            oom_policy=self.cfg.oom_policy, log_level=self.cfg.log_level, fail_open=self.cfg.fail_open)
 
     def paths(self, grant_id: str, local: bool) -> dict[str, Path]:
         root = (self.cfg.local_state if local else self.cfg.host_state_dir) / "kube"
@@ -298,7 +295,7 @@ class Allocator:
     def write_files(self, grant: codec.ContainerGrant) -> None:
         local = self.paths(grant.grant_id, local=True)
         local["slice"].parent.mkdir(parents=True, exist_ok=True)
-        _write_slice_file(local["slice"], self.slice_settings(grant))
+        write_slice_file(local["slice"], self.slice_config(grant))
         for folder in (local["region"], local["devices"]):
             folder.mkdir(parents=True, exist_ok=True)
             os.chmod(folder, 0o1777)  # the container's processes may run as any user
@@ -352,27 +349,6 @@ class Allocator:
             self.api.patch_pod_annotations(meta["namespace"], meta["name"],
                                            {codec.POD_ALLOCATED: codec.encode_allocated(done)}, uid=meta["uid"])
             return match, self.response(match.grant)
-
-
-def _write_slice_file(path: Path, settings: Mapping[str, str]) -> None:
-    """Write the slice file (the enforcer's key=value contract) atomically, readable by every user."""
-    import importlib
-
-    try:
-        slicefile = importlib.import_module("gpuslice.node.slicefile")  # the enforcer helper's writer
-    except ModuleNotFoundError as exc:
-        if exc.name != "gpuslice.node.slicefile":
-            raise
-        slicefile = None
-    if slicefile is not None and hasattr(slicefile, "write_slice_file"):
-        slicefile.write_slice_file(path, dict(settings))
-        os.chmod(path, 0o644)
-        return
-    text = "".join(f"{k}={v}\n" for k, v in settings.items())
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------- gRPC
@@ -479,7 +455,7 @@ class DevicePlugin:
                                       f"gpuslice: devices {unhealthy} are unhealthy or unknown on {plugin.cfg.node}")
                     try:
                         match, resp = plugin.allocator.allocate(ids)
-                    except (AllocateError, KubeError, codec.SpecError, OSError) as exc:
+                    except (AllocateError, KubeError, codec.SpecError, SliceFileError, OSError) as exc:
                         log.error("Allocate %s: %s", ids, exc)
                         context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"gpuslice: {exc}")
                     except Exception as exc:  # a bug must still answer the kubelet with a reason
