@@ -368,39 +368,58 @@ def device_uuid(node: str, index: int) -> str:
     return f"GPU-e2e-{node}-{index}"
 
 
+def fake_devices(node: str) -> list[Any]:
+    """4 × H100 80GB, NVLinked, two per NUMA node, with UUIDs unique to ``node``."""
+    from gpuslice.spec import Device
+
+    uuids = [device_uuid(node, k) for k in range(DEVICES_PER_NODE)]
+    return [Device(uuid=u, index=k, name="NVIDIA H100 80GB HBM3", memory_total=DEVICE_MEMORY, sm_count=DEVICE_SMS,
+                   model="H100", numa_node=k // 2, nvlink_peers=tuple(p for p in uuids if p != u))
+            for k, u in enumerate(uuids)]
+
+
+def create_fake_node(core: Any, name: str, labels: dict[str, str] | None = None) -> None:
+    """A plain Node object (no kubelet) with our devices annotation, published the way our agent
+    publishes it, and nvidia.com/gpu = devices × split count in its status."""
+    from gpuslice.kube import codec
+
+    ann = codec.encode_node_devices(fake_devices(name), split_count=SPLIT_COUNT)
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(DEVICES_PER_NODE * SPLIT_COUNT)}
+    core.create_node({"metadata": {"name": name, "labels": {"gpu": "on", "kubernetes.io/hostname": name, **(labels or {})},
+                                   "annotations": {codec.NODE_DEVICES: ann}}})
+    # Status is its own subresource: capacity and a Ready condition, as a kubelet would report.
+    core.patch_node_status(name, {"status": {
+        "capacity": capacity, "allocatable": capacity,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node"}]}})
+    # The API server's TaintNodesByCondition admission gives every new Node the not-ready
+    # taint; the node-lifecycle controller (not run here) would lift it once Ready.
+    core.patch_node(name, {"spec": {"taints": None}})
+
+
 @pytest.fixture(scope="session")
 def fake_nodes(control_plane: ControlPlane) -> list[str]:
-    """50 plain Node objects (no kubelet) with 4 × 80 GiB devices each, published the way our agent
-    publishes them (the gpuslice.io/devices annotation) and nvidia.com/gpu = devices × split count."""
+    """The 50 fake GPU nodes the scheduling tests share."""
     from concurrent.futures import ThreadPoolExecutor
 
     from kubernetes import client
 
-    from gpuslice.kube import codec
-    from gpuslice.spec import Device
-
-    api = control_plane.api()
-    core = client.CoreV1Api(api)
+    core = client.CoreV1Api(control_plane.api())
     names = [f"gpu-node-{i:02d}" for i in range(NODE_COUNT)]
-
-    def make(name: str) -> None:
-        uuids = [device_uuid(name, k) for k in range(DEVICES_PER_NODE)]
-        devices = [Device(uuid=u, index=k, name="NVIDIA H100 80GB HBM3", memory_total=DEVICE_MEMORY,
-                          sm_count=DEVICE_SMS, model="H100", numa_node=k // 2,
-                          nvlink_peers=tuple(p for p in uuids if p != u)) for k, u in enumerate(uuids)]
-        ann = codec.encode_node_devices(devices, split_count=SPLIT_COUNT)
-        capacity = {"cpu": "64", "memory": "512Gi", "pods": "110",
-                    "nvidia.com/gpu": str(DEVICES_PER_NODE * SPLIT_COUNT)}
-        core.create_node({"metadata": {"name": name, "labels": {"gpu": "on", "kubernetes.io/hostname": name},
-                                       "annotations": {codec.NODE_DEVICES: ann}}})
-        # Status is its own subresource: capacity and a Ready condition, as a kubelet would report.
-        core.patch_node_status(name, {"status": {
-            "capacity": capacity, "allocatable": capacity,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node"}]}})
-        # The API server's TaintNodesByCondition admission gives every new Node the not-ready
-        # taint; the node-lifecycle controller (not run here) would lift it once Ready.
-        core.patch_node(name, {"spec": {"taints": None}})
-
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(make, names))
+        list(pool.map(lambda n: create_fake_node(core, n), names))
     return names
+
+
+@pytest.fixture(scope="session")
+def node_maker(control_plane: ControlPlane) -> Any:
+    """create_fake_node, for tests that need a node of their own."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(control_plane.api())
+    return lambda name, labels=None: create_fake_node(core, name, labels)
+
+
+@pytest.fixture(scope="session")
+def devices_of() -> Any:
+    """fake_devices: the devices a fake node publishes, for an agent that must serve the same ones."""
+    return fake_devices
