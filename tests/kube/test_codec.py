@@ -94,6 +94,8 @@ def test_hami_names_parse():
               "nvidia.com/priority": "0"})
     assert r.count == 1 and r.memory == MemoryAmount(bytes=3000 * MiB) and r.compute == 30
     assert r.priority is Priority.HIGH and not r.exclusive
+    # the API server stores quantities canonically: 3000 arrives as "3k"
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3k"}).memory == MemoryAmount(bytes=3000 * MiB)
 
 
 def test_percentage_and_our_names():

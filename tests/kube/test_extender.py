@@ -127,9 +127,12 @@ def test_bind_writes_ledger_grant_and_binding():
     assert c.container == "main" and c.slices[0].memory_limit == 10000 * MiB and c.slices[0].compute == 30
     ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0")
     assert ledger.entries[p["metadata"]["uid"]] == grant
-    # binding again (the scheduler retried after a timeout) is refused: already bound elsewhere/here
-    again = Extender(api).bind(bind_body(p, "n0"))
-    assert again["Error"] == ""  # same node, same pod: idempotent
+    # binding again (a retry after a lost answer): same node, same pod -> nothing changes
+    api.patch_pod_annotations("default", "train", {codec.POD_ALLOCATED: codec.encode_allocated(["main"])})
+    calls = len(api.calls)
+    assert Extender(api).bind(bind_body(p, "n0"))["Error"] == ""
+    assert api.calls[calls:] == []  # no write at all: the allocated mark and the binding stay
+    assert "already bound to n0" in Extender(api).bind(bind_body(p, "n1"))["Error"]
 
 
 def test_concurrent_binds_never_overcommit_across_replicas():

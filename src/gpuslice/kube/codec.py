@@ -494,10 +494,9 @@ def _whole(key: str, value: Any, low: int, high: int, what: str) -> int:
 
 
 def _mib(key: str, value: Any) -> int:
-    """HAMi's ``gpumem``: a plain whole number of MiB (a unit suffix would be read as a count of MiB)."""
-    what = "a whole number of MiB like 3000 (for sizes with units use gpuslice.io/gpu-memory: 4Gi)"
-    if isinstance(value, bool) or not re.fullmatch(r"\s*[0-9]+\s*", str(value)):
-        raise SpecError(key, value, what)
+    """HAMi's ``gpumem``: a whole number of MiB, as any quantity (the API server stores 3000 as ``3k``).
+    A binary suffix like ``3Gi`` would mean 3·2³⁰ MiB; the bound (16 TiB) refuses it with a hint."""
+    what = "a whole number of MiB like 3000 (at most 16 TiB; for sizes with units use gpuslice.io/gpu-memory: 4Gi)"
     return _whole(key, value, 1, 2**24, what)
 
 

@@ -497,14 +497,20 @@ class Extender:
             if not bound_to:
                 api.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
             return None
+        if bound_to:  # a repeated bind of a pod already bound here: only ours, and only once
+            view = view_of(api.get_node(args.node))
+            entry = view.ledger.entries.get(args.pod_uid)
+            if entry is None:
+                raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} is already bound to {bound_to} "
+                                f"without a gpuslice grant")
+            return entry
         with self._lock(args.node):
             grant = self._commit(args, req)
         try:
             api.patch_pod_annotations(args.pod_namespace, args.pod_name,
                                       {codec.POD_GRANT: codec.encode_pod_grant(grant),
                                        codec.POD_ALLOCATED: None}, uid=args.pod_uid)
-            if not bound_to:
-                api.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
+            api.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
         except KubeError as exc:
             self._take_back(args.node, args.pod_uid)
             raise KubeError(f"binding {args.pod_namespace}/{args.pod_name} to {args.node} failed; "
