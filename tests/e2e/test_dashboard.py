@@ -106,6 +106,9 @@ def test_dashboard_plots_live_data(state_env):
             page = browser.new_page(viewport={"width": 1300, "height": 900})
             page.goto(agent.url, wait_until="load")
             page.wait_for_function("Number(document.body.dataset.updates || 0) >= 3", timeout=20000)
+            page.wait_for_function(  # the slices' lines carry at least 5 points (samples arrive 5×/s)
+                "[...document.querySelectorAll('#plot-slice-compute polyline.series, #plot-slice-memory "
+                "polyline.series')].filter(e => Number(e.dataset.points) >= 5).length === 4", timeout=30000)
             for plot in ("slice-memory", "slice-compute", "device-memory", "device-compute"):
                 counts = page.eval_on_selector_all(f"#plot-{plot} polyline.series",
                                                    "els => els.map(e => Number(e.dataset.points))")

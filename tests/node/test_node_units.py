@@ -145,3 +145,31 @@ def test_ps_and_top_json(state_env):
     assert len(lines) == 2 and len(lines[0]["devices"]) == 8
     bad = subprocess.run([*cli, "top", "--interval", "0"], env=state_env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "interval" in bad.stderr
+
+
+def _device_state(path: Path, uuid: str, grant_id: str, achieved_bp: int, busy_ns: int, throttled_ns: int) -> None:
+    from gpuslice.node import compute
+
+    buf = bytearray(compute.FILE_SIZE)
+    compute._HEADER.pack_into(buf, 0, compute.MAGIC, compute.VERSION, compute.FILE_SIZE, compute.MAX_SLICES,
+                              compute.MAX_PROCS, compute.SLICE_OFF, compute.SLICE_SIZE, compute.PROC_OFF,
+                              compute.PROC_SIZE, 0, 0, 7, uuid.encode())
+    compute._SLICE.pack_into(buf, compute.SLICE_OFF, 1, 3000, 0, 1, 1, 1, 3000, grant_id.encode(), 0, 0, 0,
+                             busy_ns, throttled_ns, 99, 0, 0, 0, achieved_bp, 500, 0)
+    path.write_bytes(bytes(buf))
+
+
+def test_monitor_takes_achieved_share_and_throttling_from_the_pacer(tmp_path):
+    g = grant(tmp_path)
+    states = tmp_path / "devices"
+    states.mkdir()
+    _device_state(states / f"{DEVICES[0].uuid}.dev", DEVICES[0].uuid, g.grant_id, 2950, 4 * 10**9, 7 * 10**9)
+    monitor = Monitor(DEVICES, "n", device_state_dir=states)
+    view = monitor.sample([g], now=time.time())
+    s = view.slices[0]
+    assert s.compute_achieved == pytest.approx(29.5) and s.throttled_seconds == pytest.approx(7.0)
+    assert view.devices[0].compute_achieved == pytest.approx(29.5)
+    _device_state(states / f"{DEVICES[0].uuid}.dev", DEVICES[0].uuid, g.grant_id, -1, 4 * 10**9, 7 * 10**9)
+    assert monitor.sample([g]).slices[0].compute_achieved is not None  # no window yet: busy-time rate (0 here)
+    (states / f"{DEVICES[0].uuid}.dev").write_bytes(b"\0" * 300)
+    assert "not a gpuslice device state" in monitor.sample([g]).errors[0]

@@ -59,7 +59,7 @@ class Agent:
         self.config = config
         self.devices = devices
         self.ledger = Ledger(config.state, devices, region_pids=region_pids)
-        self.monitor = Monitor(devices, self.ledger.node_name)
+        self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state)
         self.history = History(config.history_points)
         self.latest: NodeView | None = None
         self._lock = threading.Lock()

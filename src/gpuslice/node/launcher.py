@@ -17,8 +17,9 @@ import shlex
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from gpuslice.node import procs
 from gpuslice.node.client import GrantService
@@ -102,13 +103,17 @@ def child_environment(grant: GrantRecord, enforcer: str, base: dict[str, str] | 
 # ------------------------------------------------------------------------------------------ process
 @dataclass
 class _Tree:
-    child: int
+    """Signal forwarding to the command's process group; signals before the fork wait in ``pending``."""
+
     grace: float
+    child: int = 0
     terminating: bool = False
-    signalled: int = 0
+    pending: list[int] | None = None
 
     def forward(self, signum: int, _frame: object = None) -> None:
-        self.signalled = signum
+        if self.child == 0:
+            self.pending = (self.pending or []) + [signum]
+            return
         _killpg(self.child, signum)
         if signum != signal.SIGINT and not self.terminating:
             self.terminating = True
@@ -199,19 +204,28 @@ def _launch_error(message: str, code: int) -> LaunchError:
     return err
 
 
-def wait_tree(child: int, grace: float) -> int:
-    """Wait for ``child`` (forwarding signals), then end what is left of its tree; the exit status."""
-    tree = _Tree(child=child, grace=grace)
+@contextmanager
+def forwarding(grace: float) -> Iterator[_Tree]:
+    """Catch SIGINT/SIGTERM/SIGHUP/SIGQUIT from before the fork until the tree is gone."""
+    tree = _Tree(grace=grace)
     previous = {s: signal.signal(s, tree.forward) for s in FORWARDED}
     try:
-        status = _wait_for(child)
-        leftovers = procs.descendants(os.getpid())
-        if leftovers:
-            _end_leftovers(leftovers, grace)
+        yield tree
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def wait_tree(tree: _Tree, child: int) -> int:
+    """Wait for ``child`` (forwarding signals), then end what is left of its tree; the exit status."""
+    tree.child = child
+    for signum in tree.pending or []:
+        tree.forward(signum)
+    status = _wait_for(child)
+    leftovers = procs.descendants(os.getpid())
+    if leftovers:
+        _end_leftovers(leftovers, tree.grace)
     return status
 
 
@@ -272,16 +286,17 @@ def run_command(service: GrantService, ask: Ask, cmd: Sequence[str], *, wait: bo
         say(describe_grant(grant))
         become_subreaper()
         tty = _tty_fd()
-        try:
-            child = spawn(cmd, child_environment(grant, enforcer), tty)
-        except LaunchError as exc:
-            say(f"error: {exc}")
-            return int(getattr(exc, "code", 127))
-        try:
-            service.set_child(grant.grant_id, child, procs.start_time(child))
-            status = wait_tree(child, grace_seconds())
-        finally:
-            _give_terminal(tty, os.getpgrp())
+        with forwarding(grace_seconds()) as tree:
+            try:
+                child = spawn(cmd, child_environment(grant, enforcer), tty)
+            except LaunchError as exc:
+                say(f"error: {exc}")
+                return int(getattr(exc, "code", 127))
+            try:
+                service.set_child(grant.grant_id, child, procs.start_time(child))
+                status = wait_tree(tree, child)
+            finally:
+                _give_terminal(tty, os.getpgrp())
         return shell_code(status)
     finally:
         _release_quietly(service, grant.grant_id, say)

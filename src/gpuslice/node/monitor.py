@@ -1,8 +1,10 @@
 """The node view: devices, grants and live usage joined into one plain structure, sampled over time.
 
-``Monitor.sample()`` reads the ledger and every grant's region; compute *achieved* is the slice's busy
-time (the pacer's ``busy_ns``) over wall time between two samples, so the first sample of a slice has
-none. ``ps``, ``top``, the metrics and the dashboard all render a :class:`NodeView`.
+``Monitor.sample()`` reads the ledger's grants, every grant's region (memory) and the per-device compute
+state the pacer keeps in ``<state>/devices/<uuid>.dev`` (:mod:`gpuslice.node.compute`). Compute
+*achieved* is the pacer's own measurement over its last 1-s window when it has one; otherwise the
+slice's busy time over wall time between two samples (none on a slice's first sample). ``ps``, ``top``,
+the metrics and the dashboard all render a :class:`NodeView`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from pathlib import Path
+
+from gpuslice.node import compute as compute_state
 from gpuslice.node.records import GrantRecord, Waiter
 from gpuslice.node.region_usage import GrantUsage, read_grant_usage
 from gpuslice.spec import Device, Priority
@@ -68,10 +73,12 @@ class NodeView:
 class Monitor:
     """Turns (devices, grants, regions) into NodeViews; keeps the last busy counters for rates."""
 
-    def __init__(self, devices: Sequence[Device], node: str, read_usage: UsageReader = read_grant_usage):
+    def __init__(self, devices: Sequence[Device], node: str, read_usage: UsageReader = read_grant_usage,
+                 device_state_dir: Path | None = None):
         self.devices = list(devices)
         self.node = node
         self.read_usage = read_usage
+        self.device_state_dir = device_state_dir
         self._last: dict[tuple[str, str], tuple[float, int]] = {}  # (grant, device) -> (t, busy_ns)
 
     def sample(self, grants: Sequence[GrantRecord], waiters: Sequence[Waiter] = (),
@@ -81,6 +88,7 @@ class Monitor:
         for d in self.devices:
             index.update({m.uuid: d.index for m in d.mig_instances})
         slices, errors, seen = [], [], set()
+        paced = self._compute(errors)
         for grant in grants:
             usage = self.read_usage(grant)
             if usage.error:
@@ -89,18 +97,39 @@ class Monitor:
                 u = usage.slices.get(s.device_uuid)
                 key = (grant.grant_id, s.device_uuid)
                 seen.add(key)
-                achieved = self._rate(key, now, u.busy_ns if u else 0) if usage.readable else None
+                pc = paced.get(key)
+                busy = max(u.busy_ns if u else 0, int(pc.busy_total_s * 1e9) if pc else 0)
+                rate = self._rate(key, now, busy) if usage.readable or pc else None
+                achieved = pc.achieved_share if pc and pc.achieved_share is not None else rate
+                throttled = max((u.throttled_ns if u else 0) / 1e9, pc.throttled_total_s if pc else 0.0)
                 slices.append(SliceView(
                     grant_id=grant.grant_id, owner=grant.owner, device_uuid=s.device_uuid,
                     device_index=index.get(s.device_uuid, -1), memory_limit=s.memory_limit,
                     memory_used=u.used if u else 0, memory_peak=u.peak if u else 0, compute_set=s.compute,
-                    compute_achieved=achieved, throttled_seconds=(u.throttled_ns if u else 0) / 1e9,
+                    compute_achieved=achieved, throttled_seconds=throttled,
                     oom_refusals=u.oom_refusals if u else 0, priority=Priority(s.priority).name.lower(),
                     mode=s.mode.value, pids=usage.pids, age_seconds=max(0.0, now - grant.created),
                     command=grant.command, exclusive=grant.exclusive))
         self._last = {k: v for k, v in self._last.items() if k in seen}
         return NodeView(time=now, node=self.node, devices=tuple(self._devices(slices)), slices=tuple(slices),
                         waiters=tuple(w.to_json() for w in waiters), errors=tuple(errors))
+
+    def _compute(self, errors: list[str]) -> dict[tuple[str, str], compute_state.SliceCompute]:
+        """The pacer's per-slice compute state, keyed (grant, device UUID); empty without state files."""
+        if self.device_state_dir is None:
+            return {}
+        found = {}
+        for d in self.devices:
+            path = self.device_state_dir / f"{d.uuid}.dev"
+            if not path.exists():
+                continue
+            try:
+                state = compute_state.read_device_state(path)
+            except compute_state.DeviceStateError as exc:
+                errors.append(str(exc))
+                continue
+            found.update({(s.grant, d.uuid): s for s in state.slices})
+        return found
 
     def _rate(self, key: tuple[str, str], now: float, busy_ns: int) -> float | None:
         last = self._last.get(key)

@@ -20,7 +20,7 @@ class ViewSource:
 
             devices = discover()
             self.ledger = Ledger(state, devices, region_pids=region_pids)
-            self.monitor = Monitor(devices, self.ledger.node_name)
+            self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=state.device_state)
 
     @property
     def where(self) -> str:
