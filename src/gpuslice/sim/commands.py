@@ -26,13 +26,14 @@ def simulate(
     ratio: float = typer.Option(1.3, "--ratio", help="Inflation: draw until demand reaches ratio × GPU capacity."),
     split_count: int = typer.Option(10, "--split-count", help="Slices per GPU at most (HAMi deviceSplitCount)."),
     cpu_tasks: str = typer.Option("include", "--cpu-tasks", help="include (as the paper) or skip CPU-only tasks."),
+    speedup: float = typer.Option(1.0, "--speedup", help="Timeline: arrivals this many times denser (durations kept)."),
     out: Path = typer.Option(Path("out/simulate"), "--out", help="Directory for summary.csv, curves.csv, report.html."),
     workers: int = typer.Option(0, "--workers", help="Processes (0 = one per CPU)."),
 ) -> None:
     """Replay a trace through the placement policies: table, CSV and an HTML report with plots."""
     if mode not in MODES:
         raise SpecError("mode", mode, "inflation or timeline")
-    config = SimConfig(ratio=ratio, seed=seed, split_count=split_count, cpu_tasks=cpu_tasks)
+    config = SimConfig(ratio=ratio, seed=seed, split_count=split_count, cpu_tasks=cpu_tasks, speedup=speedup)
     jobs = plan(trace, nodes, parse_policies(policy), mode, config, repeats)
     report = run_and_report(jobs, out, workers or None)
     typer.echo(f"report: {report}")
@@ -59,6 +60,8 @@ def run_and_report(jobs, out: Path, workers: int | None = None) -> Path:
         "ratio": f"{first.config.ratio:g}", "split count": str(first.config.split_count),
         "CPU-only tasks": first.config.cpu_tasks,
     }
+    if first.mode == "timeline":
+        params["speedup"] = f"{first.config.speedup:g}"
     return write_all(rows, out, params)
 
 

@@ -1,0 +1,47 @@
+"""Run the openb replays on a machine that has only Python 3.11+ and numpy (no install step), and
+pickle the outcomes; bench/sim/openb.py --from-pickle turns them into the report on this machine.
+
+    PYTHONPATH=src python3 bench/sim/device_run.py --out $OUT/outcomes.pkl --workers 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from openb_jobs import build_jobs  # noqa: E402
+
+from gpuslice.sim.runner import run_jobs  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats-default", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    jobs = build_jobs(args.repeats_default, args.repeats)
+    started, done = time.time(), [0]
+
+    def tick(outcome):
+        done[0] += 1
+        print(f"[{done[0]}/{len(jobs)}] {outcome.job.trace.stem} {outcome.job.policy} seed {outcome.job.config.seed}: "
+              f"{outcome.result.seconds:.1f}s", flush=True)
+    outcomes = run_jobs(jobs, args.workers, tick)
+    machine = f"{platform.machine()} {platform.processor()} {os.cpu_count()} cores, Python {platform.python_version()}"
+    with args.out.open("wb") as handle:
+        pickle.dump({"outcomes": outcomes, "wall": time.time() - started, "machine": machine,
+                     "workers": args.workers}, handle)
+    print(f"{len(jobs)} replays in {time.time() - started:.0f} s on {machine}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
