@@ -292,3 +292,27 @@ def test_fleet_index_follows_ledger_changes_like_a_fresh_build():
         assert a["NodeNames"] == b["NodeNames"] and a["FailedNodes"] == b["FailedNodes"]
         assert fast.prioritize(args) == slow.prioritize(args)
     assert fast.index.rebuilds <= 1 + 60 // 17 + 1  # ledger changes never rebuild
+
+
+def test_node_cache_follows_the_api_server_without_a_watch():
+    api = cluster(1, 1)
+    cache = NodeCache(api, poll_interval=0.02)
+    cache.start()
+    try:
+        assert cache.synced.wait(5)
+        api.add_node("late", node("late", 1)["metadata"]["annotations"])
+        ext = Extender(api, cache=cache)
+        p = pod("p", {"nvidia.com/gpu": "1"})
+        import time as _t
+        deadline = _t.monotonic() + 5
+        while cache.views.get("late") is None and _t.monotonic() < deadline:
+            _t.sleep(0.01)
+        assert ext.filter({"Pod": p, "NodeNames": ["n0", "late"]})["NodeNames"] == ["n0", "late"]
+        del api.nodes["late"]
+        deadline = _t.monotonic() + 5
+        while cache.views.get("late") is not None and _t.monotonic() < deadline:
+            _t.sleep(0.01)
+        out = ext.filter({"Pod": p, "NodeNames": ["n0", "late"]})
+        assert out["NodeNames"] == ["n0"] and "late" in out["FailedNodes"]
+    finally:
+        cache.stop()
