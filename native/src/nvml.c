@@ -94,7 +94,33 @@ PROC_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
 PROC_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
 PROC_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
 
+GS_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *list)
+{
+    __typeof__(&nvmlDeviceGetRunningProcessDetailList) real = GS_NVML_REAL(nvmlDeviceGetRunningProcessDetailList);
+    if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    char uuid[96];
+    uint64_t lim, used;
+    if (!list || !slice_view(device, uuid, &lim, &used)) return real(device, list);
+    static __thread nvmlProcessDetail_v1_t all[MAX_LIST];
+    nvmlProcessDetailList_t mine = *list;
+    mine.procArray = all;
+    mine.numProcArrayEntries = MAX_LIST;
+    nvmlReturn_t r = real(device, &mine);
+    if (r != NVML_SUCCESS) return r;
+    unsigned kept = 0, cap = list->numProcArrayEntries;
+    for (unsigned i = 0; i < mine.numProcArrayEntries && i < MAX_LIST; i++) {
+        uint64_t b;
+        if (!gs_mem_proc_usage(uuid, all[i].pid, &b)) continue;
+        all[i].usedGpuMemory = b;
+        if (list->procArray && kept < cap) list->procArray[kept] = all[i];
+        kept++;
+    }
+    list->numProcArrayEntries = kept;
+    return kept > cap || (kept && !list->procArray) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}
+
 const struct gs_hook gs_hooks_nvml[] = {
+    {"nvmlDeviceGetRunningProcessDetailList", (void *)nvmlDeviceGetRunningProcessDetailList},
     {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2},
     {"nvmlDeviceGetComputeRunningProcesses", (void *)nvmlDeviceGetComputeRunningProcesses},

@@ -109,7 +109,14 @@ static int64_t op_elapsed(void *c, int i)
     if (cu.ev_elapsed(&ms, d->start[i], d->end[i]) != CU_OK || ms < 0) return -1;
     return (int64_t)((double)ms * 1e6);
 }
-static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed};
+static int op_capturing(void *c, void *stream)
+{
+    (void)c;
+    int st = 0;
+    if (!cu.capturing) return 0;
+    return cu.capturing((CUstream)stream, &st) != CU_OK || st != 0;
+}
+static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed, op_capturing};
 
 static int load_driver(void)
 {
@@ -276,12 +283,6 @@ void gs_pacer_before_launch(int dev, void *stream)
     if (!g.enabled) return;
     struct gs_pdev *d = device(dev);
     if (!d) return;
-    if (cu.capturing) {
-        /* a launch into a stream being captured into a graph does not run now: neither pace nor
-         * time it (an event record would also become part of the graph) */
-        int st = 0;
-        if (cu.capturing((CUstream)stream, &st) != CU_OK || st != 0) return;
-    }
     int64_t slept = 0;
     for (;;) {
         int64_t t0 = mono_ns();

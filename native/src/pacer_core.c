@@ -279,6 +279,8 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
         __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED);
         return 0;
     }
+    /* checked only here, on the measured path: the light path must stay a couple of stores */
+    if (e->ops->capturing && e->ops->capturing(e->ops_ctx, stream)) return 0;
     if (gs_devstate_lock(e->ds) != 0) return 0; /* never block the program on our own failure */
     poll_locked(e, now);
     if (slept_ns > 0) {

@@ -47,6 +47,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t, nvmlProcessDetailList_t *);
 unsigned long long gsdouble_used(int dev);
 extern unsigned long gsdouble_launches;
 
@@ -558,6 +559,12 @@ static void s_nvml_shows_slice(void)
     n = 0;
     CHECK_EQ(nvmlDeviceGetComputeRunningProcesses_v3(d, &n, NULL), NVML_ERROR_INSUFFICIENT_SIZE);
     CHECK_EQ(n, 1);
+    nvmlProcessDetail_v1_t det[4];
+    nvmlProcessDetailList_t list = {1, 0, 4, det};
+    CHECK_EQ(nvmlDeviceGetRunningProcessDetailList(d, &list), 0);
+    CHECK_EQ(list.numProcArrayEntries, 1);
+    CHECK_EQ(det[0].pid, getpid());
+    CHECK_EQ(det[0].usedGpuMemory, CTX + 300 * MiB);
     /* device 1 has not been touched by the slice: the limit shows, usage 0 */
     CHECK_EQ(nvmlDeviceGetHandleByIndex_v2(1, &d), 0);
     CHECK_EQ(nvmlDeviceGetMemoryInfo(d, &m), 0);

@@ -106,4 +106,19 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
 
+/* nvmlDeviceGetRunningProcessDetailList (driver 535+), used by nvidia-smi for its process table. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+typedef struct {
+    unsigned int version;
+    unsigned int mode; /* 0 compute, 1 graphics, 2 MPS compute */
+    unsigned int numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_t;
+
 #endif

@@ -76,3 +76,20 @@ PROCS(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
 PROCS(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
 PROCS(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
 PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+
+/* The same list through the detail API (driver 535+, nvidia-smi's process table). */
+EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDetailList_t *l)
+{
+    nvmlProcessInfo_t tmp[64];
+    unsigned n = 64;
+    nvmlReturn_t r = nvmlDeviceGetComputeRunningProcesses_v3(d, &n, tmp);
+    if (r) return r;
+    unsigned cap = l->numProcArrayEntries;
+    for (unsigned i = 0; i < n && l->procArray && i < cap; i++) {
+        memset(&l->procArray[i], 0, sizeof l->procArray[i]);
+        l->procArray[i].pid = tmp[i].pid;
+        l->procArray[i].usedGpuMemory = tmp[i].usedGpuMemory;
+    }
+    l->numProcArrayEntries = n;
+    return n > cap || !l->procArray ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}

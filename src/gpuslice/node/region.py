@@ -210,7 +210,7 @@ def _parse(path: str, data: bytes, consistent: bool) -> RegionSnapshot:
     return RegionSnapshot(path, h[1], h[11], tuple(devices), tuple(procs), consistent)
 
 
-def read_region(path: str | os.PathLike[str], timeout: float = 0.2) -> RegionSnapshot:
+def read_region(path: str | os.PathLike[str], timeout: float = 1.0) -> RegionSnapshot:
     """Copy the region at ``path`` consistently (seqlock) and decode it.
 
     Raises :class:`RegionVersionError` for a layout version this reader does not know and
