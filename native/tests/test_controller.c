@@ -141,7 +141,7 @@ static int64_t op_elapsed(void *c, int idx)
     if (b->done_seq != b->latest || a->done_seq != a->latest) return -1;
     return b->t_done - a->t_done;
 }
-static const struct gs_gpu_ops SIM_OPS = {op_start, op_end, op_query, op_elapsed};
+static const struct gs_gpu_ops SIM_OPS = {op_start, op_end, op_query, op_elapsed, NULL};
 
 /* Where event markers complete. 1 (default, what a time-sliced GPU does: an event is a command in
  * the context's own channel, processed when that context is scheduled): a marker completes when its

@@ -19,6 +19,9 @@ struct gs_gpu_ops {
     int (*record_end)(void *ctx, int idx, void *stream);    /* 0 ok */
     int (*query_end)(void *ctx, int idx);                   /* 1 done, 0 pending, <0 error */
     int64_t (*elapsed)(void *ctx, int idx);                 /* ns start..end of pair idx; <0 error */
+    /* optional (NULL = never): 1 when `stream` is being captured into a graph; such launches do
+     * not run now, so they are neither paced nor timed (an event would join the graph) */
+    int (*capturing)(void *ctx, void *stream);
 };
 
 enum { GS_RING_FREE = 0, GS_RING_RESERVED = 1, GS_RING_RECORDED = 2, GS_RING_VOID = 3 };
