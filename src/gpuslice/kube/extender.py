@@ -172,6 +172,11 @@ class ViewCache:
         with self._lock:
             return self._views.get(name)
 
+    def get_many(self, names: Iterable[str]) -> list[NodeView | None]:
+        with self._lock:
+            views = self._views
+            return [views.get(n) for n in names]
+
     def forget(self, name: str) -> None:
         with self._lock:
             if self._views.pop(name, None) is not None:
@@ -337,8 +342,7 @@ class Extender:
         if args.nodes is not None:
             return [self.views.view(n) for n in args.nodes]
         out = []
-        for name in args.node_names:
-            v = self.views.get(name)
+        for name, v in zip(args.node_names, self.views.get_many(args.node_names)):
             if v is None and self.api is not None:
                 try:
                     v = self.views.view(self.api.get_node(name))
