@@ -143,6 +143,9 @@ def test_ps_and_top_json(state_env):
                          capture_output=True, text=True, timeout=60)
     lines = [json.loads(x) for x in top.stdout.splitlines()]
     assert len(lines) == 2 and len(lines[0]["devices"]) == 8
+    live = subprocess.run([*cli, "top", "--count", "2", "--interval", "0.1"], env=state_env, capture_output=True,
+                          text=True, timeout=60)
+    assert live.returncode == 0 and "slices" in live.stdout and "NVIDIA H100" in live.stdout
     bad = subprocess.run([*cli, "top", "--interval", "0"], env=state_env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "interval" in bad.stderr
 

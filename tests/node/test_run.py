@@ -143,3 +143,15 @@ def test_wait_queues_and_runs_when_freed(env):
     first.communicate(timeout=30)
     assert second.returncode == 0, err
     assert "position 1 in the queue" in err and out.strip() == "ran"
+
+
+def test_multi_gpu_run_gets_whole_devices(env, tmp_path):
+    seen = tmp_path / "seen"
+    proc = gpuslice("run", "--gpus", "2", "--", "sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES" > {seen}; '
+                    f'cat "$GPUSLICE_SLICE" >> {seen}', env=env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    first, *lines = seen.read_text().splitlines()
+    uuids = first.split(",")
+    assert len(uuids) == 2 and all(u.startswith("GPU-") for u in uuids)
+    assert "memory_limit=85520809984" in lines  # whole H100s: the device's memory

@@ -29,8 +29,10 @@ def main(argv: list[str]) -> int:
     try:
         torch.empty(total + 2**30, dtype=torch.uint8, device="cuda")
         over = "allowed"
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:
         over = "refused"
+    except RuntimeError as exc:  # another CUDA error: report it rather than call it a refusal
+        over = f"error: {str(exc).splitlines()[0][:120]}"
     print(json.dumps({"name": name, "matmul_per_s": round(rate, 1), "cuda_total": total, "cuda_free": free,
                       "held": held.numel(), "over_limit_alloc": over}), flush=True)
     return 0
