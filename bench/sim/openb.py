@@ -3,6 +3,9 @@ paper's method), written under bench/results/ as a markdown summary plus the HTM
 
     .venv/bin/python bench/sim/openb.py --repeats-default 10 --repeats 3 \
         --out bench/results/2026-11-22-cpu-sim-openb
+    # or run the replays elsewhere (only Python + numpy needed) and report here:
+    PYTHONPATH=src python3 bench/sim/device_run.py --out outcomes.pkl --workers 16
+    .venv/bin/python bench/sim/openb.py --from-pickle outcomes.pkl --out bench/results/2026-11-22-cpu-sim-openb
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from gpuslice.sim.engine import SimConfig
-from gpuslice.sim.report import PUBLISHED_DEFAULT, summarise, write_all
-from gpuslice.sim.runner import plan, run_jobs
+import pickle
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-POLICIES = ["fgd", "bestfit", "binpack", "spread", "random"]
-VARIANTS = ["gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100", "multigpu20", "multigpu30"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from openb_jobs import DATA, VARIANTS, build_jobs  # noqa: E402
+
+from gpuslice.sim.report import PUBLISHED_DEFAULT, summarise, write_all  # noqa: E402
+from gpuslice.sim.runner import run_jobs  # noqa: E402
 
 
 def main() -> int:
@@ -29,32 +32,36 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--from-pickle", type=Path, help="outcomes written by bench/sim/device_run.py")
     args = ap.parse_args()
     nodes = DATA / "openb_node_list_gpu_node.csv"
-    config = SimConfig(seed=42)
-    jobs = plan([DATA / "openb_pod_list_default.csv"], nodes, POLICIES, "inflation", config, args.repeats_default)
-    variants = [v for v in args.variants.split(",") if v]
-    if variants:
-        jobs += plan([DATA / f"openb_pod_list_{v}.csv" for v in variants], nodes, POLICIES, "inflation", config,
-                     args.repeats)
-    started, cpu0 = time.time(), time.process_time()
-    done = [0]
+    machine = f"{platform.machine()} CPU box, {os.cpu_count()} cores, Python {platform.python_version()}"
+    workers = min(os.cpu_count() or 1, 2)
+    if args.from_pickle:
+        with args.from_pickle.open("rb") as handle:
+            saved = pickle.load(handle)
+        outcomes, wall, machine, workers = saved["outcomes"], saved["wall"], saved["machine"], saved["workers"]
+        jobs = [o.job for o in outcomes]
+    else:
+        jobs = build_jobs(args.repeats_default, args.repeats, [v for v in args.variants.split(",") if v])
+        started = time.time()
+        done = [0]
 
-    def tick(outcome):
-        done[0] += 1
-        print(f"[{done[0]}/{len(jobs)}] {outcome.job.trace.stem} {outcome.job.policy} seed {outcome.job.config.seed}: "
-              f"alloc@100 {outcome.result.alloc_at(100):.2f} ({outcome.result.seconds:.1f}s)", flush=True)
-    outcomes = run_jobs(jobs, None, tick)
-    wall = time.time() - started
+        def tick(outcome):
+            done[0] += 1
+            print(f"[{done[0]}/{len(jobs)}] {outcome.job.trace.stem} {outcome.job.policy} seed "
+                  f"{outcome.job.config.seed}: alloc@100 {outcome.result.alloc_at(100):.2f} "
+                  f"({outcome.result.seconds:.1f}s)", flush=True)
+        outcomes = run_jobs(jobs, workers, tick)
+        wall = time.time() - started
     rows = summarise(outcomes)
     report = write_all(rows, args.out, {"nodes": nodes.name, "mode": "inflation", "ratio": "1.3",
                                         "seeds": f"default 42..{41 + args.repeats_default}, variants 42..{41 + args.repeats}"})
     run_seconds = sum(o.result.seconds for o in outcomes)
     md = [f"# openb: placement policies side by side (workload inflation) — {time.strftime('%Y-%m-%d')}",
           "",
-          f"Machine: {platform.machine()} CPU box, {os.cpu_count()} cores, Python {platform.python_version()}; "
-          f"{len(jobs)} replays in {wall:.0f} s wall ({run_seconds:.0f} s summed per replay, 2 processes, "
-          "shared machine). Command: `.venv/bin/python bench/sim/openb.py` "
+          f"Machine: {machine}; {len(jobs)} replays in {wall:.0f} s wall ({run_seconds:.0f} s summed over "
+          f"replays, {workers} processes). Command: `.venv/bin/python bench/sim/openb.py` "
           f"(`--repeats-default {args.repeats_default} --repeats {args.repeats}`); the same table comes from "
           "`gpuslice simulate --trace … --nodes bench/data/openb_node_list_gpu_node.csv --repeats N`.",
           "",
