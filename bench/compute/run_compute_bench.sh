@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# gpuslice compute benchmark on one real GPU (about 3.5 minutes). Every achieved share here is
-# measured from the workload's own throughput relative to an exclusive run of the same workload,
-# never from the enforcer's estimate (which is shown alongside for comparison).
+# gpuslice compute benchmark on one real GPU (about 3 minutes). Achieved shares are measured by NVML
+# (the driver's per-process SM utilization) and by each workload's own throughput relative to an
+# exclusive run, never taken from the enforcer (its own estimate is shown alongside).
 #   accuracy   set 10/25/50/75/90 % -> achieved mean/p5/p95 over 1-s windows (matmul, ResNet-50 train)
 #   split      two slices 50/50 and 30/70: split and aggregate vs exclusive; plain time-slicing; MPS
 #   priority   p50/p99 latency of a high-priority inference loop alone vs beside a low-priority trainer
 #   overhead   throughput at share 100 % with the enforcer preloaded vs without
-# Logs and JSON go to $OUT (default /tmp/gpuslice-out/compute); the table is printed last.
+# Output in $OUT/compute (default /tmp/gpuslice-out/compute): summary.txt (the table, also printed
+# last), bench.log, raw.tgz (every workload's JSON, the NVML samples, stderr logs).
+# The processes of the next group import torch while the current group runs and wait at a gate file
+# before touching the GPU, so imports cost no measured time.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -16,81 +19,102 @@ export PYTHONPATH=${PYTHONPATH:-$ROOT/src}
 export PYTHONUNBUFFERED=1
 LIB=$ROOT/native/build/libgpuslice.so
 [ -f "$LIB" ] || make -s -C native >"$OUT/build.log" 2>&1 || { echo "build failed, see $OUT/build.log"; exit 1; }
-W="python3 $ROOT/bench/compute/workload.py"
+W=${GS_BENCH_WORKLOAD:-"python3 $ROOT/bench/compute/workload.py"}  # overridable for a dry run of this script
 RUN=/tmp/gs-compute-bench.$$
+RAW=$RUN/raw
 STATE=$RUN/state
-mkdir -p "$RUN" "$STATE"
+MPSD=$RUN/mps
+mkdir -p "$RUN" "$RAW" "$STATE" "$MPSD/pipe" "$MPSD/log"
 T0=$(date +%s)
 MPS_UP=0
+SAMPLER=
 cleanup() {
-  if [ "$MPS_UP" = 1 ]; then echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; MPS_UP=0; fi
+  if [ "$MPS_UP" = 1 ]; then CUDA_MPS_PIPE_DIRECTORY=$MPSD/pipe nvidia-cuda-mps-control <<<quit >/dev/null 2>&1; MPS_UP=0; fi
+  [ -n "$SAMPLER" ] && kill "$SAMPLER" 2>/dev/null
   rm -rf "$RUN"
 }
 trap cleanup EXIT
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/bench.log"; }
 
-slice() {  # slice NAME compute priority [mode] -> path of a slice file
+slice() {  # slice NAME compute priority -> path of a slice file
   local f=$RUN/$1.slice
-  printf 'version=1\ngrant=%s\ncompute=%s\nmode=%s\npriority=%s\nweight=1\ndevice_state_dir=%s\nlog_level=warn\n' \
-    "$1" "$2" "${4:-hard}" "$3" "$STATE" >"$f"
+  printf 'version=1\ngrant=%s\ncompute=%s\nmode=hard\npriority=%s\nweight=1\ndevice_state_dir=%s\nlog_level=warn\n' \
+    "$1" "$2" "$3" "$STATE" >"$f"
   echo "$f"
 }
-# gs NAME COMPUTE PRIO -- workload args: run under the enforcer
+declare -A GP
+# gs N NAME COMPUTE PRIO ARGS...: a process of group N under the enforcer
 gs() {
-  local name=$1 c=$2 p=$3; shift 4
-  GPUSLICE_SLICE=$(slice "$name" "$c" "$p") LD_PRELOAD=$LIB $W --state-dir "$STATE" --grant "$name" "$@" \
-    2>>"$OUT/$name.err"
+  local n=$1 name=$2 c=$3 p=$4; shift 4
+  GPUSLICE_SLICE=$(slice "$name" "$c" "$p") LD_PRELOAD=$LIB $W --state-dir "$STATE" --grant "$name" \
+    --gate "$RUN/gate.$n" --out "$RAW/$name.json" "$@" 2>>"$RAW/$name.err" &
+  GP[$n]+=" $!"
 }
-plain() { local name=$1; shift 2; $W "$@" 2>>"$OUT/$name.err"; }
+# plain N NAME ARGS...: a process of group N without the enforcer (extra env through ENVS)
+plain() {
+  local n=$1 name=$2; shift 2
+  env ${ENVS:-} $W --gate "$RUN/gate.$n" --out "$RAW/$name.json" "$@" 2>>"$RAW/$name.err" &
+  GP[$n]+=" $!"
+}
+group() {
+  case $1 in
+    1) plain 1 excl_matmul --kind matmul --schedule x:4 ;;
+    2) gs 2 p100_matmul 100 0 --kind matmul --schedule x:4 ;;
+    3) plain 3 excl_resnet --kind resnet --schedule x:5 ;;
+    4) gs 4 p100_resnet 100 0 --kind resnet --schedule x:5 ;;
+    5) gs 5 acc_matmul 50 0 --kind matmul --schedule 10:5,25:5,50:5,75:5,90:5 ;;
+    6) gs 6 acc_resnet 50 0 --kind resnet --schedule 10:5,25:5,50:5,75:5,90:5 ;;
+    7) gs 7 split_a 50 0 --kind matmul --schedule 50:6,30:6 --barrier "$RUN/b7" --peers 2
+       gs 7 split_b 50 0 --kind matmul --schedule 50:6,70:6 --barrier "$RUN/b7" --peers 2 ;;
+    8) plain 8 ts_a --kind matmul --schedule x:6 --barrier "$RUN/b8" --peers 2
+       plain 8 ts_b --kind matmul --schedule x:6 --barrier "$RUN/b8" --peers 2 ;;
+    9) gs 9 prio_infer 100 0 --kind infer --schedule x:11 --barrier "$RUN/b9" --peers 2
+       gs 9 prio_train 100 1 --kind resnet --schedule x:6 --delay 5 --barrier "$RUN/b9" --peers 2 ;;
+    10) plain 10 noprio_infer --kind infer --schedule x:11 --barrier "$RUN/b10" --peers 2
+        plain 10 noprio_train --kind resnet --schedule x:6 --delay 5 --barrier "$RUN/b10" --peers 2 ;;
+    11|12) local pa=50 pb=50
+        [ "$1" = 12 ] && pa=30 pb=70
+        ENVS="CUDA_MPS_PIPE_DIRECTORY=$MPSD/pipe CUDA_MPS_LOG_DIRECTORY=$MPSD/log CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pa" \
+          plain "$1" "mps${pa}_a" --kind matmul --schedule x:6 --barrier "$RUN/b$1" --peers 2
+        ENVS="CUDA_MPS_PIPE_DIRECTORY=$MPSD/pipe CUDA_MPS_LOG_DIRECTORY=$MPSD/log CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pb" \
+          plain "$1" "mps${pa}_b" --kind matmul --schedule x:6 --barrier "$RUN/b$1" --peers 2 ;;
+  esac
+}
+NAMES=(x "exclusive matmul" "matmul, enforcer at 100 %" "exclusive resnet" "resnet, enforcer at 100 %"
+       "accuracy matmul (10/25/50/75/90, 5 s each)" "accuracy resnet" "split gpuslice 50/50 then 30/70"
+       "split time-slicing" "priority with gpuslice" "priority without enforcer" "split MPS 50/50" "split MPS 30/70")
 
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; } >"$OUT/env.txt" 2>&1
-
-log "exclusive baselines and overhead (no enforcer / enforcer at 100 %)"
-plain excl_matmul -- --kind matmul --schedule x:4 --out "$OUT/excl_matmul.json"
-gs p100_matmul 100 0 -- --kind matmul --schedule x:4 --out "$OUT/p100_matmul.json"
-plain excl_resnet -- --kind resnet --schedule x:5 --out "$OUT/excl_resnet.json"
-gs p100_resnet 100 0 -- --kind resnet --schedule x:5 --out "$OUT/p100_resnet.json"
-
-log "accuracy: one process per workload, share changed live every 5 s"
-gs acc_matmul 50 0 -- --kind matmul --schedule 10:5,25:5,50:5,75:5,90:5 --out "$OUT/acc_matmul.json"
-gs acc_resnet 50 0 -- --kind resnet --schedule 10:5,25:5,50:5,75:5,90:5 --out "$OUT/acc_resnet.json"
-
-log "split: two gpuslice slices, 50/50 then 30/70"
-rm -rf "$RUN/b1"
-gs split_a 50 0 -- --kind matmul --schedule 50:6,30:6 --barrier "$RUN/b1" --peers 2 --out "$OUT/split_a.json" &
-gs split_b 50 0 -- --kind matmul --schedule 50:6,70:6 --barrier "$RUN/b1" --peers 2 --out "$OUT/split_b.json" &
-wait
-log "split: plain time-slicing (no enforcer)"
-plain ts_a -- --kind matmul --schedule x:6 --barrier "$RUN/b2" --peers 2 --out "$OUT/ts_a.json" &
-plain ts_b -- --kind matmul --schedule x:6 --barrier "$RUN/b2" --peers 2 --out "$OUT/ts_b.json" &
-wait
-
-log "priority: high-priority inference alone 5 s, then beside a low-priority ResNet-50 trainer 6 s"
-gs online 100 0 -- --kind infer --schedule x:11 --barrier "$RUN/b3" --peers 2 --out "$OUT/prio_infer.json" &
-gs offline 100 1 -- --kind resnet --schedule x:6 --delay 5 --barrier "$RUN/b3" --peers 2 --out "$OUT/prio_train.json" &
-wait
-log "priority reference: the same pair without the enforcer"
-plain np_infer -- --kind infer --schedule x:11 --barrier "$RUN/b4" --peers 2 --out "$OUT/noprio_infer.json" &
-plain np_train -- --kind resnet --schedule x:6 --delay 5 --barrier "$RUN/b4" --peers 2 --out "$OUT/noprio_train.json" &
-wait
-
-log "split: MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE 50/50 then 30/70"
-export CUDA_MPS_PIPE_DIRECTORY=$RUN/mps-pipe CUDA_MPS_LOG_DIRECTORY=$RUN/mps-log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-if nvidia-cuda-mps-control -d; then
-  MPS_UP=1
-  for pair in "50 50" "30 70"; do
-    set -- $pair
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$1 $W --kind matmul --schedule x:6 --barrier "$RUN/b5$1" --peers 2 --out "$OUT/mps${1}_a.json" 2>>"$OUT/mps.err" &
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$2 $W --kind matmul --schedule x:6 --barrier "$RUN/b5$1" --peers 2 --out "$OUT/mps${1}_b.json" 2>>"$OUT/mps.err" &
-    wait
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader; } >"$OUT/env.txt" 2>&1
+cp "$OUT/env.txt" "$RAW/env.txt"
+python3 "$ROOT/bench/compute/nvml_sampler.py" --out "$RAW/nvml.jsonl" 2>>"$RAW/nvml.err" &
+SAMPLER=$!
+LAST=12
+group 1
+for n in $(seq 1 $LAST); do
+  if [ "$n" = 11 ]; then
+    if CUDA_MPS_PIPE_DIRECTORY=$MPSD/pipe CUDA_MPS_LOG_DIRECTORY=$MPSD/log nvidia-cuda-mps-control -d; then MPS_UP=1
+    else
+      log "MPS daemon did not start; no MPS rows"
+      for p in ${GP[11]}; do kill "$p" 2>/dev/null; done
+      break
+    fi
+  fi
+  [ "$n" -lt "$LAST" ] && group $((n + 1))   # next group imports meanwhile
+  log "${NAMES[$n]}"
+  touch "$RUN/gate.$n"
+  # a group that hangs must not eat the whole budget: 60 s is 3x the longest one
+  for p in ${GP[$n]}; do
+    for _ in $(seq 600); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill "$p" 2>/dev/null && log "group $n: killed a process that ran past 60 s"
+    wait "$p" 2>/dev/null
   done
-  echo quit | nvidia-cuda-mps-control; MPS_UP=0
-  cp -r "$CUDA_MPS_LOG_DIRECTORY" "$OUT/mps-log" 2>/dev/null
-else
-  log "MPS daemon did not start; MPS rows will be missing"
-fi
-unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-
+  if [ "$n" = 12 ] && [ "$MPS_UP" = 1 ]; then
+    CUDA_MPS_PIPE_DIRECTORY=$MPSD/pipe nvidia-cuda-mps-control <<<quit; MPS_UP=0
+    cp -r "$MPSD/log" "$RAW/mps-log" 2>/dev/null
+  fi
+done
+kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null; SAMPLER=
 log "analysis"
-python3 "$ROOT/bench/compute/analyze.py" "$OUT" | tee "$OUT/summary.txt"
+python3 "$ROOT/bench/compute/analyze.py" "$RAW" >"$OUT/summary.txt" 2>>"$OUT/bench.log"
+tar czf "$OUT/raw.tgz" -C "$RUN" raw
+cat "$OUT/summary.txt"

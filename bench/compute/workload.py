@@ -1,8 +1,9 @@
 """GPU workloads for the compute benchmark; each records its own progress, never the enforcer's.
 
 kinds:
-  matmul   loops of 25 bf16 4096x4096 matmuls, then a synchronize (progress unit: one matmul)
-  resnet   torchvision ResNet-50 training step, batch 64, bf16 autocast, random data (unit: step)
+  matmul   loops of 100 bf16 4096x4096 matmuls, then a synchronize (progress unit: one matmul)
+  resnet   torchvision ResNet-50 training step, batch 128, bf16 autocast, random data (unit: step);
+           batch 128 keeps the GPU busy (~95 %) so the share is limited by the enforcer, not the CPU
   infer    ResNet-18 inference, batch 8, fp16, one request at a time with 2 ms think time; records
            per-request latency (the high-priority "online" loop)
 
@@ -55,19 +56,20 @@ def barrier(d: str | None, peers: int) -> float:
         time.sleep(0.02)
 
 
-def enforcer_view(state_dir: str | None, grant: str | None) -> tuple[float | None, float | None]:
+def enforcer_view(state_dir: str | None, grant: str | None) -> list:
+    """[achieved, set, rate, throttled] as the enforcer publishes them (None when unknown)."""
     if not state_dir or not grant:
-        return None, None
+        return [None] * 4
     try:
         from gpuslice.node import compute
 
         for dev in compute.read_all(state_dir):
             for s in dev.slices:
                 if s.grant == grant:
-                    return s.achieved_share, s.set_share
-    except Exception:  # the benchmark must not die on a reader problem; the field stays empty
-        return None, None
-    return None, None
+                    return [s.achieved_share, s.set_share, s.rate, s.throttled_share]
+    except Exception:  # the benchmark must not die on a reader problem; the fields stay empty
+        return [None] * 4
+    return [None] * 4
 
 
 def set_share(state_dir: str | None, grant: str | None, share: str) -> None:
@@ -93,7 +95,13 @@ def main() -> None:
     ap.add_argument("--grant")
     ap.add_argument("--delay", type=float, default=0.0, help="idle this long after the barrier before working")
     ap.add_argument("--warmup", type=float, default=1.5)
+    ap.add_argument("--gate", help="wait for this file before touching the GPU (imports overlap the previous group)")
     a = ap.parse_args()
+    if a.kind != "matmul":
+        import torchvision  # noqa: F401  (import before the gate: it is the slow part)
+    if a.gate:
+        while not os.path.exists(a.gate):
+            time.sleep(0.01)
 
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
@@ -104,17 +112,17 @@ def main() -> None:
         out = torch.empty_like(x)
 
         def step() -> int:
-            for _ in range(25):
+            for _ in range(100):
                 torch.mm(x, y, out=out)
             torch.cuda.synchronize()
-            return 25
+            return 100
     elif a.kind == "resnet":
         import torchvision
 
         model = torchvision.models.resnet50().to(dev).to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        data = torch.randn(64, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
-        target = torch.randint(0, 1000, (64,), device=dev)
+        data = torch.randn(128, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
+        target = torch.randint(0, 1000, (128,), device=dev)
         lossf = torch.nn.CrossEntropyLoss()
 
         def step() -> int:
