@@ -6,7 +6,7 @@ import uuid as uuidlib
 from typing import Any
 
 from gpuslice.kube import codec
-from gpuslice.spec import GiB, Device
+from gpuslice.spec import Device
 
 H100 = 81559 * 1024**2  # H100 80GB HBM3 memory as NVML reports it (81559 MiB)
 
@@ -50,6 +50,3 @@ def pod(name: str, limits: dict[str, str] | None = None, *, namespace: str = "de
                      "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
                                       "effect": "NoExecute", "tolerationSeconds": 300}]},
             "status": {"phase": "Pending", "qosClass": "BestEffort"}}
-
-
-GiB_ = GiB

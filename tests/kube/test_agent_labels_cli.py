@@ -8,7 +8,6 @@ import ssl
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 from fakeapi import FakeAPI

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping, Sequence
 
-from gpuslice.placement import DEFAULT_SPLIT_COUNT, DeviceState, NodeState, PlacementPolicy, apply
+from gpuslice.placement import DEFAULT_SPLIT_COUNT, NodeState, PlacementPolicy, apply
 from gpuslice.spec import (
-    ComputeMode, Device, MemoryAmount, MigInstance, MiB, Priority, Request, Slice, SpecError,
-    parse_memory, parse_models,
+    ComputeMode, Device, MemoryAmount, MigInstance, MiB, Priority, Request, Slice, SpecError, parse_models,
 )
 
 FORMAT_VERSION = 1
@@ -733,6 +732,3 @@ def encode_allocated(containers: Iterable[str]) -> str:
 def memory_text(amount: MemoryAmount | None) -> str:
     return "whole device" if amount is None else str(amount)
 
-
-__all__ = [name for name in dir() if not name.startswith("_")]
-_ = parse_memory  # re-exported for callers that parse human sizes alongside annotations
