@@ -127,3 +127,59 @@ def test_compute_achieved_is_busy_time_over_wall_time(agent):
     history = httpx.get(agent.url + "v1/history", timeout=10).json()["slices"][f"{grant['grant_id']}/0"]
     rates = [c for c in history["compute"][-5:] if c is not None]
     assert rates and all(20 <= c <= 40 for c in rates), history["compute"]
+
+
+PEER_SCRIPT = """
+import json, os, sys, httpx
+from gpuslice.node import procs
+sock, victim = sys.argv[1], sys.argv[2]
+http = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://agent", timeout=30)
+mine = http.post("/v1/grants", json={"request": {"memory": "1GiB"}, "owner": "root", "uid": 0,
+                                     "holder_pid": os.getpid(), "holder_start": procs.start_time(os.getpid())})
+theirs = http.post("/v1/grants", json={"request": {"memory": "1GiB"}, "owner": "x", "holder_pid": 1, "holder_start": 0})
+print(json.dumps({"mine": mine.json(), "theirs": theirs.status_code,
+                  "delete_other": http.delete(f"/v1/grants/{victim}").status_code,
+                  "delete_mine": http.delete(f"/v1/grants/{mine.json()['grant_id']}").json()}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a caller as another user")
+def test_socket_callers_are_identified_by_kernel_credentials(tmp_path_factory):
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from nodekit import AgentProcess
+
+    root = Path(tempfile.mkdtemp(prefix="gpuslice-peer-"))
+    os.chmod(root, 0o755)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "GPUSLICE_STATE_DIR": str(root / "state"), "GPUSLICE_DEVICE_SNAPSHOT": "h100-80gb",
+           "PYTHONPATH": str(repo / "src")}
+    agent = AgentProcess(env)
+    try:
+        with uds(agent) as http:
+            victim = http.post("/v1/grants", json=ask_body()).json()["grant_id"]
+        # The caller runs as user nobody, with the system interpreter (this venv's may sit under /root) and our
+        # site-packages (same Python minor version).
+        system_python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+        if not Path(system_python).exists():
+            pytest.skip(f"{system_python} is missing: cannot run a caller as another user")
+        site = next(p for p in sys.path if p.endswith("site-packages"))
+        caller_env = {**env, "PYTHONPATH": f"{repo / 'src'}{os.pathsep}{site}"}
+        nobody = subprocess.run([system_python, "-c", PEER_SCRIPT, str(agent.socket), victim], env=caller_env,
+                                capture_output=True, text=True, timeout=60, user=65534, group=65534, cwd="/")
+        assert nobody.returncode == 0, nobody.stderr
+        seen = json.loads(nobody.stdout)
+        assert seen["mine"]["uid"] == 65534 and seen["mine"]["owner"] != "root"  # the kernel's word, not the body's
+        assert seen["theirs"] == 403  # holder pid 1 is not nobody's process
+        assert seen["delete_other"] == 403
+        assert seen["delete_mine"] == {"released": True}
+        with uds(agent) as http:
+            assert [g["grant_id"] for g in http.get("/v1/grants").json()["grants"]] == [victim]
+    finally:
+        agent.stop()
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)

@@ -3,7 +3,10 @@
 It owns one :class:`Ledger`, samples every grant's region each ``interval`` seconds into a
 :class:`History`, reclaims stale grants, and serves two faces of one state:
 
-* the Unix socket (``<state>/agent.sock``, mode 0666): the full JSON API of :mod:`gpuslice.node.client`;
+* the Unix socket (``<state>/agent.sock``, mode 0666): the full JSON API of :mod:`gpuslice.node.client`.
+  The kernel tells the agent who connected (``SO_PEERCRED``): a non-root caller's grants are recorded
+  under its own uid and user name, its holder process must be its own, and it may change or release
+  only its own grants and queue tickets;
 * HTTP on ``host:port`` (localhost by default): read-only — the dashboard, ``/metrics``, status, history.
 """
 
@@ -13,15 +16,19 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import signal
+import socket
+import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
@@ -89,6 +96,73 @@ class Agent:
             await asyncio.sleep(self.config.interval)
 
 
+# ------------------------------------------------------------------------------------------ callers
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+    @property
+    def privileged(self) -> bool:
+        return self.uid in (0, os.geteuid())
+
+    @property
+    def user(self) -> str:
+        try:
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return str(self.uid)
+
+
+class _PeerProtocol(H11Protocol):
+    """uvicorn's h11 protocol that puts the socket peer's credentials into each request's scope."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        peer = None
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family == socket.AF_UNIX:
+            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer = Peer(*struct.unpack("3i", raw))
+        app = self.app
+
+        async def with_peer(scope, receive, send):
+            scope["gpuslice.peer"] = peer
+            await app(scope, receive, send)
+
+        self.app = with_peer
+
+
+class Forbidden(GpusliceError):
+    """The caller may not do this (another user's grant or queue ticket)."""
+
+
+def _peer(request: HttpRequest) -> Peer | None:
+    return request.scope.get("gpuslice.peer")
+
+
+def _owned_by(pid: int, uid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except OSError:
+        return False
+
+
+def _checked_ask(ask: Ask, peer: Peer | None) -> Ask:
+    """A non-root caller asks for itself: its uid and name, a holder process it owns."""
+    if peer is None or peer.privileged:
+        return ask
+    if not _owned_by(ask.holder_pid, peer.uid):
+        raise Forbidden(f"holder_pid {ask.holder_pid} is not a process of user {peer.user}")
+    return replace(ask, uid=peer.uid, owner=peer.user)
+
+
+def _may_change(peer: Peer | None, grant: GrantRecord) -> None:
+    if peer is not None and not peer.privileged and peer.uid != grant.uid:
+        raise Forbidden(f"grant {grant.grant_id} belongs to {grant.owner}, not to {peer.user}")
+
+
 # ------------------------------------------------------------------------------------------ handlers
 def _error(code: int, kind: str, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": kind, "message": message, **extra}, status_code=code)
@@ -111,6 +185,8 @@ def _guard(handler):
             return _error(404, "unknown_grant", str(exc), grant_id=exc.grant_id)
         except SpecError as exc:
             return _error(400, "spec", str(exc), field=exc.field, value=repr(exc.value), allowed=exc.allowed)
+        except Forbidden as exc:
+            return _error(403, "forbidden", str(exc))
         except GpusliceError as exc:
             return _error(500, "internal", str(exc))
     return wrapped
@@ -127,7 +203,7 @@ def build_apps(agent: Agent) -> tuple[Starlette, Starlette]:
 
     async def post_grant(request: HttpRequest) -> Response:
         data = await _body(request)
-        ask = Ask.from_json(data)
+        ask = _checked_ask(Ask.from_json(data), _peer(request))
         ticket = data.get("ticket")
         result = await agent.call(agent.ledger.acquire, ask, wait=bool(data.get("wait")),
                                   ticket=int(ticket) if ticket is not None else None)
@@ -138,16 +214,26 @@ def build_apps(agent: Agent) -> tuple[Starlette, Starlette]:
 
     async def patch_grant(request: HttpRequest) -> Response:
         data = await _body(request)
+        _may_change(_peer(request), await agent.call(agent.ledger.grant, request.path_params["grant_id"]))
         record = await agent.call(agent.ledger.set_child, request.path_params["grant_id"],
                                   int(data.get("child_pid", 0)), int(data.get("child_start", 0)))
         return JSONResponse(record.to_json())
 
     async def delete_grant(request: HttpRequest) -> Response:
+        try:
+            _may_change(_peer(request), await agent.call(agent.ledger.grant, request.path_params["grant_id"]))
+        except UnknownGrant:
+            return JSONResponse({"released": False})
         released = await agent.call(agent.ledger.release, request.path_params["grant_id"])
         await asyncio.to_thread(agent.sample_once)
         return JSONResponse({"released": released})
 
     async def delete_ticket(request: HttpRequest) -> Response:
+        peer, ticket = _peer(request), int(request.path_params["ticket"])
+        waiters = await agent.call(agent.ledger.waiters)
+        mine = [w for w in waiters if w.ticket == ticket]
+        if peer is not None and not peer.privileged and mine and not _owned_by(mine[0].pid, peer.uid):
+            raise Forbidden(f"queue ticket {ticket} is not a request of user {peer.user}")
         await agent.call(agent.ledger.cancel, int(request.path_params["ticket"]))
         return JSONResponse({"cancelled": True})
 
@@ -210,7 +296,8 @@ async def serve(config: AgentConfig, devices: list[Device], ready: threading.Eve
     sock = config.state.socket
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
-    servers = [_Server(uvicorn.Config(socket_app, uds=str(sock), log_level="warning", lifespan="off"))]
+    servers = [_Server(uvicorn.Config(socket_app, uds=str(sock), log_level="warning", lifespan="off",
+                                      http=_PeerProtocol))]
     if config.port >= 0:
         servers.append(_Server(uvicorn.Config(http_app, host=config.host, port=config.port, log_level="warning",
                                               lifespan="off")))
