@@ -87,6 +87,10 @@ def test_prioritize_follows_the_pod_policy(plain):
     ("/prioritize", json.dumps({"pod": {"metadata": {}, "spec": {}}, "nodenames": [1]}).encode(), "list of node names"),
     ("/bind", json.dumps({"PodName": "p", "PodNamespace": "default", "Node": "n"}).encode(), "PodUID"),
     ("/bind", b"[]", "ExtenderBindingArgs"),
+    ("/filter", json.dumps({"Pod": {"metadata": {}, "spec": {"containers": "x"}}, "NodeNames": []}).encode(),
+     "containers must be a list"),
+    ("/filter", json.dumps({"Pod": {"metadata": {}, "spec": {"containers": [{"name": "c", "resources": {
+        "limits": ["nvidia.com/gpu"]}}]}}, "NodeNames": ["n"]}).encode(), "limits/requests objects"),
 ])
 def test_malformed_payloads_get_400(plain, path, body, needle):
     r = plain.post(path, content=body, headers={"Content-Type": "application/json"})

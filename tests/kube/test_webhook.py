@@ -114,6 +114,10 @@ def test_node_name_is_denied(https):
     (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                  "request": {"uid": "x", "kind": {"kind": "Pod", "group": ""}, "object": "pod"}}).encode(),
      "must be a Pod"),
+    (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                 "request": {"uid": "x", "kind": {"kind": "Pod", "group": ""},
+                             "object": {"metadata": {}, "spec": {"containers": [{"name": "c", "resources": 7}]}}}}
+                ).encode(), "limits/requests objects"),
 ])
 def test_malformed_payloads_get_400_with_a_message(https, body, needle):
     r = https.post("/mutate", content=body, headers={"Content-Type": "application/json"})

@@ -618,6 +618,29 @@ def _list_annotation(anns: Mapping[str, str], key: str) -> tuple[str, ...]:
         raise SpecError(f"metadata.annotations[{key}]", anns[key], "names separated by , or |") from None
 
 
+def pod_shape_problem(pod: Any) -> str:
+    """What makes ``pod`` not a Pod object at all ('' when its shape is fine). Callers answer such
+    payloads with HTTP 400; contradictions inside a well-formed pod are :class:`SpecError` instead."""
+    if not isinstance(pod, Mapping) or not isinstance(pod.get("metadata", {}), Mapping):
+        return "must be a Pod object with metadata"
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return "spec must be an object"
+    for part in ("containers", "initContainers"):
+        items = spec.get(part) or []
+        if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
+            return f"spec.{part} must be a list of container objects"
+        for c in items:
+            res = c.get("resources") or {}
+            if not isinstance(res, Mapping) or not all(isinstance(res.get(k) or {}, Mapping)
+                                                       for k in ("limits", "requests")):
+                return f"spec.{part}[{c.get('name')!r}].resources must hold limits/requests objects"
+    anns = (pod.get("metadata") or {}).get("annotations") or {}
+    if not isinstance(anns, Mapping):
+        return "metadata.annotations must be an object"
+    return ""
+
+
 def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
     """The GPU requests of ``pod`` (a dict as the API server sends it) from its containers' resource
     limits and its annotations. Raises :class:`SpecError` naming the field on contradictions."""

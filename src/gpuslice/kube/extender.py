@@ -67,8 +67,9 @@ class ExtenderArgs:
         pod = _ci(body, "Pod")
         if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
             raise BadRequest("ExtenderArgs.Pod must be a Pod object with metadata")
-        if not isinstance(pod.get("spec"), dict):
-            raise BadRequest("ExtenderArgs.Pod.spec must be an object")
+        problem = codec.pod_shape_problem(pod)
+        if problem:
+            raise BadRequest(f"ExtenderArgs.Pod.{problem}")
         nodes_doc = _ci(body, "Nodes")
         names_doc = _ci(body, "NodeNames")
         nodes = None

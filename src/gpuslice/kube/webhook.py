@@ -75,6 +75,9 @@ def mutate(body: Any, cfg: codec.KubeConfig) -> dict[str, Any]:
     pod = request.get("object")
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
         raise BadReview("AdmissionReview.request.object must be a Pod with a spec")
+    problem = codec.pod_shape_problem(pod)
+    if problem:
+        raise BadReview(f"AdmissionReview.request.object {problem}")
     try:
         req = codec.pod_request(pod, cfg)
     except SpecError as exc:
