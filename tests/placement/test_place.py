@@ -187,3 +187,17 @@ def test_bad_inputs_are_refused_with_named_fields():
         place(_req(mem=1), [_node("a", [16]), _node("a", [16])])
     with pytest.raises(NoFit, match="no nodes"):
         place(_req(mem=1), [])
+
+
+def test_fgd_whole_device_leaves_the_device_the_workload_needs_most():
+    """On a node mixing a T4 and a V100, a whole-GPU request without a model constraint takes the T4
+    when the workload's other shapes can only use the V100 (the V100 stays free for them)."""
+    node = NodeState("mix", (DeviceState("GPU-t4", 16 * GiB, model="T4"), DeviceState("GPU-v", 32 * GiB, model="V100M32")))
+    workload = Workload.from_shapes([TaskShape(memory=MemoryAmount(percent=50.0), models=("V100M32",))] * 9
+                                    + [TaskShape(count=1, exclusive=True)])
+    p = place(Request(exclusive=True), [node], PlacementPolicy.parse("fgd"), workload=workload)
+    assert [s.device_uuid for s in p.slices] == ["GPU-t4"]
+    # Index order (binpack) would have taken the first device as well; flip the order to tell them apart.
+    flipped = NodeState("mix", tuple(reversed(node.devices)))
+    assert place(Request(exclusive=True), [flipped], PlacementPolicy.parse("fgd"), workload=workload).slices[0].device_uuid == "GPU-t4"
+    assert place(Request(exclusive=True), [flipped], PlacementPolicy.parse("binpack")).slices[0].device_uuid == "GPU-v"

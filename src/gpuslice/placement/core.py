@@ -382,9 +382,12 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         elif policy.gpu == "random":
             assert generator is not None
             key = generator.random(dev_ok.shape)
-        elif policy.gpu == "fgd" and terms is not None and p is not None:
-            # take first the idle devices least useful to the workload (fewest shapes they could host)
-            key = (terms.fits[rows] * p).sum(axis=-1)
+        elif policy.gpu == "fgd" and terms is not None and p is not None and fleet.mixed[rows].any():
+            # Take first the idle devices least useful to the workload (fewest shapes they could host).
+            # Idle devices of one kind are alike, so only nodes mixing kinds need it.
+            key = np.broadcast_to(np.arange(width, dtype=float), dev_ok.shape).copy()
+            mixed = np.flatnonzero(fleet.mixed[rows])
+            key[mixed] = terms.fits[rows[mixed]] @ p
         else:  # binpack / spread: all idle devices are alike; keep index order (stable, predictable)
             key = np.broadcast_to(np.arange(width, dtype=float), dev_ok.shape)
         key = np.where(dev_ok, key, np.inf)
@@ -473,8 +476,7 @@ def score_nodes(request: Request, nodes: Nodes, policy: PlacementPolicy | None =
     """Score 0..100 (higher is better) of every node that fits; nodes that do not fit are absent."""
     fleet = _as_fleet(nodes)
     _, scored = _score(request, fleet, policy or PlacementPolicy(), workload, cpu_milli, host_memory, rng)
-    names = fleet.names
-    return dict(zip([names[i] for i in scored.rows.tolist()], scored.score.tolist()))
+    return dict(zip(fleet.name_array[scored.rows].tolist(), scored.score.tolist()))
 
 
 def filter_nodes(request: Request, nodes: Nodes, *, cpu_milli: int = 0,

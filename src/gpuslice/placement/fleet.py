@@ -83,6 +83,12 @@ class Fleet:
                      "kind", "numa"), columns,
                     (bool, np.int64, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int32, np.int32)):
                 setattr(self, name, np.array(column, dtype).reshape(shape))
+        self.name_array = np.array(names, dtype=object)  # fancy-indexable names for result dicts
+        # Nodes whose devices are not all of one kind (model, MIG profile): only there does the choice
+        # among idle devices matter for whole-device requests.
+        masked_kind = np.where(self.valid, self.kind, -1)
+        first = masked_kind.max(axis=1, initial=-1)[:, None] if n else np.zeros((0, 1), np.int32)
+        self.mixed = ((masked_kind != first) & self.valid).any(axis=1) if n else np.zeros(0, bool)
         self.version = 0  # bumped on every change: mixes into the seed of the random policy
         # Per-row change counters: cached fragmentation terms are recomputed only for rows that changed.
         self.row_version = np.zeros(n, np.int64)
