@@ -183,3 +183,17 @@ def test_socket_callers_are_identified_by_kernel_credentials(tmp_path_factory):
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_second_agent_and_busy_port_are_clear_errors(agent, state_env, tmp_path):
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "gpuslice.cli", "agent"]
+    same = subprocess.run([*cli, "--port", "-1"], env=state_env, capture_output=True, text=True, timeout=60)
+    assert same.returncode == 1 and "already serves" in same.stderr
+    port = agent.url.rsplit(":", 1)[1].strip("/")
+    other = {**state_env, "GPUSLICE_STATE_DIR": str(tmp_path / "other")}
+    busy = subprocess.run([*cli, "--port", port], env=other, capture_output=True, text=True, timeout=60)
+    assert busy.returncode == 1 and "cannot listen" in busy.stderr and "--port" in busy.stderr
+    assert httpx.get(agent.url + "v1/ping", timeout=10).json()["ok"] is True  # the first agent is untouched

@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from gpuslice.errors import GpusliceError
 from gpuslice.node.devices import snapshot_json
-from gpuslice.node.errors import UnknownGrant
+from gpuslice.node.errors import AgentError, UnknownGrant
 from gpuslice.node.history import History
 from gpuslice.node.ledger import Ledger
 from gpuslice.node.metrics import exposition
@@ -291,21 +291,25 @@ class _Server(uvicorn.Server):
 
 async def serve(config: AgentConfig, devices: list[Device], ready: threading.Event | None = None) -> None:
     """Run the agent until SIGINT/SIGTERM."""
+    sock = config.state.socket
+    _refuse_second_agent(sock)
     agent = Agent(config, devices)
     socket_app, http_app = build_apps(agent)
-    sock = config.state.socket
     with contextlib.suppress(FileNotFoundError):
-        sock.unlink()
+        sock.unlink()  # a stale socket of an agent that died
+    tcp = _bind_tcp(config.host, config.port) if config.port >= 0 else None
     servers = [_Server(uvicorn.Config(socket_app, uds=str(sock), log_level="warning", lifespan="off",
                                       http=_PeerProtocol))]
-    if config.port >= 0:
-        servers.append(_Server(uvicorn.Config(http_app, host=config.host, port=config.port, log_level="warning",
-                                              lifespan="off")))
+    if tcp is not None:
+        config.port = tcp.getsockname()[1]
+        servers.append(_Server(uvicorn.Config(http_app, log_level="warning", lifespan="off")))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, lambda: [setattr(s, "should_exit", True) for s in servers])
     sampler = asyncio.create_task(agent.run_sampler())
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    tasks = [asyncio.create_task(servers[0].serve())]
+    if tcp is not None:
+        tasks.append(asyncio.create_task(servers[1].serve(sockets=[tcp])))
     try:
         await _announce(servers, tasks, config, sock, ready)
         await asyncio.gather(*tasks)
@@ -317,6 +321,27 @@ async def serve(config: AgentConfig, devices: list[Device], ready: threading.Eve
             config.state.agent_info.unlink()
 
 
+def _bind_tcp(host: str, port: int) -> socket.socket:
+    """The dashboard's listening socket, bound here so a busy port is one clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    tcp = socket.socket(family, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        tcp.bind((host, port))
+    except OSError as exc:
+        tcp.close()
+        raise AgentError(f"cannot listen on http://{host}:{port}/ ({exc.strerror}); choose another port with "
+                         "--port, 0 for any free one, or -1 for no HTTP") from None
+    return tcp
+
+
+def _refuse_second_agent(sock: Path) -> None:
+    from gpuslice.node.client import _answers
+
+    if sock.exists() and _answers(sock):
+        raise AgentError(f"an agent already serves {sock}; stop it first (its pid is in {sock.parent / 'agent.json'})")
+
+
 async def _announce(servers: list[_Server], tasks: list[asyncio.Task], config: AgentConfig, sock: Path,
                     ready: threading.Event | None) -> None:
     while not all(s.started for s in servers):
@@ -325,8 +350,6 @@ async def _announce(servers: list[_Server], tasks: list[asyncio.Task], config: A
         await asyncio.sleep(0.02)
     os.chmod(sock, 0o666)
     port = config.port
-    if len(servers) > 1 and servers[1].servers:
-        port = servers[1].servers[0].sockets[0].getsockname()[1]
     info = {"pid": os.getpid(), "socket": str(sock), "dashboard": f"http://{config.host}:{port}/" if port >= 0 else ""}
     config.state.agent_info.write_text(json.dumps(info))
     print(f"gpuslice agent: socket {sock}; dashboard and /metrics on {info['dashboard'] or '(off)'}", flush=True)

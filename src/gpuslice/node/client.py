@@ -1,6 +1,9 @@
 """Talking to the agent over its Unix socket (JSON over HTTP), and choosing agent or ledger.
 
-Socket API (all JSON; errors are ``{"error": kind, "message": text}`` with 4xx/5xx):
+Socket API (all JSON; errors are ``{"error": kind, "message": text}`` with 4xx/5xx: 400 ``spec`` (with
+``field``/``value``/``allowed``), 403 ``forbidden`` (another user's grant), 404 ``unknown_grant``, 409 ``nofit``).
+The agent knows the caller from the kernel (``SO_PEERCRED``): a non-root caller's ``owner``/``uid`` are its
+own whatever the body says, and ``holder_pid`` must be one of its processes.
 
 =======  ========================  ==========================================================
 POST     /v1/grants                body: Ask (+ ``"wait": bool, "ticket": int|null``) →
