@@ -30,10 +30,12 @@ def run_gpu_demo(seconds: float = 20.0, refresh: float = 1.0) -> list[dict]:
     """Run the two slices for ``seconds``, print the live table, then a summary; returns the results."""
     state = os.environ.get(STATE_ENV) or tempfile.mkdtemp(prefix="gpuslice-demo-")
     env = {**os.environ, STATE_ENV: state}
+    logs = [Path(state) / f"{name}.log" for name, *_ in SLICES]  # stderr, so the live table stays readable
     runs = [subprocess.Popen(
         [sys.executable, "-m", "gpuslice.cli", "run", "--device", "0", "--memory", memory, "--compute", str(compute),
          "--", sys.executable, "-m", "gpuslice.node.workload", name, str(seconds), str(held)],
-        env=env, stdout=subprocess.PIPE, text=True) for name, memory, compute, held in SLICES]
+        env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+        for (name, memory, compute, held), log in zip(SLICES, logs)]
     console = stdout_console()
     os.environ[STATE_ENV] = state
     source = ViewSource(StateDir(Path(state)))
@@ -42,11 +44,11 @@ def run_gpu_demo(seconds: float = 20.0, refresh: float = 1.0) -> list[dict]:
             time.sleep(refresh)
             live.update(view_renderable(source.view()), refresh=True)
     results = []
-    for (name, memory, compute, _), run in zip(SLICES, runs):
+    for (name, memory, compute, _), run, log in zip(SLICES, runs, logs):
         out = run.stdout.read() if run.stdout else ""
         line = next((x for x in out.splitlines() if x.startswith("{")), "")
-        result = {"name": name, "memory": memory, "compute": compute, "exit": run.returncode,
-                  **(json.loads(line) if line else {"error": "no result line"})}
+        result = {"name": name, "memory": memory, "compute": compute, "exit": run.returncode, "log": str(log),
+                  **(json.loads(line) if line else {"error": "no result line; see " + str(log)})}
         results.append(result)
         console.print(f"{name}: compute {compute}%, limit {memory}: " + json.dumps(result))
     if all("matmul_per_s" in r for r in results) and results[0]["matmul_per_s"]:
