@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 from rich.live import Live
 
@@ -26,23 +27,44 @@ from gpuslice.node.viewsource import ViewSource
 SLICES = (("slice-a", "4GiB", 30, 1024), ("slice-b", "8GiB", 60, 2048))  # name, memory, compute, MiB held
 
 
-def run_gpu_demo(seconds: float = 20.0, refresh: float = 1.0) -> list[dict]:
-    """Run the two slices for ``seconds``, print the live table, then a summary; returns the results."""
+WORKLOAD = (sys.executable, "-m", "gpuslice.node.workload")
+
+
+def _show_while_running(console, source: ViewSource, runs: list[subprocess.Popen], refresh: float) -> None:
+    """A live table on a terminal; into a log (no terminal), a table every 5 refreshes."""
+    if console.is_terminal:
+        with Live(view_renderable(source.view()), console=console, auto_refresh=False) as live:
+            while any(r.poll() is None for r in runs):
+                time.sleep(refresh)
+                live.update(view_renderable(source.view()), refresh=True)
+        return
+    ticks = 0
+    while any(r.poll() is None for r in runs):
+        time.sleep(refresh)
+        ticks += 1
+        if ticks % 5 == 0:
+            console.print(f"--- {time.strftime('%H:%M:%S')}")
+            console.print(view_renderable(source.view()))
+
+
+def run_gpu_demo(seconds: float = 20.0, refresh: float = 1.0, workload: Sequence[str] = WORKLOAD) -> list[dict]:
+    """Run the two slices for ``seconds``, print the live table, then a summary; returns the results.
+
+    ``workload`` is the command each slice runs, given ``NAME SECONDS HELD_MIB``; it prints one JSON line.
+    """
     state = os.environ.get(STATE_ENV) or tempfile.mkdtemp(prefix="gpuslice-demo-")
     env = {**os.environ, STATE_ENV: state}
+    StateDir(Path(state)).ensure()
     logs = [Path(state) / f"{name}.log" for name, *_ in SLICES]  # stderr, so the live table stays readable
     runs = [subprocess.Popen(
         [sys.executable, "-m", "gpuslice.cli", "run", "--device", "0", "--memory", memory, "--compute", str(compute),
-         "--", sys.executable, "-m", "gpuslice.node.workload", name, str(seconds), str(held)],
+         "--", *workload, name, str(seconds), str(held)],
         env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
         for (name, memory, compute, held), log in zip(SLICES, logs)]
     console = stdout_console()
     os.environ[STATE_ENV] = state
     source = ViewSource(StateDir(Path(state)))
-    with Live(view_renderable(source.view()), console=console, auto_refresh=False) as live:
-        while any(r.poll() is None for r in runs):
-            time.sleep(refresh)
-            live.update(view_renderable(source.view()), refresh=True)
+    _show_while_running(console, source, runs, refresh)
     results = []
     for (name, memory, compute, _), run, log in zip(SLICES, runs, logs):
         out = run.stdout.read() if run.stdout else ""
