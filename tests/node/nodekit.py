@@ -15,9 +15,10 @@ def gpuslice(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
 
 
 class AgentProcess:
-    def __init__(self, env: dict[str, str], interval: float = 0.2):
+    def __init__(self, env: dict[str, str], interval: float = 0.2, reclaim_interval: float = 0.5):
         self.state = Path(env["GPUSLICE_STATE_DIR"])
-        self.proc = gpuslice("agent", "--port", "0", "--interval", str(interval), env=env)
+        self.proc = gpuslice("agent", "--port", "0", "--interval", str(interval), "--reclaim-interval",
+                             str(reclaim_interval), env=env)
         deadline = time.monotonic() + 30
         info = self.state / "agent.json"
         while not info.exists():

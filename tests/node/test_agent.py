@@ -197,3 +197,19 @@ def test_second_agent_and_busy_port_are_clear_errors(agent, state_env, tmp_path)
     busy = subprocess.run([*cli, "--port", port], env=other, capture_output=True, text=True, timeout=60)
     assert busy.returncode == 1 and "cannot listen" in busy.stderr and "--port" in busy.stderr
     assert httpx.get(agent.url + "v1/ping", timeout=10).json()["ok"] is True  # the first agent is untouched
+
+
+def test_agent_reclaims_grants_of_dead_processes(agent):
+    import subprocess
+
+    holder = subprocess.Popen(["sleep", "60"])
+    body = {**ask_body(), "holder_pid": holder.pid, "holder_start": procs.start_time(holder.pid)}
+    with uds(agent) as http:
+        grant = http.post("/v1/grants", json=body).json()
+        holder.kill()
+        holder.wait()
+        deadline = time.monotonic() + 10
+        while http.get("/v1/grants").json()["grants"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert http.get("/v1/grants").json()["grants"] == []  # nobody asked: the agent's own reclaim did it
+    assert not Path(grant["slice_file"]).exists()

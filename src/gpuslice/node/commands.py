@@ -97,6 +97,8 @@ def agent(
     host: str = typer.Option("127.0.0.1", "--host", help="HTTP address (localhost by default)."),
     interval: float = typer.Option(1.0, "--interval", help="Seconds between usage samples."),
     history_minutes: float = typer.Option(10.0, "--history", help="Minutes of history the dashboard shows."),
+    reclaim_interval: float = typer.Option(5.0, "--reclaim-interval",
+                                           help="Seconds between checks for grants whose processes are gone."),
 ) -> None:
     """Run the node agent: ledger over a Unix socket, stale-grant reclaim, Prometheus metrics, dashboard."""
     import asyncio
@@ -109,9 +111,11 @@ def agent(
         raise SpecError("interval", interval, "seconds above 0, like 1 or 0.5")
     if history_minutes <= 0:
         raise SpecError("history", history_minutes, "minutes above 0, like 10")
+    if reclaim_interval <= 0:
+        raise SpecError("reclaim-interval", reclaim_interval, "seconds above 0, like 5")
     points = max(2, int(history_minutes * 60 / interval))
     config = AgentConfig(state=StateDir.default().ensure(), host=host, port=port, interval=interval,
-                         history_points=points)
+                         reclaim_every=reclaim_interval, history_points=points)
     asyncio.run(serve(config, discover()))
 
 

@@ -24,6 +24,13 @@ def run_top(state: StateDir, interval: float, count: int, as_json: bool) -> None
                 time.sleep(interval)
         return
     console = stdout_console()
+    if not console.is_terminal:  # a pipe or a log: one table per refresh, nothing redrawn
+        while count == 0 or shown < count:
+            console.print(view_renderable(source.view()))
+            shown += 1
+            if count == 0 or shown < count:
+                time.sleep(interval)
+        return
     try:
         with Live(view_renderable(source.view()), console=console, auto_refresh=False) as live:
             shown = 1
