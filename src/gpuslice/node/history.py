@@ -45,8 +45,8 @@ class History:
 
     def to_json(self, since: float = 0.0) -> dict[str, Any]:
         def cut(ring: dict[str, deque]) -> dict[str, list]:
-            keep = [i for i, t in enumerate(ring["t"]) if t > since]
-            return {n: [list(ring[n])[i] for i in keep] for n in ring}
+            first = next((i for i, t in enumerate(ring["t"]) if t > since), len(ring["t"]))  # times ascend
+            return {n: list(ring[n])[first:] for n in ring}
 
         return {"t": [t for t in self.times if t > since],
                 "slices": {k: {**self.meta.get(k, {}), **cut(r)} for k, r in self.slices.items()},
