@@ -2,7 +2,8 @@
  * the behaviour the enforcer depends on and nothing more:
  *  - devices with fixed UUIDs and a memory size (double_common.h), per-thread current context,
  *    primary contexts with a retain count, created contexts;
- *  - allocations backed by host memory (mmap MAP_NORESERVE, so a test can "allocate" gigabytes)
+ *  - allocations backed by host memory (mmap MAP_NORESERVE, so a test can "allocate" gigabytes;
+ *    GSDOUBLE_NOBACK=1 hands out unbacked addresses for benchmarks)
  *    and refused with CUDA_ERROR_OUT_OF_MEMORY past the device size, like a full card;
  *  - every allocation path the enforcer hooks (plain, pitch, managed, async, pools, VMM, arrays);
  *  - launches are no-ops that count (gsdouble_launches) so tests see pass-through;
@@ -94,8 +95,13 @@ static uint64_t forget(uint64_t key, int kind, int *dev)
     return size;
 }
 
+/* GSDOUBLE_NOBACK=1: hand out unbacked, never-reused addresses (benchmarks of the enforcer's own
+ * cost, where mmap would dominate). Nothing may touch that memory. */
+static uintptr_t g_fake_next = (uintptr_t)1 << 44;
 static void *host_map(uint64_t size)
 {
+    if (getenv("GSDOUBLE_NOBACK"))
+        return (void *)__atomic_fetch_add(&g_fake_next, (size + 4095) & ~(uint64_t)4095, __ATOMIC_RELAXED);
     void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
@@ -122,7 +128,7 @@ static CUresult free_kind(uint64_t key, int kind)
     int dev;
     uint64_t size = forget(key, kind, &dev);
     if (!size) return CUDA_ERROR_INVALID_VALUE;
-    munmap((void *)(uintptr_t)key, size);
+    if (!getenv("GSDOUBLE_NOBACK")) munmap((void *)(uintptr_t)key, size);
     return CUDA_SUCCESS;
 }
 
@@ -310,6 +316,11 @@ EXPORT CUresult cuEventElapsedTime(float *ms, void *a, void *b)
     return CUDA_SUCCESS;
 }
 
+/* modules: any image "loads"; functions are dummies the no-op launches accept (for benchmarks) */
+static int g_module_dummy, g_function_dummy;
+EXPORT CUresult cuModuleLoadData(void **mod, const void *image) { (void)image; *mod = &g_module_dummy; return CUDA_SUCCESS; }
+EXPORT CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) { (void)mod; (void)name; *fn = &g_function_dummy; return CUDA_SUCCESS; }
+
 /* ---- cuGetProcAddress: (base name, cudaVersion, flags) -> exported version */
 EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags);
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st);
@@ -329,6 +340,7 @@ static const struct { const char *name; void *fn; } g_syms[] = {
     F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
     F(cuStreamSynchronize), F(cuEventCreate), F(cuEventDestroy_v2), F(cuEventRecord), F(cuEventRecord_ptsz),
     F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuGetProcAddress), F(cuGetProcAddress_v2),
+    F(cuModuleLoadData), F(cuModuleGetFunction),
 };
 /* Versioned names and the CUDA version that introduced each (cuda.h's __CUDA_API_VERSION rules). */
 static const struct { const char *base; int since; const char *suffix; } g_versions[] = {
