@@ -188,3 +188,19 @@ def test_used_memory_sums_stay_within_capacity_after_many_grants(ledger):
     # 79.6 GiB holds 11 slices of 7 GiB, but a device takes at most 10 slices: 8 GPUs × 10.
     assert granted == sum(d.slice_count for d in node.devices) == 80
     assert sum(d.used_memory for d in node.devices) == granted * 7 * GiB
+
+
+def test_device_restriction_covers_mig_instances(tmp_path):
+    from gpuslice.spec import Device, MigInstance
+
+    insts = tuple(MigInstance(uuid=f"MIG-{i}", profile="3g.40gb", memory_total=40 * GiB, sm_count=42) for i in (1, 2))
+    card = Device(uuid="GPU-mig", index=0, name="NVIDIA A100-SXM4-80GB", memory_total=80 * GiB, sm_count=108,
+                  mig_enabled=True, mig_instances=insts)
+    plain = Device(uuid="GPU-plain", index=1, name="NVIDIA A100-SXM4-80GB", memory_total=80 * GiB, sm_count=108)
+    ledger = Ledger(StateDir(tmp_path / "state"), [card, plain], node_name="n1")
+    grant = ledger.acquire(ask("1GiB", devices=("MIG-2",)))
+    assert [s.device_uuid for s in grant.slices] == ["MIG-2"]
+    on_card = ledger.acquire(ask("40GiB", devices=("GPU-mig",)))  # the card's UUID means its instances
+    assert on_card.slices[0].device_uuid == "MIG-1"  # MIG-2 has 39 GiB left
+    with pytest.raises(NoFit):
+        ledger.acquire(ask("40GiB", devices=("GPU-mig",)))

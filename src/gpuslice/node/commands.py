@@ -28,7 +28,7 @@ def _say(text: str) -> None:
 
 @verb("run")
 def run(
-    cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice."),
+    cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice, after --."),
     gpus: int = typer.Option(1, "--gpus", help="How many devices (more than 1 means whole devices)."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Memory limit per device: 4GiB, 4096Mi, 50%. "
                                          "Default: the whole device."),

@@ -118,13 +118,15 @@ class Ledger:
         return [Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r))) for t, p, e, pid, ps, o, r in rows]
 
     def node_state(self, grants: Sequence[GrantRecord] | None = None, only: Sequence[str] = ()) -> NodeState:
-        """The node as placement sees it: devices (all, or ``only`` these UUIDs) and granted slices."""
+        """The node as placement sees it: all devices (or ``only`` these UUIDs: a card, or one MIG
+        instance; a card's UUID covers its instances) with the slices granted on them."""
         grants = self.grants() if grants is None else grants
-        devices = [d for d in self.devices if not only or d.uuid in only]
-        uuids = {d.uuid for d in devices} | {m.uuid for d in devices for m in d.mig_instances}
-        slices = [s for g in grants for s in g.slices if s.device_uuid in uuids]
-        held = [s.device_uuid for g in grants if g.exclusive for s in g.slices if s.device_uuid in uuids]
-        return NodeState.from_devices(self.node_name, devices, slices, exclusive=held)
+        slices = [s for g in grants for s in g.slices]
+        held = [s.device_uuid for g in grants if g.exclusive for s in g.slices]
+        node = NodeState.from_devices(self.node_name, self.devices, slices, exclusive=held)
+        if not only:
+            return node
+        return replace(node, devices=tuple(d for d in node.devices if d.uuid in only or d.parent_uuid in only))
 
     # -------------------------------------------------------------------------------------- changes
     def acquire(self, ask: Ask, *, wait: bool = False, ticket: int | None = None) -> GrantRecord | Queued:
