@@ -242,7 +242,8 @@ int gs_config_parse_text(const char *text, size_t len, struct gs_config *out, ch
         }
     }
     if (!have_version) FAIL("slice file: version: missing; expected version=1 as the first key");
-    for (int i = 0; i < c.device_count; i++) c.device_limit[i] = c.memory_limit;
+    /* Without devices= the limit applies by CUDA ordinal to every device the process sees. */
+    for (int i = 0; i < (c.device_count ? c.device_count : GS_MAX_DEVICES); i++) c.device_limit[i] = c.memory_limit;
     for (int j = 0; j < nov; j++) {
         int found = 0;
         for (int i = 0; i < c.device_count; i++)

@@ -120,7 +120,9 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 {
     __typeof__(&cuMemCreate) real = GS_REAL(cuMemCreate);
     GS_PROLOGUE(real(handle, size, prop, flags));
-    int ord = (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) ? prop->location.id : gs_current_ordinal();
+    /* Host (NUMA) physical memory made through VMM is not device memory: not the slice's business. */
+    if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return real(handle, size, prop, flags);
+    int ord = prop->location.id;
     if (ord < 0) return real(handle, size, prop, flags);
     GS_ACCOUNTED("cuMemCreate", ord, size, GS_K_HANDLE, *handle, real(handle, size, prop, flags));
 }

@@ -487,6 +487,30 @@ static void s_missing_slice_file_refuses(void)
     CHECK_EQ(cuInit(0), CUDA_ERROR_NOT_INITIALIZED);
 }
 
+/* A slice file without devices= limits every device the process sees, by ordinal. */
+static void s_slice_without_devices(void)
+{
+    char path[320];
+    snprintf(path, sizeof path, "%s/slice.conf", t_dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "version=1\nmemory_limit=512m\nregion=%s\ncontext_overhead=0\n", t_region);
+    fclose(f);
+    setenv("GPUSLICE_SLICE", path, 1);
+    up(0);
+    int n;
+    CHECK_EQ(fill(cuMemAlloc_v2, 64 * MiB, NULL, &n), 512 * MiB);
+    CUcontext c1;
+    CHECK_EQ(cuDevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CHECK_EQ(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(fill(cuMemAlloc_v2, 64 * MiB, NULL, &n), 512 * MiB);
+    /* host-located VMM memory is not counted */
+    CUmemAllocationProp prop = {0};
+    prop.type = 1;
+    prop.location.type = 2; /* CU_MEM_LOCATION_TYPE_HOST: the double refuses it, uncounted either way */
+    CUmemGenericAllocationHandle h;
+    CHECK_EQ(cuMemCreate(&h, 2 * MiB, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
 static void s_env_only_lowers(void)
 {
     t_slice("memory_limit=1g\ncontext_overhead=0\n");
@@ -654,6 +678,7 @@ int main(void)
     SCENARIO(s_bad_config_refuses);
     SCENARIO(s_bad_config_fail_open);
     SCENARIO(s_missing_slice_file_refuses);
+    SCENARIO(s_slice_without_devices);
     SCENARIO(s_env_only_lowers);
     SCENARIO(s_env_cannot_raise);
     SCENARIO(s_hami_env);
