@@ -91,7 +91,7 @@ class FakeAPI:
                 raise NotFound(f"pod {namespace}/{name} not found", 404)
             return copy.deepcopy(self.pods[(namespace, name)])
 
-    def list_pods(self, field_selector: str = "") -> list[dict[str, Any]]:
+    def list_pods(self, field_selector: str = "", resource_version: str = "") -> list[dict[str, Any]]:
         with self._lock:
             pods = [copy.deepcopy(p) for p in self.pods.values()]
         if field_selector.startswith("spec.nodeName="):

@@ -609,7 +609,9 @@ class Extender:
         api = self.api
         assert api is not None
         started = self.clock()
-        pods = {(p.get("metadata") or {}).get("uid"): p for p in api.list_pods()}
+        # From the API server's watch cache: an entry is only taken back when its pod has been gone
+        # for 30 s or unbound for gc_grace, far longer than the cache can lag.
+        pods = {(p.get("metadata") or {}).get("uid"): p for p in api.list_pods(resource_version="0")}
         nodes, _ = api.list_nodes()
         removed = 0
         for node in nodes:
