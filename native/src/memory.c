@@ -70,8 +70,9 @@ static int tab_grow(void)
 void gs_track_add(int kind, uint64_t key, int ordinal, uint64_t bytes)
 {
     void *ctx = NULL;
-    if (kind != GS_K_HANDLE) {
-        CUresult (*get)(CUcontext *) = (CUresult(*)(CUcontext *))gs_real("cuCtxGetCurrent");
+    if (kind != GS_K_HANDLE) { /* VMM handles outlive contexts; everything else dies with its context */
+        static CUresult (*get)(CUcontext *);
+        if (!get) get = (CUresult(*)(CUcontext *))gs_real("cuCtxGetCurrent");
         if (get) get((CUcontext *)&ctx);
     }
     pthread_mutex_lock(&g_tab_lock);

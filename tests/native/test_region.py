@@ -4,6 +4,7 @@ and clear refusals of files that are not a region this version knows."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import struct
@@ -86,6 +87,9 @@ def test_dead_process_seen_and_reclaimed(tmp_path: Path, native_build: Path, sli
     (p,) = s.processes
     assert p.pid == victim.pid and not p.alive() and p.used[U0] >= 4 * MiB
     assert p.contexts[U0] >= 1
+    d = s.as_dict()
+    assert d["devices"][0]["uuid"] == U0 and d["processes"][0]["pid"] == victim.pid
+    json.dumps(d)  # plain data
     w = start_writer(native_build, slice_env(conf), 0.1, threads=1)  # attaching reclaims the dead
     s = read_region(region)
     assert victim.pid not in [q.pid for q in s.processes]

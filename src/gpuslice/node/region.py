@@ -28,6 +28,9 @@ from typing import Iterable, Mapping
 
 from gpuslice.errors import GpusliceError
 
+__all__ = ["DeviceUsage", "ProcessUsage", "RegionError", "RegionSnapshot", "RegionVersionError", "create_region",
+           "read_region", "UNLIMITED", "VERSION"]
+
 MAGIC = b"GSREGION"
 VERSION = 1
 HEADER_SIZE = 128
@@ -144,6 +147,17 @@ class RegionSnapshot:
     @property
     def total_used(self) -> int:
         return sum(d.used for d in self.devices)
+
+    def as_dict(self) -> dict:
+        """Plain data for JSON (the monitor, the dashboard, ``gpuslice ps --json``)."""
+        return {
+            "path": self.path, "version": self.version, "created_ns": self.created_ns, "consistent": self.consistent,
+            "devices": [dict(vars(d)) for d in self.devices],
+            "processes": [{"pid": p.pid, "start_time": p.start_time, "oom_refusals": p.oom_refusals,
+                           "used": dict(p.used), "peak": dict(p.peak), "contexts": dict(p.contexts),
+                           "launches": dict(p.launches), "throttled_ns": dict(p.throttled_ns),
+                           "busy_ns": dict(p.busy_ns)} for p in self.processes],
+        }
 
 
 def _pid_alive(pid: int, start_time: int) -> bool:
