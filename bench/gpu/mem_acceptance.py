@@ -111,6 +111,9 @@ def run_scenario(name: str, framework: str, nprocs: int, limit: int, env_extra: 
             res["error"] = "probes did not finish filling (see probe logs)"
             return res
         reps = [json.loads(r.read_text()) for r in reports]
+        if any("skipped" in r for r in reps):
+            res["skipped"] = reps[0]["skipped"]
+            return res
         snap = read_region(region)
         apps = host_apps()
         dev = snap.device(UUID)
@@ -239,8 +242,9 @@ def training_throughput() -> dict:
     d, _ = new_slice(64 * GiB)  # a slice with no compute limit and room to spare
     script = str(ROOT / "bench" / "enforcer_overhead_train.py")
     rates: dict[str, list[float]] = {"without": [], "with": []}
-    # ABBA ABBA: interleaved and mirrored so clock/thermal drift hits both sides equally.
-    for mode in ("without", "with", "with", "without", "without", "with", "with", "without"):
+    # ABBA (x GS_TRAIN_ABBA): interleaved and mirrored so clock/thermal drift hits both sides equally.
+    order = ("without", "with", "with", "without") * max(1, int(os.environ.get("GS_TRAIN_ABBA", "1")))
+    for mode in order:
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
         if mode == "with":
             env = slice_env(d / "slice.conf")
@@ -285,14 +289,24 @@ def main() -> int:
         run_scenario("torch_4_procs", "torch", 4, 8 * GiB)
     if want("kill"):
         sigkill_leaks_nothing(L)
+    # Keep the whole run inside the lead's time box: the optional measurements go last and are
+    # skipped (and said so) when the memory checks took unusually long.
+    budget = float(os.environ.get("GS_ACCEPTANCE_BUDGET_S", "210"))
     if want("cost"):
-        call_cost()
+        if time.time() - t0 < budget - 30:
+            call_cost()
+        else:
+            RESULTS["call_cost_ns"] = {"skipped": "time budget"}
     if want("train"):
-        training_throughput()
+        if time.time() - t0 < budget - 45:
+            training_throughput()
+        else:
+            RESULTS["training"] = {"skipped": "time budget"}
     RESULTS["seconds"] = round(time.time() - t0, 1)
     (OUT / "memory_acceptance.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     print_table()
-    return 0 if all(s.get("pass") for s in RESULTS["scenarios"]) and RESULTS.get("sigkill", {}).get("pass", True) else 1
+    ok = all(s.get("pass") or "skipped" in s for s in RESULTS["scenarios"])
+    return 0 if ok and RESULTS.get("sigkill", {}).get("pass", True) else 1
 
 
 def print_table() -> None:
@@ -301,6 +315,9 @@ def print_table() -> None:
     print(f"{'scenario':24} {'procs':>5} {'limit MiB':>9} {'granted MiB':>11} {'acct peak':>9} {'over':>5} "
           f"{'real MiB':>8} {'real-limit':>10} {'query':>6} {'smi':>4} {'smi-ps':>6} {'refused':>7} {'pass':>5}")
     for s in RESULTS["scenarios"]:
+        if "skipped" in s:
+            print(f"{s['name']:24} SKIPPED {s['skipped']}")
+            continue
         if "error" in s:
             print(f"{s['name']:24} ERROR {s['error']}")
             continue
@@ -314,12 +331,14 @@ def print_table() -> None:
         k = RESULTS["sigkill"]
         print(f"sigkill: victim accounted {k.get('victim_accounted', 0) // MiB} MiB, on card after kill: "
               f"{k.get('victim_on_card')}, refill granted {(k.get('refill_granted') or 0) // MiB} MiB, pass {k.get('pass')}")
-    if "call_cost_ns" in RESULTS:
+    if "skipped" in RESULTS.get("call_cost_ns", {}) or "skipped" in RESULTS.get("training", {}):
+        print("call cost / training skipped: time budget (GS_ACCEPTANCE_BUDGET_S)")
+    if "call_cost_ns" in RESULTS and "skipped" not in RESULTS["call_cost_ns"]:
         c = RESULTS["call_cost_ns"]
         print("call cost ns:", {m: c[m] for m in ("plain", "preload_no_slice", "enforcing")}, "added:", c.get("added_ns"))
-    if "training" in RESULTS:
+    if "training" in RESULTS and "skipped" not in RESULTS["training"]:
         t = RESULTS["training"]
-        print(f"training steps/s mean of 4 without {t['mean']['without']:.1f}, with {t['mean']['with']:.1f}: "
+        print(f"training steps/s mean without {t['mean']['without']:.1f}, with {t['mean']['with']:.1f}: "
               f"loss {t['loss_percent']} % (run-to-run spread {t['run_to_run_spread_percent']} %)")
     print(f"total {RESULTS.get('seconds')} s; details in {OUT}/memory_acceptance.json")
 

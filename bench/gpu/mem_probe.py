@@ -64,6 +64,14 @@ def main() -> int:
     rep: dict = {"framework": a.framework, "pid": os.getpid(), "chunk": chunk, "granted": 0, "oom": False}
     keep = []
     t0 = time.time()
+    try:
+        __import__({"torch": "torch", "cupy": "cupy", "jax": "jax"}[a.framework])
+    except ImportError as e:  # this machine lacks the framework: say so instead of failing the run
+        rep["skipped"] = f"{a.framework} is not installed here: {e}"
+        with open(a.report, "w") as f:
+            json.dump(rep, f)
+        ready(a.report)
+        return 0
     if a.framework == "torch":
         import torch
 
