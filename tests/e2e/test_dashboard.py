@@ -32,8 +32,11 @@ SCREENSHOT = REPO / "bench" / "results" / "2026-11-22-cpu-dashboard.png"  # GPUS
 def chromium() -> str:
     """The browser; installed with apt when root and absent. In CI a missing browser fails, never skips."""
     if not Path(CHROMIUM).exists() and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=600,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+        if subprocess.run(install, capture_output=True, timeout=600, env=apt_env).returncode != 0:
+            subprocess.run(["apt-get", "update"], capture_output=True, timeout=600, env=apt_env)  # a fresh image
+            subprocess.run(install, capture_output=True, timeout=600, env=apt_env)
     if not Path(CHROMIUM).exists():
         message = f"{CHROMIUM} is missing (apt-get install -y chromium)"
         if os.environ.get("CI") == "true":
