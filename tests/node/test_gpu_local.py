@@ -25,8 +25,10 @@ def env(tmp_path, enforcer_lib) -> dict[str, str]:
 
 
 def run(env, *args: str, seconds: float = 6, held_mib: int = 512, name: str = "w") -> subprocess.Popen:
+    from gpuslice.node.demo import torch_workload
+
     return subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "run", "--device", "0", *args, "--",
-                             sys.executable, "-m", "gpuslice.node.workload", name, str(seconds), str(held_mib)],
+                             *torch_workload(), name, str(seconds), str(held_mib)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,14 +21,13 @@ from typing import Sequence
 from rich.live import Live
 
 from gpuslice.console import stdout_console
+from gpuslice.errors import GpusliceError
+from gpuslice.node import workload as workload_module
 from gpuslice.node.paths import STATE_ENV, StateDir
 from gpuslice.node.tables import view_renderable
 from gpuslice.node.viewsource import ViewSource
 
 SLICES = (("slice-a", "4GiB", 30, 1024), ("slice-b", "8GiB", 60, 2048))  # name, memory, compute, MiB held
-
-
-WORKLOAD = (sys.executable, "-m", "gpuslice.node.workload")
 
 
 def _show_while_running(console, source: ViewSource, runs: list[subprocess.Popen], refresh: float) -> None:
@@ -47,11 +47,25 @@ def _show_while_running(console, source: ViewSource, runs: list[subprocess.Popen
             console.print(view_renderable(source.view()))
 
 
-def run_gpu_demo(seconds: float = 20.0, refresh: float = 1.0, workload: Sequence[str] = WORKLOAD) -> list[dict]:
+def torch_workload() -> tuple[str, ...]:
+    """The PyTorch workload command: this interpreter if it has torch, else ``python3`` on PATH (``make run``
+    runs from a venv without torch; GPU boxes have torch in the system Python)."""
+    candidates = [sys.executable, shutil.which("python3"), "/usr/bin/python3"]
+    for python in dict.fromkeys(c for c in candidates if c):
+        probe = subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=120)
+        if probe.returncode == 0:
+            return (python, str(Path(workload_module.__file__).resolve()))
+    raise GpusliceError("no Python with PyTorch found for the demo workload (tried "
+                        + ", ".join(c for c in candidates if c) + "); install torch in one of them")
+
+
+def run_gpu_demo(seconds: float = 20.0, refresh: float = 1.0, workload: Sequence[str] | None = None) -> list[dict]:
     """Run the two slices for ``seconds``, print the live table, then a summary; returns the results.
 
-    ``workload`` is the command each slice runs, given ``NAME SECONDS HELD_MIB``; it prints one JSON line.
+    ``workload`` is the command each slice runs, given ``NAME SECONDS HELD_MIB`` (default: the PyTorch loop of
+    :mod:`gpuslice.node.workload`); it prints one JSON line.
     """
+    workload = tuple(workload) if workload is not None else torch_workload()
     state = os.environ.get(STATE_ENV) or tempfile.mkdtemp(prefix="gpuslice-demo-")
     env = {**os.environ, STATE_ENV: state}
     StateDir(Path(state)).ensure()
