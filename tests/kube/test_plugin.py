@@ -10,15 +10,17 @@ import time
 from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
+
+grpc = pytest.importorskip("grpc")  # pinned in pyproject; absent only on bare GPU images (pytest -m gpu there)
+pytest.importorskip("grpc_tools")
 from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 
 from gpuslice.kube import codec
 from gpuslice.kube.deviceplugin import load
 from gpuslice.kube.extender import Extender
-from gpuslice.kube.plugin import DevicePlugin, NvmlHealth, PluginConfig, device_id
+from gpuslice.kube.plugin import DevicePlugin, PluginConfig, device_id
 from gpuslice.node.slicefile import read_slice_file
 
 pb, pb_grpc = load()
@@ -241,18 +243,3 @@ def test_allocate_refuses_unhealthy_devices_and_missing_grants(folder):
     finally:
         plugin.stop()
         plugin.shutdown()
-
-
-@pytest.mark.gpu
-def test_nvml_health_reports_no_false_alarm_on_a_healthy_gpu():
-    from gpuslice.node.devices import discover_nvml
-
-    devs = discover_nvml()
-    reports = []
-    stop = threading.Event()
-    t = threading.Thread(target=NvmlHealth(poll_seconds=0.2).run, args=(devs, lambda *a: reports.append(a), stop))
-    t.start()
-    time.sleep(1.5)
-    stop.set()
-    t.join(5)
-    assert reports == []
