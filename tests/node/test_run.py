@@ -73,7 +73,10 @@ def test_signal_to_launcher_ends_tree_and_releases(env, tmp_path, signum, code):
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     child = int(marker.read_text())
-    assert len(ledger_grants(env)) == 1
+    deadline = time.monotonic() + 10
+    while not (grants := ledger_grants(env))[0]["pids"] and time.monotonic() < deadline:
+        time.sleep(0.1)  # the launcher records the child right after the fork
+    assert len(grants) == 1 and grants[0]["pids"] == [child]  # ps shows the command's processes
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, err

@@ -50,7 +50,7 @@ class ViewCollector(Collector):
                        SLICE_LABELS),
             "cach": _g("gpuslice_slice_compute_achieved_percent",
                        "Compute the slice used over the last sample interval (percent of the device).", SLICE_LABELS),
-            "procs": _g("gpuslice_slice_processes", "Live processes recorded in the slice's region.", SLICE_LABELS),
+            "procs": _g("gpuslice_slice_processes", "Live processes of the slice (its region and its launched process group).", SLICE_LABELS),
             "thr": CounterMetricFamily("gpuslice_slice_throttled_seconds", "Time the pacer held kernel launches back.",
                                        labels=SLICE_LABELS),
             "oom": CounterMetricFamily("gpuslice_slice_oom_refusals", "Allocations refused at the memory limit.",

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from pathlib import Path
 
 from gpuslice.node import compute as compute_state
+from gpuslice.node import procs
 from gpuslice.node.records import GrantRecord, Waiter
 from gpuslice.node.region_usage import GrantUsage, read_grant_usage
 from gpuslice.spec import Device, Priority
@@ -89,8 +90,11 @@ class Monitor:
             index.update({m.uuid: d.index for m in d.mig_instances})
         slices, errors, seen = [], [], set()
         paced = self._compute(errors)
+        stats = procs.all_stats() if grants else []
         for grant in grants:
             usage = self.read_usage(grant)
+            # GPU processes from the region, plus the launched process group (processes not on the GPU yet)
+            pids = tuple(sorted(set(usage.pids) | set(procs.group_members(grant.child_pid, grant.child_start, stats))))
             if usage.error:
                 errors.append(f"{grant.grant_id}: {usage.error}")
             for s in grant.slices:
@@ -108,7 +112,7 @@ class Monitor:
                     memory_used=u.used if u else 0, memory_peak=u.peak if u else 0, compute_set=s.compute,
                     compute_achieved=achieved, throttled_seconds=throttled,
                     oom_refusals=u.oom_refusals if u else 0, priority=Priority(s.priority).name.lower(),
-                    mode=s.mode.value, pids=usage.pids, age_seconds=max(0.0, now - grant.created),
+                    mode=s.mode.value, pids=pids, age_seconds=max(0.0, now - grant.created),
                     command=grant.command, exclusive=grant.exclusive))
         self._last = {k: v for k, v in self._last.items() if k in seen}
         return NodeView(time=now, node=self.node, devices=tuple(self._devices(slices)), slices=tuple(slices),
