@@ -110,6 +110,14 @@ def test_bad_files_refused_by_both_naming_the_key(tmp_path: Path, native_build: 
         assert key.split(".")[0] in err, err
 
 
+def test_overrides_equal_to_the_default_are_dropped() -> None:
+    cfg = SliceConfig(devices=(A, B), memory_limit=GiB, memory_limits={A: GiB, B: 2 * GiB})
+    assert cfg.memory_limits == {B: 2 * GiB}
+    assert SliceConfig(devices=(A,), memory_limits={A: None}).limit_for(A) is None
+    with pytest.raises(SliceFileError, match="memory_limit"):
+        SliceConfig(devices=(A,), memory_limit=GiB, memory_limits={A: None})
+
+
 def test_writer_refuses_what_the_parser_would(tmp_path: Path) -> None:
     with pytest.raises(SliceFileError, match="memory_limit"):
         SliceConfig(devices=(A,), memory_limits={B: GiB})

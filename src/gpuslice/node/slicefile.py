@@ -85,7 +85,11 @@ class SliceConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
-        object.__setattr__(self, "memory_limits", dict(self.memory_limits))
+        # An override equal to the default says nothing: drop it (this also lets callers pass None
+        # for "unlimited" on every device; an unlimited override under a finite default cannot be
+        # written and is refused by validate()).
+        object.__setattr__(self, "memory_limits",
+                           {u: b for u, b in dict(self.memory_limits).items() if b != self.memory_limit})
         self.validate()
 
     def limit_for(self, uuid: str) -> int | None:
