@@ -176,6 +176,7 @@ class _Terms:
         self.lost_node = np.zeros((n, k))
         self.count = np.zeros((n, k), np.int64)
         self.frag = np.zeros((n, k))
+        self.total_share = np.zeros(n)
         self.deltas: dict[TaskShape, tuple[np.ndarray, np.ndarray]] = {}
 
     def refresh(self, fleet: Fleet, rows: np.ndarray) -> None:
@@ -191,8 +192,13 @@ class _Terms:
         host = (count >= t.count) & (cpu_free[:, None] >= t.cpu) & (hm_free[:, None] >= t.hm)
         self.fits[dirty], self.lost[dirty], self.share[dirty] = fits, lost, share
         self.lost_node[dirty], self.count[dirty] = lost_node, count
-        self.frag[dirty] = np.where(host, lost_node, share.sum(axis=1)[:, None])
+        total = share.sum(axis=1)
+        self.total_share[dirty] = total
+        self.frag[dirty] = np.where(host, lost_node, total[:, None])
         self.seen[dirty] = fleet.row_version[dirty]
+
+    def total(self, rows: np.ndarray, every: bool) -> np.ndarray:
+        return self.total_share if every else self.total_share[rows]
 
     def shared_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, p: np.ndarray) -> np.ndarray:
         """[C, G]: change of F_n = Σ_k p_k F_n(k) if the one-device request goes on device g of each row.
@@ -233,15 +239,26 @@ class _Terms:
     def whole_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
         """[C, K]: change of F_n(k) if the idle devices ``picked`` ([C, count] indices) are taken whole."""
         t = self.t
-        at = (rows[:, None], picked)  # gathers [C, count, K]: far less than masking all devices
-        lost_after = self.lost_node[rows] - self.lost[at].sum(axis=1)
-        count_after = self.count[rows] - self.fits[at].sum(axis=1)
-        total_after = self.share[rows].sum(axis=1) - self.share[at].sum(axis=1)
-        cpu_a = (fleet.cpu_total[rows] - fleet.cpu_used[rows] - fit.shape.cpu_milli)[:, None]
-        hm_a = (fleet.hm_total[rows] - fleet.hm_used[rows] - fit.shape.host_memory)[:, None]
+        every = rows.size == len(self.seen)
+
+        def sel(array: np.ndarray) -> np.ndarray:
+            return array if every else array[rows]
+        # Gather the picked devices' terms ([C, count, K]) rather than masking every device.
+        if picked.shape[1] == 1:  # the common case: one index per row, a plain pairwise gather
+            at1 = (rows, picked[:, 0])
+            lost_taken, fits_taken, share_taken = self.lost[at1], self.fits[at1], self.share[at1]
+        else:
+            at = (rows[:, None], picked)
+            lost_taken, fits_taken = self.lost[at].sum(axis=1), self.fits[at].sum(axis=1)
+            share_taken = self.share[at].sum(axis=1)
+        lost_after = sel(self.lost_node) - lost_taken
+        count_after = sel(self.count) - fits_taken
+        total_after = self.total(rows, every) - share_taken
+        cpu_a = (sel(fleet.cpu_total) - sel(fleet.cpu_used) - fit.shape.cpu_milli)[:, None]
+        hm_a = (sel(fleet.hm_total) - sel(fleet.hm_used) - fit.shape.host_memory)[:, None]
         host_a = (count_after >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
         after = np.where(host_a, lost_after, total_after[:, None])
-        return after - self.frag[rows]
+        return after - sel(self.frag)
 
 
 def _terms(fleet: Fleet, workload: Workload | None, fit: _Fit, rows: np.ndarray) -> tuple[_Terms, np.ndarray]:
@@ -333,8 +350,13 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
     width = fleet.width
     if rows.size == 0:
         return fit, _Scored(rows, np.zeros((0, width), bool), np.zeros(0))
-    # Most nodes usually fit: then whole arrays are used as they are instead of copied by fancy indexing.
-    everything = rows.size == len(fleet)
+    # When most nodes fit, score every node on the arrays as they are (no fancy-index copies) and drop
+    # the others at the end; when few fit, copy out just those rows.
+    fitting = rows
+    everything = rows.size * 2 > len(fleet)
+    if everything:
+        rows = np.arange(len(fleet))
+    keep = fit.node_ok[rows]  # rows to report; the others are scored only because it is cheaper
 
     def take(array: np.ndarray) -> np.ndarray:
         return array if everything else array[rows]
@@ -397,7 +419,7 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
             picked = np.argsort(key, axis=1, kind="stable")[:, : shape.count]
         if policy.topology and shape.count > 1:
             topo = np.full(rows.size, 100.0)
-            for c in np.flatnonzero(fleet.has_topology[rows]):
+            for c in np.flatnonzero(fleet.has_topology[rows] & keep):
                 free = [int(j) for j in np.flatnonzero(dev_ok[c])]
                 group, topo[c] = _topology_sets(fleet, int(rows[c]), free, shape.count)
                 picked[c] = sorted(group)
@@ -410,10 +432,8 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
 
     # Node level: score 0..100 of the node with the chosen devices.
     if policy.node in ("binpack", "spread", "bestfit", "fgd"):
-        valid = take(fleet.valid)
-        devices = valid.sum(axis=1)
-        used = np.where(take(fleet.excl), 1.0, mem_used / cap) * valid
-        after = (used + added_share).sum(axis=1)
+        devices = take(fleet.n_devices)
+        after = take(fleet.used_sum()) + added_share.sum(axis=1)
     if policy.node == "binpack":
         score = 100.0 * after / devices
     elif policy.node == "spread":
@@ -434,13 +454,18 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
             assert delta is not None
             # Equal fragmentation increases are common (e.g. many idle nodes): break those ties by best
             # fit, with a weight far below one step of Δ, instead of by node order.
-            score = _normalise_low_is_good(delta + 1e-6 * remaining)
+            score = delta + 1e-6 * remaining  # normalised below, over the reported rows only
     else:
         assert generator is not None
-        score = 100.0 * generator.random(rows.size)
+        score = 100.0 * generator.random(fitting.size)
+    if everything:
+        chosen, score = chosen[keep], (score if policy.node == "random" else score[keep])
+        topo = None if topo is None else topo[keep]
+    if policy.node == "fgd":
+        score = _normalise_low_is_good(score)
     if topo is not None:
         score = (1 - policy.topology_weight) * score + policy.topology_weight * topo
-    return fit, _Scored(rows, chosen, np.clip(score, 0.0, 100.0))
+    return fit, _Scored(fitting, chosen, np.clip(score, 0.0, 100.0))
 
 
 # ------------------------------------------------------------------------------------------ public

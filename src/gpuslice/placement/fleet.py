@@ -84,6 +84,8 @@ class Fleet:
                     (bool, np.int64, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int32, np.int32)):
                 setattr(self, name, np.array(column, dtype).reshape(shape))
         self.name_array = np.array(names, dtype=object)  # fancy-indexable names for result dicts
+        self.n_devices = self.valid.sum(axis=1)
+        self._used_sum: np.ndarray | None = None  # per node Σ used share, kept current by _change
         # Nodes whose devices are not all of one kind (model, MIG profile): only there does the choice
         # among idle devices matter for whole-device requests.
         masked_kind = np.where(self.valid, self.kind, -1)
@@ -156,6 +158,8 @@ class Fleet:
             self.hm_used[i] = hm
         self.version += 1
         self.row_version[i] += 1
+        if self._used_sum is not None:
+            self._used_sum[i] = self._row_used(i)
 
     # ------------------------------------------------------------------------------------------ views
     def node_state(self, node: str | int) -> NodeState:
@@ -175,6 +179,17 @@ class Fleet:
 
     def nodes(self) -> list[NodeState]:
         return [self.node_state(i) for i in range(len(self))]
+
+    def _row_used(self, i: int) -> float:
+        valid = self.valid[i]
+        share = np.where(self.excl[i], 1.0, self.mem_used[i] / self.mem_cap[i])
+        return float((share * valid).sum())
+
+    def used_sum(self) -> np.ndarray:
+        """Per node: Σ of its devices' used share (devices' worth allocated). Maintained row by row."""
+        if self._used_sum is None:
+            self._used_sum = self.used_share().sum(axis=1)
+        return self._used_sum
 
     def used_share(self) -> np.ndarray:
         """Per device: the allocated share of its memory capacity (1 when held whole, 0 when padding)."""
