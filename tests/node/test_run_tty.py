@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import signal
 import sys
 import time
 
@@ -56,3 +57,37 @@ def test_ctrl_c_on_a_terminal_reaches_the_command(env):
         os.close(master)
     grants = [g for g in (os.listdir(os.path.join(env["GPUSLICE_STATE_DIR"], "grants")))]
     assert grants == []  # released
+
+
+def test_ctrl_z_stops_the_job_and_fg_resumes_it(env):
+    pid, master = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, [sys.executable, "-m", "gpuslice.cli", "run", "--memory", "1GiB", "--",
+                                   sys.executable, "-c", CHILD], env)
+    try:
+        seen = _read_until(master, b"fg=True", 30)
+        assert b"fg=True" in seen, seen
+        os.write(master, b"\x1a")  # Ctrl-Z: the command stops, and so does the launcher (the shell's job)
+        deadline = time.monotonic() + 10
+        stopped = False
+        while not stopped and time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+            stopped = bool(done) and os.WIFSTOPPED(status)
+            time.sleep(0.05)
+        assert stopped, "the launcher did not stop with its command"
+        os.kill(pid, signal.SIGCONT)  # `fg`
+        time.sleep(0.5)
+        os.write(master, b"\x03")  # the command has the terminal again: Ctrl-C reaches it
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            _read_until(master, b"\0", 0.1)
+        else:
+            os.kill(pid, 9)
+            raise AssertionError("gpuslice run did not end after fg + Ctrl-C")
+        assert os.waitstatus_to_exitcode(status) == 130
+    finally:
+        os.close(master)
+    assert os.listdir(os.path.join(env["GPUSLICE_STATE_DIR"], "grants")) == []

@@ -217,26 +217,45 @@ def forwarding(grace: float) -> Iterator[_Tree]:
             signal.signal(signum, handler)
 
 
-def wait_tree(tree: _Tree, child: int) -> int:
+def wait_tree(tree: _Tree, child: int, tty: int | None = None) -> int:
     """Wait for ``child`` (forwarding signals), then end what is left of its tree; the exit status."""
     tree.child = child
     for signum in tree.pending or []:
         tree.forward(signum)
-    status = _wait_for(child)
+    status = _wait_for(child, tty)
     leftovers = procs.descendants(os.getpid())
     if leftovers:
         _end_leftovers(leftovers, tree.grace)
     return status
 
 
-def _wait_for(child: int) -> int:
+def _wait_for(child: int, tty: int | None) -> int:
     while True:
         try:
-            pid, status = os.waitpid(-1, 0)
+            pid, status = os.waitpid(-1, os.WUNTRACED)
         except ChildProcessError:
             return 0
-        if pid == child:
-            return os.waitstatus_to_exitcode(status)
+        if pid != child:
+            continue
+        if os.WIFSTOPPED(status):
+            if tty is not None:
+                _job_stopped(child, tty)
+            continue
+        return os.waitstatus_to_exitcode(status)
+
+
+def _job_stopped(child: int, tty: int) -> None:
+    """Ctrl-Z on a terminal stopped the command: stop with it (the shell sees the job stopped), and on
+    SIGCONT (``fg``/``bg``) hand the terminal back if we are in the foreground and continue the command."""
+    _give_terminal(tty, os.getpgrp())
+    os.kill(os.getpid(), signal.SIGSTOP)
+    try:  # resumed: with `fg` our group is the terminal's foreground again
+        foreground = os.tcgetpgrp(tty) == os.getpgrp()
+    except OSError:
+        foreground = False
+    if foreground:
+        _give_terminal(tty, child)
+    _killpg(child, signal.SIGCONT)
 
 
 def _end_leftovers(pids: list[int], grace: float) -> None:
@@ -294,7 +313,7 @@ def run_command(service: GrantService, ask: Ask, cmd: Sequence[str], *, wait: bo
                 return int(getattr(exc, "code", 127))
             try:
                 service.set_child(grant.grant_id, child, procs.start_time(child))
-                status = wait_tree(tree, child)
+                status = wait_tree(tree, child, tty)
             finally:
                 _give_terminal(tty, os.getpgrp())
         return shell_code(status)
