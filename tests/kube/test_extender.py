@@ -318,3 +318,16 @@ def test_node_cache_follows_the_api_server_without_a_watch():
         assert out["NodeNames"] == ["n0"] and "late" in out["FailedNodes"]
     finally:
         cache.stop()
+
+
+def test_nodes_whose_agent_went_quiet_are_skipped_when_ageing_is_on():
+    fresh, quiet = node("fresh"), node("quiet")
+    now = codec.decode_node_devices(fresh["metadata"]["annotations"][codec.NODE_DEVICES]).updated
+    quiet["metadata"]["annotations"][codec.NODE_DEVICES] = codec.encode_node_devices(
+        codec.decode_node_devices(quiet["metadata"]["annotations"][codec.NODE_DEVICES]).devices, now=now - 600)
+    p = pod("p", {"nvidia.com/gpu": "1"})
+    ext = Extender(None, stale_after=300, clock=lambda: now + 1)
+    out = ext.filter(args_with_nodes(p, [fresh, quiet]))
+    assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["fresh"]
+    assert "has not published" in out["FailedNodes"]["quiet"] and "601 s" in out["FailedNodes"]["quiet"]
+    assert len(Extender(None).filter(args_with_nodes(p, [fresh, quiet]))["Nodes"]["items"]) == 2  # off by default

@@ -58,6 +58,8 @@ def scheduler(
     node_cache: bool = typer.Option(True, "--node-cache/--no-node-cache",
                                     help="Watch nodes (needed when kube-scheduler uses nodeCacheCapable: true)."),
     gc_interval: float = typer.Option(15.0, "--gc-interval", help="Seconds between ledger garbage collections."),
+    stale_after: float = typer.Option(0.0, "--stale-after", help="Skip nodes whose agent has not published "
+                                      "devices for this many seconds (0 = never; HAMi uses 300)."),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the scheduler extender (HTTP) and the mutating admission webhook (HTTPS)."""
@@ -71,7 +73,7 @@ def scheduler(
     cache = NodeCache(api) if node_cache else None
     if cache:
         cache.start()
-    extender = Extender(api, cfg, cache=cache)
+    extender = Extender(api, cfg, cache=cache, stale_after=stale_after)
 
     def collect() -> None:
         stop = threading.Event()

@@ -325,6 +325,7 @@ class Extender:
 
     def __init__(self, api: KubeAPI | None, cfg: codec.KubeConfig | None = None, *,
                  cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0, use_index: bool = True,
+                 stale_after: float = 0.0,
                  clock: Callable[[], float] = time.time):
         self.api = api
         self.cfg = cfg or codec.KubeConfig()
@@ -332,6 +333,7 @@ class Extender:
         self.views = cache.views if cache else ViewCache()
         self.index = FleetIndex(self.views)
         self.use_index = use_index
+        self.stale_after = stale_after  # seconds without a devices publication before a node is skipped (0: never)
         self.bind_retries = bind_retries
         self.gc_grace = gc_grace
         self.clock = clock
@@ -391,6 +393,11 @@ class Extender:
             ok, why = filter_nodes(first, list(states.values()))
             failed.update(why)
             ok_set = set(ok)
+        for v in live:
+            stale = self._stale_devices(v)
+            if stale:
+                ok_set.discard(v.name)
+                failed[v.name] = stale
         if len(req.containers) > 1:  # every container must fit, each after the ones before it
             for name in list(ok_set):
                 try:
@@ -400,6 +407,16 @@ class Extender:
                     failed[name] = exc.reason
         fitting = [v.name for v in views if v.name in ok_set]
         return fitting, failed, {n: states[n] for n in fitting if n in states}
+
+    def _stale_devices(self, view: NodeView) -> str:
+        """Why the node's device list is too old to trust ('' when fresh or when ageing is off)."""
+        if not self.stale_after or view.devices is None:
+            return ""
+        age = self.clock() - view.devices.updated
+        if age <= self.stale_after:
+            return ""
+        return (f"the gpuslice agent has not published {codec.NODE_DEVICES} for {age:.0f} s "
+                f"(more than {self.stale_after:g} s); is it running?")
 
     def _indexed(self, req: codec.PodRequest) -> bool:
         """The shared fleet serves pods without per-pod device exclusions."""
@@ -532,6 +549,9 @@ class Extender:
             view = view_of(node)
             if view.state is None or view.devices is None:
                 raise KubeError(f"node {args.node}: {view.problem}")
+            stale = self._stale_devices(view)
+            if stale:
+                raise KubeError(f"node {args.node}: {stale}")
             existing = view.ledger.entries.get(args.pod_uid)
             if existing is not None:  # our own earlier attempt committed (retry after a crash / timeout)
                 return existing
