@@ -111,7 +111,7 @@ extenders:
     bindVerb: bind
     weight: 1
     enableHTTPS: false
-    nodeCacheCapable: false
+    nodeCacheCapable: true
     httpTimeout: 30s
     ignorable: false
     managedResources:
@@ -219,17 +219,15 @@ def serving_cert(tmp_path_factory: pytest.TempPathFactory) -> ServingCert:
 
 # ------------------------------------------------------------- the kubelet's side of the device plugin
 @pytest.fixture(scope="session")
-def kubelet_api(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Python stubs generated from the kubelet's own api.proto (hack/kubelet-api, copied verbatim from
-    k8s.io/kubelet), so the test speaks the kubelet's wire format, not gpuslice's copy of it."""
-    import importlib
-    import sys
-
+def kubelet_api(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with Python stubs (package ``kubeletdp``) generated from the kubelet's own api.proto
+    (hack/kubelet-api, copied verbatim from k8s.io/kubelet), so the tests speak the kubelet's wire
+    format, not gpuslice's copy of it. Not imported here: the proto package (v1beta1) is the same as
+    gpuslice's, and one process's default protobuf pool cannot hold both; tests load it in a subprocess."""
     from grpc_tools import protoc
 
     src = ROOT / "hack" / "kubelet-api"
     out = tmp_path_factory.mktemp("kubelet-api")
-    # Generated under a package name of our own so it cannot clash with gpuslice's generated module.
     pkg = out / "kubeletdp"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -237,10 +235,67 @@ def kubelet_api(tmp_path_factory: pytest.TempPathFactory) -> Any:
     proto.write_text((src / "deviceplugin-v1beta1.proto").read_text())
     rc = protoc.main(["protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}", str(proto)])
     assert rc == 0, "protoc failed on the kubelet's api.proto"
-    sys.path.insert(0, str(out))
-    pb2 = importlib.import_module("kubeletdp.api_pb2")
-    grpc_mod = importlib.import_module("kubeletdp.api_pb2_grpc")
-    return pb2, grpc_mod
+    return out
+
+
+# ------------------------------------------------------------------- the chart's RBAC, enforced
+CHART = ROOT / "deploy" / "helm" / "gpuslice"
+HELM = ROOT / "hack" / "bin" / "helm"
+CHART_NAMESPACE = "gpuslice-system"
+
+
+@pytest.fixture(scope="session")
+def chart_identities(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Kubeconfigs for the chart's ServiceAccounts, bound by the chart's own (Cluster)Roles, applied to
+    the real API server (RBAC authorization is on). The extender and the agent run the e2e tests under
+    these, so RBAC that misses a verb the code needs fails the tests, not a user's cluster."""
+    import shutil
+
+    from kubernetes import client
+
+    if not HELM.exists():
+        proc = subprocess.run(["make", "-C", str(ROOT / "hack"), "helm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"`make -C hack helm` failed:\n{proc.stdout}\n{proc.stderr}")
+    rendered = subprocess.run([str(HELM), "template", "gs", str(CHART), "--namespace", CHART_NAMESPACE],
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    wanted = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                                                "RoleBinding")
+              and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})]
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHART_NAMESPACE}}
+    manifest = yaml.safe_dump_all([ns, *wanted])
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is needed to apply the chart's RBAC")
+    applied = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "apply", "-f", "-"],
+                             input=manifest, capture_output=True, text=True, timeout=120)
+    assert applied.returncode == 0, applied.stderr
+    core = client.CoreV1Api(control_plane.api())
+    out = {}
+    folder = tmp_path_factory.mktemp("identities")
+    for role, sa in (("scheduler", "gs-gpuslice-scheduler"), ("agent", "gs-gpuslice-agent")):
+        tok = core.create_namespaced_service_account_token(
+            sa, CHART_NAMESPACE, {"spec": {"expirationSeconds": 3 * 3600}}).status.token
+        path = folder / f"{role}.kubeconfig"
+        path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster: {{server: "{control_plane.server}", certificate-authority: "{control_plane.ca_file}"}}
+users:
+- name: {sa}
+  user: {{token: "{tok}"}}
+contexts:
+- name: {sa}
+  context: {{cluster: e2e, user: {sa}}}
+current-context: {sa}
+""")
+        out[role] = str(path)
+    return out
 
 
 # --------------------------------------------------------------------------------- gpuslice parts
@@ -322,8 +377,11 @@ class ExtenderProcess:
 
 
 @pytest.fixture(scope="session")
-def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExtenderProcess]:
-    ext = ExtenderProcess(control_plane.kubeconfig, control_plane.extender_port, tmp_path_factory.mktemp("extender"))
+def extender(control_plane: ControlPlane, chart_identities: dict[str, str],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExtenderProcess]:
+    # As the chart's scheduler ServiceAccount: the chart's RBAC must be enough for every test below.
+    ext = ExtenderProcess(chart_identities["scheduler"], control_plane.extender_port,
+                          tmp_path_factory.mktemp("extender"))
     ext.start()
     yield ext
     ext.kill()

@@ -88,7 +88,8 @@ print(json.dumps(out), flush=True)
 
 
 def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess",
-                                             node_maker: Any, devices_of: Any, kubelet_api: Any, tmp_path: Path) -> None:
+                                             node_maker: Any, devices_of: Any, kubelet_api: Path,
+                                             chart_identities: dict[str, str], tmp_path: Path) -> None:
     from kubernetes import client
 
     from gpuslice.kube import codec
@@ -127,8 +128,7 @@ def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", web
     plugin_dir, state = tmp_path / "dp", tmp_path / "state"
     plugin_dir.mkdir()
     state.mkdir()
-    stubs_dir = kubelet_api[0].__file__.rsplit("/kubeletdp/", 1)[0]
-    kubelet = subprocess.Popen([sys.executable, "-c", KUBELET, stubs_dir, str(plugin_dir), "2", "60"],
+    kubelet = subprocess.Popen([sys.executable, "-c", KUBELET, str(kubelet_api), str(plugin_dir), "2", "60"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert kubelet.stdout is not None
     assert kubelet.stdout.readline().strip() == "KUBELET_LISTENING", kubelet.stderr.read() if kubelet.stderr else ""
@@ -136,7 +136,8 @@ def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", web
     agent_log = tmp_path / "agent.log"
     with open(agent_log, "w") as log:
         agent = subprocess.Popen(
-            [str(gpuslice), "kube-agent", "--node", NODE, "--kubeconfig", control_plane.kubeconfig,
+            # As the chart's agent ServiceAccount, under the chart's RBAC.
+            [str(gpuslice), "kube-agent", "--node", NODE, "--kubeconfig", chart_identities["agent"],
              "--snapshot", str(snapshot), "--split-count", "10", "--plugin-dir", str(plugin_dir),
              "--host-state-dir", str(state), "--library", "/usr/local/gpuslice/lib/libgpuslice.so",
              "--device-nodes", "always", "--log-level", "info"],

@@ -184,6 +184,9 @@ def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> N
     assert ext["urlPrefix"] == "http://127.0.0.1:12345"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["ignorable"] is False
+    # Names only, from the extender's own node watch: full Node objects cost seconds per pod at 5,000 nodes.
+    assert ext["nodeCacheCapable"] is True
+    assert "--no-node-cache" not in ext_args
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
     # Every name the extender reads, so a pod naming any of them reaches it.
     from gpuslice.kube.codec import ResourceNames
