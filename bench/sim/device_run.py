@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openb_jobs import build_jobs  # noqa: E402
+from openb_jobs import build_jobs, build_timeline_jobs  # noqa: E402
 
 from gpuslice.sim.runner import run_jobs  # noqa: E402
 
@@ -25,9 +25,13 @@ def main() -> int:
     ap.add_argument("--repeats-default", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--timeline", default="", help="speed-ups for time-ordered replays instead, e.g. 1,2000")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    jobs = build_jobs(args.repeats_default, args.repeats)
+    if args.timeline:
+        jobs = build_timeline_jobs([float(x) for x in args.timeline.split(",")])
+    else:
+        jobs = build_jobs(args.repeats_default, args.repeats)
     started, done = time.time(), [0]
 
     def tick(outcome):

@@ -21,3 +21,14 @@ def build_jobs(repeats_default: int, repeats: int, variants: list[str] | None = 
         jobs += plan([DATA / f"openb_pod_list_{v}.csv" for v in variants], nodes, POLICIES, "inflation", config,
                      repeats)
     return jobs
+
+
+def build_timeline_jobs(speedups: list[float], traces: list[str] | None = None) -> list[Job]:
+    """Time-ordered replays of the traces that carry creation/deletion times, at several speed-ups."""
+    nodes = DATA / "openb_node_list_gpu_node.csv"
+    names = traces or ["default"]
+    jobs: list[Job] = []
+    for speedup in speedups:
+        jobs += plan([DATA / f"openb_pod_list_{t}.csv" for t in names], nodes, POLICIES, "timeline",
+                     SimConfig(seed=42, speedup=speedup))
+    return jobs
