@@ -107,7 +107,7 @@ void gs_ctl_charge(struct gs_ctl_bucket *b, int64_t busy_ns)
 int64_t gs_ctl_gate(const struct gs_ctl_bucket *b, uint32_t rate_bp, int64_t inflight_ns)
 {
     if (rate_bp >= GS_BP_FULL) return 0;
-    int64_t need = inflight_ns - b->credit_ns;  /* credit missing before this launch may go */
+    int64_t need = inflight_ns - b->credit_ns - GS_CTL_LOOKAHEAD_NS; /* credit missing before this launch */
     if (need <= 0) return 0;
     if (rate_bp == 0) return GS_CTL_WAIT_MAX_NS;
     /* time until the refill covers the gap (the queue also drains meanwhile, so this is an upper

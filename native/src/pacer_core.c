@@ -61,6 +61,14 @@ static int proc_busy(const struct gs_ds_proc *p, int64_t now)
 
 static int valid_slice(int s) { return s >= 0 && s < GS_DS_MAX_SLICES; }
 
+/* A want counts only while its owner keeps asking: a thread waiting here re-asks at least every
+ * WAIT_MAX, so a want not refreshed for 4 x WAIT_MAX belongs to a process that went elsewhere. */
+static int want_live(const struct gs_ds_proc *p, int64_t now)
+{
+    return p->want_since_ns && now - p->want_seen_ns <= 4 * GS_CTL_WAIT_MAX_NS;
+}
+
+
 uint32_t gs_engine_rate(struct gs_engine *e, int64_t now)
 {
     struct gs_ctl_slice in[GS_DS_MAX_SLICES];
@@ -159,7 +167,7 @@ static void poll_locked(struct gs_engine *e, int64_t now)
     int wanting = 0;
     for (int i = 0; i < GS_DS_MAX_PROCS && !wanting; i++) {
         const struct gs_ds_proc *p = &e->ds->procs[i];
-        wanting = (p->flags & GS_DS_PROC_IN_USE) && p->slice == e->slice && p->want_since_ns;
+        wanting = (p->flags & GS_DS_PROC_IN_USE) && p->slice == e->slice && want_live(p, now);
     }
     gs_ctl_refill(&b, now, rate, wanting ? GS_CTL_WANT_CAP_NS : GS_CTL_BURST_NS);
     s->credit_ns = b.credit_ns;
@@ -203,6 +211,17 @@ static int rival(struct gs_engine *e, int i, int myprio)
     return e->ds->slices[p->slice].priority <= myprio;
 }
 
+/* Is another measured process on the device busy or waiting for a turn (someone to switch with)? */
+static int rivals_present(struct gs_engine *e, int64_t now)
+{
+    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
+        const struct gs_ds_proc *p = &e->ds->procs[i];
+        if (i == e->proc || !(p->flags & GS_DS_PROC_IN_USE)) continue;
+        if ((p->flags & GS_DS_PROC_BUSY) || want_live(p, now)) return 1;
+    }
+    return 0;
+}
+
 /* How long to wait before starting new work while idle (0 = go). */
 static int64_t turn_wait(struct gs_engine *e, int64_t now)
 {
@@ -221,8 +240,7 @@ static int64_t turn_wait(struct gs_engine *e, int64_t now)
     int64_t mine = e->ds->procs[e->proc].want_since_ns;
     for (int i = 0; w == 0 && i < GS_DS_MAX_PROCS; i++) {
         const struct gs_ds_proc *p = &e->ds->procs[i];
-        if (!rival(e, i, myprio) || !p->want_since_ns) continue;
-        if (now - p->last_seen_ns > GS_CTL_TURN_MAX_NS) continue;
+        if (!rival(e, i, myprio) || !want_live(p, now)) continue;
         if (!mine || p->want_since_ns < mine || (p->want_since_ns == mine && i < e->proc)) w = GS_CTL_WAIT_MIN_NS;
     }
     if (w == 0) return 0;
@@ -237,7 +255,7 @@ static int should_yield(struct gs_engine *e, int64_t now)
         const struct gs_ds_proc *p = &e->ds->procs[i];
         if (!rival(e, i, myprio) || now - p->last_seen_ns > GS_CTL_TURN_MAX_NS) continue;
         if (p->flags & GS_DS_PROC_BUSY) return 1;
-        if (p->want_since_ns && now - p->want_since_ns > GS_CTL_TURN_MAX_NS) return 1;
+        if (want_live(p, now) && now - p->want_since_ns > GS_CTL_TURN_MAX_NS) return 1;
     }
     return 0;
 }
@@ -296,8 +314,10 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
     if (wait == 0 && s->paced) {
         struct gs_ctl_bucket b = {s->credit_ns, s->credit_last_ns};
         /* until the first pair is measured the cost is unknown: one launch at a time */
+        int64_t need = (int64_t)e->outstanding * e->cost_ns;
+        if (e->outstanding == 0 && rivals_present(e, now)) need += GS_CTL_TURN_MIN_NS; /* worth a switch */
         if (e->cost_ns == 0 && e->outstanding > 0) wait = GS_CTL_WAIT_MIN_NS;
-        else wait = gs_ctl_gate(&b, s->rate_bp, (int64_t)e->outstanding * e->cost_ns);
+        else wait = gs_ctl_gate(&b, s->rate_bp, need);
         if (wait > 0) me->want_since_ns = 0; /* not ready: hold no place in the turn queue */
     }
     if (wait == 0) {
@@ -305,6 +325,7 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
         if (t > 0) {
             wait = t;
             if (e->outstanding == 0 && !me->want_since_ns) me->want_since_ns = now;
+            me->want_seen_ns = now;
         }
     }
     if (wait == 0 && e->outstanding >= GS_ENG_RING) wait = GS_CTL_WAIT_MIN_NS; /* ring full */

@@ -118,6 +118,9 @@ static const int64_t T0 = 1000000000LL; /* simulated start (the engine treats 0 
 static int cur = -1;
 static int64_t slice_left;
 static int MARKERS_WAIT = 1; /* see gpu_step */
+static int64_t CTX_SWITCH = 0, switch_left; /* GPU time lost per context switch: 0 = ideal plant; test_switch_cost sets 100 us */
+static int last_ctx = -1;
+static long n_switches, n_preempt; /* 100 us per context switch (see gpu_step) */
 static int sim_rec(struct sproc *p, int id)
 {
     struct simev *e = &p->ev[id];
@@ -165,17 +168,29 @@ static void gpu_step(void)
         for (int i = 0; i < NP; i++) want += P[i].qn > 0;
         if (!want) { cur = -1; return; }
         if (cur < 0 || P[cur].qn == 0 || (slice_left <= 0 && want > 1)) {
+            int prev = cur;
             for (int k = 1; k <= NP; k++) {
                 int c = ((cur < 0 ? 0 : cur) + k) % NP;
                 if (P[c].qn) { cur = c; break; }
             }
             slice_left = TIMESLICE;
+            /* a context switch costs the GPU CTX_SWITCH of nothing (measured on the H100: two
+             * time-sliced matmul loops reach 92.5 % of one) */
+            if (prev >= 0 && P[prev].qn > 0) n_preempt++;
+            if (last_ctx >= 0 && last_ctx != cur) { switch_left = CTX_SWITCH; n_switches++; } /* resuming the same context is free */
+            last_ctx = cur;
         }
+        if (switch_left > 0) break;  /* the context is still being loaded: its commands wait */
         pop_markers(&P[cur], NOW);
         if (P[cur].qn) break;  /* a kernel to run; else the context only had markers: pick again */
     }
     struct sproc *p = &P[cur];
     if (!p->qn) return;
+    if (switch_left > 0) {
+        switch_left -= DT;
+        if (switch_left <= 0) pop_markers(p, NOW + DT); /* loaded: its pending markers run now */
+        return;
+    }
     struct item *it = &p->q[p->qh];
     it->rem -= DT;
     slice_left -= DT;
@@ -232,7 +247,7 @@ static char DIR_[256];
 
 static void sim_reset(void)
 {
-    memset(P, 0, sizeof P); NP = 0; cur = -1; slice_left = 0;
+    memset(P, 0, sizeof P); NP = 0; cur = -1; slice_left = 0; switch_left = 0; last_ctx = -1;
 }
 static struct sproc *add(const char *grant, double share, int mode, int weight, int prio, int wl, int64_t kmin, int64_t kmax)
 {
@@ -464,6 +479,40 @@ static void test_pessimistic_events(void)
     MARKERS_WAIT = 1;
 }
 
+/* Context switches cost the GPU time (the H100 run: two time-sliced matmul loops reached 92.5 % of
+ * one). With 100 us per switch, turns must stay long enough that the device stays >= 95 % busy and
+ * the shares hold. Known gap, reported loosely: two processes of one slice beside another slice
+ * switch ~500 times a second and lose ~3 points (siblings share one credit, so their turns are
+ * short); asserted within 4 points so a regression still fails. */
+static void test_switch_cost(void)
+{
+    CTX_SWITCH = 100000;
+    sim_reset();
+    struct sproc *a = add("a30", 30, GS_CTL_HARD, 1, 0, W_ITER, 200000, 200000);
+    struct sproc *b = add("b70", 70, GS_CTL_HARD, 1, 0, W_ITER, 200000, 200000);
+    a->kper = b->kper = 100; a->think = b->think = 30000; a->launch_cpu = b->launch_cpu = 8000;
+    n_switches = 0;
+    sim_run(6, 2);
+    expect_share(a, 30, 2, "100 us switches, 30/70 loops");
+    expect_share(b, 70, 2, "100 us switches, 30/70 loops");
+    double ma, mb, lo, hi;
+    win_stats(a, &ma, &lo, &hi);
+    win_stats(b, &mb, &lo, &hi);
+    printf("  100 us switches: %.0f switches/s, device busy %.1f %%\n", n_switches / 6.0, ma + mb);
+    CHECK(ma + mb >= 95, "device busy %.1f %% with 100 us switches", ma + mb);
+    sim_reset();
+    add("g", 40, GS_CTL_HARD, 1, 0, W_SAT, 200000, 200000);
+    add("g", 40, GS_CTL_HARD, 1, 0, W_SAT, 500000, 500000);
+    add("h", 50, GS_CTL_HARD, 1, 0, W_SAT, 300000, 300000);
+    sim_run(6, 2);
+    struct sproc sum2 = P[0];
+    sum2.grant = "g(2p)";
+    for (int i = 0; i < sum2.nwin; i++) sum2.wins[i] += P[1].wins[i];
+    expect_share(&sum2, 40, 4, "100 us switches, 2 procs of a 40% slice");
+    expect_share(&P[2], 50, 4, "100 us switches, beside it 50%");
+    CTX_SWITCH = 0;
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -475,6 +524,7 @@ int main(void)
     test_priority();
     test_resume_bounded();
     test_pessimistic_events();
+    test_switch_cost();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);
     if (DIR_[0] && system(cmd) != 0) printf("note: could not remove %s\n", DIR_);

@@ -82,7 +82,7 @@ struct gs_ds_proc {             /* 64 bytes */
     uint32_t flags;             /*  4 */
     int32_t slice;              /*  8 index of its slice record */
     uint32_t id;                /* 12 distinguishes engines of one pid (devices, tests) */
-    int64_t busy_since_ns;      /* 16 */
+    int64_t want_seen_ns;       /* 16 last time it was seen waiting for its turn (a stale want expires) */
     int64_t last_launch_ns;     /* 24 */
     int64_t last_seen_ns;       /* 32 */
     uint64_t busy_total_ns;     /* 40 this process's share of the slice's GPU time */
