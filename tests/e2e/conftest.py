@@ -245,13 +245,9 @@ CHART_NAMESPACE = "gpuslice-system"
 
 
 @pytest.fixture(scope="session")
-def chart_identities(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Kubeconfigs for the chart's ServiceAccounts, bound by the chart's own (Cluster)Roles, applied to
-    the real API server (RBAC authorization is on). The extender and the agent run the e2e tests under
-    these, so RBAC that misses a verb the code needs fails the tests, not a user's cluster."""
-    import shutil
-
-    from kubernetes import client
+def chart_docs() -> list[dict[str, Any]]:
+    """The chart rendered with its default values (namespace gpuslice-system)."""
+    import yaml
 
     if not HELM.exists():
         proc = subprocess.run(["make", "-C", str(ROOT / "hack"), "helm"], capture_output=True, text=True)
@@ -260,10 +256,37 @@ def chart_identities(control_plane: ControlPlane, tmp_path_factory: pytest.TempP
     rendered = subprocess.run([str(HELM), "template", "gs", str(CHART), "--namespace", CHART_NAMESPACE],
                               capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
+    return [d for d in yaml.safe_load_all(rendered.stdout) if d]
+
+
+@pytest.fixture(scope="session")
+def chart_args(chart_docs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The gpuslice command lines of the chart's containers (extender, webhook, agent), so the e2e
+    suite runs exactly what the chart runs; tests append only what differs on loopback (ports,
+    paths, credentials) — for a click option given twice, the last one counts."""
+    out = {}
+    for d in chart_docs:
+        if d["kind"] in ("Deployment", "DaemonSet"):
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                if c["name"] in ("extender", "webhook", "agent"):
+                    out[c["name"]] = list(c["args"])
+    assert set(out) == {"extender", "webhook", "agent"}, out
+    return out
+
+
+@pytest.fixture(scope="session")
+def chart_identities(control_plane: ControlPlane, chart_docs: list[dict[str, Any]],
+                     tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Kubeconfigs for the chart's ServiceAccounts, bound by the chart's own (Cluster)Roles, applied to
+    the real API server (RBAC authorization is on). The extender and the agent run the e2e tests under
+    these, so RBAC that misses a verb the code needs fails the tests, not a user's cluster."""
+    import shutil
+
+    from kubernetes import client
+
     import yaml
 
-    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
-    wanted = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+    wanted = [d for d in chart_docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                                                 "RoleBinding")
               and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})]
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHART_NAMESPACE}}
@@ -321,8 +344,8 @@ def gpuslice_cli() -> str:
 class ExtenderProcess:
     """Our scheduler extender on the loopback port the scheduler config names; restartable."""
 
-    def __init__(self, kubeconfig: str, port: int, log_dir: Path):
-        self.kubeconfig, self.port, self.log_dir = kubeconfig, port, log_dir
+    def __init__(self, args: list[str], kubeconfig: str, port: int, log_dir: Path):
+        self.args, self.kubeconfig, self.port, self.log_dir = args, kubeconfig, port, log_dir
         self.proc: subprocess.Popen[str] | None = None
         self.starts = 0
 
@@ -337,9 +360,8 @@ class ExtenderProcess:
         log_path = self.log_dir / f"extender-{self.starts}.log"
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [gpuslice_cli(), "scheduler", "--kubeconfig", self.kubeconfig, "--host", "127.0.0.1",
-                 "--port", str(self.port), "--webhook-port", "0", "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [gpuslice_cli(), *self.args, "--kubeconfig", self.kubeconfig, "--host", "127.0.0.1",
+                 "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
@@ -377,28 +399,57 @@ class ExtenderProcess:
 
 
 @pytest.fixture(scope="session")
-def extender(control_plane: ControlPlane, chart_identities: dict[str, str],
+def extender(control_plane: ControlPlane, chart_identities: dict[str, str], chart_args: dict[str, list[str]],
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExtenderProcess]:
-    # As the chart's scheduler ServiceAccount: the chart's RBAC must be enough for every test below.
-    ext = ExtenderProcess(chart_identities["scheduler"], control_plane.extender_port,
+    # The chart's extender container, as the chart's scheduler ServiceAccount: the chart's flags
+    # and RBAC must be enough for every test below.
+    ext = ExtenderProcess(chart_args["extender"], chart_identities["scheduler"], control_plane.extender_port,
                           tmp_path_factory.mktemp("extender"))
     ext.start()
     yield ext
     ext.kill()
 
 
-@pytest.fixture(scope="session")
-def webhook(control_plane: ControlPlane, serving_cert: ServingCert) -> Iterator[Any]:
-    """Our admission webhook over TLS, registered with the real API server through a
-    MutatingWebhookConfiguration whose caBundle is the test CA, for the e2e namespace only."""
-    import base64
+@dataclass
+class WebhookProcess:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
 
+
+@pytest.fixture(scope="session")
+def webhook(control_plane: ControlPlane, serving_cert: ServingCert, chart_args: dict[str, list[str]],
+            chart_identities: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
+    """The chart's webhook container (`gpuslice scheduler` with the chart's flags) over TLS, registered
+    with the real API server through a MutatingWebhookConfiguration whose caBundle is the test CA,
+    for the e2e namespace only."""
+    import base64
+    import ssl
+
+    import httpx
     from kubernetes import client
 
-    from gpuslice.kube import codec, server
-
-    running = server.start_in_thread(server.make_app(None, codec.KubeConfig(), webhook_enabled=True),
-                                     certfile=serving_cert.cert_file, keyfile=serving_cert.key_file)
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("webhook") / "webhook.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [gpuslice_cli(), *chart_args["webhook"], "--kubeconfig", chart_identities["scheduler"],
+             "--webhook-host", "127.0.0.1", "--webhook-port", str(port),
+             "--tls-cert", serving_cert.cert_file, "--tls-key", serving_cert.key_file],
+            stdout=log, stderr=subprocess.STDOUT)
+    url = f"https://127.0.0.1:{port}"
+    ctx = ssl.create_default_context(cadata=serving_cert.ca_pem.decode())
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/healthz", verify=ctx, timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"webhook did not start (rc={proc.poll()}):\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.1)
     api = control_plane.api()
     core, adm = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
     core.create_namespace({"metadata": {"name": E2E_NAMESPACE, "labels": {"gpuslice-e2e": "true"}}})
@@ -409,17 +460,20 @@ def webhook(control_plane: ControlPlane, serving_cert: ServingCert) -> Iterator[
             "name": "pods.gpuslice.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
             # Fail, not Ignore: a pod that slipped through unmutated must show up as an error here.
             "failurePolicy": "Fail", "timeoutSeconds": 10,
-            "clientConfig": {"url": f"{running.url}/mutate",
-                             "caBundle": base64.b64encode(serving_cert.ca_pem).decode()},
+            "clientConfig": {"url": f"{url}/mutate", "caBundle": base64.b64encode(serving_cert.ca_pem).decode()},
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
                        "scope": "Namespaced"}],
             "namespaceSelector": {"matchLabels": {"gpuslice-e2e": "true"}},
         }],
     }
     adm.create_mutating_webhook_configuration(mwc)
-    yield running
+    yield WebhookProcess(url, proc, log_path)
     adm.delete_mutating_webhook_configuration("gpuslice-e2e")
-    running.stop()
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def device_uuid(node: str, index: int) -> str:

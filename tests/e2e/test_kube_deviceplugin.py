@@ -89,7 +89,8 @@ print(json.dumps(out), flush=True)
 
 def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess",
                                              node_maker: Any, devices_of: Any, kubelet_api: Path,
-                                             chart_identities: dict[str, str], tmp_path: Path) -> None:
+                                             chart_identities: dict[str, str], chart_args: dict[str, list[str]],
+                                             tmp_path: Path) -> None:
     from kubernetes import client
 
     from gpuslice.kube import codec
@@ -136,11 +137,12 @@ def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", web
     agent_log = tmp_path / "agent.log"
     with open(agent_log, "w") as log:
         agent = subprocess.Popen(
-            # As the chart's agent ServiceAccount, under the chart's RBAC.
-            [str(gpuslice), "kube-agent", "--node", NODE, "--kubeconfig", chart_identities["agent"],
-             "--snapshot", str(snapshot), "--split-count", "10", "--plugin-dir", str(plugin_dir),
-             "--host-state-dir", str(state), "--library", "/usr/local/gpuslice/lib/libgpuslice.so",
-             "--device-nodes", "always", "--log-level", "info"],
+            # The chart's agent container, as the chart's agent ServiceAccount under the chart's RBAC;
+            # only host paths, the node's identity and the device source differ here. (The chart's
+            # library path is kept: Allocate only names it, the kubelet would mount it.)
+            [str(gpuslice), *chart_args["agent"], "--node", NODE, "--kubeconfig", chart_identities["agent"],
+             "--snapshot", str(snapshot), "--plugin-dir", str(plugin_dir), "--host-state-dir", str(state),
+             "--state-dir", str(state), "--metrics-port", "0", "--device-nodes", "always"],
             stdout=log, stderr=subprocess.STDOUT)
     try:
         out_text, err_text = kubelet.communicate(timeout=90)

@@ -13,7 +13,6 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -248,11 +247,12 @@ def test_extender_answers_malformed_payloads_with_4xx(extender: "ExtenderProcess
 @pytest.mark.parametrize("body", [b"not json", b"{}", b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1"}',
                                   b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "x", "kind": {"kind": "Pod"}, "object": 3}}'])
 def test_webhook_answers_malformed_reviews_with_4xx(webhook: Any, serving_cert: Any, body: bytes) -> None:
+    import ssl
+
     import httpx
 
     # Over the same TLS the API server uses, verified against the test CA.
-    ca = Path(serving_cert.cert_file).parent / "ca.pem"
-    ca.write_bytes(serving_cert.ca_pem)
-    r = httpx.post(webhook.url + "/mutate", content=body, verify=str(ca), timeout=10)
+    ctx = ssl.create_default_context(cadata=serving_cert.ca_pem.decode())
+    r = httpx.post(webhook.url + "/mutate", content=body, verify=ctx, timeout=10)
     assert 400 <= r.status_code < 500, (r.status_code, r.text)
     assert r.json()["error"], r.text
