@@ -111,6 +111,29 @@ int main(void)
     scenario(dir, 30);
     scenario(dir, 70);
     scenario(dir, 100);
+    /* the unpaced path's cost per launch (before + after), which is what a 100 % slice pays */
+    {
+        char text[512], err[256];
+        struct gs_config cfg;
+        snprintf(text, sizeof text, "version=1\ncompute=100\ngrant=cost\npriority=0\ndevice_state_dir=%s\n", dir);
+        if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) == 0 && gs_pacer_init(&cfg) == 0) {
+            gs_pacer_before_launch(0, NULL); /* set-up */
+            gs_pacer_after_launch(0, NULL, 0);
+            enum { N = 1000000 };
+            double t0 = now_s();
+            for (int i = 0; i < N; i++) {
+                gs_pacer_before_launch(0, NULL);
+                gs_pacer_after_launch(0, NULL, 0);
+            }
+            double ns = (now_s() - t0) / N * 1e9;
+            printf("  unpaced path: %.0f ns per launch (this build)\n", ns);
+            /* generous for sanitizer builds; a plain -O2 build measures ~20-40 ns */
+            CHECK(ns < 1500, "unpaced launch path costs %.0f ns", ns);
+            gs_pacer_shutdown();
+        } else {
+            CHECK(0, "config for the cost check: %s", err);
+        }
+    }
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", dir);

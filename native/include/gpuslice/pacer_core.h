@@ -42,6 +42,8 @@ struct gs_engine {
                              (mean + 2 dev), because entering early costs an overlap, late only a
                              short idle gap bounded by the poll */
     int64_t last_reap_ns;
+    uint32_t rate_bp;     /* cached allocation (recomputed every ms) */
+    int64_t rate_at_ns;
     uint64_t measured, event_errors;
 };
 
