@@ -115,3 +115,13 @@ def test_fgd_beats_bestfit_on_an_openb_slice():
     fgd = run_inflation(tasks, specs, PlacementPolicy.parse("fgd"), SimConfig(seed=42))
     best = run_inflation(tasks, specs, PlacementPolicy.parse("bestfit"), SimConfig(seed=42))
     assert fgd.alloc_at(100) > best.alloc_at(100)
+
+
+def test_timeline_mean_utilisation_is_time_weighted_over_the_arrival_window(tmp_path):
+    """One GPU busy 0–5 s, idle 5–10 s, second arrival at 10 s: 50 % over the window [0, 10]; every
+    event is recorded, so the short busy stretch is not missed by sampling."""
+    nodes = write_nodes(tmp_path / "n.csv", [("a", 8000, 8192, 1, "T4")])
+    pods = write_pods(tmp_path / "p.csv", [(1000, 100, 1, 1000, "", 0, 5), (1000, 100, 1, 1000, "", 10, 11)])
+    r = run_timeline(load_tasks(pods), load_nodes(nodes), PlacementPolicy(), SimConfig())
+    assert r.mean_utilization() == pytest.approx(50.0)
+    assert r.times.tolist() == [0.0, 5.0, 10.0, 11.0] and r.utilization.tolist() == [100.0, 0.0, 100.0, 0.0]

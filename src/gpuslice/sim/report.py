@@ -94,14 +94,15 @@ def _timeline_row(trace: str, policy: str, r: TimelineResult) -> Row:
         "tasks": float(r.tasks), "started": float(r.started), "never_started": float(r.never_started),
         "delay_mean": float(delays.mean()), "delay_p95": float(np.percentile(delays, 95)),
         "delay_p99": float(np.percentile(delays, 99)), "waited": float((r.delays > 0).sum()),
-        "util_mean": float(r.utilization.mean()) if r.utilization.size else 0.0,
+        "util_mean": r.mean_utilization(),
         "util_peak": float(r.utilization.max()) if r.utilization.size else 0.0,
         "queued_peak": float(r.queued.max()) if r.queued.size else 0.0,
         "frag_mean": float(r.fragmentation.mean()) if r.fragmentation.size else 0.0,
-        "seconds": r.seconds, "capacity": r.capacity,
+        "seconds": r.seconds, "capacity": r.capacity, "window": float(r.extra.get("window", 0.0)),
     }
     return Row(trace, policy, "timeline", 1, values,
-               {"time": r.times, "util": r.utilization, "queued": r.queued, "frag": r.fragmentation})
+               {"time": r.times, "util": r.utilization, "queued": r.queued, "frag": r.fragmentation,
+                "frag_time": r.extra.get("frag_times", np.zeros(0))})
 
 
 # ------------------------------------------------------------------------------------------ outputs
@@ -115,7 +116,7 @@ INFLATION_COLUMNS = [
 TIMELINE_COLUMNS = [
     ("tasks", "tasks", "{:.0f}"), ("never_started", "never started", "{:.0f}"), ("waited", "waited", "{:.0f}"),
     ("delay_mean", "mean delay s", "{:.0f}"), ("delay_p95", "p95 delay s", "{:.0f}"), ("delay_p99", "p99 delay s", "{:.0f}"),
-    ("util_mean", "mean util %", "{:.2f}"), ("util_peak", "peak util %", "{:.2f}"), ("queued_peak", "peak queue", "{:.0f}"),
+    ("util_mean", "mean util % (arrivals)", "{:.2f}"), ("util_peak", "peak util %", "{:.2f}"), ("queued_peak", "peak queue", "{:.0f}"),
     ("frag_mean", "mean frag %", "{:.2f}"), ("seconds", "s/run", "{:.1f}"),
 ]
 
@@ -164,8 +165,13 @@ def write_curves(rows: Sequence[Row], path: Path) -> None:
                 for k, (a, f) in enumerate(zip(r.curves["alloc"], r.curves["frag"])):
                     writer.writerow([r.trace, r.policy, r.mode, k, f"{a:.4f}", f"{f:.4f}", ""])
             else:
-                for t, u, f, q in zip(r.curves["time"], r.curves["util"], r.curves["frag"], r.curves["queued"]):
-                    writer.writerow([r.trace, r.policy, r.mode, f"{t:.0f}", f"{u:.4f}", f"{f:.4f}", int(q)])
+                frag_at = dict(zip(r.curves["frag_time"].tolist(), r.curves["frag"].tolist()))
+                step = max(1, len(r.curves["time"]) // 2000)  # events can be many: keep ~2,000 rows
+                for k in range(0, len(r.curves["time"]), step):
+                    t, u, q = r.curves["time"][k], r.curves["util"][k], r.curves["queued"][k]
+                    f = frag_at.get(float(t))
+                    writer.writerow([r.trace, r.policy, r.mode, f"{t:.0f}", f"{u:.4f}",
+                                     "" if f is None else f"{f:.4f}", int(q)])
 
 
 def _png(fig) -> str:
@@ -207,14 +213,19 @@ def _plots(rows: Sequence[Row]) -> list[tuple[str, str]]:
         timeline = [r for r in rows if r.trace == trace and r.mode == "timeline"]
         if timeline:
             fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+            # Show the arrival window (plus 10 %): the long tail of a few long tasks would flatten it.
+            window = max(r.values.get("window", 0.0) for r in timeline) or None
+            hours = 3600.0
             for r in timeline:
-                days = r.curves["time"] / 86400
-                axes[0].plot(days, r.curves["util"], label=r.policy)
-                axes[1].plot(days, r.curves["frag"], label=r.policy)
-                axes[2].plot(days, r.curves["queued"], label=r.policy)
-            axes[0].set(title=f"{trace}: GPU allocation over time", xlabel="days", ylabel="allocated GPU (%)")
-            axes[1].set(title="fragmentation over time", xlabel="days", ylabel="fragmented GPU (% of capacity)")
-            axes[2].set(title="tasks waiting", xlabel="days", ylabel="queued tasks")
+                axes[0].step(r.curves["time"] / hours, r.curves["util"], where="post", label=r.policy)
+                axes[1].plot(r.curves["frag_time"] / hours, r.curves["frag"], label=r.policy)
+                axes[2].step(r.curves["time"] / hours, r.curves["queued"], where="post", label=r.policy)
+            axes[0].set(title=f"{trace}: GPU allocation over time", xlabel="hours", ylabel="allocated GPU (%)")
+            axes[1].set(title="fragmentation over time", xlabel="hours", ylabel="fragmented GPU (% of capacity)")
+            axes[2].set(title="tasks waiting", xlabel="hours", ylabel="queued tasks")
+            if window:
+                for ax in axes:
+                    ax.set_xlim(0, window * 1.1 / hours)
             for ax in axes:
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=8)
