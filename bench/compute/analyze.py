@@ -152,20 +152,21 @@ def main() -> None:
             r = rate(p, *span(p, 0, 0.5))
             out(f"{k:8} exclusive {xr[k]:9.2f}  enforcer@100 {r:9.2f} {unit[k]}  overhead {100 * (1 - r / xr[k]):+.2f} %")
 
-    out("\n-- two slices on one GPU, matmul loops: NVML time share (throughput share) [enforcer says]")
-    out(f"{'method':26} {'A':>22} {'B':>22} {'sum NVML':>9} {'sum thrpt':>9}")
+    out("\n-- two slices on one GPU, matmul loops: throughput share of exclusive [enforcer says]")
+    out("   (NVML per-process utilization is not usable here: with two time-sliced contexts each reads")
+    out("   ~99 %; the device runs at the power-capped clock of the exclusive run, so throughput share")
+    out("   is close to time share; aggregate goal >= 95 %)")
+    out(f"{'method':26} {'A':>14} {'B':>14} {'sum':>7}")
 
     def pair(label: str, ra: dict, rb: dict, i: int) -> None:
-        cells, sn, st = [], 0.0, 0.0
+        cells, st = [], 0.0
         for r in (ra, rb):
             a, b = span(r, i)
-            n = nv.sm(r["pid"], a, b)
             t = 100 * rate(r, a, b) / xr["matmul"] if "matmul" in xr else None
             e = enforcer_mean(r, a, b)
-            sn += n or 0
             st += t or 0
-            cells.append(f"{fmt(n, 5)} ({fmt(t, 5)}) [{fmt(e, 4)}]")
-        out(f"{label:26} {cells[0]:>22} {cells[1]:>22} {sn:9.1f} {st:9.1f}")
+            cells.append(f"{fmt(t, 5)} [{fmt(e, 4)}]")
+        out(f"{label:26} {cells[0]:>14} {cells[1]:>14} {st:7.1f}")
 
     a, b = load(d, "split_a"), load(d, "split_b")
     if a and b:
@@ -196,8 +197,7 @@ def main() -> None:
                                   percentile(beside, 99))
         tr_share = 100 * rate(t, ts0 + 0.5, ts1) / xr["resnet"] if "resnet" in xr else None
         out(f"{tag:12} alone p50 {p50a:6.2f} p99 {p99a:6.2f} ms | beside p50 {p50b:6.2f} p99 {p99b:6.2f} ms "
-            f"| p99 ratio {p99b / p99a:5.2f} | trainer {fmt(tr_share, 5)} % of exclusive thrpt, "
-            f"NVML {fmt(nv.sm(t['pid'], ts0 + 0.5, ts1), 5)} %")
+            f"| p99 ratio {p99b / p99a:5.2f} | trainer {fmt(tr_share, 5)} % of exclusive thrpt")
     print("\n".join(lines))
 
 
