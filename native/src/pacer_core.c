@@ -166,6 +166,9 @@ static void poll_locked(struct gs_engine *e, int64_t now)
     if (now - e->rate_at_ns >= 1000000 || now < e->rate_at_ns) {
         e->rate_bp = gs_engine_rate(e, now);
         e->rate_at_ns = now;
+        int n = 0;
+        for (int i = 0; i < GS_DS_MAX_PROCS; i++) n += i != e->proc && (e->ds->procs[i].flags & GS_DS_PROC_IN_USE);
+        e->others = n;
     }
     uint32_t rate = e->rate_bp;
     s->rate_bp = rate;
@@ -312,7 +315,9 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
         window_add(s, now, 0, slept_ns);
     }
     int64_t wait = 0;
-    if (s->priority != 0) {
+    /* a process that joins is seen within a ms (the recount); until then its own first launches
+     * find us through its scans, which is enough to start the turns */
+    if (s->priority != 0 && e->others) {
         int hp = high_priority_state(e, now);
         if (hp == 2) wait = GS_PRIO_POLL_NS;                                /* yield while high is queued */
         else if (hp == 1 && e->outstanding > 0) wait = GS_CTL_WAIT_MIN_NS;  /* one launch in flight */
@@ -321,13 +326,15 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
         struct gs_ctl_bucket b = {s->credit_ns, s->credit_last_ns};
         /* until the first pair is measured the cost is unknown: one launch at a time */
         int64_t need = (int64_t)e->outstanding * e->cost_ns;
-        if (e->outstanding == 0 && rivals_present(e, now)) need += GS_CTL_TURN_MIN_NS; /* worth a switch */
+        if (e->outstanding == 0 && e->others && rivals_present(e, now)) need += GS_CTL_TURN_MIN_NS; /* worth a switch */
         if (e->cost_ns == 0 && e->outstanding > 0) wait = GS_CTL_WAIT_MIN_NS;
         else wait = gs_ctl_gate(&b, s->rate_bp, need);
         if (wait > 0) me->want_since_ns = 0; /* not ready: hold no place in the turn queue */
     }
     if (wait == 0) {
-        int64_t t = e->outstanding > 0 ? (should_yield(e, now) ? GS_CTL_WAIT_MIN_NS : 0) : turn_wait(e, now);
+        int64_t t = !e->others ? 0
+                    : e->outstanding > 0 ? (should_yield(e, now) ? GS_CTL_WAIT_MIN_NS : 0)
+                                         : turn_wait(e, now);
         if (t > 0) {
             wait = t;
             if (e->outstanding == 0 && !me->want_since_ns) me->want_since_ns = now;

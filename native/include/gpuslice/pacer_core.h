@@ -43,6 +43,7 @@ struct gs_engine {
                              short idle gap bounded by the poll */
     int64_t last_reap_ns;
     uint32_t rate_bp;     /* cached allocation (recomputed every ms) */
+    int others;           /* other processes on the device (recounted every ms): 0 = skip the scans */
     int64_t rate_at_ns;
     uint64_t measured, event_errors;
 };
