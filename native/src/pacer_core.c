@@ -320,7 +320,9 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
     if (s->priority != 0 && e->others) {
         int hp = high_priority_state(e, now);
         if (hp == 2) wait = GS_PRIO_POLL_NS;                                /* yield while high is queued */
-        else if (hp == 1 && e->outstanding > 0) wait = GS_CTL_WAIT_MIN_NS;  /* one launch in flight */
+        else if (hp == 1 && e->outstanding > 0 &&
+                 (e->cost_ns == 0 || (int64_t)(e->outstanding + 1) * e->cost_ns > GS_CTL_PRIO_QUEUE_NS))
+            wait = GS_CTL_WAIT_MIN_NS; /* little low-priority work in flight */
     }
     if (wait == 0 && s->paced) {
         struct gs_ctl_bucket b = {s->credit_ns, s->credit_last_ns};
