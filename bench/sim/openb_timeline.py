@@ -1,7 +1,7 @@
 """Time-ordered replay of openb_pod_list_default at several arrival speed-ups (queueing delay,
 utilisation, fragmentation over time), written as bench/results/<name>.md plus the HTML report.
 
-    PYTHONPATH=src python3 bench/sim/device_run.py --timeline 1,2000,5000 --out tl.pkl --workers 16
+    PYTHONPATH=src python3 bench/sim/device_run.py --timeline 1,1000,10000,100000 --out tl.pkl --workers 16
     .venv/bin/python bench/sim/openb_timeline.py --from-pickle tl.pkl --out bench/results/2026-11-22-cpu-sim-openb-timeline
 """
 
@@ -24,7 +24,7 @@ from gpuslice.sim.runner import run_jobs  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--speedups", default="1,2000,5000")
+    ap.add_argument("--speedups", default="1,1000,10000,100000")
     ap.add_argument("--from-pickle", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -41,8 +41,9 @@ def main() -> int:
           "(inter-arrival times divided by the speed-up; durations kept), run deletion − creation seconds, "
           "wait in a FIFO queue (backfill on release) when nothing fits. 1,213 GPU nodes, CPU-only tasks "
           "included. At speed-up 1 openb never loads the cluster beyond ~1 % — no policy makes a difference "
-          "there; the speed-ups make arrivals dense enough to queue.", "",
-          "| speed-up | policy | tasks | never started | waited | mean delay s | p95 delay s | p99 delay s | mean util % | peak util % | peak queue | mean frag % |",
+          "there; the speed-ups make arrivals dense enough to load it. Mean utilisation is time-weighted over "
+          "the arrival window (first to last arrival).", "",
+          "| speed-up | policy | tasks | never started | waited | mean delay s | p95 delay s | p99 delay s | mean util % (arrival window) | peak util % | peak queue | mean frag % |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for speedup in dict.fromkeys(o.job.config.speedup for o in outcomes):
         subset = [o for o in outcomes if o.job.config.speedup == speedup]
