@@ -89,6 +89,17 @@ static int scenario(const char *dir, int share)
         }
     }
     CHECK(found, "slice record present while running");
+    if (share > 0 && share < 100) {
+        /* a live share change (what gpuslice.node.compute.set_share and the benchmark do): the
+         * pacer must follow it within its recompute interval */
+        for (int i = 0; i < GS_DS_MAX_SLICES; i++)
+            if ((ds.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(ds.slices[i].grant, "pacer-test"))
+                __atomic_store_n(&ds.slices[i].share_bp, (uint32_t)(100 - share) * 100u, __ATOMIC_RELAXED);
+        run(0.0005, 0.3);
+        double moved = run(0.0005, 1.0);
+        printf("  live change %d%% -> %d%%: achieved %.2f%%\n", share, 100 - share, moved);
+        CHECK(moved > 100 - share - 3 && moved < 100 - share + 3, "after a live change to %d: %.2f", 100 - share, moved);
+    }
     gs_devstate_close(&ds);
     gs_pacer_shutdown();
     CHECK(gs_devstate_open(&ds, dir, uuid, err, sizeof err) == 0, "reopen");
