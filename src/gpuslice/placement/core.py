@@ -272,8 +272,13 @@ def _terms(fleet: Fleet, workload: Workload | None, fit: _Fit, rows: np.ndarray)
 
 
 def _weigh(delta_k: np.ndarray, p: np.ndarray) -> np.ndarray:
-    # Rounded so that equal states tie exactly whatever order the dot product summed in.
-    return np.round(delta_k @ p, 9)
+    # Rounded (to 1e-9, in place) so that equal states tie exactly whatever order the dot product
+    # summed in.
+    out = delta_k @ p
+    out *= 1e9
+    np.rint(out, out=out)
+    out /= 1e9
+    return out
 
 
 # ------------------------------------------------------------------------------------------ topology
@@ -395,7 +400,7 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         if policy.node == "fgd":
             assert frag is not None
             delta = frag[arange, pick]
-        added_share = np.where(chosen, need / cap, 0.0)
+        added = need[arange, pick] / cap[arange, pick]  # devices' worth the chosen slice adds to its node
     else:
         # Whole devices: order idle devices by the GPU policy, then take the first `count` (or the best
         # topology set where the node describes its topology).
@@ -428,12 +433,12 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         if policy.node == "fgd":
             assert terms is not None and p is not None
             delta = _weigh(terms.whole_delta(fleet, fit, rows, picked), p)
-        added_share = np.where(chosen, 1.0 - mem_used / cap, 0.0)
+        added = float(shape.count)  # whole idle devices: each adds one device's worth
 
     # Node level: score 0..100 of the node with the chosen devices.
     if policy.node in ("binpack", "spread", "bestfit", "fgd"):
         devices = take(fleet.n_devices)
-        after = take(fleet.used_sum()) + added_share.sum(axis=1)
+        after = take(fleet.used_sum()) + added
     if policy.node == "binpack":
         score = 100.0 * after / devices
     elif policy.node == "spread":
