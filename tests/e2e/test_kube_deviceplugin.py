@@ -5,7 +5,8 @@ a node of its own; `gpuslice kube-agent` runs for that node; a stand-in kubelet 
 generated from the kubelet's own api.proto, hack/kubelet-api) takes the agent's Register call,
 reads ListAndWatch, asks GetPreferredAllocation and calls Allocate — and the answer must match the
 grant the extender wrote: NVIDIA_VISIBLE_DEVICES = the granted UUIDs, the slice file (read-only)
-holding the granted memory and compute, the enforcer library and ld.so.preload read-only.
+holding the granted memory and compute, the enforcer library and ld.so.preload read-only. Then the
+stand-in "restarts" (wipes the socket folder, listens again) and the plugin must register again.
 
 The kubelet stand-in runs in a subprocess: its generated module declares the same protobuf
 package (v1beta1) as gpuslice's own, and one Python process cannot hold both in its default pool.
@@ -83,6 +84,29 @@ try:
     out["second"] = "OK"
 except grpc.RpcError as exc:
     out["second"] = f"{exc.code().name}: {exc.details()}"
+
+# A kubelet restart: the kubelet removes every socket in the folder (the plugin's too) and
+# listens again; the plugin must notice, serve again and register again.
+server.stop(0).wait()
+import os
+for name in os.listdir(plugin_dir):
+    os.unlink(os.path.join(plugin_dir, name))
+registered.clear()
+started = time.time()
+server = grpc.server(futures.ThreadPoolExecutor(4))
+rpc.add_RegistrationServicer_to_server(Registration(), server)
+server.add_insecure_port(f"unix://{plugin_dir}/kubelet.sock")
+server.start()
+while not registered and time.time() < started + 30:
+    time.sleep(0.05)
+if registered:
+    reg = registered[0]
+    stub = rpc.DevicePluginStub(grpc.insecure_channel(f"unix://{plugin_dir}/{reg.endpoint}"))
+    again = next(stub.ListAndWatch(pb.Empty(), timeout=30))
+    out["reregistered"] = {"seconds": round(time.time() - started, 2), "resource_name": reg.resource_name,
+                           "devices": len(again.devices)}
+else:
+    out["reregistered"] = None
 print(json.dumps(out), flush=True)
 """
 
@@ -197,3 +221,9 @@ def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", web
     assert out["second"] != "OK"
     marked = v1.read_namespaced_pod("alloc-me", NS).metadata.annotations.get(codec.POD_ALLOCATED, "")
     assert codec.decode_allocated(marked) == {"train"}
+    # After a kubelet restart (sockets wiped, kubelet.sock recreated) the plugin registered again
+    # and serves the same devices.
+    again = out["reregistered"]
+    assert again is not None, f"no Register after the kubelet restart\nagent:\n{agent_log.read_text()[-3000:]}"
+    assert again["resource_name"] == "nvidia.com/gpu" and again["devices"] == 40
+    print(f"device plugin registered again {again['seconds']} s after the kubelet restart")

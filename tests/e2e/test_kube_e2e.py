@@ -256,3 +256,83 @@ def test_webhook_answers_malformed_reviews_with_4xx(webhook: Any, serving_cert: 
     r = httpx.post(webhook.url + "/mutate", content=body, verify=ctx, timeout=10)
     assert 400 <= r.status_code < 500, (r.status_code, r.text)
     assert r.json()["error"], r.text
+
+
+HAMI_EXAMPLE = """apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod
+spec:
+  containers:
+    - name: ubuntu-container
+      image: ubuntu:18.04
+      command: ["bash", "-c", "sleep 86400"]
+      resources:
+        limits:
+          nvidia.com/gpu: 2 # requesting 2 vGPUs
+          nvidia.com/gpumem: 3000 # Each vGPU contains 3000m device memory （Optional,Integer）
+          nvidia.com/gpucores: 30 # Each vGPU uses 30% of the entire GPU （Optional,Integer)
+"""
+
+
+def test_hami_readme_example_works_unchanged(control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess",
+                                             fake_nodes: list[str], tmp_path: Any) -> None:
+    """HAMi's README pod, byte for byte (integers, comments and all), applied with kubectl."""
+    import shutil
+    import subprocess
+
+    manifest = tmp_path / "gpu-pod.yaml"
+    manifest.write_text(HAMI_EXAMPLE)
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is needed to apply the HAMi example as a user would"
+    proc = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "-n", NS, "apply", "-f", str(manifest)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pod = wait_bound(core(control_plane), ["gpu-pod"], 60)["gpu-pod"]
+    assert pod["spec"]["schedulerName"] == SCHEDULER
+    (c,) = grant_of(pod).containers
+    assert c.container == "ubuntu-container"
+    assert len({s.device_uuid for s in c.slices}) == 2
+    assert all(s.memory_limit == 3000 * MiB and s.compute == 30 for s in c.slices)
+
+
+def _ledger_uids(v1: Any) -> dict[str, str]:
+    from gpuslice.kube import codec
+
+    out = {}
+    for n in v1.api_client.sanitize_for_serialization(v1.list_node().items):
+        name = n["metadata"]["name"]
+        for uid in codec.decode_ledger((n["metadata"].get("annotations") or {}).get(codec.NODE_LEDGER), name).entries:
+            out[uid] = name
+    return out
+
+
+def test_grants_of_deleted_pods_are_taken_back_and_live_ones_kept(
+        control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess", fake_nodes: list[str]) -> None:
+    """Capacity comes back when pods go away (the extender's ledger collection, running in the chart's
+    extender as the chart's ServiceAccount), and grants of pods that still exist are never collected."""
+    v1 = core(control_plane)
+    names = [f"gc-{i:02d}" for i in range(20)]
+    for n in names:
+        v1.create_namespaced_pod(NS, hami_pod(n, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096,
+                                                  "nvidia.com/gpucores": 10}))
+    pods = wait_bound(v1, names, 60)
+    gone = {p["metadata"]["uid"] for p in pods.values()}
+    ledger = _ledger_uids(v1)
+    assert gone <= set(ledger)
+    # Other pods holding grants (pods without GPU requests, bound by kube-scheduler alone, hold none).
+    live = {p.metadata.uid for p in v1.list_namespaced_pod(NS).items
+            if p.spec.node_name and p.metadata.name not in names} & set(ledger)
+    assert live, "no other granted pods to check the collection against"
+    for n in names:
+        v1.delete_namespaced_pod(n, NS, grace_period_seconds=0)
+    # No kubelet here, so pods vanish at once; the extender collects entries of missing pods 30 s
+    # after their bind, every 15 s (chart defaults): allow both plus slack.
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        ledger = _ledger_uids(v1)
+        if not gone & set(ledger):
+            break
+        time.sleep(1)
+    assert not gone & set(ledger), f"{len(gone & set(ledger))} grants of deleted pods still held after 90 s"
+    assert live <= set(ledger), f"grants of {len(live - set(ledger))} live pods were taken back"
