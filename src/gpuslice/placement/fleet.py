@@ -183,12 +183,14 @@ class Fleet:
     def _row_used(self, i: int) -> float:
         valid = self.valid[i]
         share = np.where(self.excl[i], 1.0, self.mem_used[i] / self.mem_cap[i])
-        return float((share * valid).sum())
+        # Rounded like the full computation below, so a kept fleet and a fresh one agree bit for bit
+        # (scores compare exactly for ties) whatever order the sums ran in.
+        return round(float((share * valid).sum()), 9)
 
     def used_sum(self) -> np.ndarray:
         """Per node: Σ of its devices' used share (devices' worth allocated). Maintained row by row."""
         if self._used_sum is None:
-            self._used_sum = self.used_share().sum(axis=1)
+            self._used_sum = np.round(self.used_share().sum(axis=1), 9)
         return self._used_sum
 
     def used_share(self) -> np.ndarray:
