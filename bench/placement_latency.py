@@ -77,7 +77,7 @@ def main() -> int:
         f"# placement latency: filter + score of one request (score_nodes), ms — {time.strftime('%Y-%m-%d %H:%M %Z')}",
         f"# machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, {sys.platform}, "
         f"Python {platform.python_version()}, numpy {np.__version__}; load average at start "
-        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} (shared box: other jobs were running)",
+        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}" + (" (other jobs were running)" if load[0] > 1 else " (quiet)"),
         "# fleet: N nodes x 8 GPUs (32 GiB), ~50% allocated; requests drawn from an openb-like mix; each call",
         "# is followed (untimed) by applying its placement and releasing an earlier grant (steady state)",
         f"{'nodes':>6} {'path':>6} {'policy':>8} {'calls':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} {'cold':>7}",
