@@ -124,7 +124,7 @@ def test_pod_without_gpu_is_left_alone(control_plane: "ControlPlane", webhook: A
 
 
 # ------------------------------------------------------------------------ 500 pods, one restart
-def test_500_concurrent_pods_never_overcommit_even_across_an_extender_restart(
+def test_500_concurrent_pods_never_overcommit_even_across_extender_restarts(
         control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess", fake_nodes: list[str]) -> None:
     from gpuslice.kube import codec
 
@@ -153,19 +153,22 @@ def test_500_concurrent_pods_never_overcommit_even_across_an_extender_restart(
         except Exception as exc:  # collected and asserted below, not lost in a thread
             create_errors.append(f"{name}: {exc}")
 
-    restarted = threading.Event()
+    restarts: list[int] = []
 
     def restart_midway() -> None:
-        # Kill the extender once a fair share is bound but most are still to come, while binds are in flight.
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            bound = sum(1 for p in v1.list_namespaced_pod(NS, label_selector="").items
-                        if p.spec.node_name and p.metadata.name.startswith("load-"))
-            if bound >= 120:
-                extender.restart()
-                restarted.set()
-                return
-            time.sleep(0.2)
+        # SIGKILL the extender three times while pods are still arriving and binds are in flight:
+        # a fresh one has only what the API server holds (a kill between a ledger commit and the
+        # binding leaves an entry for a pod that then binds elsewhere: the invariant must hold anyway).
+        deadline = time.monotonic() + 150
+        for threshold in (100, 220, 340):
+            while time.monotonic() < deadline:
+                bound = sum(1 for p in v1.list_namespaced_pod(NS).items
+                            if p.spec.node_name and p.metadata.name.startswith("load-"))
+                if bound >= threshold:
+                    extender.restart()
+                    restarts.append(bound)
+                    break
+                time.sleep(0.2)
 
     started = time.monotonic()
     killer = threading.Thread(target=restart_midway, daemon=True)
@@ -176,10 +179,11 @@ def test_500_concurrent_pods_never_overcommit_even_across_an_extender_restart(
     assert not create_errors, create_errors[:5]
     pods = wait_bound(v1, list(specs), 200)
     bound_s = time.monotonic() - started
-    killer.join(5)
-    assert restarted.is_set(), "the extender was not restarted mid-run; the test did not test that"
+    killer.join(30)
+    assert len(restarts) == 3, f"the extender was restarted {len(restarts)} times, not 3: the test did not test that"
     assert extender.alive()
-    print(f"500 pods: created in {created_s:.1f}s, all bound in {bound_s:.1f}s (extender restarted once)")
+    print(f"500 pods: created in {created_s:.1f}s, all bound in {bound_s:.1f}s "
+          f"(extender SIGKILLed and restarted at {restarts} bound)")
 
     # Every pod: one grant, on the node it is bound to, matching what it asked for.
     per_device: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: {"memory": 0, "compute": 0, "slices": 0})
