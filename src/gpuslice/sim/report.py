@@ -215,17 +215,18 @@ def _plots(rows: Sequence[Row]) -> list[tuple[str, str]]:
             fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
             # Show the arrival window (plus 10 %): the long tail of a few long tasks would flatten it.
             window = max(r.values.get("window", 0.0) for r in timeline) or None
-            hours = 3600.0
+            unit, scale = ("seconds", 1.0) if (window or 0) < 600 else (
+                ("minutes", 60.0) if (window or 0) < 7200 else ("hours", 3600.0))
             for r in timeline:
-                axes[0].step(r.curves["time"] / hours, r.curves["util"], where="post", label=r.policy)
-                axes[1].plot(r.curves["frag_time"] / hours, r.curves["frag"], label=r.policy)
-                axes[2].step(r.curves["time"] / hours, r.curves["queued"], where="post", label=r.policy)
-            axes[0].set(title=f"{trace}: GPU allocation over time", xlabel="hours", ylabel="allocated GPU (%)")
-            axes[1].set(title="fragmentation over time", xlabel="hours", ylabel="fragmented GPU (% of capacity)")
-            axes[2].set(title="tasks waiting", xlabel="hours", ylabel="queued tasks")
+                axes[0].step(r.curves["time"] / scale, r.curves["util"], where="post", label=r.policy)
+                axes[1].plot(r.curves["frag_time"] / scale, r.curves["frag"], label=r.policy)
+                axes[2].step(r.curves["time"] / scale, r.curves["queued"], where="post", label=r.policy)
+            axes[0].set(title=f"{trace}: GPU allocation over time", xlabel=unit, ylabel="allocated GPU (%)")
+            axes[1].set(title="fragmentation over time", xlabel=unit, ylabel="fragmented GPU (% of capacity)")
+            axes[2].set(title="tasks waiting", xlabel=unit, ylabel="queued tasks")
             if window:
                 for ax in axes:
-                    ax.set_xlim(0, window * 1.1 / hours)
+                    ax.set_xlim(0, window * 1.1 / scale)
             for ax in axes:
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=8)
