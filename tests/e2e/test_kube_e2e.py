@@ -240,9 +240,26 @@ def test_500_concurrent_pods_never_overcommit_even_across_extender_restarts(
 @pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind"])
 @pytest.mark.parametrize("body", [b"not json", b"", b"[]", b'{"Pod": 5}', b'{"PodName": ""}', b"{\"Nodes\": {\"items\": 7}}"])
 def test_extender_answers_malformed_payloads_with_4xx(extender: "ExtenderProcess", path: str, body: bytes) -> None:
+    """Bodies no kube-scheduler would send get a 4xx naming the problem, and the extender stays up."""
     import httpx
 
     r = httpx.post(extender.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=10)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    assert r.json()["error"], r.text
+    assert httpx.get(extender.url + "/healthz", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/filter", "/prioritize"])
+@pytest.mark.parametrize("pod", [
+    {"metadata": {"name": "p"}, "spec": {"containers": "not-a-list"}},
+    {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {"limits": ["nvidia.com/gpu"]}}]}},
+    {"metadata": "p", "spec": {}},
+])
+def test_extender_answers_pods_of_the_wrong_shape_with_4xx(extender: "ExtenderProcess", path: str,
+                                                           pod: dict[str, Any]) -> None:
+    import httpx
+
+    r = httpx.post(extender.url + path, json={"Pod": pod, "NodeNames": ["gpu-node-00"]}, timeout=10)
     assert 400 <= r.status_code < 500, (r.status_code, r.text)
     assert r.json()["error"], r.text
     assert httpx.get(extender.url + "/healthz", timeout=5).status_code == 200
