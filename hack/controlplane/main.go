@@ -42,6 +42,8 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"k8s.io/component-base/cli"
+	kubectlcmd "k8s.io/kubectl/pkg/cmd"
+	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"sigs.k8s.io/yaml"
@@ -56,6 +58,15 @@ func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 func main() {
+	// Invoked as hack/bin/kubectl (a link to this binary): the kubectl of the same release, so
+	// the tests need no kubectl on the machine and never talk to a server with a skewed client.
+	if filepath.Base(os.Args[0]) == "kubectl" {
+		// As k8s.io/kubernetes/cmd/kubectl does.
+		if err := cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()); err != nil {
+			kubectlutil.CheckErr(err) // prints the error as kubectl does, exits non-zero
+		}
+		os.Exit(0)
+	}
 	// Child modes: run one upstream component with the given arguments.
 	if len(os.Args) > 1 {
 		switch os.Args[1] {

@@ -26,6 +26,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "hack" / "bin" / "controlplane"
+# kubectl of the harness's own release (a link to the harness binary, made by `make -C hack`): the
+# tests need no kubectl installed and never drive the API server with a skewed client.
+KUBECTL = ROOT / "hack" / "bin" / "kubectl"
 READY_PREFIX = "GPUSLICE_CONTROLPLANE_READY "
 SCHEDULER_NAME = "gpuslice-scheduler"
 START_TIMEOUT_S = 150
@@ -280,8 +283,6 @@ def chart_identities(control_plane: ControlPlane, chart_docs: list[dict[str, Any
     """Kubeconfigs for the chart's ServiceAccounts, bound by the chart's own (Cluster)Roles, applied to
     the real API server (RBAC authorization is on). The extender and the agent run the e2e tests under
     these, so RBAC that misses a verb the code needs fails the tests, not a user's cluster."""
-    import shutil
-
     from kubernetes import client
 
     import yaml
@@ -291,10 +292,9 @@ def chart_identities(control_plane: ControlPlane, chart_docs: list[dict[str, Any
               and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})]
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHART_NAMESPACE}}
     manifest = yaml.safe_dump_all([ns, *wanted])
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.fail("kubectl is needed to apply the chart's RBAC")
-    applied = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "apply", "-f", "-"],
+    if not KUBECTL.exists():
+        pytest.fail(f"{KUBECTL} is missing; `make -C hack` links it")
+    applied = subprocess.run([str(KUBECTL), "--kubeconfig", control_plane.kubeconfig, "apply", "-f", "-"],
                              input=manifest, capture_output=True, text=True, timeout=120)
     assert applied.returncode == 0, applied.stderr
     core = client.CoreV1Api(control_plane.api())

@@ -76,7 +76,7 @@ def _check_and_stop(proc: subprocess.Popen[str]) -> None:
     assert line.startswith("GPUSLICE_CONTROLPLANE_READY "), (line, proc.stderr.read() if proc.stderr else "")
     info: dict[str, Any] = json.loads(line.split(" ", 1)[1])
     assert Path(info["kubeconfig"]).exists()
-    kubectl = subprocess.run(["kubectl", "--kubeconfig", info["kubeconfig"], "get", "namespace", "default", "-o",
+    kubectl = subprocess.run([str(HARNESS.parent / "kubectl"), "--kubeconfig", info["kubeconfig"], "get", "namespace", "default", "-o",
                               "name"], capture_output=True, text=True, timeout=30)
     assert kubectl.stdout.strip() == "namespace/default", kubectl.stderr
     api_port = int(info["server"].rsplit(":", 1)[1])
