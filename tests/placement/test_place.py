@@ -89,6 +89,72 @@ def test_multi_gpu_gets_whole_idle_devices_exclusively():
         place(Request(count=1, exclusive=True), [node])
 
 
+def test_multi_gpu_with_a_memory_size_gets_shared_slices_on_distinct_devices():
+    """HAMi's ``nvidia.com/gpu: 2`` with ``gpumem: 3000``: two 3000 MiB slices on two cards that stay
+    shareable (binpack fills the busier cards first), not two cards held whole."""
+    nodes = [_node("a", [16, 16, 16], used=(8,))]
+    p = place(_req(mem=3, count=2, compute=30), nodes)
+    assert not p.exclusive
+    assert [s.device_uuid for s in p.slices] == ["GPU-a-0", "GPU-a-1"]
+    assert all(s.memory_limit == 3 * GiB and s.compute == 30 for s in p.slices)
+    node = apply(nodes[0], p.slices)
+    # The cards are still shared: a one-device request fits on them.
+    again = place(_req(mem=2), [node])
+    assert again.slices[0].device_uuid == "GPU-a-0"
+
+
+def test_shared_multi_device_needs_that_many_devices_with_room():
+    nodes = [_node("a", [16, 16], used=(15,))]
+    with pytest.raises(NoFit, match="most devices with room on one node is 1"):
+        place(_req(mem=4, count=2), nodes)
+    fitting, reasons = filter_nodes(_req(mem=4, count=2), nodes)
+    assert not fitting and "1 device(s) with room" in reasons["a"]
+
+
+def test_multi_device_requests_take_one_mig_instance_per_card():
+    """Two MIG instances of one card are not two GPUs to a multi-device request (whole or shared)."""
+    mig = tuple(DeviceState(f"MIG-c0-{k}", 10 * GiB, model="A100", profile="1g.10gb", parent_uuid="GPU-c0")
+                for k in range(3))
+    node = NodeState("m", mig + (DeviceState("GPU-x", 16 * GiB, model="A100"),))
+    for request in (Request(count=2), _req(mem=2, count=2)):
+        p = place(request, [node])
+        uuids = [s.device_uuid for s in p.slices]
+        assert "GPU-x" in uuids and sum(u.startswith("MIG-") for u in uuids) == 1, request
+    with pytest.raises(NoFit):
+        place(Request(count=3), [node])
+    only_mig = NodeState("n", mig)
+    with pytest.raises(NoFit):
+        place(_req(mem=2, count=2), [only_mig])
+    _, reasons = filter_nodes(_req(mem=2, count=2), [only_mig])
+    assert "1 device(s) with room (one MIG instance per card counts)" in reasons["n"]
+
+
+def test_whole_device_fits_below_a_memory_reserve():
+    """deviceMemoryScaling < 1 keeps a reserve for packing slices; a device taken whole still fits."""
+    node = NodeState("r", (DeviceState("GPU-r", 16 * GiB, memory_scaling=0.9),))
+    p = place(Request(exclusive=True), [node])
+    assert p.exclusive and p.slices[0].memory_limit == 16 * GiB
+    held = apply(node, p.slices, exclusive=True)
+    assert held.devices[0].used_memory == 16 * GiB
+    fleet = Fleet([node])
+    fleet.apply_placement(p)
+    assert fleet.node_state("r") == held
+
+
+def test_fleet_checks_slices_of_one_call_against_each_other():
+    """Two slices on one device in a single apply are checked on their running sum (a ledger rebuilt in
+    one go), as model.apply does: 2 × 10 GiB on 16 GiB is refused and nothing is applied."""
+    node = NodeState("f", (DeviceState("GPU-f", 16 * GiB),))
+    fleet = Fleet([node])
+    with pytest.raises(SpecError):
+        fleet.apply("f", [Slice("GPU-f", 10 * GiB), Slice("GPU-f", 10 * GiB)])
+    with pytest.raises(SpecError):
+        apply(node, [Slice("GPU-f", 10 * GiB), Slice("GPU-f", 10 * GiB)])
+    assert fleet.node_state("f") == node
+    fleet.apply("f", [Slice("GPU-f", 6 * GiB, compute=30), Slice("GPU-f", 6 * GiB, compute=30)])
+    assert fleet.node_state("f") == apply(node, [Slice("GPU-f", 6 * GiB, compute=30)] * 2)
+
+
 def _topo_node():
     # 4 GPUs: 0-1 NVLink pair on NUMA 0, 2-3 NVLink pair on NUMA 1; 1 and 2 are free only on paper.
     links = {0: ("GPU-t-1",), 1: ("GPU-t-0",), 2: ("GPU-t-3",), 3: ("GPU-t-2",)}

@@ -1,7 +1,13 @@
 """Property tests: over random fleets and request streams, placement never over-commits memory, compute
-or split slots, and it refuses a request exactly when a brute-force oracle finds no fitting device(s)."""
+or split slots, and it refuses a request exactly when a brute-force oracle finds no fitting device(s).
+
+Fleets mix whole GPUs (some NVLinked, on NUMA nodes) with MIG instances of one card; requests mix
+single slices, shared slices on several distinct devices, and whole devices. Over-commit is checked on
+sums of the granted slices kept by the test itself, not on the state objects' own bookkeeping."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,17 +18,27 @@ from gpuslice.placement import (
 from gpuslice.spec import GiB, MemoryAmount, Request
 
 MODELS = ("T4", "V100M16", "A10")
+COUNTS = [1, 1, 1, 2, 3]
 
 
 @st.composite
 def devices(draw, node: int):
     n = draw(st.integers(1, 4))
     out = []
+    linked = draw(st.booleans())
+    uuids = [f"GPU-{node}-{j}" for j in range(n)]
     for j in range(n):
         out.append(DeviceState(
-            uuid=f"GPU-{node}-{j}", memory_total=draw(st.sampled_from([8, 16, 24])) * GiB,
+            uuid=uuids[j], memory_total=draw(st.sampled_from([8, 16, 24])) * GiB,
             model=draw(st.sampled_from(MODELS)), split_count=draw(st.integers(1, 4)),
-            memory_scaling=draw(st.sampled_from([0.5, 1.0, 1.5, 2.0]))))
+            memory_scaling=draw(st.sampled_from([0.5, 1.0, 1.5, 2.0])), numa_node=j // 2,
+            nvlink_peers=tuple(u for u in uuids if u != uuids[j]) if linked else ()))
+    # Sometimes a MIG card too: its instances are devices of their own, one parent between them.
+    for k in range(draw(st.sampled_from([0, 0, 2, 3]))):
+        out.append(DeviceState(
+            uuid=f"MIG-{node}-{k}", memory_total=draw(st.sampled_from([5, 10])) * GiB, model="A100",
+            profile=draw(st.sampled_from(["1g.10gb", "2g.20gb"])), split_count=draw(st.integers(1, 3)),
+            parent_uuid=f"GPU-{node}-mig"))
     return tuple(out)
 
 
@@ -39,7 +55,7 @@ def fleets(draw):
 requests = st.builds(
     lambda count, mem, compute, exclusive, models, cpu: (Request(
         count=count, memory=mem, compute=compute, exclusive=exclusive, models=models), cpu),
-    count=st.sampled_from([1, 1, 1, 2, 3]),
+    count=st.sampled_from(COUNTS),
     # Mostly small requests, so streams run devices out of split slots and compute, not only memory.
     mem=st.one_of(st.none(), st.builds(lambda g: MemoryAmount(bytes=g * GiB), st.integers(1, 30)),
                   st.builds(lambda g: MemoryAmount(bytes=g * GiB // 4), st.integers(1, 8)),
@@ -47,34 +63,62 @@ requests = st.builds(
                   st.builds(lambda p: MemoryAmount(percent=float(p)), st.integers(1, 15))),
     compute=st.sampled_from([0, 0, 10, 25, 50, 100]),
     exclusive=st.sampled_from([False, False, False, True]),
-    models=st.sampled_from([(), ("T4",), ("V100M16", "A10")]),
+    models=st.sampled_from([(), ("T4",), ("V100M16", "A10"), ("A100",), ("1g.10gb",)]),
     cpu=st.sampled_from([0, 1000, 8000]),
 )
+
+
+def _whole(r: Request) -> bool:
+    """The rule, restated: exclusive, or several devices' whole memory each."""
+    return r.exclusive or (r.count > 1 and r.memory is None)
+
+
+def _need(d: DeviceState, r: Request) -> int:
+    return d.memory_total if r.memory is None else r.memory.resolve(d.memory_total)
 
 
 def _device_fits(d: DeviceState, r: Request) -> bool:
     """The oracle: the plain rules, written without numpy."""
     if not d.matches(r.models):
         return False
-    need = d.memory_total if r.memory is None else r.memory.resolve(d.memory_total)
-    if r.exclusive or r.count > 1:
-        return d.is_idle and need <= d.memory_capacity
-    return d.free_slots >= 1 and d.free_memory >= need and d.free_compute >= r.compute
+    if _whole(r):
+        # A device held whole may carry its physical memory even below a reserve (scaling < 1).
+        return d.is_idle and _need(d, r) <= max(d.memory_capacity, d.memory_total)
+    return d.free_slots >= 1 and d.free_memory >= _need(d, r) and d.free_compute >= r.compute
+
+
+def _usable(devices) -> int:
+    """Devices one request may use together: whole GPUs, and one MIG instance per card."""
+    cards = {d.parent_uuid for d in devices if d.parent_uuid}
+    return sum(1 for d in devices if not d.parent_uuid) + len(cards)
 
 
 def _node_fits(n: NodeState, r: Request, cpu: int) -> bool:
     if n.cpu_milli is not None and n.cpu_milli - n.cpu_used < cpu:
         return False
-    return sum(_device_fits(d, r) for d in n.devices) >= (r.count if (r.exclusive or r.count > 1) else 1)
+    return _usable([d for d in n.devices if _device_fits(d, r)]) >= r.count
 
 
-def _assert_no_overcommit(nodes):
-    for n in nodes:
-        assert n.cpu_milli is None or 0 <= n.cpu_used <= n.cpu_milli
-        for d in n.devices:
-            assert 0 <= d.used_memory <= d.memory_capacity
-            assert 0 <= d.used_compute <= 100
-            assert 0 <= d.slice_count <= d.split_count
+def _assert_no_overcommit(fleet, granted):
+    """Sums over the slices granted so far, per device, against the devices' capacities as built."""
+    devices = {d.uuid: d for n in fleet for d in n.devices}
+    memory, compute, slots, whole = Counter(), Counter(), Counter(), Counter()
+    for p, _ in granted:
+        for s in p.slices:
+            memory[s.device_uuid] += s.memory_limit
+            compute[s.device_uuid] += s.compute
+            slots[s.device_uuid] += 1
+            whole[s.device_uuid] += p.exclusive
+    for uuid, d in devices.items():
+        cap = max(d.memory_capacity, d.memory_total) if whole[uuid] else d.memory_capacity
+        assert memory[uuid] <= cap, f"{uuid}: {memory[uuid]} B granted, capacity {cap}"
+        assert compute[uuid] <= 100, f"{uuid}: {compute[uuid]} % compute granted"
+        assert slots[uuid] <= d.split_count, f"{uuid}: {slots[uuid]} slices, split {d.split_count}"
+        assert not whole[uuid] or slots[uuid] == 1, f"{uuid} is held whole and shared"
+    for n in fleet:
+        if n.cpu_milli is not None:
+            used = sum(cpu for p, cpu in granted if p.node == n.name)
+            assert used <= n.cpu_milli
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,18 +143,20 @@ def test_stream_never_overcommits_and_refuses_only_when_nothing_fits(fleet, stre
             continue
         assert expect
         node = nodes[p.node]
-        whole = request.exclusive or request.count > 1
-        assert p.exclusive == whole
-        assert len(p.slices) == (request.count if whole else 1)
+        assert p.exclusive == _whole(request)
+        assert len(p.slices) == request.count
         assert len({s.device_uuid for s in p.slices}) == len(p.slices)
+        assert _usable([node.device(s.device_uuid) for s in p.slices]) == request.count, "two MIG of one card"
         for s in p.slices:
-            assert _device_fits(node.device(s.device_uuid), request)
+            d = node.device(s.device_uuid)
+            assert _device_fits(d, request)
             assert s.compute == request.compute
+            assert s.memory_limit == _need(d, request), "the slice's limit is what the request resolves to"
         assert 0 <= p.score <= 100
         nodes[p.node] = apply(node, p.slices, exclusive=p.exclusive, cpu_milli=cpu)
         mirror.apply(p.node, p.slices, exclusive=p.exclusive, cpu_milli=cpu)
         granted.append((p, cpu))
-        _assert_no_overcommit(nodes.values())
+        _assert_no_overcommit(fleet, granted)
         if release_one and granted:
             old, old_cpu = granted.pop(0)
             nodes[old.node] = release(nodes[old.node], old.slices, exclusive=old.exclusive, cpu_milli=old_cpu)

@@ -30,14 +30,20 @@ The model
   oversubscribes, < 1 keeps a reserve); their compute shares add up to at most 100 %.
 * A request's memory percent resolves per device against its physical memory (``MemoryAmount.resolve``,
   floor); ``memory=None`` means the device's whole physical memory.
-* ``count > 1`` or ``exclusive`` requests get whole *idle* devices (no slice on them), held exclusively;
-  everything else gets one slice on one shared device.
+* ``exclusive`` requests, and ``count > 1`` requests for the whole memory of each device (``memory=None``),
+  get whole *idle* devices (no slice on them), held exclusively. A device held whole may carry its
+  physical memory even where ``memory_scaling < 1`` keeps a reserve for packing slices.
+* Everything else gets shared slices: one on one device, or — ``count > 1`` with a memory size, HAMi's
+  ``nvidia.com/gpu: 2`` + ``gpumem`` — one on each of ``count`` distinct devices of one node, which
+  others may still share.
+* A multi-device request takes at most one MIG instance of a card (instances of one card share its
+  memory system; to a program asking for two GPUs they are not two).
 * ``models`` restricts devices (``V100M16|V100M32``); a name matches a device's model, its MIG profile or
   ``model/profile``. Nodes may also track CPU (milli) and host memory, which the simulator uses.
 
 Policies (``PlacementPolicy(node=..., gpu=..., topology=True, seed=0)``, each level independently)
 -----------------------------------------------------------------------------------------------------
-GPU level (which device inside a node), for a shared request:
+GPU level (which device inside a node; for ``count`` shared slices the ``count`` best), for a shared request:
   ``binpack`` most used after placing (memory share + compute share), ``spread`` least used,
   ``bestfit`` least absolute memory left (then compute), ``fgd`` least fragmentation increase (below),
   ``random`` any fitting device. For whole devices: ``bestfit`` the smallest that holds the request,
@@ -48,9 +54,11 @@ Node level (score 0..100, the highest wins; ties go to the earliest node in the 
   node) and free CPU (normalised by the largest node) — the FGD paper's Best-fit,
   ``fgd`` = the node whose fragmentation rises least (linearly mapped to 0..100 over the candidates),
   ``random`` uniform.
-Topology (``count > 1``): the set of idle devices is chosen by a topology score — 100 when every pair
-is NVLink-connected, else 40 × (share of linked pairs) + 60 if all on one NUMA node — and the node
-score becomes ``(1 − w) · policy + w · topology`` (``w = topology_weight``, 0.3).
+Topology (``count > 1``): a topology score — 100 when every pair is NVLink-connected, else
+40 × (share of linked pairs) + 60 if all on one NUMA node — blends into the node score as
+``(1 − w) · policy + w · topology`` (``w = topology_weight``, 0.3). For whole devices the set of idle
+devices is also *chosen* by it; for shared slices the GPU policy chooses the devices (they are not
+interchangeable: each has its own free room) and the topology only ranks nodes.
 
 Fragmentation (FGD, Weng et al., USENIX ATC '23, in spirit)
 -----------------------------------------------------------

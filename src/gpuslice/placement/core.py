@@ -77,16 +77,32 @@ class _Fit:
     node_ok: np.ndarray  # [N]
 
 
+def _whole_cap(fleet: Fleet) -> np.ndarray:
+    """[N, G] the memory a grant holding the device whole may have (DeviceState.whole_capacity)."""
+    return _static(fleet, ("whole_cap",), lambda: np.maximum(fleet.mem_cap, fleet.mem_total))
+
+
+def _usable_count(fleet: Fleet, dev_ok: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """[N] (or [C] for ``rows``) how many of the ok devices one multi-device request can use together:
+    every whole GPU, and at most one MIG instance per card."""
+    counts = dev_ok.sum(axis=1)
+    mig = fleet.has_mig if rows is None else fleet.has_mig[rows]
+    for c in np.flatnonzero(mig & (counts > 1)):
+        i = int(c if rows is None else rows[c])
+        parents = fleet.parent[i][dev_ok[c]]
+        counts[c] = int((parents < 0).sum()) + len(set(parents[parents >= 0].tolist()))
+    return counts
+
+
 def _fit(fleet: Fleet, shape: TaskShape) -> _Fit:
     need = _memory_need(fleet, shape)
     model_ok = _model_mask(fleet, shape.models)
     if shape.whole:
-        dev_ok = model_ok & (fleet.slots_used == 0) & ~fleet.excl & (need <= fleet.mem_cap)
-        node_ok = dev_ok.sum(axis=1) >= shape.count
+        dev_ok = model_ok & (fleet.slots_used == 0) & ~fleet.excl & (need <= _whole_cap(fleet))
     else:
         dev_ok = (model_ok & ~fleet.excl & (fleet.slots_used < fleet.split)
                   & (fleet.mem_cap - fleet.mem_used >= need) & (100 - fleet.comp_used >= shape.compute))
-        node_ok = dev_ok.any(axis=1)
+    node_ok = dev_ok.any(axis=1) if shape.count <= 1 else _usable_count(fleet, dev_ok) >= shape.count
     node_ok = (node_ok & (fleet.cpu_total - fleet.cpu_used >= shape.cpu_milli)
                & (fleet.hm_total - fleet.hm_used >= shape.host_memory))
     return _Fit(shape, need, dev_ok, node_ok)
@@ -115,7 +131,7 @@ def _types(fleet: Fleet, shapes: tuple[TaskShape, ...]) -> _Types:
     model_ok = np.stack([_model_mask(fleet, s.models) for s in shapes], axis=-1)
     whole = np.array([s.whole for s in shapes])
     # Whole-device shapes that can never fit a device (too much memory) are simply "not ok" there.
-    model_ok = model_ok & ~(whole & (need > fleet.mem_cap[..., None]))
+    model_ok = model_ok & ~(whole & (need > _whole_cap(fleet)[..., None]))
     types = _Types(shapes, need, model_ok, whole,
                    np.array([s.count for s in shapes]), np.array([s.compute for s in shapes]),
                    np.array([s.cpu_milli for s in shapes]), np.array([s.host_memory for s in shapes]))
@@ -261,6 +277,26 @@ class _Terms:
         return after - sel(self.frag)
 
 
+    def shared_set_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
+        """[C, K]: change of F_n(k) if one slice goes on each device ``picked`` ([C, count], distinct)."""
+        t = self.t
+        at = (rows[:, None], picked)
+        excl = fleet.excl[at] | ~fleet.valid[at]
+        mem_a = np.where(excl, 0, fleet.mem_cap[at] - fleet.mem_used[at]) - fit.need[at]
+        comp_a = np.where(excl, 0, 100 - fleet.comp_used[at]) - fit.shape.compute
+        slots_a = np.where(excl, 0, fleet.split[at] - fleet.slots_used[at]) - 1
+        share_a = mem_a / fleet.mem_cap[at]
+        fits_a = _shape_fits(t, at, mem_a, comp_a, slots_a, np.zeros(mem_a.shape, bool))
+        lost_after = self.lost_node[rows] - self.lost[at].sum(axis=1) + (share_a[..., None] * ~fits_a).sum(axis=1)
+        count_after = self.count[rows] - self.fits[at].sum(axis=1) + fits_a.sum(axis=1)
+        total_after = self.total_share[rows] - self.share[at].sum(axis=1) + share_a.sum(axis=1)
+        cpu_a = (fleet.cpu_total[rows] - fleet.cpu_used[rows] - fit.shape.cpu_milli)[:, None]
+        hm_a = (fleet.hm_total[rows] - fleet.hm_used[rows] - fit.shape.host_memory)[:, None]
+        host_a = (count_after >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
+        after = np.where(host_a, lost_after, total_after[:, None])
+        return after - self.frag[rows]
+
+
 def _terms(fleet: Fleet, workload: Workload | None, fit: _Fit, rows: np.ndarray) -> tuple[_Terms, np.ndarray]:
     shapes, p = _workload_vectors(workload, fit.shape)
     t = _types(fleet, shapes)
@@ -282,42 +318,76 @@ def _weigh(delta_k: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ topology
-def _topology_sets(fleet: Fleet, i: int, free: Sequence[int], count: int) -> tuple[tuple[int, ...], float]:
-    """Best set of ``count`` idle devices on node i by topology, and its score 0..100.
-
-    100: every pair NVLink-connected; 60 + 40·(linked pairs share): partial NVLink; same NUMA node adds
-    up to 20 (capped at 100). Exhaustive over combinations when small, else greedy from each start.
-    """
+def _topology_score(fleet: Fleet, i: int, group: Sequence[int]) -> float:
+    """Topology score 0..100 of devices ``group`` of node i: 100 when every pair is NVLink-connected,
+    else 40 × (share of linked pairs) + 60 if all are on one NUMA node."""
     devs = fleet.static[i]
-    peers = [set(d.nvlink_peers) for d in devs]
-    uuids = [d.uuid for d in devs]
+    pairs = list(itertools.combinations(group, 2))
+    linked = sum(1 for a, b in pairs
+                 if devs[b].uuid in devs[a].nvlink_peers or devs[a].uuid in devs[b].nvlink_peers)
+    numas = {devs[k].numa_node for k in group}
+    same_numa = len(numas) == 1 and None not in numas
+    if pairs and linked == len(pairs):
+        return 100.0
+    return min(100.0, 40.0 * linked / max(1, len(pairs)) + (60.0 if same_numa else 0.0))
 
-    def score(group: Sequence[int]) -> float:
-        pairs = list(itertools.combinations(group, 2))
-        linked = sum(1 for a, b in pairs if uuids[b] in peers[a] or uuids[a] in peers[b])
-        numas = {devs[k].numa_node for k in group}
-        same_numa = len(numas) == 1 and None not in numas
-        if pairs and linked == len(pairs):
-            return 100.0
-        return min(100.0, 40.0 * linked / max(1, len(pairs)) + (60.0 if same_numa else 0.0))
+
+def _topology_sets(fleet: Fleet, i: int, free: Sequence[int], count: int) -> tuple[tuple[int, ...], float]:
+    """Best set of ``count`` idle devices on node i by :func:`_topology_score`, and its score.
+
+    Exhaustive over combinations when there are at most 10 candidates, else greedy from each start
+    (grow by the device that scores best with the group). Never two MIG instances of one card.
+    """
+    parent = fleet.parent[i]
+
+    def distinct(group: Sequence[int]) -> bool:
+        cards = [int(parent[k]) for k in group if parent[k] >= 0]
+        return len(cards) == len(set(cards))
 
     if len(free) <= 10:
-        candidates = itertools.combinations(free, count)
-    else:  # greedy: grow a set from each start by the most connected next device
+        candidates = [g for g in itertools.combinations(free, count) if distinct(g)]
+    else:
         candidates = []
         for start in free:
             group = [start]
             while len(group) < count:
-                best = max((k for k in free if k not in group), key=lambda k: score(group + [k]))
-                group.append(best)
-            candidates.append(tuple(group))
+                options = [k for k in free if k not in group and distinct(group + [k])]
+                if not options:
+                    break
+                group.append(max(options, key=lambda k: _topology_score(fleet, i, group + [k])))
+            if len(group) == count:
+                candidates.append(tuple(group))
     best_group, best_score = None, -1.0
     for group in candidates:
-        s = score(group)
+        s = _topology_score(fleet, i, group)
         if s > best_score:
             best_group, best_score = tuple(group), s
-    assert best_group is not None
+    assert best_group is not None, "the fit guaranteed enough usable devices"
     return best_group, best_score
+
+
+def _pick_distinct(fleet: Fleet, rows: np.ndarray, dev_ok: np.ndarray, order: np.ndarray,
+                   count: int) -> np.ndarray:
+    """[C, count]: the first ``count`` ok devices of each row's ``order`` ([C, G], best first), skipping a
+    second MIG instance of a card already picked (only rows with MIG instances need the walk)."""
+    picked = order[:, :count].copy()
+    for c in np.flatnonzero(fleet.has_mig[rows]):
+        parent = fleet.parent[int(rows[c])]
+        taken: list[int] = []
+        cards: set[int] = set()
+        for j in order[c]:
+            if not dev_ok[c, j]:
+                continue
+            if parent[j] >= 0:
+                if int(parent[j]) in cards:
+                    continue
+                cards.add(int(parent[j]))
+            taken.append(int(j))
+            if len(taken) == count:
+                break
+        if len(taken) == count:  # rows that do not fit (scored anyway) keep their plain order
+            picked[c] = taken
+    return picked
 
 
 # ------------------------------------------------------------------------------------------ scoring
@@ -394,13 +464,27 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         else:
             assert generator is not None
             pref = generator.random(dev_ok.shape)
-        pick = np.where(dev_ok, pref, -np.inf).argmax(axis=1)  # ties: lowest device index
         chosen = np.zeros(dev_ok.shape, bool)
-        chosen[arange, pick] = True
-        if policy.node == "fgd":
-            assert frag is not None
-            delta = frag[arange, pick]
-        added = need[arange, pick] / cap[arange, pick]  # devices' worth the chosen slice adds to its node
+        if shape.count == 1:
+            pick = np.where(dev_ok, pref, -np.inf).argmax(axis=1)  # ties: lowest device index
+            chosen[arange, pick] = True
+            if policy.node == "fgd":
+                assert frag is not None
+                delta = frag[arange, pick]
+            added = need[arange, pick] / cap[arange, pick]  # devices' worth the chosen slice adds to its node
+        else:
+            # Several shared slices on distinct devices: the `count` devices the GPU policy likes best.
+            order = np.argsort(np.where(dev_ok, -pref, np.inf), axis=1, kind="stable")
+            picked = _pick_distinct(fleet, rows, dev_ok, order, shape.count)
+            np.put_along_axis(chosen, picked, True, axis=1)
+            if policy.node == "fgd":
+                assert terms is not None and p is not None
+                delta = _weigh(terms.shared_set_delta(fleet, fit, rows, picked), p)
+            added = (np.take_along_axis(need, picked, axis=1) / np.take_along_axis(cap, picked, axis=1)).sum(axis=1)
+            if policy.topology:  # scored, not chosen: the GPU policy decides which devices
+                topo = np.full(rows.size, 100.0)
+                for c in np.flatnonzero(fleet.has_topology[rows] & keep):
+                    topo[c] = _topology_score(fleet, int(rows[c]), [int(j) for j in picked[c]])
     else:
         # Whole devices: order idle devices by the GPU policy, then take the first `count` (or the best
         # topology set where the node describes its topology).
@@ -421,7 +505,7 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         if shape.count == 1:
             picked = key.argmin(axis=1)[:, None]
         else:
-            picked = np.argsort(key, axis=1, kind="stable")[:, : shape.count]
+            picked = _pick_distinct(fleet, rows, dev_ok, np.argsort(key, axis=1, kind="stable"), shape.count)
         if policy.topology and shape.count > 1:
             topo = np.full(rows.size, 100.0)
             for c in np.flatnonzero(fleet.has_topology[rows] & keep):
@@ -608,7 +692,10 @@ def _need_text(fit: _Fit, i: int, j: int | None = None) -> str:
         mem = f"{shape.memory.percent:g}% of memory"
         if j is not None:
             mem += f" ({human_bytes(int(fit.need[i, j]))})"
-    per = f"{shape.count} idle device(s)" if shape.whole else "1 device"
+    if shape.whole:
+        per = f"{shape.count} idle device(s)"
+    else:
+        per = "1 device" if shape.count == 1 else f"{shape.count} distinct devices"
     extra = f", compute {shape.compute}%" if shape.compute else ""
     return f"needs {mem}{extra} on {per}"
 
@@ -626,8 +713,11 @@ def _why_not_node(fleet: Fleet, fit: _Fit, i: int) -> str:
         present = sorted({d.model for d in fleet.static[i]}) or ["none"]
         return f"no device of model {'|'.join(shape.models)} (has {', '.join(present)})"
     if shape.whole:
-        idle = int(fit.dev_ok[i].sum())
+        idle = int(_usable_count(fleet, fit.dev_ok[i:i + 1], np.array([i]))[0])
         return f"{_need_text(fit, i)}; {idle} idle device(s) of a matching model"
+    if shape.count > 1 and fit.dev_ok[i].any():
+        room = int(_usable_count(fleet, fit.dev_ok[i:i + 1], np.array([i]))[0])
+        return f"{_need_text(fit, i)}; {room} device(s) with room (one MIG instance per card counts)"
     state = fleet.node_state(i)
     best = max((d for d, ok in zip(state.devices, model_ok) if ok), key=lambda d: d.free_memory)
     j = [d.uuid for d in state.devices].index(best.uuid)
@@ -652,9 +742,14 @@ def _why_not(fleet: Fleet, fit: _Fit) -> str:
     i, j = np.unravel_index(int(np.argmax(free)), free.shape)
     where = f"on {fleet.static[i][j].uuid} (node {fleet.names[i]})" if free[i, j] >= 0 else "anywhere"
     if shape.whole:
-        idle = (model_ok & (fleet.slots_used == 0) & ~fleet.excl).sum(axis=1)
+        idle = _usable_count(fleet, model_ok & (fleet.slots_used == 0) & ~fleet.excl)
         k = int(np.argmax(idle))
         return (f"{_need_text(fit, int(i))}; most idle matching devices on one node is {int(idle[k])} "
+                f"(node {fleet.names[k]})")
+    if shape.count > 1 and fit.dev_ok.any():
+        room = _usable_count(fleet, fit.dev_ok)
+        k = int(np.argmax(room))
+        return (f"{_need_text(fit, int(i))}; most devices with room on one node is {int(room[k])} "
                 f"(node {fleet.names[k]})")
     text = f"{_need_text(fit, int(i), int(j))}; largest free is {human_bytes(max(0, int(free[i, j])))} {where}"
     room = (model_ok & (fleet.mem_cap - fleet.mem_used >= fit.need)).any()

@@ -53,6 +53,11 @@ class Fleet:
         kind_ids: dict[tuple[str, str], int] = {}
         self.pos: dict[str, tuple[int, int]] = {}
         self.has_topology = np.zeros(n, bool)
+        # MIG instances of one card share its memory system: a multi-device request takes at most one
+        # instance per card. parent[i, j] numbers the card of a MIG instance (-1: a whole GPU).
+        self.parent = np.full((n, g), -1, np.int32)
+        self.has_mig = np.zeros(n, bool)
+        parent_ids: dict[str, int] = {}
         # Built as flat Python lists, then converted once: per-element numpy stores cost ~10x more.
         cells: list[tuple] = []
         pad = (False, 1, 1, 0, 0, 0, 0, False, 0, -1)
@@ -75,6 +80,9 @@ class Fleet:
                               -1 if d.numa_node is None else d.numa_node))
                 if d.nvlink_peers or d.numa_node is not None:
                     self.has_topology[i] = True
+                if d.parent_uuid:
+                    self.parent[i, j] = parent_ids.setdefault(d.parent_uuid, len(parent_ids))
+                    self.has_mig[i] = True
             cells.extend([pad] * (g - len(node.devices)))
         if cells:
             columns = list(zip(*cells))
@@ -129,28 +137,35 @@ class Fleet:
 
     def _change(self, i: int, slices: Sequence[Slice], exclusive: bool, sign: int,
                 cpu_milli: int, host_memory: int) -> None:
-        updates = []
+        # Running totals per device: several slices of one call may land on one device (a ledger
+        # rebuilt in one go), and each must be checked against what the ones before it took.
+        updates: dict[int, tuple[int, int, int, bool]] = {}
         for s in slices:
             where = self.pos.get(s.device_uuid)
             if where is None or where[0] != i:
                 raise SpecError("device_uuid", s.device_uuid, f"a UUID of a device on node {self.names[i]}")
             j = where[1]
-            mem = int(self.mem_used[i, j]) + sign * s.memory_limit
-            comp = int(self.comp_used[i, j]) + sign * s.compute
-            slots = int(self.slots_used[i, j]) + sign
-            if sign > 0 and (self.excl[i, j] or (exclusive and self.slots_used[i, j])):
+            mem0, comp0, slots0, excl0 = updates.get(j) or (
+                int(self.mem_used[i, j]), int(self.comp_used[i, j]), int(self.slots_used[i, j]), bool(self.excl[i, j]))
+            mem = mem0 + sign * s.memory_limit
+            comp = comp0 + sign * s.compute
+            slots = slots0 + sign
+            if sign > 0 and (excl0 or (exclusive and slots0)):
                 raise SpecError("device_uuid", s.device_uuid, "a device not held whole by another grant")
-            if not (0 <= mem <= self.mem_cap[i, j] and 0 <= comp <= 100 and 0 <= slots <= self.split[i, j]):
+            excl = exclusive if sign > 0 else (False if exclusive else excl0)
+            # A device held whole may carry its physical memory even where a reserve (scaling < 1)
+            # keeps shared slices below it.
+            cap = max(int(self.mem_cap[i, j]), int(self.mem_total[i, j])) if excl else int(self.mem_cap[i, j])
+            if not (0 <= mem <= cap and 0 <= comp <= 100 and 0 <= slots <= self.split[i, j]):
                 raise SpecError("slices", s, f"a slice that fits on {s.device_uuid} without over-commit")
-            excl = exclusive if sign > 0 else (False if exclusive else bool(self.excl[i, j]))
-            updates.append((j, mem, comp, slots, excl))
+            updates[j] = (mem, comp, slots, excl)
         cpu = int(self.cpu_used[i]) + sign * cpu_milli
         hm = int(self.hm_used[i]) + sign * host_memory
         if self.cpu_total[i] != UNTRACKED and not 0 <= cpu <= self.cpu_total[i]:
             raise SpecError("cpu_milli", cpu_milli, f"CPU that fits on node {self.names[i]}")
         if self.hm_total[i] != UNTRACKED and not 0 <= hm <= self.hm_total[i]:
             raise SpecError("host_memory", host_memory, f"host memory that fits on node {self.names[i]}")
-        for j, mem, comp, slots, excl in updates:  # all checks passed: nothing is half-applied
+        for j, (mem, comp, slots, excl) in updates.items():  # all checks passed: nothing is half-applied
             self.mem_used[i, j], self.comp_used[i, j], self.slots_used[i, j], self.excl[i, j] = mem, comp, slots, excl
         if self.cpu_total[i] != UNTRACKED:
             self.cpu_used[i] = cpu

@@ -54,9 +54,10 @@ class DeviceState:
         if not isinstance(self.memory_scaling, (int, float)) or not 0 < self.memory_scaling <= 100:
             raise SpecError("memory_scaling", self.memory_scaling, "a number above 0 and at most 100")
         # A state that is already over-committed cannot be placed onto; refuse it at the edge.
-        if self.used_memory > self.memory_capacity:
+        if self.used_memory > self.memory_limit_sum:
             raise SpecError("used_memory", self.used_memory,
-                            f"at most the memory capacity {self.memory_capacity} (total × scaling)")
+                            f"at most the memory capacity {self.memory_limit_sum} "
+                            f"({'held whole: the physical memory' if self.exclusive_taken else 'total × scaling'})")
         if self.used_compute > 100:
             raise SpecError("used_compute", self.used_compute, "at most 100 (percent of one device)")
         if self.slice_count > self.split_count:
@@ -66,6 +67,17 @@ class DeviceState:
     def memory_capacity(self) -> int:
         """The most memory that slices on this device may add up to."""
         return int(self.memory_total * self.memory_scaling)
+
+    @property
+    def whole_capacity(self) -> int:
+        """The memory a grant holding this device whole may have: a reserve (scaling < 1) is for
+        packing slices, and a device held whole has nothing to pack, so its physical memory counts."""
+        return max(self.memory_capacity, self.memory_total)
+
+    @property
+    def memory_limit_sum(self) -> int:
+        """What the memory limits on this device may add up to in its present state."""
+        return self.whole_capacity if self.exclusive_taken else self.memory_capacity
 
     @property
     def free_memory(self) -> int:
@@ -297,13 +309,17 @@ class TaskShape:
     @classmethod
     def of(cls, request: Request, cpu_milli: int = 0, host_memory: int = 0) -> "TaskShape":
         return cls(count=request.count, memory=request.memory, compute=request.compute,
-                   exclusive=request.exclusive or request.count > 1, models=tuple(request.models),
+                   exclusive=request.exclusive, models=tuple(request.models),
                    cpu_milli=cpu_milli, host_memory=host_memory)
 
     @property
     def whole(self) -> bool:
-        """Needs whole devices (multi-device or exclusive requests)."""
-        return self.exclusive or self.count > 1
+        """Needs whole idle devices: an exclusive request, or several devices' whole memory each.
+
+        Several devices with a stated memory size are shared slices on distinct devices, as HAMi grants
+        ``nvidia.com/gpu: 2`` with ``gpumem: 3000`` (two 3000 MiB vGPUs others may share the cards with).
+        """
+        return self.exclusive or (self.count > 1 and self.memory is None)
 
     @property
     def demand_weight(self) -> float:
@@ -315,7 +331,10 @@ class TaskShape:
 
     def describe(self) -> str:
         mem = "whole memory" if self.memory is None else str(self.memory)
-        kind = f"{self.count} whole device(s)" if self.whole else "1 shared device"
+        if self.whole:
+            kind = f"{self.count} whole device(s)"
+        else:
+            kind = "1 shared device" if self.count == 1 else f"{self.count} shared devices (distinct)"
         return f"{kind}, {mem}, compute {self.compute}%"
 
 
