@@ -18,15 +18,10 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from gpuslice import spec
 from gpuslice.errors import GpusliceError
 
 VERSION = 1
-_UNITS = {"": 1, "b": 1,
-          "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 1000,
-          "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 1000**2,
-          "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 1000**3,
-          "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 1000**4}
-_BYTES_RE = re.compile(r"^([0-9]+)([A-Za-z]{0,3})$")
 _UUID_RE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/-]+$")
 _MODES = {"hard": "hard", "force": "hard", "soft": "soft", "default": "soft", "off": "off", "disable": "off"}
 _LOG_LEVELS = ("error", "warn", "info", "debug")
@@ -48,14 +43,11 @@ class SliceFileError(GpusliceError, ValueError):
 
 
 def parse_bytes(text: str) -> int:
-    """Bytes from ``4294967296``, ``4g``, ``4Gi``, ``4GiB``, ``3000m``, ``512MB`` (decimal). Raises ValueError."""
-    m = _BYTES_RE.match(text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(text)
-    v = int(m.group(1)) * _UNITS[m.group(2).lower()]
-    if v > U64_MAX:
-        raise ValueError(text)
-    return v
+    """Bytes from ``4294967296``, ``4g``, ``4Gi``, ``4GiB``, ``3000m``, ``512MB`` (decimal). Raises ValueError.
+
+    The one unit parser (:func:`gpuslice.spec.parse_bytes`) in the slice file's grammar: a bare number is
+    bytes, 0 is allowed, whole digits directly followed by a unit, at most 2**64-1 (as the C parser)."""
+    return spec.parse_bytes(text, "memory_limit", bare_unit=1, allow_zero=True, strict=True, max_bytes=U64_MAX)
 
 
 def _valid_uuid(u: str) -> bool:
