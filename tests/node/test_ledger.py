@@ -204,3 +204,106 @@ def test_device_restriction_covers_mig_instances(tmp_path):
     assert on_card.slices[0].device_uuid == "MIG-1"  # MIG-2 has 39 GiB left
     with pytest.raises(NoFit):
         ledger.acquire(ask("40GiB", devices=("GPU-mig",)))
+
+
+# ------------------------------------------------------------------------------ the queue: who waits for what
+def test_waiter_for_one_device_does_not_block_another_device(ledger):
+    ledger.acquire(ask("70GiB"))
+    waiting = ledger.acquire(ask("30GiB"), wait=True)  # GPU 0 only, full: waits
+    assert isinstance(waiting, Queued)
+    gpu3 = DEVICES[3].uuid
+    other = ledger.acquire(ask("1GiB", devices=(gpu3,)))  # idle GPU 3: not held back by the GPU 0 waiter
+    assert isinstance(other, GrantRecord) and other.slices[0].device_uuid == gpu3
+    anywhere = ledger.acquire(ask("1GiB", devices=()))  # may use GPU 0 too: goes ahead only elsewhere
+    assert isinstance(anywhere, GrantRecord) and anywhere.slices[0].device_uuid != GPU0
+    with pytest.raises(NoFit, match="wait ahead"):  # competes for GPU 0 only: behind the waiter
+        ledger.acquire(ask("1GiB"))
+    queued = ledger.acquire(ask("1GiB"), wait=True)
+    assert isinstance(queued, Queued) and queued.position == 2
+
+
+def test_queue_position_counts_only_waiters_for_the_same_devices(ledger):
+    gpu1 = DEVICES[1].uuid
+    ledger.acquire(ask("70GiB"))
+    ledger.acquire(ask("70GiB", devices=(gpu1,)))
+    first = ledger.acquire(ask("30GiB"), wait=True)
+    on_gpu1 = ledger.acquire(ask("30GiB", devices=(gpu1,)), wait=True)
+    assert (first.position, on_gpu1.position) == (1, 1)  # different devices: both are next for theirs
+    second_gpu0 = ledger.acquire(ask("30GiB"), wait=True)
+    assert second_gpu0.position == 2 and "wait ahead" not in second_gpu0.reason  # does not fit anyway
+    assert "free now" in second_gpu0.reason and "1 request(s) ahead" in second_gpu0.reason
+
+
+def test_waiter_reserves_only_devices_it_could_be_placed_on(tmp_path):
+    """A waiter too big for the small card does not hold back requests that fit there."""
+    devices = [DEVICES[0], *load_snapshot("l4")[:1]]
+    devices[1] = type(devices[1])(**{**devices[1].__dict__, "index": 1})
+    ledger = Ledger(StateDir(tmp_path / "state"), devices, node_name="n1")
+    big, small = devices[0].uuid, devices[1].uuid
+    ledger.acquire(ask("50GiB", devices=(big,)))
+    waiting = ledger.acquire(ask("60GiB", devices=()), wait=True)  # only the H100 can ever hold 60 GiB
+    assert isinstance(waiting, Queued)
+    grant = ledger.acquire(ask("4GiB", devices=()))
+    assert isinstance(grant, GrantRecord) and grant.slices[0].device_uuid == small
+
+
+def test_high_priority_newcomer_is_not_held_back_by_low_waiters(ledger):
+    ledger.acquire(ask("70GiB"))
+    ledger.acquire(ask("30GiB"), wait=True)
+    assert isinstance(ledger.acquire(ask("5GiB", priority=Priority.HIGH)), GrantRecord)
+
+
+@pytest.mark.parametrize("memory, count, devices, field, words", [
+    ("200GiB", 1, (), "memory", "79.6 GiB"),
+    ("1GiB", 9, (), "count", "8 device(s)"),
+    ("1GiB", 2, (GPU0,), "count", "--device"),
+    ("60GiB", 2, (), None, None),  # fits on an empty node: two distinct H100s
+])
+def test_request_that_can_never_fit_is_refused_not_queued(ledger, memory, count, devices, field, words):
+    from gpuslice.spec import SpecError
+
+    a = Ask(request=Request(count=count, memory=parse_memory(memory)), owner="t", holder_pid=os.getpid(),
+            holder_start=procs.start_time(os.getpid()), devices=devices)
+    if field is None:
+        assert isinstance(ledger.acquire(a, wait=True), GrantRecord)
+        return
+    for wait in (False, True):
+        with pytest.raises(SpecError) as err:
+            ledger.acquire(a, wait=wait)
+        assert err.value.field == field and words in str(err.value), str(err.value)
+    assert ledger.waiters() == []
+
+
+def test_bad_policy_names_the_field_and_the_choices(ledger):
+    from gpuslice.spec import SpecError
+
+    bad = Ask(**{**ask("1GiB").__dict__, "policy": "foo"})
+    with pytest.raises(SpecError) as err:
+        ledger.acquire(bad)
+    assert err.value.field == "policy" and "binpack" in err.value.allowed and "spread" in err.value.allowed
+
+
+def test_count_two_with_memory_follows_placement_shared_slices(ledger):
+    """--gpus 2 --memory 4GiB: two 4 GiB slices on distinct devices, not whole devices."""
+    a = Ask(request=Request(count=2, memory=parse_memory("4GiB"), compute=10), owner="t", holder_pid=os.getpid(),
+            holder_start=procs.start_time(os.getpid()))
+    grant = ledger.acquire(a)
+    assert len({s.device_uuid for s in grant.slices}) == 2 and not grant.exclusive
+    assert all(s.memory_limit == 4 * GiB for s in grant.slices)
+    node = ledger.node_state()
+    assert not any(d.exclusive_taken for d in node.devices)  # others may share those devices
+
+
+def test_old_ledger_without_waiter_devices_is_upgraded(tmp_path):
+    import sqlite3
+
+    state = StateDir(tmp_path / "state").ensure()
+    db = sqlite3.connect(state.ledger)
+    db.executescript("CREATE TABLE waiters (ticket INTEGER PRIMARY KEY AUTOINCREMENT, priority INTEGER NOT NULL, "
+                     "enqueued REAL NOT NULL, pid INTEGER NOT NULL, pid_start INTEGER NOT NULL, "
+                     "owner TEXT NOT NULL, request TEXT NOT NULL);")
+    db.close()
+    ledger = Ledger(state, DEVICES, node_name="n1")
+    ledger.acquire(ask("70GiB"))
+    assert isinstance(ledger.acquire(ask("30GiB"), wait=True), Queued)
+    assert ledger.waiters()[0].devices == (GPU0,)

@@ -6,8 +6,13 @@ memory, so over-commit is impossible. Inside that transaction the ledger first r
 processes are all gone (holder pid + start time, then the launched process group, then the processes
 recorded in the region), then asks the placement core.
 
-The wait queue is ordered by priority (high first), then arrival. A request is only placed when no
-live waiter is ahead of it, so a big waiting request is not starved by a stream of small ones.
+A request that cannot fit even on an empty node (more devices than there are, more memory than any device
+holds) is refused at once (:func:`gpuslice.node.admission.never_fits`), never queued.
+
+The wait queue is ordered by priority (high first), then arrival. A request is placed only on devices that
+no live waiter ahead of it could use (:func:`gpuslice.node.admission.candidate_devices`): a big waiting
+request is not starved by a stream of small ones that compete for its devices, and requests for other
+devices do not wait behind it.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from dataclasses import replace
 from typing import Callable, Iterator, Sequence
 
 from gpuslice.node import procs
+from gpuslice.node.admission import candidate_devices, never_fits, restrict
 from gpuslice.node.errors import LedgerError, UnknownGrant
 from gpuslice.node.grantfiles import remove_grant_files, write_grant_files
 from gpuslice.node.paths import StateDir
 from gpuslice.node.records import Ask, GrantRecord, Queued, Waiter, request_from_json, request_to_json
 from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place
 from gpuslice.placement.model import describe_free
-from gpuslice.spec import Device
+from gpuslice.spec import Device, SpecError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS grants (
@@ -42,7 +48,8 @@ CREATE TABLE IF NOT EXISTS waiters (
     pid INTEGER NOT NULL,
     pid_start INTEGER NOT NULL,
     owner TEXT NOT NULL,
-    request TEXT NOT NULL
+    request TEXT NOT NULL,
+    devices TEXT NOT NULL DEFAULT '[]'
 );
 """
 BUSY_TIMEOUT_S = 30.0
@@ -64,6 +71,7 @@ class Ledger:
         self.devices = list(devices)
         self.node_name = node_name or socket.gethostname() or "local"
         self.region_pids = region_pids
+        self._candidate_cache: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
         self._db = self._connect()
 
     # -------------------------------------------------------------------------------------- storage
@@ -85,6 +93,9 @@ class Ledger:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+                columns = {row[1] for row in db.execute("PRAGMA table_info(waiters)")}
+                if "devices" not in columns:  # a ledger written before waiters kept their --device list
+                    db.execute("ALTER TABLE waiters ADD COLUMN devices TEXT NOT NULL DEFAULT '[]'")
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open the ledger {self.state.ledger}: {exc}") from None
         return db
@@ -112,10 +123,14 @@ class Ledger:
         return GrantRecord.from_json(json.loads(row[0]))
 
     def waiters(self) -> list[Waiter]:
-        rows = self._db.execute(
-            "SELECT ticket, priority, enqueued, pid, pid_start, owner, request FROM waiters "
+        return self._waiters(self._db)
+
+    def _waiters(self, db: sqlite3.Connection) -> list[Waiter]:
+        rows = db.execute(
+            "SELECT ticket, priority, enqueued, pid, pid_start, owner, request, devices FROM waiters "
             "ORDER BY priority, ticket").fetchall()
-        return [Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r))) for t, p, e, pid, ps, o, r in rows]
+        return [Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r)), tuple(json.loads(d or "[]")))
+                for t, p, e, pid, ps, o, r, d in rows]
 
     def node_state(self, grants: Sequence[GrantRecord] | None = None, only: Sequence[str] = ()) -> NodeState:
         """The node as placement sees it: all devices (or ``only`` these UUIDs: a card, or one MIG
@@ -130,26 +145,31 @@ class Ledger:
 
     # -------------------------------------------------------------------------------------- changes
     def acquire(self, ask: Ask, *, wait: bool = False, ticket: int | None = None) -> GrantRecord | Queued:
-        """Grant ``ask`` now, or (``wait``) queue it and say where it stands; raises :class:`NoFit`."""
-        policy = PlacementPolicy.parse(ask.policy)
+        """Grant ``ask`` now, or (``wait``) queue it and say where it stands.
+
+        Raises :class:`SpecError` (naming the field) for a request that cannot fit even on an empty node,
+        and :class:`NoFit` when it does not fit now and ``wait`` is false."""
+        policy = parse_policy(ask.policy)
+        empty = self.empty_node(ask.devices)
+        refusal = never_fits(ask.request, empty, restricted=bool(ask.devices))
+        if refusal is not None:
+            raise refusal
+        mine = candidate_devices(ask.request, empty)
         with self._tx() as db:
             self._reclaim(db)
             if wait and ticket is None:
                 ticket = self._enqueue(db, ask)
-            ahead = self._ahead(db, ask, ticket if wait else None)
-            if ahead:
-                reason = f"{ahead} request(s) wait ahead in the queue"
-                if not wait:
-                    raise NoFit(f"{reason}; use --wait to queue behind them")
-                return Queued(ticket=ticket or 0, position=ahead + 1, reason=reason)
+            ahead = self._competing(db, ask, ticket if wait else None, mine)
+            reserved = frozenset().union(*ahead.values()) if ahead else frozenset()
             node = self.node_state(self._grants(db), ask.devices)
             try:
-                placed = place(ask.request, [node], policy)
+                placed = place(ask.request, [restrict(node, drop=reserved)], policy)
             except NoFit as exc:
-                reason = f"{exc.reason}; free now: {describe_free(node)}"
+                reason = self._why_waiting(ask, node, policy, exc, len(ahead))
                 if not wait:
-                    raise NoFit(reason, exc.per_node) from None
-                return Queued(ticket=ticket or 0, position=1, reason=reason)
+                    hint = "; use --wait to queue behind them" if ahead else ""
+                    raise NoFit(reason + hint, exc.per_node) from None
+                return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)
             record = GrantRecord(
                 grant_id=new_grant_id(), owner=ask.owner, slices=placed.slices, request=ask.request,
                 created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start,
@@ -167,6 +187,21 @@ class Ledger:
                 remove_grant_files(record.grant_id, self.state)
                 raise
             return record
+
+    def empty_node(self, only: Sequence[str] = ()) -> NodeState:
+        """The node with nothing granted (restricted to ``only`` when given): what could ever fit."""
+        node = NodeState.from_devices(self.node_name, self.devices)
+        return restrict(node, only) if only else node
+
+    def _why_waiting(self, ask: Ask, node: NodeState, policy: PlacementPolicy, exc: NoFit, ahead: int) -> str:
+        """The reason a request is not placed now: waiters ahead of it, or what is free."""
+        try:
+            place(ask.request, [node], policy)
+        except NoFit as plain:  # it does not fit even ignoring the queue: say what is free
+            text = f"{plain.reason}; free now: {describe_free(node)}"
+            return text + (f"; and {ahead} request(s) ahead in the queue want these devices" if ahead else "")
+        return (f"{ahead} request(s) wait ahead in the queue for the devices this one could use "
+                f"(it fits now only on devices they wait for)")
 
     def cancel(self, ticket: int) -> None:
         with self._tx() as db:
@@ -204,20 +239,37 @@ class Ledger:
 
     def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
         cur = db.execute(
-            "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request, devices) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (int(ask.request.priority), time.time(), ask.holder_pid, ask.holder_start, ask.owner,
-             json.dumps(request_to_json(ask.request))))
+             json.dumps(request_to_json(ask.request)), json.dumps(list(ask.devices))))
         return int(cur.lastrowid or 0)
 
-    def _ahead(self, db: sqlite3.Connection, ask: Ask, ticket: int | None) -> int:
-        """Live waiters that go before this request (a queued ticket, or a newcomer that does not wait)."""
+    def _competing(self, db: sqlite3.Connection, ask: Ask, ticket: int | None,
+                   mine: frozenset[str]) -> dict[int, frozenset[str]]:
+        """Live waiters ahead of this request (a queued ticket, or a newcomer) that could use a device it
+        could use: ticket -> the devices that waiter could use (reserved for the queue)."""
         prio = int(ask.request.priority)
-        if ticket is None:
-            sql, args = "SELECT COUNT(*) FROM waiters WHERE priority <= ?", (prio,)
-        else:
-            sql = "SELECT COUNT(*) FROM waiters WHERE priority < ? OR (priority = ? AND ticket < ?)"
-            args = (prio, prio, ticket)
-        return int(db.execute(sql, args).fetchone()[0])
+        found: dict[int, frozenset[str]] = {}
+        for w in self._waiters(db):
+            if ticket is None:
+                if w.priority > prio:
+                    continue
+            elif w.ticket == ticket or w.priority > prio or (w.priority == prio and w.ticket > ticket):
+                continue
+            theirs = self._candidates(w)
+            if theirs & mine:
+                found[w.ticket] = theirs
+        return found
+
+    def _candidates(self, waiter: Waiter) -> frozenset[str]:
+        key = (json.dumps(request_to_json(waiter.request), sort_keys=True), waiter.devices)
+        cached = self._candidate_cache.get(key)
+        if cached is None:
+            if len(self._candidate_cache) > 256:
+                self._candidate_cache.clear()
+            cached = self._candidate_cache[key] = candidate_devices(waiter.request, self.empty_node(waiter.devices))
+        return cached
 
     def _reclaim(self, db: sqlite3.Connection) -> list[str]:
         stats = procs.all_stats()
@@ -240,6 +292,16 @@ def grant_alive(grant: GrantRecord, stats: list[procs.ProcStat], region_pids: Re
     if grant.child_pid and procs.group_members(grant.child_pid, grant.child_start, stats):
         return True
     return any(procs.alive(pid, 0) for pid in region_pids(grant))
+
+
+def parse_policy(text: str) -> PlacementPolicy:
+    """``binpack`` or ``node=spread,gpu=binpack``; a bad one is refused naming the field ``policy``."""
+    from gpuslice.placement import POLICIES
+
+    try:
+        return PlacementPolicy.parse(text)
+    except SpecError:
+        raise SpecError("policy", text, "one of " + ", ".join(POLICIES) + ", or node=<policy>,gpu=<policy>") from None
 
 
 def new_grant_id() -> str:

@@ -145,7 +145,8 @@ class Waiter:
     pid_start: int
     owner: str
     request: Request = field(compare=False)
+    devices: tuple[str, ...] = ()  # its --device restriction (empty: any)
 
     def to_json(self) -> dict[str, Any]:
         return {"ticket": self.ticket, "priority": self.priority, "enqueued": self.enqueued, "pid": self.pid,
-                "owner": self.owner, "request": request_to_json(self.request)}
+                "owner": self.owner, "request": request_to_json(self.request), "devices": list(self.devices)}
