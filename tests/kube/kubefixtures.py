@@ -16,7 +16,10 @@ def gpu_uuid(node: str, index: int) -> str:
 
 
 def devices(node: str, count: int = 2, memory: int = H100, model: str = "H100-80GB-HBM3") -> list[Device]:
-    return [Device(uuid=gpu_uuid(node, i), index=i, name="NVIDIA H100 80GB HBM3", memory_total=memory,
+    """As discovery describes them: model ``H100-80GB-HBM3``, NVML name ``NVIDIA H100 80GB HBM3`` (another
+    model gets the name ``NVIDIA <model>``)."""
+    name = "NVIDIA H100 80GB HBM3" if model == "H100-80GB-HBM3" else f"NVIDIA {model}"
+    return [Device(uuid=gpu_uuid(node, i), index=i, name=name, memory_total=memory,
                    sm_count=132, model=model, numa_node=i // 4) for i in range(count)]
 
 

@@ -115,9 +115,39 @@ def test_defaults_follow_hami():
     assert r.count == 2 and r.memory == MemoryAmount(bytes=1024 * MiB) and r.compute == 10
     assert _one({"nvidia.com/gpu": "1"}, cfg).compute == 20
     assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}).exclusive
-    with pytest.raises(SpecError) as exc:
-        codec.pod_request(pod("p", {"nvidia.com/gpumem": "2000"}), codec.KubeConfig(default_gpu_num=0))
-    assert "nvidia.com/gpu" in exc.value.field
+
+
+def test_default_gpu_num_zero_leaves_a_container_without_count_as_non_gpu():
+    """HAMi (mutateContainerResource): memory/cores but no count and defaultGPUNum 0 -> not a GPU
+    container; we say so in a note (the webhook's admission warning) instead of refusing the pod."""
+    cfg = codec.KubeConfig(default_gpu_num=0)
+    req = codec.pod_request(pod("p", {"nvidia.com/gpumem": "2000", "nvidia.com/gpucores": "20"}), cfg)
+    assert req.empty
+    (note,) = req.notes
+    assert "nvidia.com/gpumem" in note and "nvidia.com/gpucores" in note and "defaultGPUNum is 0" in note
+    assert note.startswith("spec.containers[0](main)")
+    # with a count the container is a GPU container as usual
+    assert not codec.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000"}), cfg).empty
+
+
+def test_priority_follows_hami():
+    """HAMi passes any whole number on (its test uses 5); HAMi-core knows 0 (high) and the rest (low)."""
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/priority": "0"}).priority is Priority.HIGH
+    for value in ("1", "5", "100"):
+        assert _one({"nvidia.com/gpu": "1", "nvidia.com/priority": value}).priority is Priority.LOW
+    assert _one({"nvidia.com/gpu": "1"}).priority is Priority.LOW  # HAMi's default: 1
+    # a priority without any GPU request: HAMi sets its env var on a container with no GPU; nothing to do
+    req = codec.pod_request(pod("p", {"nvidia.com/priority": "0", "cpu": "1"}), CFG)
+    assert req.empty and "nvidia.com/priority is ignored" in req.notes[0]
+
+
+def test_gpucores_100_takes_the_card_whole_even_with_a_memory_size():
+    """HAMi: "Coresreq=100 indicates it want this card exclusively" (the card must be unused, and nothing
+    fits after it) — also with gpumem given; the slice keeps the memory limit that was asked."""
+    r = _one({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "100"})
+    assert r.exclusive and r.memory == MemoryAmount(bytes=3000 * MiB) and r.compute == 100
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "99"}).exclusive is False
+    assert _one({"nvidia.com/gpu": "1"}, codec.KubeConfig(default_cores=100)).exclusive  # HAMi defaultCores: 100
 
 
 def test_no_gpu_is_empty():
@@ -132,8 +162,7 @@ def test_no_gpu_is_empty():
     ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"}, "0 to 100"),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3Gi"}, "MiB"),
     ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, "at least 1"),
-    ({"nvidia.com/priority": "0"}, "only together with a GPU request"),
-    ({"nvidia.com/gpu": "1", "nvidia.com/priority": "5"}, "0 (high) or 1 (low)"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/priority": "-1"}, "0 = high priority, 1 or more = low"),
     ({"nvidia.com/gpu": "lots"}, "Kubernetes quantity"),
 ])
 def test_contradictions_name_the_field(limits, needle):
@@ -180,6 +209,74 @@ def test_blocked_devices_from_hami_annotations():
     assert codec.blocked_devices(nd, req) == {uuids[1]}
     req = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/nouse-gputype": "H100-80GB-HBM3"}), CFG)
     assert codec.blocked_devices(nd, req) == set(uuids)
+
+
+@pytest.mark.parametrize("pattern, hit", [
+    ("H100", True), ("h100", True), ("80GB HBM3", True), ("H100-80GB", True), ("NVIDIA", True),
+    ("NVIDIA-NVIDIA H100", True), ("A100", False), ("H100 PCIe", False), ("A100,H100", True), ("V100|h100", True),
+])
+def test_gpu_type_annotations_match_a_substring_of_the_card_type_like_hami(pattern, hit):
+    """HAMi's checkGPUtype: upper-cased card type contains the upper-cased entry. Discovery names an H100
+    model H100-80GB-HBM3 (NVML name "NVIDIA H100 80GB HBM3"), so use-gputype: H100 must match it."""
+    devs = devices("n1", 2)  # model H100-80GB-HBM3, name NVIDIA H100 80GB HBM3
+    nd = codec.decode_node_devices(codec.encode_node_devices(devs))
+    use = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/use-gputype": pattern}), CFG)
+    resolved = codec.resolve_gpu_types(use, codec.device_kinds(nd.devices))
+    models = resolved.containers[0].request.models
+    assert (models == ("H100-80GB-HBM3",)) is hit
+    if not hit:  # nothing matches: the patterns stay, so placement finds nothing and names them
+        assert models == use.containers[0].request.models
+    avoid = codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/nouse-gputype": pattern}), CFG)
+    assert codec.blocked_devices(nd, avoid) == ({d.uuid for d in devs} if hit else set())
+
+
+def test_use_gputype_picks_among_models_and_keeps_placement_exact():
+    """Two models on one node: "A100" allows only the A100 (placement keeps its exact models rule)."""
+    from gpuslice.placement import NoFit, place
+
+    a100 = Device(uuid="GPU-a", index=0, name="NVIDIA A100-SXM4-80GB", memory_total=80 * GiB, sm_count=108,
+                  model="A100-SXM4-80GB")
+    h100 = devices("n1", 1)[0]
+    nd = codec.decode_node_devices(codec.encode_node_devices([h100, a100]))
+    st = codec.node_state("n1", nd, codec.Ledger({}))
+    req = codec.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"},
+                                annotations={"nvidia.com/use-gputype": "a100"}), CFG)
+    req = codec.resolve_gpu_types(req, codec.device_kinds(nd.devices))
+    assert req.containers[0].request.models == ("A100-SXM4-80GB",)
+    assert place(req.containers[0].request, [st]).slices[0].device_uuid == "GPU-a"
+    none = codec.resolve_gpu_types(codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={
+        "nvidia.com/use-gputype": "V100"}), CFG), codec.device_kinds(nd.devices))
+    with pytest.raises(NoFit) as exc:
+        place(none.containers[0].request, [st])
+    assert "V100" in exc.value.reason
+
+
+def test_resource_names_are_configurable():
+    names = codec.ResourceNames.configured(count="example.com/vgpu", memory="example.com/vmem",
+                                           memory_percentage="example.com/vmem-pct", cores="example.com/vcores",
+                                           priority="example.com/prio")
+    assert names.advertised == "example.com/vgpu" and names.count == ("example.com/vgpu", "gpuslice.io/gpu")
+    cfg = codec.KubeConfig(names=names)
+    r = _one({"example.com/vgpu": "2", "example.com/vmem": "1000", "example.com/vcores": "20",
+              "example.com/prio": "0"}, cfg)
+    assert r.count == 2 and r.memory == MemoryAmount(bytes=1000 * MiB) and r.compute == 20 and r.priority is Priority.HIGH
+    assert _one({"example.com/vmem-pct": "50"}, cfg).memory == MemoryAmount(percent=50.0)
+    assert _one({"gpuslice.io/gpu": "1", "gpuslice.io/gpu-memory": "1Gi"}, cfg).memory == MemoryAmount(bytes=GiB)
+    # HAMi's names mean nothing once renamed
+    assert codec.pod_request(pod("p", {"nvidia.com/gpu": "1"}), cfg).empty
+    assert codec.ResourceNames.configured() == codec.ResourceNames()  # the defaults are HAMi's names
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"count": "gpu"}, "domain/name"),
+    ({"count": "kubernetes.io/gpu"}, "kubernetes.io"),
+    ({"memory": "nvidia.com/gpu"}, "already used for count"),
+    ({"cores": "Nvidia.com/cores"}, "domain/name"),
+])
+def test_bad_resource_names_are_refused(kw, needle):
+    with pytest.raises(SpecError) as exc:
+        codec.ResourceNames.configured(**kw)
+    assert needle in str(exc.value)
 
 
 def test_allocated_marks():

@@ -331,3 +331,35 @@ def test_nodes_whose_agent_went_quiet_are_skipped_when_ageing_is_on():
     assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["fresh"]
     assert "has not published" in out["FailedNodes"]["quiet"] and "601 s" in out["FailedNodes"]["quiet"]
     assert len(Extender(None).filter(args_with_nodes(p, [fresh, quiet]))["Nodes"]["items"]) == 2  # off by default
+
+
+def test_use_gputype_matches_a_substring_of_the_card_type_through_filter_prioritize_and_bind():
+    """HAMi's use-gputype: "H100" must select nodes whose discovered model is H100-80GB-HBM3 (the NVML
+    name is "NVIDIA H100 80GB HBM3"), case-insensitively; nouse-gputype likewise."""
+    api = FakeAPI()
+    api.add_node("h", node("h", 2)["metadata"]["annotations"])                       # H100-80GB-HBM3
+    api.add_node("a", node("a", 2, model="A100-SXM4-80GB")["metadata"]["annotations"])
+    cache = NodeCache(api)
+    cache.refresh()
+    ext = Extender(api, cache=cache)
+    running, client = serve(ext)
+    try:
+        p = api.add_pod(pod("typed", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"},
+                            annotations={"nvidia.com/use-gputype": "h100"}))
+        out = client.post("/filter", json={"Pod": p, "NodeNames": ["a", "h"]}).json()
+        assert out["NodeNames"] == ["h"] and "a" in out["FailedNodes"], out
+        scores = {s["Host"]: s["Score"] for s in client.post("/prioritize", json={"Pod": p, "NodeNames": ["a", "h"]}).json()}
+        assert scores["a"] == 0
+        assert client.post("/bind", json={"PodName": "typed", "PodNamespace": "default",
+                                          "PodUID": p["metadata"]["uid"], "Node": "h"}).json()["Error"] == ""
+        # bind re-checks on the node itself: the same pod cannot land on the A100 node
+        q = api.add_pod(pod("typed2", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/use-gputype": "H100"}))
+        err = client.post("/bind", json={"PodName": "typed2", "PodNamespace": "default",
+                                         "PodUID": q["metadata"]["uid"], "Node": "a"}).json()["Error"]
+        assert "H100" in err
+        avoid = api.add_pod(pod("not-h", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/nouse-gputype": "80GB HBM3"}))
+        out = client.post("/filter", json={"Pod": avoid, "NodeNames": ["a", "h"]}).json()
+        assert out["NodeNames"] == ["a"], out
+    finally:
+        client.close()
+        running.stop()

@@ -146,3 +146,38 @@ def test_listening_sockets_are_tcp_nodelay():
         assert sock.proto == s.IPPROTO_TCP and sock.getsockopt(s.IPPROTO_TCP, s.TCP_NODELAY)
     finally:
         sock.close()
+
+
+def test_count_given_as_gpuslice_gpu_gets_the_advertised_name_too():
+    """The kubelet asks the device plugin only for the advertised resource: a container that counts its
+    devices as gpuslice.io/gpu gets nvidia.com/gpu with the same value (limits and requests)."""
+    p = pod("ours", {"gpuslice.io/gpu": "2", "gpuslice.io/gpu-memory": "4Gi"})
+    out = patched(p, webhook.mutate(review(p), CFG)["response"])
+    res = out["spec"]["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "2"
+    assert res["limits"]["gpuslice.io/gpu"] == "2"
+
+
+def test_configured_resource_names_reach_the_webhook():
+    names = codec.ResourceNames.configured(count="example.com/vgpu", memory="example.com/vmem")
+    cfg = codec.KubeConfig(names=names, default_gpu_num=1)
+    p = pod("renamed", {"example.com/vmem": "2048"})
+    out = patched(p, webhook.mutate(review(p), cfg)["response"])
+    assert out["spec"]["schedulerName"] == "gpuslice-scheduler"
+    assert out["spec"]["containers"][0]["resources"]["limits"]["example.com/vgpu"] == "1"
+    plain = pod("hami-names", {"nvidia.com/gpumem": "2048"})  # not GPU resources any more here
+    assert "patch" not in webhook.mutate(review(plain), cfg)["response"]
+
+
+def test_what_hami_ignores_is_allowed_with_a_warning():
+    cfg = codec.KubeConfig(default_gpu_num=0)
+    p = pod("no-count", {"nvidia.com/gpumem": "2000"})
+    response = webhook.mutate(review(p), cfg)["response"]
+    assert response["allowed"] and "patch" not in response
+    (warning,) = response["warnings"]
+    assert "nvidia.com/gpumem" in warning and "defaultGPUNum is 0" in warning
+    p = pod("prio-only", {"nvidia.com/priority": "0", "cpu": "1"})
+    response = webhook.mutate(review(p), CFG)["response"]
+    assert response["allowed"] and "nvidia.com/priority is ignored" in response["warnings"][0]
+    p = pod("fine", {"nvidia.com/gpu": "1"})
+    assert "warnings" not in webhook.mutate(review(p), CFG)["response"]

@@ -47,10 +47,34 @@ UNHEALTHY = "Unhealthy"
 
 
 # ------------------------------------------------------------------------------------- configuration
+# HAMi's default resource names (its chart's resourceName, resourceMem, resourceMemPercentage,
+# resourceCores, resourcePriority); each is configurable, as in HAMi.
+HAMI_RESOURCE_NAMES = {"count": "nvidia.com/gpu", "memory": "nvidia.com/gpumem",
+                       "memory_percentage": "nvidia.com/gpumem-percentage", "cores": "nvidia.com/gpucores",
+                       "priority": "nvidia.com/priority"}
+# gpuslice's own names, always read besides the configured ones (gpu-memory takes a quantity like 4Gi).
+GPUSLICE_RESOURCE_NAMES = {"count": "gpuslice.io/gpu", "memory_bytes": "gpuslice.io/gpu-memory",
+                           "memory_percentage": "gpuslice.io/gpu-memory-percentage",
+                           "cores": "gpuslice.io/gpu-compute", "priority": "gpuslice.io/priority"}
+# An extended resource name: a DNS subdomain prefix outside kubernetes.io, a slash, a name.
+_RESOURCE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def check_resource_name(key: str, value: Any) -> str:
+    """``value`` as an extended resource name (``example.com/gpu``), or :class:`SpecError` naming ``key``."""
+    if not isinstance(value, str) or not _RESOURCE_NAME.fullmatch(value):
+        raise SpecError(key, value, "an extended resource name like nvidia.com/gpu (domain/name)")
+    domain = value.split("/", 1)[0]
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io") or domain.startswith("requests."):
+        raise SpecError(key, value, "a name outside the kubernetes.io domain (those are Kubernetes' own)")
+    return value
+
+
 @dataclass(frozen=True)
 class ResourceNames:
-    """Extended-resource names read from container limits. Each kind accepts several names (HAMi's and
-    ours); a container naming the same kind twice with different values is refused."""
+    """Extended-resource names read from container limits. Each kind accepts several names (the configured
+    HAMi-style one first, then gpuslice's own); a container naming one kind twice with different values is
+    refused. Build a configured set with :meth:`configured`; the defaults are HAMi's names."""
 
     count: tuple[str, ...] = ("nvidia.com/gpu", "gpuslice.io/gpu")
     memory_mib: tuple[str, ...] = ("nvidia.com/gpumem",)                  # a whole number of MiB (HAMi)
@@ -58,6 +82,40 @@ class ResourceNames:
     memory_percent: tuple[str, ...] = ("nvidia.com/gpumem-percentage", "gpuslice.io/gpu-memory-percentage")
     compute: tuple[str, ...] = ("nvidia.com/gpucores", "gpuslice.io/gpu-compute")
     priority: tuple[str, ...] = ("nvidia.com/priority", "gpuslice.io/priority")
+
+    def __post_init__(self) -> None:
+        seen: dict[str, str] = {}
+        for kind in ("count", "memory_mib", "memory_bytes", "memory_percent", "compute", "priority"):
+            names = getattr(self, kind)
+            if not isinstance(names, tuple) or (kind != "memory_bytes" and not names):
+                raise SpecError(f"resource names.{kind}", names, "a tuple of extended resource names")
+            for n in names:
+                check_resource_name(f"resource names.{kind}", n)
+                if seen.get(n, kind) != kind:
+                    raise SpecError(f"resource names.{kind}", n, f"a name not already used for {seen[n]}")
+                seen[n] = kind
+
+    @classmethod
+    def configured(cls, *, count: str = HAMI_RESOURCE_NAMES["count"], memory: str = HAMI_RESOURCE_NAMES["memory"],
+                   memory_percentage: str = HAMI_RESOURCE_NAMES["memory_percentage"],
+                   cores: str = HAMI_RESOURCE_NAMES["cores"],
+                   priority: str = HAMI_RESOURCE_NAMES["priority"]) -> "ResourceNames":
+        """HAMi's five configurable names (``resourceName``, ``resourceMem``, ``resourceMemPercentage``,
+        ``resourceCores``, ``resourcePriority``), each followed by gpuslice's own name of that kind.
+        ``count`` is also what the device plugin advertises."""
+        given = {"count": count, "memory": memory, "memory_percentage": memory_percentage, "cores": cores,
+                 "priority": priority}
+        for key, value in given.items():
+            check_resource_name(f"resource name ({key})", value)
+        ours = GPUSLICE_RESOURCE_NAMES
+
+        def pair(a: str, b: str) -> tuple[str, ...]:
+            return (a,) if a == b else (a, b)
+
+        return cls(count=pair(count, ours["count"]), memory_mib=(memory,),
+                   memory_bytes=() if memory == ours["memory_bytes"] else (ours["memory_bytes"],),
+                   memory_percent=pair(memory_percentage, ours["memory_percentage"]),
+                   compute=pair(cores, ours["cores"]), priority=pair(priority, ours["priority"]))
 
     def all(self) -> tuple[str, ...]:
         return (*self.count, *self.memory_mib, *self.memory_bytes, *self.memory_percent,
@@ -467,6 +525,7 @@ class PodRequest:
     avoid_models: tuple[str, ...] = ()
     use_uuids: tuple[str, ...] = ()
     avoid_uuids: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what was ignored, HAMi-style (the webhook shows them as warnings)
 
     @property
     def empty(self) -> bool:
@@ -518,10 +577,20 @@ def _limits(container: Mapping[str, Any]) -> dict[str, Any]:
     return limits
 
 
+PRIORITY_MAX = 2**31 - 1
+
+
 def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
-                      mode: ComputeMode | None = None, models: tuple[str, ...] = ()) -> Request | None:
+                      mode: ComputeMode | None = None, models: tuple[str, ...] = (),
+                      notes: list[str] | None = None) -> Request | None:
     """The request of one container from its resource limits, with HAMi's defaults filled; ``None`` when
-    the container asks for no GPU. Contradictions raise :class:`SpecError` naming the resources."""
+    the container asks for no GPU. Contradictions raise :class:`SpecError` naming the resources.
+
+    HAMi's rules where they differ from a plain reading (``src/gpuslice/kube/README.md`` lists them):
+    no count and ``defaultGPUNum`` 0 → not a GPU container (its memory/cores are ignored); a priority
+    without any GPU request is ignored; priority 0 is high and every larger whole number low; cores 100
+    take the devices whole (exclusive), with or without a memory size. What is ignored is said in
+    ``notes`` (the webhook returns them as admission warnings)."""
     names = cfg.names
     limits = _limits(container)
     count = _one_of(limits, names.count, where, lambda k, v: _whole(k, v, 0, 64, "a whole number of devices 0..64"))
@@ -532,23 +601,29 @@ def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
         k, v, 1, 100, "a whole percent of one device's memory from 1 to 100"))
     cores = _one_of(limits, names.compute, where, lambda k, v: _whole(
         k, v, 0, 100, "a whole percent of one device's SM time from 0 to 100"))
-    prio = _one_of(limits, names.priority, where, lambda k, v: _whole(k, v, 0, 1, "0 (high) or 1 (low)"))
+    prio = _one_of(limits, names.priority, where, lambda k, v: _whole(
+        k, v, 0, PRIORITY_MAX, "a whole number: 0 = high priority, 1 or more = low (HAMi's rule)"))
+
+    def note(text: str) -> None:
+        if notes is not None:
+            notes.append(f"{where}: {text}")
 
     if count is None and mem_mib is None and mem_bytes is None and mem_pct is None and cores is None:
-        if prio is not None:
-            raise SpecError(f"{where}.resources.limits[{prio[0]}]", limits[prio[0]],
-                            f"only together with a GPU request ({names.count[0]})")
+        if prio is not None:  # HAMi passes the priority on to a container that has no GPU: no effect
+            note(f"{prio[0]} is ignored: the container asks for no GPU ({names.advertised})")
         return None
     given_mem = [x for x in (mem_mib, mem_bytes, mem_pct) if x is not None]
     if len(given_mem) > 1:
         shown = ", ".join(f"{n}={limits[n]}" for n, _ in given_mem)
+        sizes = ", ".join((*names.memory_mib, *names.memory_bytes))
         raise SpecError(f"{where}.resources.limits", shown,
-                        "one memory request: a size (nvidia.com/gpumem, gpuslice.io/gpu-memory) or a percent "
-                        "(gpumem-percentage), not both")
+                        f"one memory request: a size ({sizes}) or a percent ({names.memory_percent[0]}), not both")
     if count is None:
-        if cfg.default_gpu_num == 0:
-            raise SpecError(f"{where}.resources.limits[{names.count[0]}]", None,
-                            "a GPU count when asking for GPU memory or cores (no default count is configured)")
+        if cfg.default_gpu_num == 0:  # HAMi: no count and no default count -> not a GPU container
+            asked = ", ".join(n for n, _ in (*given_mem, *([cores] if cores else []), *([prio] if prio else [])))
+            note(f"{asked} ignored: no {names.advertised} and no default GPU count (defaultGPUNum is 0), "
+                 "so the container gets no GPU")
+            return None
         n_devices = cfg.default_gpu_num
     else:
         n_devices = count[1]
@@ -569,10 +644,10 @@ def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
     else:
         memory = None  # HAMi: no memory and no default -> the whole device (100%)
     compute = cores[1] if cores is not None else cfg.default_cores
-    exclusive = False
-    if compute == 100 and memory is None:
-        exclusive = True
-    priority = Priority(prio[1]) if prio is not None else Priority.LOW
+    # HAMi: "Coresreq=100 indicates it want this card exclusively" — an idle card, nobody else after it,
+    # whatever memory was asked for (the slice's memory limit is still what was asked).
+    exclusive = compute == 100
+    priority = Priority.HIGH if prio is not None and prio[1] == 0 else Priority.LOW
     return Request(count=n_devices, memory=memory, compute=compute, priority=priority,
                    mode=mode or cfg.default_mode, exclusive=exclusive, models=models)
 
@@ -665,6 +740,7 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
             raise SpecError(f"spec.initContainers[{k}].resources.limits", sorted(gpu_names & set(_limits(init))),
                             "no GPU slices in init containers (gpuslice grants them to regular containers only)")
     out = []
+    notes: list[str] = []
     for k, c in enumerate(containers):
         if not isinstance(c, Mapping):
             raise SpecError(f"spec.containers[{k}]", c, "a container object")
@@ -674,22 +750,57 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
             if gpu_names & set(_limits(c)):
                 raise SpecError(f"spec.containers[{k}].name", name, "a container name")
             continue
-        req = container_request(c, cfg, where, mode=mode, models=models)
+        req = container_request(c, cfg, where, mode=mode, models=models, notes=notes)
         if req is not None:
             out.append(ContainerRequest(name=name, index=k, request=req))
     return PodRequest(containers=tuple(out), policy=pod_policy(anns, cfg),
                       avoid_models=_list_annotation(anns, HAMI_NOUSE_TYPE),
                       use_uuids=_list_annotation(anns, HAMI_USE_UUID),
-                      avoid_uuids=_list_annotation(anns, HAMI_NOUSE_UUID))
+                      avoid_uuids=_list_annotation(anns, HAMI_NOUSE_UUID), notes=tuple(notes))
+
+
+def gpu_type_matches(device: Device, patterns: Iterable[str]) -> bool:
+    """HAMi's ``checkGPUtype``: a ``use-gputype`` / ``nouse-gputype`` entry matches a card when it is a
+    case-insensitive substring of the card's type. HAMi's type is ``NVIDIA-<NVML name>``
+    (``NVIDIA-NVIDIA H100 80GB HBM3``); we test that, the NVML name and our model (``H100-80GB-HBM3``),
+    so ``H100``, ``h100``, ``80GB HBM3`` and ``H100-80GB`` all match an H100 80GB."""
+    return _type_matches(device.name, device.model, patterns)
+
+
+def _type_matches(name: str, model: str, patterns: Iterable[str]) -> bool:
+    texts = [t.upper() for t in (name, model, f"NVIDIA-{name}" if name else "") if t]
+    return any(p.strip().upper() in t for p in patterns for t in texts)
+
+
+def device_kinds(devices: Iterable[Device]) -> set[tuple[str, str]]:
+    """``(model, NVML name)`` of each device: the model is what placement's exact ``models`` rule compares."""
+    return {(d.model or d.name, d.name) for d in devices}
+
+
+def resolve_gpu_types(req: PodRequest, kinds: Iterable[tuple[str, str]]) -> PodRequest:
+    """The pod's ``use-gputype`` patterns (HAMi: substrings of the card type) turned into the exact model
+    names placement matches: every model among ``kinds`` (``(model, name)`` pairs of the fleet or the node)
+    that a pattern matches. When none matches the patterns stay, so nothing fits and the reason names them."""
+    if not any(c.request.models for c in req.containers):
+        return req
+    kinds = list(kinds)
+    out = []
+    for c in req.containers:
+        patterns = c.request.models
+        if patterns:
+            matched = sorted({model for model, name in kinds if _type_matches(name, model, patterns)})
+            c = replace(c, request=replace(c.request, models=tuple(matched) or patterns))
+        out.append(c)
+    return replace(req, containers=tuple(out))
 
 
 def blocked_devices(devices: NodeDevices, req: PodRequest) -> set[str]:
-    """Devices of this node the pod may not use (HAMi's nouse-gputype, use-gpuuuid, nouse-gpuuuid)."""
+    """Devices of this node the pod may not use (HAMi's nouse-gputype — a substring of the card type, see
+    :func:`gpu_type_matches` —, use-gpuuuid and nouse-gpuuuid)."""
     out: set[str] = set()
     for d in devices.devices:
         ids = {d.uuid} | {m.uuid for m in d.mig_instances}
-        model = d.model or d.name
-        if req.avoid_models and (model in req.avoid_models or d.name in req.avoid_models):
+        if req.avoid_models and gpu_type_matches(d, req.avoid_models):
             out |= ids
         if req.avoid_uuids and ids & set(req.avoid_uuids):
             out |= ids & set(req.avoid_uuids) or ids

@@ -339,6 +339,7 @@ class Extender:
         self.clock = clock
         self._node_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        self._kinds: tuple[int, frozenset[tuple[str, str]]] = (-1, frozenset())
 
     # ------------------------------------------------------------------------------------ helpers
     def _views_for(self, args: ExtenderArgs) -> list[NodeView]:
@@ -355,6 +356,17 @@ class Extender:
                 v = NodeView(name, "", None, codec.Ledger({}), None, "node unknown to the extender's cache")
             out.append(v)
         return out
+
+    def _gpu_kinds(self) -> frozenset[tuple[str, str]]:
+        """(model, name) of every device kind the extender knows, for HAMi's use-gputype substrings."""
+        version, views = self.views.snapshot()
+        if self._kinds[0] != version:
+            kinds: set[tuple[str, str]] = set()
+            for v in views.values():
+                if v.devices is not None:
+                    kinds |= codec.device_kinds(v.devices.devices)
+            self._kinds = (version, frozenset(kinds))
+        return self._kinds[1]
 
     def _policy(self, req: codec.PodRequest) -> PlacementPolicy:
         return req.policy or self.cfg.policy
@@ -444,6 +456,7 @@ class Extender:
         if req.empty:  # not a GPU-slice pod: nothing to say
             return self._filter_result(args, list(args.node_names), {})
         views = self._views_for(args)
+        req = codec.resolve_gpu_types(req, self._gpu_kinds())
         fitting, failed, _ = self._fit(req, views)
         return self._filter_result(args, fitting, failed)
 
@@ -470,6 +483,7 @@ class Extender:
         if req.empty:
             return [{"Host": n, "Score": 0} for n in args.node_names]
         views = self._views_for(args)
+        req = codec.resolve_gpu_types(req, self._gpu_kinds())
         scores: dict[str, float] = {}
         first = req.containers[0].request
         if self._indexed(req) and len(req.containers) == 1:
@@ -557,7 +571,7 @@ class Extender:
                 return existing
             state = self._state_for(view, req)
             try:
-                placed = self._place_all(req, state)
+                placed = self._place_all(codec.resolve_gpu_types(req, codec.device_kinds(view.devices.devices)), state)
             except NoFit as exc:
                 raise KubeError(f"node {args.node} cannot take pod {args.pod_namespace}/{args.pod_name}: "
                                 f"{exc.reason}") from None

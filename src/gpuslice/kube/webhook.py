@@ -6,6 +6,10 @@ JSONPatch:
 * sets ``spec.schedulerName`` to the gpuslice scheduler (the kube-scheduler profile that calls our extender);
 * fills HAMi's defaults: a container with GPU memory / cores / memory percent but no GPU count gets
   ``defaultGPUNum`` devices (limits and requests), memory and cores defaults are recorded in the request;
+  the advertised count (``nvidia.com/gpu``) is added when the count was given only as ``gpuslice.io/gpu``
+  (the kubelet asks the device plugin only for the advertised resource);
+* returns what HAMi's rules ignore (a priority without a GPU, memory/cores without a count when
+  ``defaultGPUNum`` is 0) as admission ``warnings``, which kubectl prints;
 * records the normalised request (``gpuslice.io/request``; ``nvidia.com/gpumem-percentage`` becomes a
   percent of device memory, ``gpumem`` MiB become bytes) and drops any ``gpuslice.io/grant`` /
   ``gpuslice.io/allocated`` the pod was created with (only the extender and the device plugin write those).
@@ -25,6 +29,7 @@ from gpuslice.kube import codec
 from gpuslice.spec import SpecError
 
 ADMISSION_VERSION = "admission.k8s.io/v1"
+MAX_WARNING = 256  # characters per warning; the API server shortens longer ones anyway
 
 
 class BadReview(GpusliceError):
@@ -37,8 +42,10 @@ def _escape(key: str) -> str:
 
 
 def _review(uid: str, allowed: bool, patch: list[dict[str, Any]] | None = None, message: str = "",
-            code: int = 422) -> dict[str, Any]:
+            code: int = 422, warnings: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if warnings:  # shown by kubectl as "Warning: ..." (AdmissionResponse.warnings)
+        response["warnings"] = [w[:MAX_WARNING] for w in warnings]
     if patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
@@ -83,7 +90,7 @@ def mutate(body: Any, cfg: codec.KubeConfig) -> dict[str, Any]:
     except SpecError as exc:
         return _review(uid, False, message=f"gpuslice: {exc}")
     if req.empty:
-        return _review(uid, True)
+        return _review(uid, True, warnings=req.notes)
     spec = pod["spec"]
     if spec.get("nodeName"):
         return _review(uid, False, message=(
@@ -93,15 +100,18 @@ def mutate(body: Any, cfg: codec.KubeConfig) -> dict[str, Any]:
     if spec.get("schedulerName") != cfg.scheduler_name:
         op = "replace" if "schedulerName" in spec else "add"
         patch.append({"op": op, "path": "/spec/schedulerName", "value": cfg.scheduler_name})
-    count_name = cfg.names.count[0]
+    # Every GPU container must ask for the advertised resource: the kubelet calls the device plugin's
+    # Allocate only for it. Filled in when missing (HAMi's defaultGPUNum, or the count given under
+    # gpuslice.io/gpu), in limits and requests alike (extended resources need them equal).
+    count_name = cfg.names.advertised
     containers = spec.get("containers") or []
     for c in req.containers:
         container = containers[c.index]
-        limits = codec._limits(container)
-        if any(n in limits for n in cfg.names.count):
+        resources = container.get("resources")
+        given = resources.get("limits") if isinstance(resources, dict) else None
+        if isinstance(given, dict) and count_name in given:
             continue
         value = str(c.request.count)
-        resources = container.get("resources")
         base = f"/spec/containers/{c.index}/resources"
         if not isinstance(resources, dict):
             patch.append({"op": "add", "path": base, "value": {"limits": {count_name: value},
@@ -123,7 +133,7 @@ def mutate(body: Any, cfg: codec.KubeConfig) -> dict[str, Any]:
         for forged in (codec.POD_GRANT, codec.POD_ALLOCATED):
             if forged in anns:
                 patch.append({"op": "remove", "path": f"/metadata/annotations/{_escape(forged)}"})
-    return _review(uid, True, patch)
+    return _review(uid, True, patch, warnings=req.notes)
 
 
 def apply_json_patch(doc: Any, patch: list[dict[str, Any]]) -> Any:
