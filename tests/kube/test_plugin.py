@@ -132,9 +132,17 @@ def test_list_and_watch_advertises_split_devices_and_health_changes(folder):
             health = {d.ID: d.health for d in second.devices}
             assert all(health[device_id(uuids[1], k)] == "Unhealthy" for k in range(4))
             assert all(health[device_id(uuids[0], k)] == "Healthy" for k in range(4))
-            plugin.set_devices(devices("n0", 1))  # GPU 1 vanished from discovery: stays Unhealthy
-            third = next(stream)
-            assert len(third.devices) == 8
+            # GPU 1 vanished from discovery: it stays listed, Unhealthy (it already is: no new message)
+            assert plugin.set_devices(devices("n0", 1)) is False
+            assert [d.uuid for d in plugin.devices()] == uuids and plugin.health[uuids[1]] == "Unhealthy"
+            # a later discovery finds it again, and a third GPU: all advertised; GPU 1 stays Unhealthy
+            # while the health source has not cleared its XID, the new one is Healthy
+            assert plugin.set_devices(devices("n0", 3)) is True
+            third = {d.ID: d.health for d in next(stream).devices}
+            assert len(third) == 12 and third[device_id(uuids[1], 0)] == "Unhealthy"
+            assert third[device_id(devices("n0", 3)[2].uuid, 0)] == "Healthy"
+            plugin.set_health(uuids[1], True, "recovered")
+            assert {d.health for d in next(stream).devices} == {"Healthy"}
             stream.cancel()
     finally:
         plugin.stop()
@@ -178,6 +186,24 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
             assert ro and mounts["/etc/ld.so.preload"][1] and mounts["/usr/local/gpuslice/lib/libgpuslice.so"] == (
                 "/opt/gpuslice/libgpuslice.so", True)
             assert mounts["/var/run/gpuslice/region"][1] is False
+            # The container sees its own region and devices only: the region folder is this grant's, the
+            # device-state folder is this grant's (empty), with the node-wide pacing file of the granted
+            # device mounted into it — never the node's whole <state>/devices folder.
+            state = folder / "state"
+            dev_file = f"/var/run/gpuslice/devices/{grant.uuids[0]}.dev"
+            assert mounts == {
+                "/etc/gpuslice/slice": (str(state / "kube" / "grants" / grant.grant_id / "slice"), True),
+                "/var/run/gpuslice/region": (str(state / "kube" / "regions" / grant.grant_id), False),
+                "/var/run/gpuslice/devices": (str(state / "kube" / "grants" / grant.grant_id / "devices"), False),
+                dev_file: (str(state / "devices" / f"{grant.uuids[0]}.dev"), False),
+                "/usr/local/gpuslice/lib/libgpuslice.so": ("/opt/gpuslice/libgpuslice.so", True),
+                "/etc/ld.so.preload": (str(state / "kube" / "ld.so.preload"), True),
+            }
+            assert [m.container_path for m in c.mounts].index("/var/run/gpuslice/devices") < \
+                [m.container_path for m in c.mounts].index(dev_file)  # parent before child
+            assert Path(mounts[dev_file][0]).stat().st_size == 0  # exists for the bind mount; the enforcer sizes it
+            assert oct(Path(mounts[dev_file][0]).stat().st_mode & 0o777) == "0o666"
+            assert not any(host == str(state / "devices") for host, _ in mounts.values())
             written = read_slice_file(slice_host)  # the enforcer's own parsing rules
             assert written.memory_limit == 10000 * 1024**2 and written.compute == 30
             assert written.devices == grant.uuids and written.grant == grant.grant_id
@@ -243,3 +269,13 @@ def test_allocate_refuses_unhealthy_devices_and_missing_grants(folder):
     finally:
         plugin.stop()
         plugin.shutdown()
+
+
+def test_pacing_file_names_follow_the_enforcer():
+    """The pacer opens <dir>/<cuDeviceGetUuid_v2 as GPU-hex>.dev: a MIG instance's own UUID with GPU-."""
+    from gpuslice.kube.plugin import Allocator
+    from gpuslice.spec import Slice
+
+    mig = "MIG-0b0c7a3e-1f2d-5a6b-9c8d-7e6f5a4b3c2d"
+    g = codec.ContainerGrant("c", "k-1-c", (Slice("GPU-aaaa", 1), Slice(mig, 1), Slice("GPU-aaaa", 1)))
+    assert Allocator.state_files(g) == ["GPU-aaaa", "GPU-0b0c7a3e-1f2d-5a6b-9c8d-7e6f5a4b3c2d"]

@@ -2,8 +2,13 @@
 
 Node registration publishes the node's devices (UUID, model, memory, SMs, NUMA, NVLink peers, MIG
 instances, health) and its sharing knobs (split count, memory scaling) as the ``gpuslice.io/devices``
-annotation, again whenever a device's health changes and every ``interval`` seconds (the ``updated``
-stamp says how fresh it is). A merge patch of that one key: it never touches the extender's ledger.
+annotation, again whenever a device's health or the device list changes and every ``interval`` seconds
+(the ``updated`` stamp says how fresh it is). A merge patch of that one key: it never touches the
+extender's ledger.
+
+:class:`Rediscovery` runs discovery again every ``interval`` seconds and hands the result to the device
+plugin (:meth:`~gpuslice.kube.plugin.DevicePlugin.set_devices`), which tells the publisher when the list
+changed: a GPU that vanished stays listed as Unhealthy, a new one is advertised and published.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import logging
 import threading
 import uuid as uuidlib
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from gpuslice.kube import codec
 from gpuslice.kube.api import KubeAPI, KubeError
@@ -65,6 +70,12 @@ class NodePublisher:
         self._health.update(health)
         self._wake.set()
 
+    def devices_changed(self, devices: Sequence[Device], health: Mapping[str, str]) -> None:
+        """A new device list (the plugin's: vanished devices still listed, as Unhealthy); published now."""
+        self.devices = list(devices)
+        self._health.update(health)
+        self._wake.set()
+
     def run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -84,3 +95,41 @@ class NodePublisher:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+
+
+class Rediscovery:
+    """Runs ``discover`` every ``interval`` seconds and gives the result to ``apply`` (the device plugin's
+    ``set_devices``). A failed discovery is logged and skipped: devices are never dropped on an error."""
+
+    def __init__(self, discover: Callable[[], Sequence[Device]], apply: Callable[[Sequence[Device]], object],
+                 interval: float = 60.0):
+        if interval <= 0:
+            raise ValueError("interval must be above 0")
+        self.discover = discover
+        self.apply = apply
+        self.interval = interval
+        self.runs = 0
+        self._stop = threading.Event()
+
+    def run_once(self) -> bool:
+        try:
+            devices = list(self.discover())
+        except Exception as exc:  # NVML may be away for a moment (driver reload): try again later
+            log.warning("device discovery failed: %s; keeping the current list", exc)
+            return False
+        finally:
+            self.runs += 1
+        self.apply(devices)
+        return True
+
+    def run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.run_once()
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="gpuslice-rediscovery", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -26,14 +26,22 @@ def _logging(level: str) -> None:
 
 
 def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
-            mode: str):
-    from gpuslice.kube.codec import KubeConfig
+            mode: str, names: dict[str, str] | None = None):
+    from gpuslice.kube.codec import KubeConfig, ResourceNames
     from gpuslice.placement import PlacementPolicy
     from gpuslice.spec import ComputeMode
 
-    return KubeConfig(default_memory_mib=default_mem, default_cores=default_cores, default_gpu_num=default_gpu_num,
+    return KubeConfig(names=ResourceNames.configured(**(names or {})), default_memory_mib=default_mem,
+                      default_cores=default_cores, default_gpu_num=default_gpu_num,
                       scheduler_name=scheduler_name, policy=PlacementPolicy.parse(policy),
                       default_mode=ComputeMode.parse(mode, "--mode"))
+
+
+# HAMi's chart knobs for the resource names (resourceName, resourceMem, resourceMemPercentage,
+# resourceCores, resourcePriority), with HAMi's defaults; gpuslice.io/* names are read besides them.
+def _name_option(flag: str, default: str, what: str):
+    return typer.Option(default, flag, help=f"Resource name of {what} (HAMi's default {default}); "
+                        "the gpuslice.io/* name of the same kind is read too.")
 
 
 def scheduler(
@@ -55,6 +63,13 @@ def scheduler(
     scheduler_name: str = typer.Option("gpuslice-scheduler", "--scheduler-name",
                                        help="schedulerName the webhook sets (the kube-scheduler profile with our extender)."),
     mode: str = typer.Option("hard", "--mode", help="Default compute mode: hard, soft or off."),
+    resource_name: str = _name_option("--resource-name", "nvidia.com/gpu",
+                                      "the device count (the one the device plugin advertises)"),
+    resource_mem: str = _name_option("--resource-mem", "nvidia.com/gpumem", "memory per device in MiB"),
+    resource_mem_percentage: str = _name_option("--resource-mem-percentage", "nvidia.com/gpumem-percentage",
+                                                "memory per device in percent"),
+    resource_cores: str = _name_option("--resource-cores", "nvidia.com/gpucores", "the compute share"),
+    resource_priority: str = _name_option("--resource-priority", "nvidia.com/priority", "the task priority"),
     node_cache: bool = typer.Option(True, "--node-cache/--no-node-cache",
                                     help="Watch nodes (needed when kube-scheduler uses nodeCacheCapable: true)."),
     gc_interval: float = typer.Option(15.0, "--gc-interval", help="Seconds between ledger garbage collections."),
@@ -68,7 +83,9 @@ def scheduler(
     from gpuslice.kube.server import make_app, serve_all
 
     _logging(log_level)
-    cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode)
+    cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
+                  {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
+                   "cores": resource_cores, "priority": resource_priority})
     api = connect(kubeconfig)
     cache = NodeCache(api) if node_cache else None
     if cache:
@@ -100,7 +117,8 @@ def scheduler(
 def kube_agent(
     node: Optional[str] = typer.Option(None, "--node", envvar="NODE_NAME", help="This node's name ($NODE_NAME)."),
     kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster)."),
-    resource_name: str = typer.Option("nvidia.com/gpu", "--resource-name", help="Resource advertised to the kubelet."),
+    resource_name: str = typer.Option("nvidia.com/gpu", "--resource-name", help="Resource advertised to the kubelet "
+                                      "(the device count; the same as `gpuslice scheduler --resource-name`)."),
     split_count: int = typer.Option(10, "--split-count", help="Slices per device (HAMi deviceSplitCount)."),
     memory_scaling: float = typer.Option(1.0, "--memory-scaling", help="HAMi deviceMemoryScaling."),
     plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir",
@@ -117,23 +135,38 @@ def kube_agent(
     unique_uuids: bool = typer.Option(False, "--unique-uuids", help="Rename snapshot UUIDs per node (fake nodes)."),
     register_only: bool = typer.Option(False, "--register-only", help="Publish the node's devices once and exit."),
     publish_interval: float = typer.Option(30.0, "--publish-interval"),
+    rediscover_interval: float = typer.Option(60.0, "--rediscover-interval", help="Seconds between device "
+                                              "discoveries (new GPUs advertised, vanished ones Unhealthy; 0 = once)."),
+    health_recovery: float = typer.Option(300.0, "--health-recovery", help="Seconds without a fault after which "
+                                          "a device NVML answers again is Healthy again (0 = never)."),
     device_nodes: str = typer.Option("auto", "--device-nodes", help="Device nodes in Allocate: auto, always, none."),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics with namespace/pod/"
                                      "container labels on this port (0 = off)."),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
-    """Device plugin + node registration (+ metrics) for one Kubernetes node."""
-    from gpuslice.kube.agent import NodePublisher, unique_devices
+    """Device plugin + node registration (+ metrics) for one Kubernetes node. Also
+    `gpuslice agent --kubernetes` (the same command under the local agent's name)."""
+    from gpuslice.kube.agent import NodePublisher, Rediscovery, unique_devices
     from gpuslice.kube.api import connect
+    from gpuslice.kube.codec import check_resource_name
     from gpuslice.kube.plugin import DevicePlugin, NvmlHealth, PluginConfig, StaticHealth
     from gpuslice.node.devices import discover, load_snapshot
+    from gpuslice.spec import SpecError
 
     _logging(log_level)
     if not node:
         raise GpusliceError("--node (or $NODE_NAME) is required: the name of the Node this agent serves")
-    devices = load_snapshot(snapshot) if snapshot else discover()
-    if unique_uuids:
-        devices = unique_devices(devices, node)
+    check_resource_name("--resource-name", resource_name)
+    if rediscover_interval < 0:
+        raise SpecError("--rediscover-interval", rediscover_interval, "seconds, 0 (discover once) or more")
+    if health_recovery < 0:
+        raise SpecError("--health-recovery", health_recovery, "seconds, 0 (never recover) or more")
+
+    def find_devices():
+        found = load_snapshot(snapshot) if snapshot else discover()
+        return unique_devices(found, node) if unique_uuids else found
+
+    devices = find_devices()
     api = connect(kubeconfig)
     publisher = NodePublisher(api, node, devices, split_count=split_count, memory_scaling=memory_scaling,
                               interval=publish_interval)
@@ -145,9 +178,13 @@ def kube_agent(
                        memory_scaling=memory_scaling, plugin_dir=Path(plugin_dir), socket_name=socket_name,
                        host_state_dir=Path(host_state_dir), local_state_dir=Path(state_dir) if state_dir else None,
                        host_library=Path(library), device_nodes=device_nodes)
-    health = StaticHealth() if snapshot or os.environ.get("GPUSLICE_DEVICE_SNAPSHOT") else NvmlHealth()
-    plugin = DevicePlugin(cfg, devices, api, health=health, on_health=publisher.health_changed)
+    health = (StaticHealth() if snapshot or os.environ.get("GPUSLICE_DEVICE_SNAPSHOT")
+              else NvmlHealth(recover_seconds=health_recovery))
+    plugin = DevicePlugin(cfg, devices, api, health=health, on_health=publisher.health_changed,
+                          on_devices=publisher.devices_changed)
     publisher.start()
+    if rediscover_interval:
+        Rediscovery(find_devices, plugin.set_devices, rediscover_interval).start()
     if metrics_port:
         _serve_metrics(api, node, devices, cfg.local_state, metrics_port)
     _say(f"device plugin for {resource_name} ({len(devices)} device(s) × {split_count}) on {cfg.socket_path}")

@@ -5,11 +5,16 @@
   (:class:`NvmlHealth` on real nodes: critical XID events and devices that stop answering NVML).
 * ``GetPreferredAllocation`` steers the kubelet towards IDs on the UUIDs the scheduler granted.
 * ``Allocate`` finds the container's grant (see :meth:`Allocator.find`), writes its slice file and returns:
-  the slice file mounted read-only at ``/etc/gpuslice/slice``, the region folder (read-write, the
-  enforcer's shared accounting), the per-device state folder, the enforcer library and an
-  ``/etc/ld.so.preload`` naming it (both read-only), ``NVIDIA_VISIBLE_DEVICES`` with the granted UUIDs,
-  ``GPUSLICE_SLICE``/``GPUSLICE_GRANT``, and the device nodes. Nothing the container can write raises
-  its limits: the enforcer reads the read-only slice file, and environment variables may only lower it.
+  the slice file mounted read-only at ``/etc/gpuslice/slice``, this grant's region folder (read-write: the
+  enforcer's shared memory accounting), a per-grant device-state folder with the node-wide pacing files of
+  the granted devices only (``<uuid>.dev``, read-write: the pacer coordinates through them), the enforcer
+  library and an ``/etc/ld.so.preload`` naming it (both read-only), ``NVIDIA_VISIBLE_DEVICES`` with the
+  granted UUIDs, ``GPUSLICE_SLICE``/``GPUSLICE_GRANT``, and the device nodes. Nothing the container can
+  write raises its limits: the enforcer reads the read-only slice file, and environment variables may only
+  lower it. What a container can still disturb (its own region, the pacing files of its devices) is listed
+  under "Known limits" in ``src/gpuslice/kube/README.md``.
+* ``PreStartContainer`` is not used: the plugin registers with ``pre_start_required: false`` (everything a
+  container needs is in the Allocate answer), so the kubelet never calls it; it answers empty if called.
 * Registers with the kubelet (``kubelet.sock``) and registers again when the kubelet restarts (it deletes
   every socket in the device-plugin folder, ours included, and recreates its own).
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -111,9 +117,11 @@ def uuid_of(device_id_: str) -> str:
 
 # ---------------------------------------------------------------------------------------- health
 class HealthSource(Protocol):
-    """Reports device health changes: call ``report(uuid, healthy, reason)``; return when ``stop`` is set."""
+    """Reports device health changes: call ``report(uuid, healthy, reason)``; return when ``stop`` is set.
+    ``devices`` is a callable returning the plugin's current devices (or, for callers outside the plugin,
+    a plain list: :func:`gpuslice.kube.health.current_devices` reads both)."""
 
-    def run(self, devices: Sequence[Device], report: Callable[[str, bool, str], None],
+    def run(self, devices: Any, report: Callable[[str, bool, str], None],
             stop: threading.Event) -> None: ...
 
 
@@ -229,18 +237,40 @@ class Allocator:
             oom_policy=self.cfg.oom_policy, log_level=self.cfg.log_level, fail_open=self.cfg.fail_open)
 
     def paths(self, grant_id: str, local: bool) -> dict[str, Path]:
-        root = (self.cfg.local_state if local else self.cfg.host_state_dir) / "kube"
+        state = self.cfg.local_state if local else self.cfg.host_state_dir
+        root = state / "kube"
         return {"slice": root / "grants" / grant_id / "slice", "region": root / "regions" / grant_id,
-                "devices": (self.cfg.local_state if local else self.cfg.host_state_dir) / "devices",
+                "devstate": root / "grants" / grant_id / "devices", "devices": state / "devices",
                 "preload": root / "ld.so.preload"}
+
+    @staticmethod
+    def state_files(grant: codec.ContainerGrant) -> list[str]:
+        """Names of the pacing files (``<name>.dev`` in the device-state folder) the enforcer opens for the
+        grant's devices: the pacer names them after ``cuDeviceGetUuid_v2`` printed as ``GPU-<hex>``, which
+        for a MIG instance is its own UUID (``MIG-<hex>`` in NVML)."""
+        out = []
+        for uuid in grant.uuids:
+            name = "GPU-" + uuid[4:] if re.fullmatch(r"MIG-[0-9a-fA-F-]{36}", uuid) else uuid
+            if name not in out and "/" not in name:
+                out.append(name)
+        return out
 
     def write_files(self, grant: codec.ContainerGrant) -> None:
         local = self.paths(grant.grant_id, local=True)
         local["slice"].parent.mkdir(parents=True, exist_ok=True)
         write_slice_file(local["slice"], self.slice_config(grant))
-        for folder in (local["region"], local["devices"]):
+        for folder in (local["region"], local["devstate"], local["devices"]):
             folder.mkdir(parents=True, exist_ok=True)
             os.chmod(folder, 0o1777)  # the container's processes may run as any user
+        for name in self.state_files(grant):
+            # Shared by every slice on the device; the enforcer sizes and initialises an empty one. It
+            # must exist before the kubelet bind-mounts it, and is never replaced (the mount holds the inode).
+            path = local["devices"] / f"{name}.dev"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                os.fchmod(fd, 0o666)
+            finally:
+                os.close(fd)
         text = CONTAINER_LIB + "\n"
         if not local["preload"].exists() or local["preload"].read_text() != text:
             tmp = local["preload"].with_name(f".ld.so.preload.{os.getpid()}")
@@ -249,12 +279,23 @@ class Allocator:
             os.replace(tmp, local["preload"])
 
     def response(self, grant: codec.ContainerGrant) -> dict[str, Any]:
-        """The ContainerAllocateResponse as plain data (envs, mounts, devices)."""
+        """The ContainerAllocateResponse as plain data (envs, mounts, devices). Mounts, in order (the
+        container runtime mounts parents before children):
+
+        * the slice file, read-only — what configures the enforcer;
+        * this grant's region folder, read-write — the enforcer's shared memory accounting of this slice;
+        * this grant's own device-state folder, read-write (empty; the pacer checks it is writable), and in
+          it the node-wide pacing file of each granted device, read-write — not the node's whole folder, so
+          a container sees no other device's pacing state;
+        * the enforcer library and ``/etc/ld.so.preload``, read-only.
+        """
         host = self.paths(grant.grant_id, local=False)
         mounts = [
             (CONTAINER_SLICE, str(host["slice"]), True),
             (CONTAINER_REGION_DIR, str(host["region"]), False),
-            (CONTAINER_DEVICE_STATE, str(host["devices"]), False),
+            (CONTAINER_DEVICE_STATE, str(host["devstate"]), False),
+            *[(f"{CONTAINER_DEVICE_STATE}/{name}.dev", str(host["devices"] / f"{name}.dev"), False)
+              for name in self.state_files(grant)],
             (CONTAINER_LIB, str(self.cfg.host_library), True),
             (CONTAINER_PRELOAD, str(host["preload"]), True),
         ]
@@ -298,19 +339,24 @@ class DevicePlugin:
     """The plugin's state and its gRPC server; :meth:`run` keeps it registered until ``stop()``."""
 
     def __init__(self, cfg: PluginConfig, devices: Sequence[Device], api: KubeAPI | None, *,
-                 health: HealthSource | None = None, on_health: Callable[[dict[str, str]], None] | None = None):
+                 health: HealthSource | None = None, on_health: Callable[[dict[str, str]], None] | None = None,
+                 on_devices: Callable[[list[Device], dict[str, str]], None] | None = None):
         self.cfg = cfg
         self._devices = list(devices)
         self.api = api
         self.health_source = health or StaticHealth()
         self.on_health = on_health
+        self.on_devices = on_devices  # called with (devices, health) after a discovery changed the list
+        self._vanished: set[str] = set()  # listed devices the last discovery did not find
+        self._faulty: set[str] = set()    # devices the health source reported unhealthy
         self._health = {d.uuid: codec.HEALTHY for d in devices}
         self._cond = threading.Condition()
         self._version = 0
         self._stop = threading.Event()
         self._server: grpc.Server | None = None
         self.registrations = 0
-        self.allocator = Allocator(api, cfg, lambda: self._devices) if api is not None else None
+        self.allocator = Allocator(api, cfg, self.devices) if api is not None else None
+        self._health_thread: threading.Thread | None = None
         self.pb2, self.pb2_grpc = load()
 
     # ------------------------------------------------------------------------------------ health
@@ -319,10 +365,18 @@ class DevicePlugin:
         with self._cond:
             return dict(self._health)
 
+    def _state(self, uuid: str) -> str:
+        return codec.UNHEALTHY if uuid in self._faulty or uuid in self._vanished else codec.HEALTHY
+
     def set_health(self, uuid: str, healthy: bool, reason: str = "") -> None:
-        state = codec.HEALTHY if healthy else codec.UNHEALTHY
+        """What the health source says about a device. A device is Unhealthy while the health source says
+        so *or* discovery no longer finds it; each reason clears on its own."""
         with self._cond:
-            if uuid not in self._health or self._health[uuid] == state:
+            if uuid not in self._health:
+                return
+            (self._faulty.discard if healthy else self._faulty.add)(uuid)
+            state = self._state(uuid)
+            if self._health[uuid] == state:
                 return
             self._health[uuid] = state
             self._version += 1
@@ -332,19 +386,35 @@ class DevicePlugin:
         if self.on_health:
             self.on_health(snapshot)
 
-    def set_devices(self, devices: Sequence[Device]) -> None:
-        """New discovery: devices that vanished stay listed as Unhealthy (the kubelet keeps their pods)."""
-        now = {d.uuid for d in devices}
+    def devices(self) -> list[Device]:
+        """The devices served now (discovered ones, and vanished ones kept as Unhealthy)."""
         with self._cond:
-            for d in devices:
-                if d.uuid not in self._health:
-                    self._devices.append(d)
-                    self._health[d.uuid] = codec.HEALTHY
-            changed = [u for u in self._health if u not in now and self._health[u] != codec.UNHEALTHY]
-            for u in changed:
-                self._health[u] = codec.UNHEALTHY
-            self._version += 1
-            self._cond.notify_all()
+            return list(self._devices)
+
+    def set_devices(self, devices: Sequence[Device]) -> bool:
+        """A new discovery. New devices are added Healthy; known ones take the new description (a MIG
+        layout may have changed); devices that vanished stay listed as Unhealthy (the kubelet keeps their
+        pods, the ledger may still name them) until a later discovery finds them again (then they are
+        Healthy unless the health source still reports a fault).
+        Returns whether anything changed; then ``on_devices`` hears of it (the node annotation)."""
+        now = {d.uuid: d for d in devices}
+        with self._cond:
+            before = (list(self._devices), dict(self._health))
+            listed = {d.uuid for d in self._devices}
+            self._devices = [now.get(d.uuid, d) for d in self._devices] + [d for d in devices if d.uuid not in listed]
+            self._vanished = {d.uuid for d in self._devices if d.uuid not in now}
+            self._health = {d.uuid: self._state(d.uuid) for d in self._devices}
+            changed = (self._devices, self._health) != before
+            if changed:
+                self._version += 1
+                self._cond.notify_all()
+            snapshot = (list(self._devices), dict(self._health))
+        if changed:
+            log.warning("devices changed: %d listed, unhealthy: %s", len(snapshot[0]),
+                        sorted(u for u, h in snapshot[1].items() if h != codec.HEALTHY) or "none")
+            if self.on_devices:
+                self.on_devices(*snapshot)
+        return changed
 
     def device_list(self) -> Any:
         pb = self.pb2
@@ -414,6 +484,8 @@ class DevicePlugin:
                 return pb.AllocateResponse(container_responses=responses)
 
             def PreStartContainer(self, request, context):
+                # Registered with pre_start_required=False: the kubelet does not call this. Nothing to do
+                # before a container starts (the Allocate answer carries everything), so answer empty.
                 return pb.PreStartContainerResponse()
 
         return Servicer()
@@ -466,12 +538,18 @@ class DevicePlugin:
         except FileNotFoundError:
             return None
 
+    def start_health(self) -> threading.Thread:
+        """Run the health source in a thread until :meth:`stop` (it sees the current device list)."""
+        if self._health_thread is None:
+            self._health_thread = threading.Thread(target=self.health_source.run,
+                                                   args=(self.devices, self.set_health, self._stop),
+                                                   name="gpuslice-health", daemon=True)
+            self._health_thread.start()
+        return self._health_thread
+
     def run(self) -> None:
         """Serve, register, and start over whenever our socket disappears or the kubelet's is recreated."""
-        health = threading.Thread(target=self.health_source.run,
-                                  args=(list(self._devices), self.set_health, self._stop),
-                                  name="gpuslice-health", daemon=True)
-        health.start()
+        self.start_health()
         while not self._stop.is_set():
             self.serve()
             registered_with = None
