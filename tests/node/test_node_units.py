@@ -176,3 +176,47 @@ def test_monitor_takes_achieved_share_and_throttling_from_the_pacer(tmp_path):
     assert monitor.sample([g]).slices[0].compute_achieved is not None  # no window yet: busy-time rate (0 here)
     (states / f"{DEVICES[0].uuid}.dev").write_bytes(b"\0" * 300)
     assert "not a gpuslice device state" in monitor.sample([g]).errors[0]
+
+
+def test_busy_time_rate_is_smoothed_over_a_window(tmp_path):
+    """Sampled 5×/s while the busy counter moves in 0.2-s steps every other sample (50 % on average), the
+    achieved share stays near 50 % instead of jumping between 0 and 100 %."""
+    g = grant(tmp_path)
+    me = ProcRecord(os.getpid(), procs.start_time(os.getpid()), used={0: GiB}, busy_ns={0: 0})
+    monitor = Monitor(DEVICES, "n")
+    seen = []
+    for k in range(40):
+        me.busy_ns[0] = (k // 2) * 200_000_000  # +0.2 s of busy time every 0.4 s
+        write_region(Path(g.region_file), [DeviceRecord(DEVICES[0].uuid, 4 * GiB, used=GiB)], [me])
+        seen.append(monitor.sample([g], now=1000.0 + 0.2 * k).slices[0].compute_achieved)
+    assert seen[0] is None
+    steady = seen[12:]  # after the first 2-s window
+    assert all(40.0 <= v <= 60.0 for v in steady), steady
+    me.busy_ns[0] = 0  # a new region: the counter starts again, no negative rate
+    write_region(Path(g.region_file), [DeviceRecord(DEVICES[0].uuid, 4 * GiB, used=GiB)], [me])
+    assert monitor.sample([g], now=1010.0).slices[0].compute_achieved is None
+
+
+def test_whole_devices_show_as_held_and_queue_shows_place_age_devices(tmp_path):
+    from rich.console import Console
+
+    from gpuslice.node.records import Waiter
+    from gpuslice.node.tables import view_renderable
+
+    whole = GrantRecord(grant_id="g-w", owner="bob", slices=(Slice(DEVICES[1].uuid, DEVICES[1].memory_total, 0),),
+                        request=Request(count=1, exclusive=True), created=time.time(), holder_pid=os.getpid(),
+                        holder_start=procs.start_time(os.getpid()), exclusive=True,
+                        slice_file=str(tmp_path / "s"), region_file=str(tmp_path / "r"))
+    waiter = Waiter(7, 1, 1000.0, os.getpid(), 0, "ann", Request(count=2, memory=parse_memory("4GiB")),
+                    devices=(DEVICES[2].uuid, DEVICES[3].uuid))
+    view = Monitor(DEVICES, "n").sample([whole, grant(tmp_path)], [waiter], now=1065.0)
+    assert view.devices[1].held_whole and view.devices[1].compute_granted == 100
+    assert not view.devices[0].held_whole and view.devices[0].compute_granted == 30
+    (w,) = view.to_json()["waiters"]
+    assert (w["position"], w["age_seconds"], w["device_indexes"]) == (1, 65.0, [2, 3])
+    console = Console(record=True, width=250)
+    console.print(view_renderable(view))
+    text = console.export_text()
+    assert "100% (whole)" in text and "│ whole │" in text
+    row = next(line for line in text.splitlines() if "ann" in line)
+    assert "1m05s" in row and "2,3" in row and "2 × 4GiB (distinct devices), compute unpaced" in row

@@ -115,11 +115,25 @@ def test_command_not_found_is_127_and_released(env):
     assert ledger_grants(env) == []
 
 
-def test_too_big_request_fails_with_what_is_free(env):
-    proc = gpuslice("run", "--memory", "200GiB", "--", "true", env=env)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1
-    assert "200.0 GiB" in err and "free now" in err
+def test_request_that_never_fits_is_refused_at_once_even_with_wait(env):
+    for extra in ((), ("--wait",)):
+        proc = gpuslice("run", "--memory", "200GiB", *extra, "--", "true", env=env)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1, err
+        assert "memory: '200GiB'" in err and "79.6 GiB" in err and "waiting" not in err
+
+
+def test_too_big_for_now_fails_with_what_is_free(env):
+    holder = gpuslice("run", "--memory", "60GiB", "--device", "0", "--", "sleep", "5", env=env)
+    try:
+        _wait_for_grant(env)
+        proc = gpuslice("run", "--memory", "30GiB", "--device", "0", "--", "true", env=env)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1
+        assert "30.0 GiB" in err and "free now" in err
+    finally:
+        holder.kill()
+        holder.communicate()
 
 
 def test_bad_device_names_allowed_values(env):
@@ -158,3 +172,16 @@ def test_multi_gpu_run_gets_whole_devices(env, tmp_path):
     uuids = first.split(",")
     assert len(uuids) == 2 and all(u.startswith("GPU-") for u in uuids)
     assert "memory_limit=85520809984" in lines  # whole H100s: the device's memory
+    assert "whole device" in err and "all of its compute" in err
+
+
+def test_gpus_2_with_memory_is_two_shared_slices_on_distinct_devices(env, tmp_path):
+    seen = tmp_path / "seen"
+    proc = gpuslice("run", "--gpus", "2", "--memory", "4GiB", "--", "sh", "-c",
+                    f'echo "$CUDA_VISIBLE_DEVICES" > {seen}; cat "$GPUSLICE_SLICE" >> {seen}', env=env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    first, *lines = seen.read_text().splitlines()
+    assert len(set(first.split(","))) == 2
+    assert "memory_limit=4294967296" in lines
+    assert "whole" not in err and err.count("memory 4.0 GiB compute unpaced") == 2  # the grant line

@@ -56,26 +56,26 @@ def never_fits(request: Request, empty: NodeState, *, restricted: bool = False) 
     devices when ``restricted``), as a SpecError naming the field; None when it could fit."""
     if fits(request, empty):
         return None
-    where = "the devices allowed by --device" if restricted else "this node"
+    has = "--device allows" if restricted else "this node has"
     total = _cards(empty.devices)
     if request.count > total:
-        return SpecError("count", request.count, f"at most {total}: {where} has {total} device(s)")
+        return SpecError("count", request.count, f"at most {total} ({has} {total} device(s))")
     matching = [d for d in empty.devices if d.matches(request.models)]
     if request.models and not matching:
         present = ", ".join(sorted({d.model for d in empty.devices})) or "none"
-        return SpecError("models", "|".join(request.models), f"a model of {where}: {present}")
+        return SpecError("models", "|".join(request.models), f"a model that {has}: {present}")
     if request.count > _cards(matching):
-        return SpecError("count", request.count,
-                         f"at most {_cards(matching)}: {where} has {_cards(matching)} device(s) of model "
-                         + "|".join(request.models))
+        return SpecError("count", request.count, f"at most {_cards(matching)} ({has} {_cards(matching)} "
+                         f"device(s) of model {'|'.join(request.models)})")
     whole = TaskShape.of(request).whole
     if request.memory is not None and request.memory.bytes is not None:
         caps = sorted(((d.whole_capacity if whole else d.memory_capacity) for d in matching), reverse=True)
         cap = caps[min(request.count, len(caps)) - 1]
         if request.memory.bytes > cap:
             per = "on one device" if request.count == 1 else f"on each of {request.count} devices"
+            where = " allowed by --device" if restricted else " of this node"
             return SpecError("memory", str(request.memory),
-                             f"at most {human_bytes(cap)} {per} ({where}: "
-                             f"largest device {human_bytes(caps[0])})")
-    shape = TaskShape.of(request)
-    return SpecError("request", shape.describe(), f"a request {where} can hold when nothing else runs")
+                             f"at most {human_bytes(cap)} {per} (the largest device{where} holds "
+                             f"{human_bytes(caps[0])})")
+    where = "the devices allowed by --device" if restricted else "this node"
+    return SpecError("request", TaskShape.of(request).describe(), f"a request {where} can hold when nothing runs")

@@ -26,36 +26,71 @@ def _say(text: str) -> None:
     print(f"gpuslice: {text}", file=sys.stderr, flush=True)
 
 
+# Option names of `run` for the fields of a request: errors name what the user typed.
+RUN_OPTIONS = {"count": "gpus", "memory": "memory", "compute": "compute", "priority": "priority", "mode": "mode",
+               "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device"}
+
+
+def cli_spec_error(exc: "SpecError") -> "SpecError":
+    """The same error with the field named as the ``run`` option (``count`` -> ``gpus``)."""
+    from gpuslice.spec import SpecError
+
+    name = RUN_OPTIONS.get(exc.field, exc.field)
+    return exc if name == exc.field else SpecError(name, exc.value, exc.allowed)
+
+
+def _usage_error(exc: "SpecError") -> typer.BadParameter:
+    """A bad option value (whatever the node): click's usage error, exit code 2, naming the option."""
+    exc = cli_spec_error(exc)
+    return typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}", param_hint=f"'--{exc.field}'")
+
+
 @verb("run")
 def run(
     cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice, after --."),
-    gpus: int = typer.Option(1, "--gpus", help="How many devices (more than 1 means whole devices)."),
+    gpus: int = typer.Option(1, "--gpus", help="How many devices. With --memory: a slice of that size on each of "
+                             "GPUS distinct devices, which others may share; without --memory (or with "
+                             "--exclusive): GPUS whole idle devices."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Memory limit per device: 4GiB, 4096Mi, 50%. "
                                          "Default: the whole device."),
     compute: str = typer.Option("0", "--compute", help="Compute share of each device in percent (0 = not paced)."),
     priority: str = typer.Option("low", "--priority", help="high or low."),
     mode: str = typer.Option("hard", "--mode", help="Compute sharing mode: hard, soft or off."),
+    exclusive: bool = typer.Option(False, "--exclusive", help="Whole idle devices, shared with nobody."),
     device: Optional[str] = typer.Option(None, "--device", help="Restrict to these devices: index or UUID, "
                                          "comma separated."),
-    wait: bool = typer.Option(False, "--wait", help="Queue until the request fits instead of failing."),
-    policy: str = typer.Option("binpack", "--policy", help="Placement policy: binpack, spread, bestfit, fgd."),
+    wait: bool = typer.Option(False, "--wait", help="Queue until the request fits instead of failing "
+                              "(a request that cannot fit even on an empty node is refused at once)."),
+    policy: str = typer.Option("binpack", "--policy", help="Placement policy: binpack, spread, bestfit, fgd, "
+                               "random, or node=<policy>,gpu=<policy>."),
 ) -> None:
-    """Run CMD in a slice: grant, enforcer preloaded, output streamed, grant released at the end."""
+    """Run CMD in a slice: grant, enforcer preloaded, output streamed, grant released at the end.
+
+    Exit codes: the command's own; 2 for a bad option value; 1 when this node cannot grant the request
+    (e.g. more devices or memory than it has; it names the option) or gpuslice itself fails."""
     from gpuslice.node.service import open_service
     from gpuslice.node import launcher, procs
     from gpuslice.node.enforcer import find_enforcer
+    from gpuslice.node.ledger import parse_policy
     from gpuslice.node.records import Ask
-    from gpuslice.spec import Request
+    from gpuslice.spec import Request, SpecError
 
-    request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
-                                    "priority": priority, "mode": mode})
-    enforcer = str(find_enforcer())
-    service, devices = open_service(StateDir.default())
-    ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
-              holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
-              devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
-              policy=policy)
-    code = launcher.run_command(service, ask, cmd, wait=wait, enforcer=enforcer, say=_say)
+    try:  # values wrong whatever the node: usage errors
+        request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
+                                        "priority": priority, "mode": mode, "exclusive": exclusive})
+        parse_policy(policy)
+    except SpecError as exc:
+        raise _usage_error(exc) from None
+    try:  # this node cannot do it: runtime errors (exit 1), named as the options
+        enforcer = str(find_enforcer())
+        service, devices = open_service(StateDir.default())
+        ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
+                  holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
+                  devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
+                  policy=policy)
+        code = launcher.run_command(service, ask, cmd, wait=wait, enforcer=enforcer, say=_say)
+    except SpecError as exc:
+        raise cli_spec_error(exc) from None
     raise typer.Exit(code)
 
 

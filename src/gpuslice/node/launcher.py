@@ -334,11 +334,18 @@ def _release_quietly(service: GrantService, grant_id: str, say: Callable[[str], 
 
 
 def describe_grant(grant: GrantRecord) -> str:
+    """One line per grant: each slice's device, memory limit and compute share (``unpaced`` for 0: no share
+    reserved, the slice's kernels are not paced); devices held whole say so."""
     from gpuslice.spec import human_bytes
 
-    parts = [f"{s.device_uuid} memory {human_bytes(s.memory_limit)} compute {s.compute or '-'}%"
-             for s in grant.slices]
-    return f"grant {grant.grant_id}: " + "; ".join(parts)
+    def one(s) -> str:
+        if grant.exclusive and not s.compute:
+            return f"{s.device_uuid} whole device: memory {human_bytes(s.memory_limit)}, all of its compute"
+        compute = f"compute {s.compute}% ({s.mode.value})" if s.compute else "compute unpaced"
+        held = " whole device:" if grant.exclusive else ""
+        return f"{s.device_uuid}{held} memory {human_bytes(s.memory_limit)} {compute}"
+
+    return f"grant {grant.grant_id}: " + "; ".join(one(s) for s in grant.slices)
 
 
 def command_text(cmd: Sequence[str]) -> str:

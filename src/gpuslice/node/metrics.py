@@ -49,7 +49,7 @@ class ViewCollector(Collector):
             "cset": _g("gpuslice_slice_compute_share_percent", "Compute share granted (percent of the device).",
                        SLICE_LABELS),
             "cach": _g("gpuslice_slice_compute_achieved_percent",
-                       "Compute the slice used over the last sample interval (percent of the device).", SLICE_LABELS),
+                       "Compute the slice used over about the last 2 s (the pacer's last 1-s window when paced; percent of the device).", SLICE_LABELS),
             "procs": _g("gpuslice_slice_processes", "Live processes of the slice (its region and its launched process group).", SLICE_LABELS),
             "thr": CounterMetricFamily("gpuslice_slice_throttled_seconds", "Time the pacer held kernel launches back.",
                                        labels=SLICE_LABELS),

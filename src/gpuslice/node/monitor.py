@@ -3,13 +3,16 @@
 ``Monitor.sample()`` reads the ledger's grants, every grant's region (memory) and the per-device compute
 state the pacer keeps in ``<state>/devices/<uuid>.dev`` (:mod:`gpuslice.node.compute`). Compute
 *achieved* is the pacer's own measurement over its last 1-s window when it has one; otherwise the
-slice's busy time over wall time between two samples (none on a slice's first sample). ``ps``, ``top``,
+slice's busy time over wall time across the samples of the last ``RATE_WINDOW_S`` seconds (at least
+two samples; none on a slice's first sample) — a window, not the last interval, so that fast sampling
+(the dashboard's 0.2 s) does not turn the step-wise busy counters into a jumpy line. ``ps``, ``top``,
 the metrics and the dashboard all render a :class:`NodeView`.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -22,6 +25,7 @@ from gpuslice.node.region_usage import GrantUsage, read_grant_usage
 from gpuslice.spec import Device, Priority
 
 UsageReader = Callable[[GrantRecord], GrantUsage]
+RATE_WINDOW_S = 2.0  # busy-time rates average over about this long
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class DeviceView:
     compute_granted: int
     compute_achieved: float | None
     slices: int
+    held_whole: bool = False  # given whole to one grant: all of its memory and compute are held
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ class Monitor:
         self.node = node
         self.read_usage = read_usage
         self.device_state_dir = device_state_dir
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # (grant, device) -> (t, busy_ns)
+        self._last: dict[tuple[str, str], deque[tuple[float, int]]] = {}  # (grant, device) -> [(t, busy_ns)]
 
     def sample(self, grants: Sequence[GrantRecord], waiters: Sequence[Waiter] = (),
                now: float | None = None) -> NodeView:
@@ -116,7 +121,15 @@ class Monitor:
                     command=grant.command, exclusive=grant.exclusive))
         self._last = {k: v for k, v in self._last.items() if k in seen}
         return NodeView(time=now, node=self.node, devices=tuple(self._devices(slices)), slices=tuple(slices),
-                        waiters=tuple(w.to_json() for w in waiters), errors=tuple(errors))
+                        waiters=tuple(self._waiters(waiters, now)), errors=tuple(errors))
+
+    def _waiters(self, waiters: Sequence[Waiter], now: float) -> list[dict[str, Any]]:
+        """The queue in order (priority, then arrival) with each request's place and age."""
+        index = {d.uuid: d.index for d in self.devices}
+        index.update({m.uuid: d.index for d in self.devices for m in d.mig_instances})
+        return [{**w.to_json(), "position": i, "age_seconds": max(0.0, now - w.enqueued),
+                 "device_indexes": [index.get(u, -1) for u in w.devices]}
+                for i, w in enumerate(waiters, 1)]
 
     def _compute(self, errors: list[str]) -> dict[tuple[str, str], compute_state.SliceCompute]:
         """The pacer's per-slice compute state, keyed (grant, device UUID); empty without state files."""
@@ -136,22 +149,31 @@ class Monitor:
         return found
 
     def _rate(self, key: tuple[str, str], now: float, busy_ns: int) -> float | None:
-        last = self._last.get(key)
-        self._last[key] = (now, busy_ns)
-        if last is None or now <= last[0] or busy_ns < last[1]:
+        """Busy time over wall time since the newest sample at least RATE_WINDOW_S old (or the oldest)."""
+        ring = self._last.setdefault(key, deque())
+        if ring and now <= ring[-1][0]:
             return None
-        return min(100.0, (busy_ns - last[1]) / ((now - last[0]) * 1e9) * 100.0)
+        if ring and busy_ns < ring[-1][1]:  # the counter went back (a new region): start again
+            ring.clear()
+        ring.append((now, busy_ns))
+        while len(ring) > 2 and now - ring[1][0] >= RATE_WINDOW_S:
+            ring.popleft()
+        if len(ring) < 2:
+            return None
+        t0, busy0 = ring[0]
+        return min(100.0, (busy_ns - busy0) / ((now - t0) * 1e9) * 100.0)
 
     def _devices(self, slices: list[SliceView]) -> list[DeviceView]:
         out = []
         for d in self.devices:
             mine = [s for s in slices if s.device_index == d.index]
             rates = [s.compute_achieved for s in mine if s.compute_achieved is not None]
+            whole = any(s.exclusive for s in mine)
             out.append(DeviceView(
                 uuid=d.uuid, index=d.index, name=d.name, memory_total=d.memory_total,
                 memory_granted=sum(s.memory_limit for s in mine), memory_used=sum(s.memory_used for s in mine),
-                compute_granted=sum(s.compute_set for s in mine),
-                compute_achieved=min(100.0, sum(rates)) if rates else None, slices=len(mine)))
+                compute_granted=100 if whole else min(100, sum(s.compute_set for s in mine)),
+                compute_achieved=min(100.0, sum(rates)) if rates else None, slices=len(mine), held_whole=whole))
         return out
 
 

@@ -76,8 +76,9 @@ function render(history, status) {
   for (const s of status.slices) {
     const row = document.createElement("tr");
     const achieved = s.compute_achieved === null ? "-" : s.compute_achieved.toFixed(0) + "%";
+    const set = s.exclusive ? "whole device" : (s.compute_set ? s.compute_set + "%" : "unpaced");
     const cells = [s.grant_id, s.owner, `${s.device_index} ${s.device_uuid.slice(0, 12)}…`,
-      `${human(s.memory_used)} / ${human(s.memory_limit)}`, `${achieved} / ${s.compute_set}%`, s.priority,
+      `${human(s.memory_used)} / ${human(s.memory_limit)}`, `${achieved} / ${set}`, s.priority,
       s.pids.join(" ") || "-", age(s.age_seconds), s.command];
     cells.forEach((c, i) => {
       const td = document.createElement("td");
