@@ -42,8 +42,13 @@ def test_socket_api_grant_patch_release(agent):
         assert patched.json()["child_pid"] == os.getpid()
         listed = http.get("/v1/grants").json()
         assert [g["grant_id"] for g in listed["grants"]] == [grant["grant_id"]]
-        nofit = http.post("/v1/grants", json=ask_body(memory="500GiB"))
+        on_same = {**ask_body(memory="79GiB"), "devices": [grant["slices"][0]["device_uuid"]]}
+        nofit = http.post("/v1/grants", json=on_same)
         assert nofit.status_code == 409 and nofit.json()["error"] == "nofit"
+        never = http.post("/v1/grants", json=ask_body(memory="500GiB", wait=True))  # refused, not queued
+        assert never.status_code == 400 and never.json()["field"] == "memory", never.text
+        assert never.json()["value"] == "500GiB" and "79.6 GiB" in never.json()["allowed"]
+        assert http.get("/v1/grants").json()["waiters"] == []
         bad = http.post("/v1/grants", json=ask_body(memory="lots"))
         assert bad.status_code == 400 and bad.json()["field"] == "memory"
         assert http.delete(f"/v1/grants/{grant['grant_id']}").json() == {"released": True}
@@ -70,6 +75,9 @@ def test_run_goes_through_the_agent(agent, state_env, enforcer_lib):
     assert seen is not None and seen["memory_limit"] == 3 * GiB
     with uds(agent) as http:
         assert http.get("/v1/grants").json()["grants"] == []
+    too_many = gpuslice("run", "--gpus", "9", "--", "true", env=env)  # named as the option, through the agent too
+    out, err = too_many.communicate(timeout=30)
+    assert too_many.returncode == 1 and "gpus: 9 is not allowed; expected at most 8" in err, err
 
 
 def test_metrics_from_region_data(agent):

@@ -184,7 +184,8 @@ def _guard(handler):
         except UnknownGrant as exc:
             return _error(404, "unknown_grant", str(exc), grant_id=exc.grant_id)
         except SpecError as exc:
-            return _error(400, "spec", str(exc), field=exc.field, value=repr(exc.value), allowed=exc.allowed)
+            value = exc.value if isinstance(exc.value, (str, int, float, bool, type(None))) else repr(exc.value)
+            return _error(400, "spec", str(exc), field=exc.field, value=value, allowed=exc.allowed)
         except Forbidden as exc:
             return _error(403, "forbidden", str(exc))
         except GpusliceError as exc:
