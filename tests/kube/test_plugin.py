@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 grpc = pytest.importorskip("grpc")  # pinned in pyproject; absent only on bare GPU images (pytest -m gpu there)
-pytest.importorskip("grpc_tools")
 from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 

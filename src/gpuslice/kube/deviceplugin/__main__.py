@@ -1,6 +1,8 @@
-"""``python -m gpuslice.kube.deviceplugin``: compile api.proto now (image builds, CI)."""
+"""``python -m gpuslice.kube.deviceplugin``: generate the gRPC modules from api.proto into this package's
+folder (a source checkout whose api.proto changed; installs do it at build time). Needs grpcio-tools."""
 
-from gpuslice.kube.deviceplugin import load
+from gpuslice.kube.deviceplugin import HERE
+from gpuslice.kube.deviceplugin.protogen import generate
 
-pb2, grpc_mod = load()
-print(f"device-plugin API ready: {pb2.__file__}")
+for path in generate(HERE):
+    print(f"wrote {path}")
