@@ -32,7 +32,11 @@ def state_env(tmp_path, monkeypatch) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def enforcer_lib() -> Path:
-    """The real libgpuslice.so, built with `make -C native` if needed (a failed build fails the test)."""
+    """The real libgpuslice.so: ``$GPUSLICE_ENFORCER_LIB`` when it names a file (a prebuilt library), else
+    native/build's, built with `make -C native` if needed (a failed build fails the test)."""
+    given = os.environ.get("GPUSLICE_ENFORCER_LIB")
+    if given and Path(given).is_file():
+        return Path(given)
     lib = REPO / "native" / "build" / "libgpuslice.so"
     if not lib.exists():
         subprocess.run(["make", "-C", str(REPO / "native"), "build/libgpuslice.so"], check=True,
