@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "gpuslice/config.h"
@@ -38,6 +39,23 @@ static void defaults(struct gs_config *c)
     c->oom_policy = GS_OOM_RETURN;
     c->log_level = GS_LOG_WARN;
     c->context_overhead = GS_UNLIMITED;
+    c->process_limit = GS_UNLIMITED;
+}
+
+/* Append a remark to c->warning ("; " between remarks). */
+static void add_warning(struct gs_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_warning(struct gs_config *c, const char *fmt, ...)
+{
+    size_t n = strlen(c->warning);
+    if (n && n + 2 < sizeof c->warning) {
+        memcpy(c->warning + n, "; ", 3);
+        n += 2;
+    }
+    if (n >= sizeof c->warning - 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->warning + n, sizeof c->warning - n, fmt, ap);
+    va_end(ap);
 }
 
 int gs_parse_bytes(const char *s, uint64_t *out)
@@ -257,15 +275,28 @@ fail:
     return -1;
 }
 
-uint64_t gs_config_limit_for_uuid(const struct gs_config *cfg, const char *uuid, int *found)
+static const char *uuid_hex(const char *u)
+{
+    return !strncasecmp(u, "GPU-", 4) || !strncasecmp(u, "MIG-", 4) ? u + 4 : u;
+}
+
+int gs_uuid_same(const char *a, const char *b)
+{
+    return a && b && !strcasecmp(uuid_hex(a), uuid_hex(b));
+}
+
+int gs_config_device_index(const struct gs_config *cfg, const char *uuid)
 {
     for (int i = 0; i < cfg->device_count; i++)
-        if (!strcmp(cfg->devices[i], uuid)) {
-            if (found) *found = 1;
-            return cfg->device_limit[i];
-        }
-    if (found) *found = 0;
-    return 0;
+        if (gs_uuid_same(cfg->devices[i], uuid)) return i;
+    return -1;
+}
+
+uint64_t gs_config_limit_for_uuid(const struct gs_config *cfg, const char *uuid, int *found)
+{
+    int i = gs_config_device_index(cfg, uuid);
+    if (found) *found = i >= 0;
+    return i >= 0 ? cfg->device_limit[i] : 0;
 }
 
 static int read_file(const char *path, char *buf, size_t cap, size_t *len, char *err, size_t errlen)
@@ -298,11 +329,11 @@ static int read_file(const char *path, char *buf, size_t cap, size_t *len, char 
 }
 
 /* HAMi's env names, used only when no slice file is given (drop-in compatibility). */
-static int load_hami_env(struct gs_config *c, char *err, size_t errlen)
+static int load_hami_env(gs_env_fn get, void *arg, struct gs_config *c, char *err, size_t errlen)
 {
     int any = 0;
     const char *v;
-    if ((v = getenv("CUDA_DEVICE_MEMORY_LIMIT")) && *v) {
+    if ((v = get("CUDA_DEVICE_MEMORY_LIMIT", arg)) && *v) {
         if (gs_parse_bytes(v, &c->memory_limit)) {
             set_err(err, errlen, "CUDA_DEVICE_MEMORY_LIMIT='%.40s' is not a byte size (e.g. 3000m, 4g)", v);
             return -1;
@@ -313,7 +344,7 @@ static int load_hami_env(struct gs_config *c, char *err, size_t errlen)
     for (int i = 0; i < GS_MAX_DEVICES; i++) {
         char name[48];
         snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
-        if ((v = getenv(name)) && *v) {
+        if ((v = get(name, arg)) && *v) {
             if (gs_parse_bytes(v, &c->device_limit[i])) {
                 set_err(err, errlen, "%s='%.40s' is not a byte size (e.g. 3000m, 4g)", name, v);
                 return -1;
@@ -321,7 +352,7 @@ static int load_hami_env(struct gs_config *c, char *err, size_t errlen)
             any = 1;
         }
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
-        if ((v = getenv(name)) && *v) {
+        if ((v = get(name, arg)) && *v) {
             if (parse_int(v, 0, 100, &c->compute_per_ordinal[i])) {
                 set_err(err, errlen, "%s='%.40s' is not a whole percent 0..100", name, v);
                 return -1;
@@ -329,7 +360,7 @@ static int load_hami_env(struct gs_config *c, char *err, size_t errlen)
             any = 1;
         }
     }
-    if ((v = getenv("CUDA_DEVICE_SM_LIMIT")) && *v) {
+    if ((v = get("CUDA_DEVICE_SM_LIMIT", arg)) && *v) {
         if (parse_int(v, 0, 100, &c->compute)) {
             set_err(err, errlen, "CUDA_DEVICE_SM_LIMIT='%.40s' is not a whole percent 0..100", v);
             return -1;
@@ -338,16 +369,21 @@ static int load_hami_env(struct gs_config *c, char *err, size_t errlen)
     }
     if (!any) return 0;
     c->source = GS_SRC_HAMI_ENV;
-    if ((v = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE")) && *v) {
+    if ((v = get("CUDA_DEVICE_MEMORY_SHARED_CACHE", arg)) && *v) {
         if (v[0] != '/' || strlen(v) >= GS_PATH_LEN) {
             set_err(err, errlen, "CUDA_DEVICE_MEMORY_SHARED_CACHE='%.80s' is not an absolute path", v);
             return -1;
         }
         snprintf(c->region, sizeof c->region, "%s", v);
     }
-    if ((v = getenv("ACTIVE_OOM_KILLER")) && (!strcmp(v, "1") || !strcmp(v, "true")))
-        c->oom_policy = GS_OOM_KILL;
-    if ((v = getenv("GPU_CORE_UTILIZATION_POLICY")) && *v) {
+    /* HAMi's own values. Anything else is most likely a typo of "true": say so once, and keep the
+     * safe default (refusals return CUDA_ERROR_OUT_OF_MEMORY) rather than refusing all GPU work. */
+    if ((v = get("ACTIVE_OOM_KILLER", arg)) && *v) {
+        if (!strcmp(v, "1") || !strcasecmp(v, "true")) c->oom_policy = GS_OOM_KILL;
+        else if (strcmp(v, "0") && strcasecmp(v, "false"))
+            add_warning(c, "ACTIVE_OOM_KILLER='%.40s' is not understood (allowed: 1, true, 0, false); keeping oom_policy=return", v);
+    }
+    if ((v = get("GPU_CORE_UTILIZATION_POLICY", arg)) && *v) {
         int m = parse_mode(v);
         if (m < 0) {
             set_err(err, errlen, "GPU_CORE_UTILIZATION_POLICY='%.40s' is not allowed; expected force, default or disable", v);
@@ -358,12 +394,59 @@ static int load_hami_env(struct gs_config *c, char *err, size_t errlen)
     return 0;
 }
 
-int gs_config_load(struct gs_config *out, char *err, size_t errlen)
+/* Env may only tighten what the slice grants: GPUSLICE_MEMORY_LIMIT lowers the limit of this
+ * process alone (process_limit, never the slice's), GPUSLICE_COMPUTE lowers the share,
+ * GPUSLICE_FAIL_OPEN may turn fail_open off but never on (a broken environment must not become an
+ * unlimited one: only the slice file can say fail_open=1). */
+static int apply_gpuslice_env(gs_env_fn get, void *arg, struct gs_config *c, char *err, size_t errlen)
+{
+    const char *v;
+    if ((v = get("GPUSLICE_MEMORY_LIMIT", arg)) && *v) {
+        uint64_t lim;
+        if (gs_parse_bytes(v, &lim)) {
+            set_err(err, errlen, "GPUSLICE_MEMORY_LIMIT='%.40s' is not a byte size (e.g. 4g, 4Gi, 4096Mi)", v);
+            return -1;
+        }
+        if (c->source == GS_SRC_NONE) c->source = GS_SRC_HAMI_ENV; /* a bare env limit, by ordinal */
+        if (lim < c->process_limit) c->process_limit = lim;
+    }
+    if ((v = get("GPUSLICE_COMPUTE", arg)) && *v) {
+        int pct;
+        if (parse_int(v, 0, 100, &pct)) {
+            set_err(err, errlen, "GPUSLICE_COMPUTE='%.40s' is not a whole percent 0..100", v);
+            return -1;
+        }
+        /* compute 0 means unpaced (the whole device), so any share 1..99 lowers it. */
+        int cur = (c->compute == 0) ? 100 : c->compute;
+        if (pct > 0 && pct < cur) c->compute = pct;
+    }
+    if ((v = get("GPUSLICE_FAIL_OPEN", arg)) && *v) {
+        if (!strcmp(v, "0")) {
+            c->fail_open = 0;
+        } else if (!strcmp(v, "1")) {
+            if (!c->fail_open)
+                add_warning(c, "GPUSLICE_FAIL_OPEN=1 ignored: env may only tighten; only the slice file can set fail_open=1");
+        } else {
+            set_err(err, errlen, "GPUSLICE_FAIL_OPEN='%.40s' is not allowed; expected 0 (env can only turn fail_open off)", v);
+            return -1;
+        }
+    }
+    if ((v = get("GPUSLICE_LOG_LEVEL", arg)) && *v) {
+        int l = parse_log_level(v);
+        if (l < 0) {
+            set_err(err, errlen, "GPUSLICE_LOG_LEVEL='%.40s' is not allowed; expected error, warn, info or debug", v);
+            return -1;
+        }
+        c->log_level = l;
+    }
+    return 0;
+}
+
+int gs_config_load_with(gs_env_fn get, void *arg, struct gs_config *out, char *err, size_t errlen)
 {
     struct gs_config c;
     defaults(&c);
-    const char *path = getenv("GPUSLICE_SLICE");
-    const char *v;
+    const char *path = get("GPUSLICE_SLICE", arg);
     if (path && *path) {
         static char buf[65536];
         size_t len;
@@ -373,41 +456,23 @@ int gs_config_load(struct gs_config *out, char *err, size_t errlen)
             set_err(err, errlen, "%s: %s", path, perr);
             return -1;
         }
-    } else if (load_hami_env(&c, err, errlen)) {
+    } else if (load_hami_env(get, arg, &c, err, errlen)) {
         return -1;
     }
-    /* GPUSLICE_* env may only lower what the slice grants. */
-    if ((v = getenv("GPUSLICE_MEMORY_LIMIT")) && *v) {
-        uint64_t lim;
-        if (gs_parse_bytes(v, &lim)) {
-            set_err(err, errlen, "GPUSLICE_MEMORY_LIMIT='%.40s' is not a byte size (e.g. 4g, 4Gi, 4096Mi)", v);
-            return -1;
-        }
-        if (c.source == GS_SRC_NONE) c.source = GS_SRC_HAMI_ENV; /* a bare env limit, by ordinal */
-        if (lim < c.memory_limit) c.memory_limit = lim;
-        for (int i = 0; i < GS_MAX_DEVICES; i++)
-            if (lim < c.device_limit[i]) c.device_limit[i] = lim;
-    }
-    if ((v = getenv("GPUSLICE_COMPUTE")) && *v) {
-        int pct;
-        if (parse_int(v, 0, 100, &pct)) {
-            set_err(err, errlen, "GPUSLICE_COMPUTE='%.40s' is not a whole percent 0..100", v);
-            return -1;
-        }
-        /* compute 0 means unpaced (the whole device), so any share 1..99 lowers it. */
-        int cur = (c.compute == 0) ? 100 : c.compute;
-        if (pct > 0 && pct < cur) c.compute = pct;
-    }
-    if ((v = getenv("GPUSLICE_LOG_LEVEL")) && *v) {
-        int l = parse_log_level(v);
-        if (l < 0) {
-            set_err(err, errlen, "GPUSLICE_LOG_LEVEL='%.40s' is not allowed; expected error, warn, info or debug", v);
-            return -1;
-        }
-        c.log_level = l;
-    }
+    if (apply_gpuslice_env(get, arg, &c, err, errlen)) return -1;
     *out = c;
     return 0;
+}
+
+static const char *real_getenv(const char *name, void *arg)
+{
+    (void)arg;
+    return getenv(name);
+}
+
+int gs_config_load(struct gs_config *out, char *err, size_t errlen)
+{
+    return gs_config_load_with(real_getenv, NULL, out, err, errlen);
 }
 
 static size_t cat(char *buf, size_t len, size_t pos, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -444,6 +509,9 @@ void gs_config_dump(const struct gs_config *c, char *buf, size_t len)
             c->compute, modes[c->mode], c->weight, c->priority, c->region, c->device_state_dir);
     p = cat(buf, len, p, "oom_policy=%s\nlog_level=%s\nfail_open=%d\n", c->oom_policy ? "kill" : "return",
             levels[c->log_level], c->fail_open);
+    if (c->process_limit == GS_UNLIMITED) p = cat(buf, len, p, "process_limit=unlimited\n");
+    else p = cat(buf, len, p, "process_limit=%llu\n", (unsigned long long)c->process_limit);
+    if (c->warning[0]) p = cat(buf, len, p, "warning=%s\n", c->warning);
     if (c->context_overhead == GS_UNLIMITED) cat(buf, len, p, "context_overhead=default\n");
     else cat(buf, len, p, "context_overhead=%llu\n", (unsigned long long)c->context_overhead);
 }

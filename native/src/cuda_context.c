@@ -58,6 +58,7 @@ static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
     CUresult r = real(dev);
     if (r == CUDA_SUCCESS && g_primary_refs[dev] > 0 && --g_primary_refs[dev] == 0) {
         gs_track_drop_ctx(g_primary_ctx[dev]);
+        gs_pool_forget_device(dev); /* the device's pools and their cache went with the context */
         g_primary_ctx[dev] = NULL;
         gs_mem_ctx_remove(dev);
     }
@@ -87,7 +88,10 @@ static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
     CUresult r = real(dev);
     /* Reset destroys the primary context's allocations but keeps the retain count: the context comes
      * back (and is counted again) on next use only if someone still holds a reference. */
-    if (r == CUDA_SUCCESS && ctx) gs_track_drop_ctx(ctx);
+    if (r == CUDA_SUCCESS && ctx) {
+        gs_track_drop_ctx(ctx);
+        gs_pool_forget_device(dev);
+    }
     pthread_mutex_unlock(&g_primary_lock);
     return r;
 }
@@ -125,6 +129,14 @@ GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice 
     CTX_CREATE(real(pctx, flags, dev));
 }
 
+/* The legacy unversioned name (same parameters as _v2), reachable through dlsym. */
+GS_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    __typeof__(&cuCtxCreate) real = GS_REAL(cuCtxCreate);
+    GS_PROLOGUE(real(pctx, flags, dev));
+    CTX_CREATE(real(pctx, flags, dev));
+}
+
 GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int nparams, unsigned int flags, CUdevice dev)
 {
     __typeof__(&cuCtxCreate_v3) real = GS_REAL(cuCtxCreate_v3);
@@ -139,10 +151,8 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int fl
     CTX_CREATE(real(pctx, params, flags, dev));
 }
 
-GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx)
 {
-    __typeof__(&cuCtxDestroy_v2) real = GS_REAL(cuCtxDestroy_v2);
-    GS_PROLOGUE(real(ctx));
     int ord;
     uint64_t zero;
     int had = gs_track_take(GS_K_CTX, (uintptr_t)ctx, &ord, &zero);
@@ -157,15 +167,31 @@ GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     return r;
 }
 
+GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    __typeof__(&cuCtxDestroy_v2) real = GS_REAL(cuCtxDestroy_v2);
+    GS_PROLOGUE(real(ctx));
+    return ctx_destroy(real, ctx);
+}
+
+GS_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    __typeof__(&cuCtxDestroy) real = GS_REAL(cuCtxDestroy);
+    GS_PROLOGUE(real(ctx));
+    return ctx_destroy(real, ctx);
+}
+
 const struct gs_hook gs_hooks_context[] = {
     {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain},
     {"cuDevicePrimaryCtxRelease_v2", (void *)cuDevicePrimaryCtxRelease_v2},
     {"cuDevicePrimaryCtxRelease", (void *)cuDevicePrimaryCtxRelease},
     {"cuDevicePrimaryCtxReset_v2", (void *)cuDevicePrimaryCtxReset_v2},
     {"cuDevicePrimaryCtxReset", (void *)cuDevicePrimaryCtxReset},
+    {"cuCtxCreate", (void *)cuCtxCreate},
     {"cuCtxCreate_v2", (void *)cuCtxCreate_v2},
     {"cuCtxCreate_v3", (void *)cuCtxCreate_v3},
     {"cuCtxCreate_v4", (void *)cuCtxCreate_v4},
+    {"cuCtxDestroy", (void *)cuCtxDestroy},
     {"cuCtxDestroy_v2", (void *)cuCtxDestroy_v2},
     {0, 0},
 };

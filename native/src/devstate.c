@@ -21,6 +21,9 @@ _Static_assert(sizeof(pthread_mutex_t) <= 128, "mutex fits");
 _Static_assert(offsetof(struct gs_ds_slice, credit_ns) == 144, "slice layout");
 _Static_assert(offsetof(struct gs_ds_slice, achieved_bp) == 216, "slice layout");
 _Static_assert(offsetof(struct gs_ds_proc, busy_total_ns) == 40, "proc layout");
+_Static_assert(offsetof(struct gs_ds_proc, heartbeat_ns) == 64, "proc layout");
+_Static_assert(offsetof(struct gs_ds_proc, pidns) == 72, "proc layout");
+_Static_assert(offsetof(struct gs_ds_proc, joined_ns) == 80, "proc layout");
 
 static int64_t mono_ns(void)
 {
@@ -106,8 +109,10 @@ int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, 
         if (ftruncate(fd, GS_DS_FILE_SIZE) != 0) goto fail_errno;
         fresh = 1;
     } else if (st.st_size != GS_DS_FILE_SIZE) {
-        snprintf(err, errlen, "device state: %s has size %lld, expected %d (other version?)", path,
-                 (long long)st.st_size, GS_DS_FILE_SIZE);
+        snprintf(err, errlen,
+                 "device state: %s has size %lld, expected %d (version %u): a gpuslice of another version "
+                 "uses it; processes of different versions cannot coordinate; remove the file once none runs",
+                 path, (long long)st.st_size, GS_DS_FILE_SIZE, GS_DS_VERSION);
         goto fail;
     }
     void *m = mmap(NULL, GS_DS_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -151,6 +156,35 @@ void gs_devstate_close(struct gs_devstate *ds)
 
 static int alive_kill(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
+uint64_t gs_devstate_pidns(void)
+{
+    /* cached per pid: a child forked after unshare(CLONE_NEWPID) lives in another namespace */
+    static pid_t cached_pid;
+    static uint64_t cached;
+    pid_t me = getpid();
+    if (__atomic_load_n(&cached_pid, __ATOMIC_ACQUIRE) == me) return __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    char buf[64];
+    ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+    uint64_t ino = 0;
+    if (n > 0) {
+        buf[n] = 0;
+        const char *p = strchr(buf, '[');  /* "pid:[4026531836]" */
+        if (p)
+            for (p++; *p >= '0' && *p <= '9'; p++) ino = ino * 10 + (uint64_t)(*p - '0');
+    }
+    __atomic_store_n(&cached, ino, __ATOMIC_RELAXED);
+    __atomic_store_n(&cached_pid, me, __ATOMIC_RELEASE);
+    return ino;
+}
+
+/* Same PID namespace: the pid is ours to ask about. Another (or unknown) namespace: only the
+ * heartbeat can tell; kill() there would ask about an unrelated process or nobody. */
+static int record_alive(const struct gs_ds_proc *p, uint64_t my_ns, int64_t now, int (*is_alive)(int32_t))
+{
+    if (my_ns && p->pidns == my_ns) return is_alive(p->pid);
+    return p->heartbeat_ns > 0 && now - p->heartbeat_ns < GS_DS_STALE_NS;
+}
+
 int gs_devstate_lock(struct gs_devstate *ds)
 {
     int rc = pthread_mutex_lock(mtx(ds));
@@ -172,10 +206,12 @@ int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid)
     if (!is_alive) is_alive = alive_kill;
     int freed = 0;
     int refs[GS_DS_MAX_SLICES] = {0};
+    uint64_t my_ns = gs_devstate_pidns();
+    int64_t now = mono_ns();
     for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
         struct gs_ds_proc *p = &ds->procs[i];
         if (!(p->flags & GS_DS_PROC_IN_USE)) continue;
-        if (!is_alive(p->pid)) {
+        if (!record_alive(p, my_ns, now, is_alive)) {
             memset(p, 0, sizeof *p);
             freed++;
             continue;
@@ -241,6 +277,9 @@ int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t 
     q->id = id;
     q->slice = s;
     q->last_seen_ns = mono_ns();
+    q->heartbeat_ns = q->last_seen_ns;
+    q->joined_ns = q->last_seen_ns;
+    q->pidns = gs_devstate_pidns();
     q->flags = GS_DS_PROC_IN_USE | (paced ? 0u : GS_DS_PROC_LIGHT);
     *slice_idx = s;
     *proc_idx = p;

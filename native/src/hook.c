@@ -76,8 +76,9 @@ void *gs_real_nvml(const char *name)
 }
 
 /* ------------------------------------------------------------------ the table */
-static const struct gs_hook *const gs_hook_tables[] = {gs_hooks_memory, gs_hooks_context, gs_hooks_launch,
-                                                       gs_hooks_nvml, gs_hooks_procaddr};
+static const struct gs_hook *const gs_hook_tables[] = {gs_hooks_memory, gs_hooks_array,  gs_hooks_vmm,
+                                                       gs_hooks_pool,   gs_hooks_legacy, gs_hooks_context,
+                                                       gs_hooks_launch, gs_hooks_nvml,   gs_hooks_procaddr};
 #define NTABLES (sizeof gs_hook_tables / sizeof gs_hook_tables[0])
 
 void *gs_hook_for(const char *name)

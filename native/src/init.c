@@ -44,12 +44,14 @@ static void do_init(void)
 {
     char err[600];
     if (gs_config_load(&gs_cfg, err, sizeof err)) {
-        const char *fo = getenv("GPUSLICE_FAIL_OPEN");
-        gs_cfg.fail_open = fo && !strcmp(fo, "1");
+        /* Nothing of a configuration we cannot read is trusted, fail_open included: refuse. Only a
+         * slice file that parses can say fail_open=1 (env may only tighten, never open). */
+        gs_cfg.fail_open = 0;
         own_failure(err);
         return;
     }
     gs_log_set_level(gs_cfg.log_level);
+    if (gs_cfg.warning[0]) GS_WARN("%s", gs_cfg.warning);
     if (gs_cfg.source == GS_SRC_NONE) {
         g_state = GS_STATE_PASSTHROUGH; /* not in a slice */
         return;

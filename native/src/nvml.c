@@ -1,10 +1,12 @@
 /* NVML hooks: memory info and process lists of a device in the slice show the slice (its limit, its
  * accounted usage, its processes), so nvidia-smi and NVML-based tools inside the slice agree with
- * cuMemGetInfo. Devices outside the slice are reported as the driver says. */
+ * cuMemGetInfo. Devices outside the slice are reported as the driver says. Devices are matched by
+ * UUID hex part (NVML names a MIG instance MIG-..., the slice may too; CUDA only gives the bytes). */
 #define _GNU_SOURCE
 #include <string.h>
 
 #include "gpuslice/hooks_common.h"
+#include "gpuslice/nvml_view.h"
 
 #define GS_NVML_REAL(name) __extension__({                                     \
     static __typeof__(&name) gs_r_;                                            \
@@ -63,9 +65,62 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
     return r;
 }
 
-/* Process lists: keep the slice's processes (as the region knows them) with their accounted usage. */
+/* ---- process lists: the slice's processes, each with the bytes the slice accounts for it. Which
+ * processes those are, and why the region sometimes has to name them itself: nvml_view.h. */
 #define MAX_LIST 512
-#define PROC_LIST(name, T)                                                                        \
+#define NVML_NA 0xFFFFFFFFu
+enum { LIST_COMPUTE, LIST_MPS, LIST_GRAPHICS };
+
+/* Whether MPS serves the device (its clients are then listed as MPS processes, and the compute list
+ * holds the MPS server, which is not the slice's). */
+static int mps_active(nvmlDevice_t device)
+{
+    static nvmlReturn_t (*f)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+    if (!f) f = (nvmlReturn_t(*)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *))gs_real_nvml("nvmlDeviceGetMPSComputeRunningProcesses_v3");
+    unsigned n = 0;
+    if (!f) return 0;
+    nvmlReturn_t r = f(device, &n, NULL);
+    return (r == NVML_SUCCESS || r == NVML_ERROR_INSUFFICIENT_SIZE) && n > 0;
+}
+
+/* The picks for NVML's list all[n] of `kind`; returns how many. */
+#define VIEW(kind, device, uuid, all, n, picks)                                                   \
+    __extension__({                                                                               \
+        static __thread uint32_t pids_[MAX_LIST];                                                 \
+        struct gs_slice_proc slice_[GS_REGION_MAX_PROCS];                                         \
+        int m_ = gs_mem_slice_procs(uuid, slice_, GS_REGION_MAX_PROCS);                           \
+        for (unsigned i_ = 0; i_ < (n); i_++) pids_[i_] = (all)[i_].pid;                          \
+        int sub_ = (kind) == LIST_MPS || ((kind) == LIST_COMPUTE && !mps_active(device));         \
+        gs_nvml_view(pids_, (n), slice_, m_, sub_, (picks), MAX_LIST);                            \
+    })
+
+/* Copy the picks into the caller's array in NVML's count protocol. */
+#define EMIT(T, all, picks, k, infos, count)                                                      \
+    __extension__({                                                                               \
+        unsigned cap_ = *(count), kk_ = (k) < MAX_LIST ? (k) : MAX_LIST;                          \
+        for (unsigned i_ = 0; i_ < kk_ && (infos) && i_ < cap_; i_++) {                           \
+            T e_;                                                                                 \
+            memset(&e_, 0, sizeof e_);                                                            \
+            if ((picks)[i_].src >= 0) e_ = (all)[(picks)[i_].src];                                \
+            else gs_nvml_na_ids(&e_, sizeof e_);                                                  \
+            e_.pid = (picks)[i_].pid;                                                             \
+            e_.usedGpuMemory = (picks)[i_].bytes;                                                 \
+            (infos)[i_] = e_;                                                                     \
+        }                                                                                         \
+        *(count) = kk_;                                                                           \
+        kk_ > cap_ || (kk_ && !(infos)) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;            \
+    })
+
+/* A process NVML could not name: no GPU/compute instance ids to report (as NVML for a full GPU). */
+static void gs_nvml_na_ids(void *e, size_t size)
+{
+    if (size >= sizeof(nvmlProcessInfo_t)) {
+        ((nvmlProcessInfo_t *)e)->gpuInstanceId = NVML_NA;
+        ((nvmlProcessInfo_t *)e)->computeInstanceId = NVML_NA;
+    }
+}
+
+#define PROC_LIST(name, T, kind)                                                                  \
     GS_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *count, T *infos)               \
     {                                                                                             \
         __typeof__(&name) real = GS_NVML_REAL(name);                                              \
@@ -74,25 +129,23 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
         uint64_t lim, used;                                                                       \
         if (!count || !slice_view(device, uuid, &lim, &used)) return real(device, count, infos);  \
         static __thread T all[MAX_LIST];                                                          \
+        static __thread struct gs_nvml_pick picks[MAX_LIST];                                      \
         unsigned n = MAX_LIST;                                                                    \
         nvmlReturn_t r = real(device, &n, all);                                                   \
         if (r != NVML_SUCCESS) return r;                                                          \
-        unsigned kept = 0;                                                                        \
-        for (unsigned i = 0; i < n && i < MAX_LIST; i++) {                                        \
-            uint64_t b;                                                                           \
-            if (!gs_mem_proc_usage(uuid, all[i].pid, &b)) continue;                               \
-            all[i].usedGpuMemory = b;                                                             \
-            if (infos && kept < *count) infos[kept] = all[i];                                     \
-            kept++;                                                                               \
-        }                                                                                         \
-        unsigned cap = *count;                                                                    \
-        *count = kept;                                                                            \
-        return kept > cap || (kept && !infos) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;      \
+        if (n > MAX_LIST) n = MAX_LIST;                                                           \
+        unsigned k = VIEW(kind, device, uuid, all, n, picks);                                     \
+        return EMIT(T, all, picks, k, infos, count);                                              \
     }
-PROC_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
-PROC_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
-PROC_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
-PROC_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+PROC_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, LIST_COMPUTE)
+PROC_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t, LIST_COMPUTE)
+PROC_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, LIST_COMPUTE)
+PROC_LIST(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, LIST_MPS)
+PROC_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t, LIST_MPS)
+PROC_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, LIST_MPS)
+PROC_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, LIST_GRAPHICS)
+PROC_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t, LIST_GRAPHICS)
+PROC_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, LIST_GRAPHICS)
 
 GS_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *list)
 {
@@ -102,21 +155,27 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device
     uint64_t lim, used;
     if (!list || !slice_view(device, uuid, &lim, &used)) return real(device, list);
     static __thread nvmlProcessDetail_v1_t all[MAX_LIST];
+    static __thread struct gs_nvml_pick picks[MAX_LIST];
     nvmlProcessDetailList_t mine = *list;
     mine.procArray = all;
     mine.numProcArrayEntries = MAX_LIST;
     nvmlReturn_t r = real(device, &mine);
     if (r != NVML_SUCCESS) return r;
-    unsigned kept = 0, cap = list->numProcArrayEntries;
-    for (unsigned i = 0; i < mine.numProcArrayEntries && i < MAX_LIST; i++) {
-        uint64_t b;
-        if (!gs_mem_proc_usage(uuid, all[i].pid, &b)) continue;
-        all[i].usedGpuMemory = b;
-        if (list->procArray && kept < cap) list->procArray[kept] = all[i];
-        kept++;
+    unsigned n = mine.numProcArrayEntries < MAX_LIST ? mine.numProcArrayEntries : MAX_LIST;
+    int kind = list->mode == 1 ? LIST_GRAPHICS : list->mode == 2 ? LIST_MPS : LIST_COMPUTE;
+    unsigned k = VIEW(kind, device, uuid, all, n, picks);
+    unsigned cap = list->numProcArrayEntries, kk = k < MAX_LIST ? k : MAX_LIST;
+    for (unsigned i = 0; i < kk && list->procArray && i < cap; i++) {
+        nvmlProcessDetail_v1_t e;
+        memset(&e, 0, sizeof e);
+        if (picks[i].src >= 0) e = all[picks[i].src];
+        else e.gpuInstanceId = e.computeInstanceId = NVML_NA;
+        e.pid = picks[i].pid;
+        e.usedGpuMemory = picks[i].bytes;
+        list->procArray[i] = e;
     }
-    list->numProcArrayEntries = kept;
-    return kept > cap || (kept && !list->procArray) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    list->numProcArrayEntries = kk;
+    return kk > cap || (kk && !list->procArray) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
 }
 
 const struct gs_hook gs_hooks_nvml[] = {
@@ -126,6 +185,11 @@ const struct gs_hook gs_hooks_nvml[] = {
     {"nvmlDeviceGetComputeRunningProcesses", (void *)nvmlDeviceGetComputeRunningProcesses},
     {"nvmlDeviceGetComputeRunningProcesses_v2", (void *)nvmlDeviceGetComputeRunningProcesses_v2},
     {"nvmlDeviceGetComputeRunningProcesses_v3", (void *)nvmlDeviceGetComputeRunningProcesses_v3},
+    {"nvmlDeviceGetMPSComputeRunningProcesses", (void *)nvmlDeviceGetMPSComputeRunningProcesses},
+    {"nvmlDeviceGetMPSComputeRunningProcesses_v2", (void *)nvmlDeviceGetMPSComputeRunningProcesses_v2},
+    {"nvmlDeviceGetMPSComputeRunningProcesses_v3", (void *)nvmlDeviceGetMPSComputeRunningProcesses_v3},
+    {"nvmlDeviceGetGraphicsRunningProcesses", (void *)nvmlDeviceGetGraphicsRunningProcesses},
+    {"nvmlDeviceGetGraphicsRunningProcesses_v2", (void *)nvmlDeviceGetGraphicsRunningProcesses_v2},
     {"nvmlDeviceGetGraphicsRunningProcesses_v3", (void *)nvmlDeviceGetGraphicsRunningProcesses_v3},
     {0, 0},
 };

@@ -95,6 +95,11 @@ static void sleep_ns(int64_t ns)
 }
 
 /* ---- the engine's GPU operations, on CUDA events ---- */
+/* The stream a launch names is handed through as is. A _ptsz launch on stream 0 means the calling
+ * thread's per-thread default stream: launch.c passes CU_STREAM_PER_THREAD for it (pacer.h), so the
+ * events and the capture check below name that stream too, not the legacy one (an event on the
+ * legacy stream would wait for every blocking stream, and a capture on the per-thread stream would
+ * go unseen and be invalidated by our record on the legacy stream). */
 static int op_record_start(void *c, int i, void *stream)
 {
     struct gs_pdev *d = c;
@@ -152,19 +157,21 @@ static void *poller_main(void *arg)
 {
     (void)arg;
     while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {
-        int busy = 0;
+        int64_t next = GS_CTL_IDLE_POLL_NS;
         for (int i = 0; i < GS_MAX_DEVICES; i++) {
             struct gs_pdev *d = &g.dev[i];
             if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) continue;
-            if (d->eng.light && d->eng.outstanding == 0) continue;
-            /* events belong to the application's context; make it current in this thread */
-            cu.ctx_set(d->ctx);
-            gs_engine_poll(&d->eng, mono_ns());
-            busy |= d->eng.outstanding > 0;
+            /* events belong to the application's context; make it current in this thread (a light
+             * engine with nothing outstanding only refreshes its heartbeat: no CUDA call) */
+            if (!d->eng.light || d->eng.outstanding > 0) cu.ctx_set(d->ctx);
+            int64_t now = mono_ns();
+            gs_engine_poll(&d->eng, now);
+            /* fast while work is queued or was just launched beside neighbours (their hand-overs
+             * and priority read our busy flag, which only a poll clears), slow otherwise */
+            int64_t w = gs_engine_poll_delay(&d->eng, now);
+            if (w < next) next = w;
         }
-        /* fast while something is queued (hand-overs and priority need a fresh busy flag), slow
-         * otherwise (the shared rate and the windows still advance) */
-        sleep_ns(busy ? GS_CTL_POLL_NS : 20 * GS_CTL_POLL_NS);
+        sleep_ns(next);
     }
     return NULL;
 }

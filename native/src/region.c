@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpuslice/config.h"
 #include "gpuslice/log.h"
 #include "gpuslice/region.h"
 
@@ -232,12 +233,22 @@ void gs_region_unlock(struct gs_region *r)
 }
 
 int gs_region_device_index(struct gs_region *r, const char *uuid, uint64_t limit, uint64_t ctx_overhead,
-                           uint32_t compute)
+                           uint32_t compute, uint64_t *lowered_from)
 {
     uint32_t n = r->device_count;
     if (n > GS_REGION_MAX_DEVICES) n = GS_REGION_MAX_DEVICES;
-    for (uint32_t i = 0; i < n; i++)
-        if (!strncmp(r->devices[i].uuid, uuid, sizeof r->devices[i].uuid)) return (int)i;
+    for (uint32_t i = 0; i < n; i++) {
+        struct gs_region_device *d = &r->devices[i];
+        if (!gs_uuid_same(d->uuid, uuid)) continue;
+        /* A slice file may shrink the slice (lower), never grow an existing region (see region.h). */
+        if (limit < d->limit) {
+            if (lowered_from) *lowered_from = d->limit;
+            gs_region_write_begin(r);
+            d->limit = limit;
+            gs_region_write_end(r);
+        }
+        return (int)i;
+    }
     if (n == GS_REGION_MAX_DEVICES) return -1;
     gs_region_write_begin(r);
     struct gs_region_device *d = &r->devices[n];

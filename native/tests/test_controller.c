@@ -4,7 +4,8 @@
  * several contexts have work it time-slices between them round-robin (TIMESLICE, like the hardware
  * scheduler without MPS). Each simulated process has a CPU side that launches kernels through the
  * real engine (pacer_core.c + controller.c + devstate.c on a real file), sleeping when told, plus a
- * poller every ms as pacer.c runs. Shares are judged on the plant's own ground truth (time each
+ * poller that sleeps between polls as pacer.c's does (gs_engine_poll_delay: 250 us while work is
+ * queued, 5 ms when idle). Shares are judged on the plant's own ground truth (time each
  * context actually ran), never on the engine's estimate, in 1-s windows after a warm-up. */
 #define _GNU_SOURCE
 #include <math.h>
@@ -95,7 +96,9 @@ struct sproc {
     int wl;                     /* workload kind */
     int64_t kmin, kmax;         /* kernel duration range */
     int kper;                   /* kernels per iteration/request */
+    int nbig; int64_t kbig;     /* W_ITER: the first nbig kernels of an iteration last kbig (phases) */
     int64_t think, on, off, period, launch_cpu;
+    int64_t delay;              /* first launch this long after the start */
     /* plant state */
     struct item q[QMAX + 64]; int qh, qn;
     struct simev ev[2 * GS_ENG_RING];
@@ -105,7 +108,8 @@ struct sproc {
     /* cpu */
     int state; int64_t next_t, slept, iter_k, req_t, next_req;
     int64_t lat[4096]; int nlat;
-    int64_t last_poll;
+    int64_t next_poll;
+    int64_t last_ran, gap_max;  /* longest time without GPU time after the warm-up */
     struct gs_engine eng;
     unsigned rng;
     int started;
@@ -118,6 +122,7 @@ static const int64_t T0 = 1000000000LL; /* simulated start (the engine treats 0 
 static int cur = -1;
 static int64_t slice_left;
 static int MARKERS_WAIT = 1; /* see gpu_step */
+static int64_t GAP_FROM;    /* gaps are measured from here (the warm-up's end) */
 static int64_t CTX_SWITCH = 0, switch_left; /* GPU time lost per context switch: 0 = ideal plant; test_switch_cost sets 100 us */
 static int last_ctx = -1;
 static long n_switches, n_preempt; /* 100 us per context switch (see gpu_step) */
@@ -196,16 +201,20 @@ static void gpu_step(void)
     slice_left -= DT;
     p->busy_true += DT;
     p->win_busy += DT;
+    if (p->last_ran && NOW >= GAP_FROM && NOW - p->last_ran > p->gap_max) p->gap_max = NOW - p->last_ran;
+    p->last_ran = NOW;
     if (it->rem <= 0) { p->qh = (p->qh + 1) % (QMAX + 64); p->qn--; pop_markers(p, NOW + DT); /* the kernel ended at the end of this step */ }
 }
 
 static unsigned rnd(unsigned *s) { *s = *s * 1103515245u + 12345u; return (*s >> 8) & 0xffffff; }
-static int64_t kdur(struct sproc *p) { return p->kmin + (p->kmax > p->kmin ? (int64_t)(rnd(&p->rng) % (unsigned)(p->kmax - p->kmin)) : 0); }
+static int64_t kdur(struct sproc *p) { if (p->iter_k < p->nbig) return p->kbig; return p->kmin + (p->kmax > p->kmin ? (int64_t)(rnd(&p->rng) % (unsigned)(p->kmax - p->kmin)) : 0); }
 
 enum { S_LAUNCH, S_SYNC, S_THINK, S_IDLE };
 static void cpu_step(struct sproc *p)
 {
-    if (NOW - p->last_poll >= GS_CTL_POLL_NS) { gs_engine_poll(&p->eng, NOW); p->last_poll = NOW; }
+    /* the poller thread of pacer.c: poll, then sleep as long as the engine says (250 us while work
+     * is queued or just launched beside neighbours, 5 ms otherwise); a launch does not wake it */
+    if (NOW >= p->next_poll) { gs_engine_poll(&p->eng, NOW); p->next_poll = NOW + gs_engine_poll_delay(&p->eng, NOW); }
     if (p->wl == W_REQ && p->state == S_IDLE && NOW >= p->next_req) {
         p->state = S_LAUNCH; p->req_t = p->next_req; p->next_req += p->period; p->iter_k = 0;
     }
@@ -275,9 +284,11 @@ static void sim_run(double secs, double warm)
         if (gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, &SIM_OPS, p, NOW) != 0) {
             printf("FAIL engine init\n"); exit(1);
         }
-        p->last_poll = NOW; p->next_req = NOW + 1000000 + i * 333000; p->state = p->wl == W_REQ ? S_IDLE : S_LAUNCH;
+        p->next_poll = NOW; p->next_req = NOW + 1000000 + i * 333000 + p->delay; p->state = p->wl == W_REQ ? S_IDLE : S_LAUNCH;
+        p->next_t = NOW + p->delay;
     }
     int64_t end = NOW + (int64_t)(secs * 1e9), w0 = NOW + (int64_t)(warm * 1e9), wstart = w0;
+    GAP_FROM = w0;
     for (; NOW < end; NOW += DT) {
         for (int i = 0; i < NP; i++) cpu_step(&P[i]);
         gpu_step();

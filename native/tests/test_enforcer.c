@@ -9,73 +9,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
-CUresult cuCtxDestroy_v2(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
-CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
-CUresult cuMemPoolCreate(CUmemoryPool *, const void *);
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-CUresult cuMemRelease(CUmemGenericAllocationHandle);
-CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
-CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
-CUresult cuArrayDestroy(CUarray);
-CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
-CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
-CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
-CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
-CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
-CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
-CUresult cuGraphLaunch(CUgraphExec, CUstream);
-CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
-nvmlReturn_t nvmlInit_v2(void);
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
-nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
-nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
-nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t, nvmlProcessDetailList_t *);
-unsigned long long gsdouble_used(int dev);
-extern unsigned long gsdouble_launches;
-
-#define CTX (64 * MiB) /* context_overhead every scenario configures */
-
-static void up(int dev)
-{
-    CUcontext c;
-    CHECK_EQ(cuInit(0), CUDA_SUCCESS);
-    CHECK_EQ(cuDevicePrimaryCtxRetain(&c, dev), CUDA_SUCCESS);
-    CHECK_EQ(cuCtxSetCurrent(c), CUDA_SUCCESS);
-}
-
-/* Allocate chunk-sized blocks with fn until refused; returns bytes granted, frees nothing. */
-static unsigned long long fill(CUresult (*fn)(CUdeviceptr *, size_t), size_t chunk, CUdeviceptr *keep, int *n)
-{
-    unsigned long long got = 0;
-    CUdeviceptr p;
-    CUresult r;
-    *n = 0;
-    while ((r = fn(&p, chunk)) == CUDA_SUCCESS) {
-        got += chunk;
-        if (keep) keep[*n] = p;
-        (*n)++;
-    }
-    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
-    return got;
-}
+#include "enforcer_api.h"
 
 /* ------------------------------------------------------------------ scenarios */
 static void s_not_in_slice_passes_through(void)
@@ -175,7 +109,8 @@ static void s_every_path(void)
 {
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 256 * MiB, CTX);
     up(0);
-    CHECK_EQ(cuMemPoolCreate(&g_pool, NULL), CUDA_SUCCESS);
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CHECK_EQ(cuMemPoolCreate(&g_pool, &pp), CUDA_SUCCESS);
     struct { const char *name; CUresult (*alloc)(CUdeviceptr *, size_t); CUresult (*free)(CUdeviceptr); } paths[] = {
         {"cuMemAlloc_v2", cuMemAlloc_v2, free_plain},
         {"cuMemAllocManaged", alloc_managed, free_plain},
@@ -313,8 +248,32 @@ static void s_device_outside_slice(void)
     CHECK_EQ(gsdouble_used(1), 0);
 }
 
-struct race { int threads; unsigned long long got[16]; };
+/* The races run every kind of allocation at once: linear, VMM, the default async pool and an explicit
+ * pool (pool chunks of 2 MiB, so 10 MiB blocks fill pools exactly). */
+static CUmemoryPool g_race_pool;
+static CUresult race_alloc(int path, CUdeviceptr *p, size_t b)
+{
+    switch (path % 4) {
+    case 0: return cuMemAlloc_v2(p, b);
+    case 1: return alloc_vmm(p, b);
+    case 2: return cuMemAllocAsync(p, b, NULL);
+    default: return cuMemAllocFromPoolAsync(p, b, g_race_pool, NULL);
+    }
+}
+static CUresult race_free(int path, CUdeviceptr p)
+{
+    return path % 4 == 0 ? cuMemFree_v2(p) : path % 4 == 1 ? cuMemRelease(p) : cuMemFreeAsync(p, NULL);
+}
+static void race_setup(void)
+{
+    setenv("GSDOUBLE_POOL_CHUNK", "2097152", 1);
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CHECK_EQ(cuMemPoolCreate(&g_race_pool, &pp), CUDA_SUCCESS);
+}
+
+struct race { int threads; unsigned long long got[16], churned[16]; };
 static struct race g_race;
+static pthread_barrier_t g_race_barrier;
 static void *race_thread(void *arg)
 {
     int i = (int)(intptr_t)arg;
@@ -324,8 +283,9 @@ static void *race_thread(void *arg)
     CUdeviceptr p;
     /* Alloc/free churn, then fill: the limit must hold at every instant, not only at the end. */
     for (int k = 0; k < 200; k++)
-        if (cuMemAlloc_v2(&p, 3 * MiB) == CUDA_SUCCESS) cuMemFree_v2(p);
-    while (cuMemAlloc_v2(&p, 10 * MiB) == CUDA_SUCCESS) g_race.got[i] += 10 * MiB;
+        if (race_alloc(i, &p, 4 * MiB) == CUDA_SUCCESS && race_free(i, p) == CUDA_SUCCESS) g_race.churned[i]++;
+    pthread_barrier_wait(&g_race_barrier);
+    while (race_alloc(i, &p, 10 * MiB) == CUDA_SUCCESS) g_race.got[i] += 10 * MiB;
     return NULL;
 }
 
@@ -333,21 +293,30 @@ static void s_threads_race(void)
 {
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 1005 * MiB, CTX);
     up(0);
+    race_setup();
     pthread_t th[8];
+    pthread_barrier_init(&g_race_barrier, NULL, 8);
     for (int i = 0; i < 8; i++) pthread_create(&th[i], NULL, race_thread, (void *)(intptr_t)i);
     for (int i = 0; i < 8; i++) pthread_join(th[i], NULL);
-    unsigned long long sum = 0;
-    for (int i = 0; i < 8; i++) sum += g_race.got[i];
+    pthread_barrier_destroy(&g_race_barrier);
+    unsigned long long sum = 0, by_path[4] = {0};
+    for (int i = 0; i < 8; i++) {
+        sum += g_race.got[i];
+        by_path[i % 4] += g_race.churned[i];
+    }
     CHECK_EQ(sum, 1000 * MiB); /* 100 chunks fit in 1005 MiB, the 101st never */
     CHECK_EQ(gsdouble_used(0), 1000 * MiB);
     CHECK_EQ(t_used(0), CTX + 1000 * MiB);
+    for (int k = 0; k < 4; k++) CHECK(by_path[k] > 100, "path %d: only %llu alloc/free pairs in the churn", k, by_path[k]);
 }
 
-/* Several processes of one slice, each filling: together exactly the limit, never more. */
+/* Several processes of one slice, each filling with another allocation path: together exactly the
+ * limit, never more. */
 static void s_processes_share_limit(void)
 {
     enum { N = 4 };
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", N * CTX + 1000 * MiB + 5 * MiB, CTX);
+    setenv("GSDOUBLE_POOL_CHUNK", "2097152", 1);
     int fds[N][2], go[2];
     pid_t pids[N];
     if (pipe(go)) exit(2);
@@ -357,10 +326,11 @@ static void s_processes_share_limit(void)
         if ((pids[i] = fork()) == 0) {
             char ch;
             up(0);
+            race_setup();
             if (read(go[0], &ch, 1) != 1) _exit(3);
             unsigned long long got = 0;
             CUdeviceptr p;
-            while (cuMemAlloc_v2(&p, 10 * MiB) == CUDA_SUCCESS) got += 10 * MiB;
+            while (race_alloc(i, &p, 10 * MiB) == CUDA_SUCCESS) got += 10 * MiB;
             if (write(fds[i][1], &got, sizeof got) != sizeof got) _exit(3);
             pause(); /* hold the memory until the parent has looked */
             _exit(0);
@@ -380,7 +350,6 @@ static void s_processes_share_limit(void)
     for (int i = 0; i < N; i++) kill(pids[i], SIGKILL);
     for (int i = 0; i < N; i++) waitpid(pids[i], NULL, 0);
     /* all four died holding memory: the next process of the slice gets it all back */
-    unsetenv("GSDOUBLE_X");
     up(0);
     CUdeviceptr p;
     CHECK_EQ(cuMemAlloc_v2(&p, N * CTX + 1000 * MiB - CTX), CUDA_SUCCESS);
@@ -472,13 +441,43 @@ static void s_bad_config_refuses(void)
     CHECK_EQ(cuMemAlloc_v2(&p, 1), CUDA_ERROR_NOT_INITIALIZED);
 }
 
-static void s_bad_config_fail_open(void)
+/* A slice file that cannot be read is not trusted for anything, fail_open included; and env may only
+ * tighten: GPUSLICE_FAIL_OPEN=1 cannot turn a broken configuration into an unlimited one. */
+static void s_bad_config_env_cannot_fail_open(void)
 {
-    t_slice("memory_limit=lots\n");
+    t_slice("memory_limit=lots\nfail_open=1\n");
     setenv("GPUSLICE_FAIL_OPEN", "1", 1);
+    CHECK_EQ(cuInit(0), CUDA_ERROR_NOT_INITIALIZED);
+    CUdeviceptr p;
+    CHECK_EQ(cuMemAlloc_v2(&p, 2ull << 30), CUDA_ERROR_NOT_INITIALIZED);
+}
+
+/* fail_open=1 in a slice file that parses: the enforcer's own failure (here: a region it cannot
+ * create) lets calls through unlimited. */
+static void s_slice_fail_open(void)
+{
+    char path[320];
+    snprintf(path, sizeof path, "%s/slice.conf", t_dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "version=1\nmemory_limit=1g\nregion=/nonexistent-dir/slice.region\nfail_open=1\n");
+    fclose(f);
+    setenv("GPUSLICE_SLICE", path, 1);
     up(0);
     CUdeviceptr p;
     CHECK_EQ(cuMemAlloc_v2(&p, 2ull << 30), CUDA_SUCCESS);
+}
+
+/* ... and env may turn it off again: GPUSLICE_FAIL_OPEN=0 tightens. */
+static void s_env_turns_fail_open_off(void)
+{
+    char path[320];
+    snprintf(path, sizeof path, "%s/slice.conf", t_dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "version=1\nmemory_limit=1g\nregion=/nonexistent-dir/slice.region\nfail_open=1\n");
+    fclose(f);
+    setenv("GPUSLICE_SLICE", path, 1);
+    setenv("GPUSLICE_FAIL_OPEN", "0", 1);
+    CHECK_EQ(cuInit(0), CUDA_ERROR_NOT_INITIALIZED);
 }
 
 static void s_missing_slice_file_refuses(void)
@@ -676,7 +675,9 @@ int main(void)
     SCENARIO(s_killed_holding_lock);
     SCENARIO(s_oom_kill_policy);
     SCENARIO(s_bad_config_refuses);
-    SCENARIO(s_bad_config_fail_open);
+    SCENARIO(s_bad_config_env_cannot_fail_open);
+    SCENARIO(s_slice_fail_open);
+    SCENARIO(s_env_turns_fail_open_off);
     SCENARIO(s_missing_slice_file_refuses);
     SCENARIO(s_slice_without_devices);
     SCENARIO(s_env_only_lowers);

@@ -1,11 +1,14 @@
 /* pacer.c end to end over the CPU driver double: config text -> gs_pacer_init -> launches through
  * gs_pacer_before/after_launch with real CUDA-event calls (the double's events time host intervals,
  * so a "kernel" here is the time between before and after). Checks the achieved duty cycle against
- * the share, the per-device state file the pacer publishes, and the unpaced 100 % path. */
+ * the share, the per-device state file the pacer publishes, the unpaced 100 % path and the cost of
+ * the measured path; and, through the launch hooks, which stream a _ptsz launch's events and
+ * capture check name. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include "gpuslice/config.h"
@@ -17,6 +20,14 @@
 CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
+CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
+CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+/* the double's record of what the pacer asked (tests/double/cuda_double.c) */
+extern void *gsdouble_last_event_stream, *gsdouble_capture_stream, *gsdouble_last_capture_query;
+extern unsigned long gsdouble_event_records, gsdouble_launches;
 
 static int failures, checks;
 #define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
@@ -110,10 +121,89 @@ static int scenario(const char *dir, int share)
     return 0;
 }
 
+/* Through the launch hooks (launch.c) in a child that runs under a paced slice: a _ptsz launch on
+ * stream 0 runs on the per-thread default stream, so its events and its capture check must name
+ * CU_STREAM_PER_THREAD (0x2), not 0 (the legacy stream). The double records both. */
+static void ptsz_child(const char *dir)
+{
+    char path[300], text[600];
+    snprintf(path, sizeof path, "%s/ptsz.slice", dir);
+    snprintf(text, sizeof text, "version=1\ngrant=ptsz\ncompute=30\nregion=%s/ptsz.region\ndevice_state_dir=%s\n", dir, dir);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        CHECK(0, "cannot write %s", path);
+        return;
+    }
+    setenv("GPUSLICE_SLICE", path, 1);
+    CUcontext c;
+    if (cuInit(0) || cuDevicePrimaryCtxRetain(&c, 0) || cuCtxSetCurrent(c)) {
+        CHECK(0, "double: no context");
+        return;
+    }
+    void *const PT = (void *)0x2, *const OTHER = (void *)0x5150;
+    struct { const char *what; int ptsz; void *stream, *expect; } cases[] = {
+        {"cuLaunchKernel_ptsz, stream 0", 1, NULL, PT},
+        {"cuLaunchKernel, stream 0", 0, NULL, NULL},
+        {"cuLaunchKernel_ptsz, a created stream", 1, OTHER, OTHER},
+    };
+    for (unsigned k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        unsigned long r0 = gsdouble_event_records, l0 = gsdouble_launches;
+        gsdouble_last_event_stream = gsdouble_last_capture_query = (void *)-2;
+        CUresult r = cases[k].ptsz ? cuLaunchKernel_ptsz(NULL, 1, 1, 1, 1, 1, 1, 0, (CUstream)cases[k].stream, NULL, NULL)
+                                   : cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, (CUstream)cases[k].stream, NULL, NULL);
+        CHECK(r == CUDA_SUCCESS && gsdouble_launches == l0 + 1, "%s: launched (%d)", cases[k].what, r);
+        CHECK(gsdouble_event_records == r0 + 2, "%s: a paced launch records an event pair (%lu)", cases[k].what,
+              gsdouble_event_records - r0);
+        CHECK(gsdouble_last_event_stream == cases[k].expect, "%s: events recorded on stream %p, expected %p",
+              cases[k].what, gsdouble_last_event_stream, cases[k].expect);
+        CHECK(gsdouble_last_capture_query == cases[k].expect, "%s: capture checked on stream %p, expected %p",
+              cases[k].what, gsdouble_last_capture_query, cases[k].expect);
+    }
+    /* the other _ptsz entry points name the same stream */
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    gsdouble_last_event_stream = (void *)-2;
+    CHECK(cuLaunchKernelEx_ptsz(&cfg, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_last_event_stream == PT,
+          "cuLaunchKernelEx_ptsz, stream 0: events on %p", gsdouble_last_event_stream);
+    gsdouble_last_event_stream = (void *)-2;
+    CHECK(cuLaunchCooperativeKernel_ptsz(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL) == CUDA_SUCCESS && gsdouble_last_event_stream == PT,
+          "cuLaunchCooperativeKernel_ptsz, stream 0: events on %p", gsdouble_last_event_stream);
+    gsdouble_last_event_stream = (void *)-2;
+    CHECK(cuGraphLaunch_ptsz(NULL, NULL) == CUDA_SUCCESS && gsdouble_last_event_stream == PT,
+          "cuGraphLaunch_ptsz, stream 0: events on %p", gsdouble_last_event_stream);
+    /* the per-thread stream is being captured into a graph: its launches are neither paced nor
+     * timed (an event record would join the graph); the legacy stream's still are */
+    gsdouble_capture_stream = PT;
+    unsigned long r0 = gsdouble_event_records, l0 = gsdouble_launches;
+    CHECK(cuLaunchKernel_ptsz(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_launches == l0 + 1,
+          "launch under capture passes");
+    CHECK(gsdouble_event_records == r0, "no event recorded into a capturing per-thread stream (%lu)", gsdouble_event_records - r0);
+    CHECK(cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0 + 2,
+          "the legacy stream, not capturing, is still timed (%lu)", gsdouble_event_records - r0);
+    gsdouble_capture_stream = (void *)-1;
+}
+
 int main(void)
 {
     char dir[128];
     snprintf(dir, sizeof dir, "/tmp/gs-test-pacer-%d", (int)getpid());
+    /* first, before this process touches a hooked call (the enforcer decides once per process) */
+    {
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+        if (system(cmd) != 0) fprintf(stderr, "note: mkdir %s failed\n", dir);
+        fflush(NULL);
+        pid_t kid = fork();
+        if (kid == 0) {
+            ptsz_child(dir);
+            fflush(NULL);
+            _exit(failures ? 1 : 0);
+        }
+        int st = 0;
+        waitpid(kid, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "_ptsz launches through the hooks (child status 0x%x)", st);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) printf("  _ptsz launches: events and capture check on the per-thread stream\n");
+    }
     CUcontext c;
     if (cuInit(0) || cuDevicePrimaryCtxRetain(&c, 0) || cuCtxSetCurrent(c)) {
         fprintf(stderr, "double: no context\n");
@@ -143,6 +233,30 @@ int main(void)
             gs_pacer_shutdown();
         } else {
             CHECK(0, "config for the cost check: %s", err);
+        }
+    }
+    /* the measured path's own cost per launch (before + after: lock, events, capture check, harvest),
+     * what a paced slice pays on the CPU; the double's events cost ~20 ns, a real cuEventRecord
+     * ~1-2 us more each. 99 % so the gate is never what is measured. */
+    {
+        char text[512], err[256];
+        struct gs_config cfg;
+        snprintf(text, sizeof text, "version=1\ncompute=99\ngrant=cost-paced\npriority=0\ndevice_state_dir=%s\n", dir);
+        if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) == 0 && gs_pacer_init(&cfg) == 0) {
+            gs_pacer_before_launch(0, NULL);
+            gs_pacer_after_launch(0, NULL, 0);
+            enum { N = 200000 };
+            double t0 = now_s();
+            for (int i = 0; i < N; i++) {
+                gs_pacer_before_launch(0, NULL);
+                gs_pacer_after_launch(0, NULL, 0);
+            }
+            double ns = (now_s() - t0) / N * 1e9;
+            printf("  measured path: %.0f ns per launch (this build, the double's events)\n", ns);
+            CHECK(ns < 20000, "measured launch path costs %.0f ns", ns);
+            gs_pacer_shutdown();
+        } else {
+            CHECK(0, "config for the measured cost check: %s", err);
         }
     }
     char cmd[200];

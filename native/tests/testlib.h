@@ -30,17 +30,17 @@ static int t_failures, t_checks;
 static char t_dir[256];
 static char t_region[300];
 
-static void t_fresh_dir(void)
+static inline void t_fresh_dir(void)
 {
     snprintf(t_dir, sizeof t_dir, "/tmp/gs-test-XXXXXX");
     if (!mkdtemp(t_dir)) { perror("mkdtemp"); exit(2); }
     snprintf(t_region, sizeof t_region, "%s/slice.region", t_dir);
 }
 
-static void t_uuid(int dev, char out[64]) { dbl_uuid_string(dev, out); }
+static inline void t_uuid(int dev, char out[64]) { dbl_uuid_string(dev, out); }
 
 /* Write a slice file covering the double's devices 0 and 1, with extra key=value lines. */
-static void t_slice(const char *fmt, ...)
+static inline void t_slice(const char *fmt, ...)
 {
     char path[320], extra[2048], u0[64], u1[64];
     va_list ap;
@@ -57,7 +57,7 @@ static void t_slice(const char *fmt, ...)
     setenv("GPUSLICE_SLICE", path, 1);
 }
 
-static struct gs_region *t_map_region(void)
+static inline struct gs_region *t_map_region(void)
 {
     int fd = open(t_region, O_RDWR);
     if (fd < 0) return NULL;
@@ -67,7 +67,7 @@ static struct gs_region *t_map_region(void)
 }
 
 /* Slice usage of device 0 as the region says (device record 0 is the first device touched). */
-static unsigned long long t_used(int rec)
+static inline unsigned long long t_used(int rec)
 {
     struct gs_region *r = t_map_region();
     if (!r) return ~0ull;
@@ -76,7 +76,7 @@ static unsigned long long t_used(int rec)
     return u;
 }
 
-static void t_cleanup_dir(void)
+static inline void t_cleanup_dir(void)
 {
     char p[400];
     snprintf(p, sizeof p, "%s/slice.conf", t_dir);
@@ -86,7 +86,7 @@ static void t_cleanup_dir(void)
 }
 
 /* Run fn in a child; returns its wait status. Failures in the child are reported by its exit code. */
-static int t_fork(void (*fn)(void))
+static inline int t_fork(void (*fn)(void))
 {
     fflush(NULL);
     pid_t p = fork();

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import subprocess
@@ -50,6 +51,9 @@ def test_reads_what_the_native_side_wrote(sample_writer: Path, tmp_path: Path) -
     assert a.busy_total_s == pytest.approx(0.123456789)
     assert a.throttled_total_s == pytest.approx(0.987654321)
     assert len(a.processes) == 1 and a.processes[0].busy and a.processes[0].busy_total_s == pytest.approx(0.123456789)
+    # v2: the writer's PID namespace and a heartbeat taken at join (CLOCK_MONOTONIC, like time.monotonic())
+    assert a.processes[0].pid_namespace == os.stat("/proc/self/ns/pid").st_ino
+    assert 0 <= a.processes[0].heartbeat_age() < 60
     # the writer process has exited; its records stay until a native process reaps them
     assert (b.set_share, b.achieved_share, b.mode, b.priority, b.paced) == (100.0, None, "soft", 0, False)
     assert len(b.processes) == 1 and not b.processes[0].measured
@@ -67,7 +71,7 @@ def test_set_share_live(sample_writer: Path, tmp_path: Path) -> None:
 
 def _blank(version: int = compute.VERSION, size: int = compute.FILE_SIZE, magic: int = compute.MAGIC) -> bytearray:
     buf = bytearray(compute.FILE_SIZE)
-    struct.pack_into("<QIIIIIIII", buf, 0, magic, version, size, 32, 128, 256, 256, 256 + 32 * 256, 64)
+    struct.pack_into("<QIIIIIIII", buf, 0, magic, version, size, 32, 128, 256, 256, 256 + 32 * 256, 128)
     buf[64:72] = b"GPU-test"
     return buf
 
@@ -80,16 +84,19 @@ def test_hand_packed_slice_fields() -> None:
     struct.pack_into("<ii", buf, off + 216, 5150, 1234)
     poff = compute.PROC_OFF + 100 * compute.PROC_SIZE
     struct.pack_into("<iIiI", buf, poff, 4242, 1 | 2, 3, 0)
+    struct.pack_into("<qQq", buf, poff + 64, 7_500_000_000, 4026532178, 1_000_000_000)  # heartbeat, pidns, joined
     (s,) = compute.parse_device_state(bytes(buf)).slices
     assert (s.grant, s.set_share, s.rate, s.achieved_share, s.throttled_share) == ("hello", 45.0, 52.0, 51.5, 12.34)
     assert (s.mode, s.weight, s.priority, s.paced) == ("soft", 7, 0, True)
-    assert [(p.pid, p.busy) for p in s.processes] == [(4242, True)]
+    assert [(p.pid, p.busy, p.pid_namespace, p.heartbeat_s) for p in s.processes] == [(4242, True, 4026532178, 7.5)]
+    assert s.processes[0].heartbeat_age(10.0) == pytest.approx(2.5)
 
 
 @pytest.mark.parametrize(
     ("buf", "err", "match"),
     [
-        (_blank(version=2), compute.UnknownDeviceStateVersion, "version 2"),
+        (_blank(version=3), compute.UnknownDeviceStateVersion, "version 3"),
+        (_blank(version=1, size=16640), compute.UnknownDeviceStateVersion, "version 1"),  # the 64-byte records
         (_blank(size=999), compute.UnknownDeviceStateVersion, "size 999"),
         (_blank(magic=0x1234), compute.DeviceStateError, "not a gpuslice device state"),
         (_blank()[:100], compute.DeviceStateError, "too short"),

@@ -35,6 +35,10 @@ struct gs_config {
     int log_level;                           /* enum gs_log_level */
     int fail_open;                           /* 1 = on our own failure, let calls through unlimited */
     uint64_t context_overhead;               /* bytes counted per CUDA context; GS_UNLIMITED = built-in default */
+    /* GPUSLICE_MEMORY_LIMIT: a lower limit for THIS process only (GS_UNLIMITED = none). Never written
+     * to the region: device_limit/memory_limit above stay the slice's, shared by all its processes. */
+    uint64_t process_limit;
+    char warning[256];                       /* non-fatal remarks for the log ("" = none), e.g. an env value ignored */
 };
 
 /* Parse slice-file text into *out (defaults first). Returns 0, or -1 with a one-line reason in err
@@ -44,6 +48,18 @@ int gs_config_parse_text(const char *text, size_t len, struct gs_config *out, ch
 /* Load the process's configuration: GPUSLICE_SLICE file, then GPUSLICE_* env (may only lower),
  * or HAMi env when no slice file. Returns 0 (out->source may be GS_SRC_NONE), or -1 with err set. */
 int gs_config_load(struct gs_config *out, char *err, size_t errlen);
+
+/* The same with the environment read through get(name, arg) instead of getenv (the fuzzer feeds the
+ * HAMi/GPUSLICE_* env parser this way). get returns NULL for an unset name. */
+typedef const char *(*gs_env_fn)(const char *name, void *arg);
+int gs_config_load_with(gs_env_fn get, void *arg, struct gs_config *out, char *err, size_t errlen);
+
+/* Whether two device UUIDs name the same device: compared by their hex part, ignoring case and a
+ * "GPU-" or "MIG-" prefix. CUDA hands out a MIG instance's UUID as 16 bytes that we can only print
+ * as GPU-..., while slice files and NVML name it MIG-...; both must match. */
+int gs_uuid_same(const char *a, const char *b);
+/* Index of uuid in cfg->devices (by gs_uuid_same), or -1. */
+int gs_config_device_index(const struct gs_config *cfg, const char *uuid);
 
 /* Parse a byte size: plain bytes, k/m/g/t (binary), Ki/Mi/Gi/Ti(B). -1 on bad input or overflow. */
 int gs_parse_bytes(const char *s, uint64_t *out);

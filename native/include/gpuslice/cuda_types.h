@@ -48,6 +48,26 @@ typedef struct {
     unsigned int Flags;
 } CUDA_ARRAY3D_DESCRIPTOR;
 
+/* Legacy (pre-CUDA 3.2) entry points that libcuda still exports under the unversioned names
+ * (cuMemAlloc, cuMemGetInfo, ...): 32-bit device pointers and sizes. */
+typedef unsigned int CUdeviceptr_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+#define CUDA_ARRAY3D_LAYERED 0x01
+#define CUDA_ARRAY3D_CUBEMAP 0x04
+
 typedef struct {
     int type; /* CUmemLocationType: 1 = device */
     int id;

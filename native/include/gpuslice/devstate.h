@@ -2,12 +2,13 @@
  * other, for the compute pacer and for `gpuslice ps` (Python reader: gpuslice.node.compute).
  *
  * One file per device: <device_state_dir>/<device-uuid>.dev, mmap'd MAP_SHARED by every paced
- * process on the node. Fixed little-endian layout (x86-64/aarch64 native), version 1:
+ * process on the node. Fixed little-endian layout (x86-64/aarch64 native), version 2:
  *
  *   offset 0     header, 256 bytes   (struct gs_ds_header)
  *   offset 256   GS_DS_MAX_SLICES slice records of 256 bytes (struct gs_ds_slice)
- *   offset 256+32*256 = 8448   GS_DS_MAX_PROCS process records of 64 bytes (struct gs_ds_proc)
- *   size 8448 + 128*64 = 16640 bytes
+ *   offset 256+32*256 = 8448   GS_DS_MAX_PROCS process records of 128 bytes (struct gs_ds_proc)
+ *   size 8448 + 128*128 = 24832 bytes
+ * (version 1 had 64-byte process records without heartbeat_ns / pidns / joined_ns.)
  *
  * Readers check magic, version, size and the record offsets/sizes in the header and refuse what they
  * do not know. A layout change bumps GS_DS_VERSION.
@@ -15,22 +16,35 @@
  * dies); updates happen under a process-shared robust pthread mutex in the header: a holder killed
  * mid-update leaves EOWNERDEAD, the next locker marks it consistent and reaps dead processes (their
  * records are freed; a slice record is freed when no live process refers to it). Counters are
- * monotonic sums, so a half-done update loses at most one increment. */
+ * monotonic sums, so a half-done update loses at most one increment.
+ *
+ * Liveness across PID namespaces: in Kubernetes the directory is shared by every pod on the node and
+ * each pod has its own PID namespace, so a pid in a record means nothing to a process of another
+ * pod (kill(pid, 0) there may hit nobody, or an unrelated process). Each process record carries the
+ * inode of its PID namespace (/proc/self/ns/pid) and a heartbeat (CLOCK_MONOTONIC, refreshed by the
+ * owner's poller at least every GS_DS_HEARTBEAT_NS). A reaper decides with kill(pid, 0) only for
+ * records of its own namespace; any other record is dead when its heartbeat is older than
+ * GS_DS_STALE_NS. An owner that finds its record gone (freed as stale) joins again. */
 #ifndef GPUSLICE_DEVSTATE_H
 #define GPUSLICE_DEVSTATE_H
 #include <stddef.h>
 #include <stdint.h>
 
 #define GS_DS_MAGIC 0x0054535645445347ULL /* "GSDEVST\0" little-endian */
-#define GS_DS_VERSION 1u
+#define GS_DS_VERSION 2u
 #define GS_DS_MAX_SLICES 32
 #define GS_DS_MAX_PROCS 128
 #define GS_DS_HEADER_SIZE 256
 #define GS_DS_SLICE_SIZE 256
-#define GS_DS_PROC_SIZE 64
+#define GS_DS_PROC_SIZE 128
 #define GS_DS_SLICE_OFF GS_DS_HEADER_SIZE
 #define GS_DS_PROC_OFF (GS_DS_SLICE_OFF + GS_DS_MAX_SLICES * GS_DS_SLICE_SIZE)
 #define GS_DS_FILE_SIZE (GS_DS_PROC_OFF + GS_DS_MAX_PROCS * GS_DS_PROC_SIZE)
+/* the owner refreshes heartbeat_ns at least this often; a record of another PID namespace whose
+ * heartbeat is older than STALE is freed (5 missed beats: a poller is never that late unless its
+ * process is stopped or gone; a stopped one joins again when it runs) */
+#define GS_DS_HEARTBEAT_NS 1000000000LL
+#define GS_DS_STALE_NS     5000000000LL
 
 struct gs_ds_header {           /* 256 bytes */
     uint64_t magic;             /*   0 */
@@ -77,7 +91,7 @@ struct gs_ds_slice {            /* 256 bytes */
 #define GS_DS_PROC_IN_USE 1u
 #define GS_DS_PROC_BUSY 2u      /* has GPU work outstanding (measured with events) */
 #define GS_DS_PROC_LIGHT 4u     /* unpaced: no events, busy = launched within PRIO_HOLD */
-struct gs_ds_proc {             /* 64 bytes */
+struct gs_ds_proc {             /* 128 bytes */
     int32_t pid;                /*  0 */
     uint32_t flags;             /*  4 */
     int32_t slice;              /*  8 index of its slice record */
@@ -88,6 +102,10 @@ struct gs_ds_proc {             /* 64 bytes */
     uint64_t busy_total_ns;     /* 40 this process's share of the slice's GPU time */
     int64_t expect_idle_ns;     /* 48 predicted end of its queued work, 0 = unknown */
     int64_t want_since_ns;      /* 56 waiting for its turn on the device since, 0 = not waiting */
+    int64_t heartbeat_ns;       /* 64 refreshed by the owner at least every GS_DS_HEARTBEAT_NS */
+    uint64_t pidns;             /* 72 inode of the owner's PID namespace (/proc/self/ns/pid), 0 unknown */
+    int64_t joined_ns;          /* 80 when the record was taken (with pid, id, pidns: the owner's identity) */
+    unsigned char pad[40];      /* 88 */
 };
 
 struct gs_devstate {
@@ -111,6 +129,9 @@ int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t 
                             int *slice_idx, int *proc_idx);
 void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx);
 /* Free records of processes that no longer exist (and slices left without processes). Returns how
- * many process records were freed. is_alive may be NULL (= kill(pid, 0)). */
+ * many process records were freed. A record of our own PID namespace is alive while is_alive(pid)
+ * (NULL = kill(pid, 0)); any other record while its heartbeat is younger than GS_DS_STALE_NS. */
 int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid));
+/* Inode of this process's PID namespace (readlink /proc/self/ns/pid), 0 when unknown. */
+uint64_t gs_devstate_pidns(void);
 #endif

@@ -34,8 +34,8 @@ struct gs_hook {
     const char *name;
     void *fn;
 };
-extern const struct gs_hook gs_hooks_memory[], gs_hooks_context[], gs_hooks_launch[], gs_hooks_nvml[],
-    gs_hooks_procaddr[];
+extern const struct gs_hook gs_hooks_memory[], gs_hooks_array[], gs_hooks_vmm[], gs_hooks_pool[], gs_hooks_legacy[],
+    gs_hooks_context[], gs_hooks_launch[], gs_hooks_nvml[], gs_hooks_procaddr[];
 
 /* Cache the real function `name` (same name as the hook) in a per-call-site static. Statement
  * expression + typeof: GNU C, accepted by gcc and clang in -std=c11 mode. */

@@ -14,6 +14,11 @@
         if (gs_st_ != GS_STATE_ACTIVE) return (passthrough_call);              \
     } while (0)
 
+/* An allocation with no current context fails in the driver; account it on no device. */
+#define ORD_OR_PASS(call)                  \
+    int ord = gs_current_ordinal();        \
+    if (ord < 0) return (call)
+
 /* Reserve `bytes` on `ord`, run `call`; on success record (kind, key) -> bytes, else give back. */
 #define GS_ACCOUNTED(what, ord, bytes, kind, keyexpr, call)                    \
     do {                                                                       \
@@ -40,4 +45,16 @@
         }                                                                      \
         return gs_fr_;                                                         \
     } while (0)
+
+/* Pitched allocation shared by cuMemAllocPitch_v2 and the legacy cuMemAllocPitch: reserve the
+ * estimate, `call(args, &ptr, &pitch)`, settle to pitch x height (`fr(args, ptr)` frees on refusal). */
+CUresult gs_pitched(int ord, uint64_t width, uint64_t height, CUresult (*call)(void *, uint64_t *, uint64_t *),
+                    void *args, CUresult (*fr)(void *, uint64_t));
+/* Memory queries: clamp the driver's answer for the current device / device dev to the slice. */
+void gs_clamp_mem_info(uint64_t *free_b, uint64_t *total_b);
+void gs_clamp_total_mem(int dev, uint64_t *bytes);
+/* Bytes of an array from its descriptor fields (element size x channels x extent; mip levels). */
+uint64_t gs_array_bytes(size_t w, size_t h, size_t d, int format, unsigned channels);
+uint64_t gs_mipmapped_bytes(size_t w, size_t h, size_t d, int format, unsigned channels, unsigned flags,
+                            unsigned levels);
 #endif

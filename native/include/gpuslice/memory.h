@@ -8,7 +8,11 @@
 
 enum gs_alloc_kind { GS_K_DPTR = 1, GS_K_HANDLE = 2, GS_K_ARRAY = 3, GS_K_MIPMAP = 4, GS_K_CTX = 5 };
 
-/* Region device index for a CUDA ordinal (cached), or -1 (then the allocation is outside the slice). */
+/* gs_mem_dev_index's answer when the region could not be locked: accounting is unavailable right
+ * now (not cached; the caller follows fail_open). */
+#define GS_DEV_UNAVAILABLE (-3)
+/* Region device index for a CUDA ordinal (cached), -1 when the device is outside the slice (then its
+ * allocations are refused), or GS_DEV_UNAVAILABLE. */
 int gs_mem_dev_index(int ordinal);
 /* Ordinal of the current context's device, or -1. */
 int gs_current_ordinal(void);
@@ -20,26 +24,56 @@ int gs_current_ordinal(void);
 /* Reserve bytes on ordinal. CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY past the limit (after
  * reclaiming dead processes once; counts the refusal; applies oom_policy=kill). */
 CUresult gs_mem_reserve(int ordinal, uint64_t bytes, const char *what);
+/* The same, but a refusal is only an answer: not counted, not logged, no oom_policy=kill; for callers
+ * that can make room and retry (a pool trimmed of its cache). */
+CUresult gs_mem_try_reserve(int ordinal, uint64_t bytes, const char *what);
+/* Count, log and apply oom_policy to a refusal the caller decided; returns CUDA_ERROR_OUT_OF_MEMORY. */
+CUresult gs_mem_refused(int ordinal, uint64_t bytes, const char *what);
+/* Count bytes the driver already holds (a pool grew past what was reserved), even past the limit:
+ * the books must say what the device holds; the caller then refuses or undoes. */
+void gs_mem_charge(int ordinal, uint64_t bytes);
 void gs_mem_release(int ordinal, uint64_t bytes);
 /* Context accounting: adds/removes the configured per-context overhead and the context count. */
 CUresult gs_mem_ctx_add(int ordinal);
 void gs_mem_ctx_remove(int ordinal);
 
-/* Live allocations of this process. */
+/* Live allocations of this process (track.c). */
 void gs_track_add(int kind, uint64_t key, int ordinal, uint64_t bytes);
 /* 1 and fills ordinal/bytes if found (and removes it), else 0. */
 int gs_track_take(int kind, uint64_t key, int *ordinal, uint64_t *bytes);
 /* Forget (and give back) every allocation made in context ctx: the driver freed them with it. */
 void gs_track_drop_ctx(void *ctx);
-/* Limit and slice usage for ordinal (used includes contexts). 0 on success, -1 if not in slice. */
+
+/* Limit (min of the slice's and this process's) and slice usage for ordinal (used includes
+ * contexts). 0 on success, -1 if not in slice. */
 int gs_mem_query(int ordinal, uint64_t *limit, uint64_t *used);
 int gs_mem_query_uuid(const char *uuid, uint64_t *limit, uint64_t *used);
 /* Pid -> bytes this slice accounts for that process on the region device of uuid; 0 if not ours. */
 int gs_mem_proc_usage(const char *uuid, uint32_t pid, uint64_t *bytes);
+/* The slice's live processes holding memory or a context on uuid's device (pids as the region
+ * records them, i.e. in the slice's own pid namespace). Returns how many were written. */
+struct gs_slice_proc {
+    uint32_t pid;
+    uint64_t bytes;
+};
+int gs_mem_slice_procs(const char *uuid, struct gs_slice_proc *out, int max);
+
+/* Stream-ordered pools (cuda_pool.c). gs_pool_free_sync frees ptr with the real cuMemFree-like
+ * `real` if ptr is a pool allocation we track (cudaFree of cudaMallocAsync memory), else returns
+ * GS_POOL_NOT_MINE. gs_pool_make_room trims this process's pools on ordinal down to what is in use
+ * and returns the bytes that left the slice's books (called before refusing another allocation).
+ * gs_pool_forget_device gives back and forgets the pools of a device whose primary context went. */
+#define GS_POOL_NOT_MINE (-2)
+CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
+uint64_t gs_pool_make_room(int ordinal);
+void gs_pool_forget_device(int ordinal);
 
 /* Called from gs_init / fork child. */
 int gs_mem_init(void);
 void gs_mem_after_fork_child(void);
+void gs_track_after_fork_child(void);
+void gs_vmm_after_fork_child(void);
+void gs_pool_after_fork_child(void);
 void gs_ctx_after_fork_child(void);
 /* Format a CUuuid as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
 void gs_format_uuid(const CUuuid *u, char out[64]);

@@ -4,8 +4,13 @@
 #define GPUSLICE_PACER_H
 
 struct gs_config;  /* defined by the memory helper in gpuslice/config.h */
+/* CU_STREAM_PER_THREAD: the stream a _ptsz launch on stream 0 runs on. The _ptsz launch hooks hand
+ * this to the pacer instead of 0 (which names the legacy default stream in every other call). */
+#define GS_STREAM_PER_THREAD ((void *)0x2)
+#define GS_PTSZ_STREAM(s) ((s) ? (void *)(s) : GS_STREAM_PER_THREAD)
 int  gs_pacer_init(const struct gs_config *cfg);    /* once after config load; nonzero = failed */
-void gs_pacer_before_launch(int dev, void *stream); /* dev = CUdevice ordinal of the current context; may sleep */
+void gs_pacer_before_launch(int dev, void *stream); /* dev = CUdevice ordinal of the current context; may sleep;
+                                                       stream: as the driver reads it (GS_PTSZ_STREAM for _ptsz) */
 void gs_pacer_after_launch(int dev, void *stream, int cu_result);
 void gs_pacer_shutdown(void);
 

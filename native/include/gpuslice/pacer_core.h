@@ -41,11 +41,25 @@ struct gs_engine {
     int64_t cost_dev_ns;  /* mean absolute deviation (EWMA): neighbours are told a late-biased end
                              (mean + 2 dev), because entering early costs an overlap, late only a
                              short idle gap bounded by the poll */
+    int64_t cost_avg_ns;  /* long-run mean GPU time per launch (EWMA 1/64), for the P term: the
+                             fast mean follows phases of a loop (20 launches of 500 us, then 200 of
+                             10 us), so right after the big ones it predicted each small launch at
+                             ~400 us, held them back, and the GPU waited for the CPU to launch them
+                             (simulation: a 90 % slice of such a loop reached 80 %) */
     int64_t last_reap_ns;
     uint32_t rate_bp;     /* cached allocation (recomputed every ms) */
     int others;           /* other processes on the device (recounted every ms): 0 = skip the scans */
     int64_t rate_at_ns;
     uint64_t measured, event_errors;
+    /* identity of our process record, and what to join again with if a reaper of another PID
+     * namespace freed it as stale (see devstate.h) */
+    char grant[128];
+    uint32_t share_bp;
+    int mode, weight, priority, paced;
+    int32_t pid;
+    uint32_t id;
+    int64_t joined_ns, beat_ns;
+    uint64_t rejoins;
 };
 
 /* share_bp: 0..10000; mode: GS_CTL_*; returns 0 or -1 (device state full). */
@@ -58,8 +72,12 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
 int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t slept_ns, int *slot);
 /* After the launch (ok = the driver accepted it). */
 void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, int slot, int ok);
-/* Periodic (about every ms while busy): detect completion, accrue, refill, publish. */
+/* Periodic: detect completion, accrue, refill, publish, heartbeat (see gs_engine_poll_delay). */
 void gs_engine_poll(struct gs_engine *e, int64_t now);
+/* How long the poller may sleep after gs_engine_poll(e, now): POLL while work is queued, or while
+ * a measured process beside neighbours launched within POLL_ACTIVE; IDLE_POLL otherwise. pacer.c's
+ * poller and the simulation in tests/test_controller.c both poll by this. */
+int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now);
 void gs_engine_fini(struct gs_engine *e);
 /* The rate the controller currently allots this engine's slice (basis points). */
 uint32_t gs_engine_rate(struct gs_engine *e, int64_t now);

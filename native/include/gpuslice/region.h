@@ -18,7 +18,8 @@
  *   64   byte[64] lock            pthread_mutex_t, PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST
  *   128  device records [max_devices], each device_size bytes:
  *        0   char uuid[64]        "GPU-..." / "MIG-..." (NUL padded); "#<ordinal>" for HAMi-env slices
- *        64  u64  limit           bytes; UINT64_MAX = unlimited
+ *        64  u64  limit           bytes; UINT64_MAX = unlimited. The SLICE's limit (slice file / HAMi
+ *                                 env), never a process's GPUSLICE_MEMORY_LIMIT; only ever lowered
  *        72  u64  used            bytes, sum of the processes' used[] for this device (incl. contexts)
  *        80  u64  peak            highest `used` seen
  *        88  u64  oom_refusals    allocations refused on this device
@@ -119,10 +120,13 @@ void gs_region_unlock(struct gs_region *r);
 void gs_region_write_begin(struct gs_region *r);
 void gs_region_write_end(struct gs_region *r);
 
-/* Device record index for uuid, created with limit/overhead/compute if missing (caller holds lock).
- * -1 when the table is full. */
+/* Device record index for uuid (matched by hex part, GPU-/MIG- prefix ignored), created with
+ * limit/overhead/compute if missing (caller holds lock). An existing record whose limit is above
+ * `limit` is lowered to it (*lowered_from = the old limit): the slice file is authoritative for
+ * shrinking a slice; growing one takes a fresh region, so that a process started with an older,
+ * larger slice file can never undo a shrink. -1 when the table is full. */
 int gs_region_device_index(struct gs_region *r, const char *uuid, uint64_t limit, uint64_t ctx_overhead,
-                           uint32_t compute);
+                           uint32_t compute, uint64_t *lowered_from);
 /* Process record for (pid, start_time): reuses our own stale record, else a free one (caller holds
  * lock). -1 when full even after reclaiming dead processes. */
 int gs_region_proc_attach(struct gs_region *r, int32_t pid, uint64_t start_time);

@@ -5,7 +5,15 @@
  *  - allocations backed by host memory (mmap MAP_NORESERVE, so a test can "allocate" gigabytes;
  *    GSDOUBLE_NOBACK=1 hands out unbacked addresses for benchmarks)
  *    and refused with CUDA_ERROR_OUT_OF_MEMORY past the device size, like a full card;
- *  - every allocation path the enforcer hooks (plain, pitch, managed, async, pools, VMM, arrays);
+ *  - every allocation path the enforcer hooks (plain, pitch, managed, async, pools, VMM, arrays, and
+ *    the legacy 32-bit cuMemAlloc/cuMemAllocPitch/cuMemFree/cuMemGetInfo/cuDeviceTotalMem);
+ *  - VMM as CUDA frees it: a handle's memory goes when it is released AND no mapping of it remains
+ *    (cuMemRelease of a mapped handle keeps the memory until the last cuMemUnmap);
+ *  - stream-ordered pools: a default pool per device (plus cuMemPoolCreate'd ones) whose reservation
+ *    grows in chunks of GSDOUBLE_POOL_CHUNK bytes (default 32 MiB) and is what the device holds;
+ *    freed blocks stay cached up to CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (default 0; the real driver
+ *    releases at the next synchronisation, the double at the free itself); cuMemPoolTrimTo shrinks
+ *    it; CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT/USED_MEM_CURRENT report it;
  *  - launches are no-ops that count (gsdouble_launches) so tests see pass-through;
  *  - cuGetProcAddress / _v2 with the real protocol: a base name plus cudaVersion and the
  *    per-thread-default-stream flag select the exported version (cuMemAlloc -> cuMemAlloc_v2,
@@ -39,7 +47,9 @@ EXPORT unsigned long gsdouble_launches;
 
 /* live allocations: address -> (size, device); a tiny open-addressing table */
 #define TAB 65536
-static struct { uint64_t key, size; int dev, kind; } g_tab[TAB];
+/* kinds: 1 linear, 2 VMM handle, 3 array, 4 mipmapped array, 5 pool allocation (dev = pool index),
+ * 6 VMM mapping (aux = handle). A handle counts its mappings in refs; released marks cuMemRelease. */
+static struct { uint64_t key, size, aux; int dev, kind, refs, released; } g_tab[TAB];
 
 EXPORT unsigned long long gsdouble_used(int dev) { return dev >= 0 && dev < MAXDEV ? g_used[dev] : 0; }
 
@@ -58,7 +68,7 @@ static CUresult take(int dev, uint64_t size)
     return CUDA_SUCCESS;
 }
 
-static void record(uint64_t key, uint64_t size, int dev, int kind)
+static void record_aux(uint64_t key, uint64_t size, int dev, int kind, uint64_t aux)
 {
     pthread_mutex_lock(&g_lock);
     size_t i = (key >> 4) % TAB;
@@ -67,22 +77,36 @@ static void record(uint64_t key, uint64_t size, int dev, int kind)
     g_tab[i].size = size;
     g_tab[i].dev = dev;
     g_tab[i].kind = kind;
+    g_tab[i].aux = aux;
+    g_tab[i].refs = g_tab[i].released = 0;
     pthread_mutex_unlock(&g_lock);
 }
+static void record(uint64_t key, uint64_t size, int dev, int kind) { record_aux(key, size, dev, kind, 0); }
 
-/* Remove key; returns size or 0 when unknown. Deletion re-inserts the rest of the probe run. */
-static uint64_t forget(uint64_t key, int kind, int *dev)
+/* Slot of (key, kind), or -1; caller holds g_lock. */
+static long slot_of(uint64_t key, int kind)
 {
-    pthread_mutex_lock(&g_lock);
     size_t i = (key >> 4) % TAB;
     while (g_tab[i].key && !(g_tab[i].key == key && g_tab[i].kind == kind)) i = (i + 1) % TAB;
-    if (!g_tab[i].key) {
+    return g_tab[i].key ? (long)i : -1;
+}
+
+/* Remove key; returns size or 0 when unknown. Deletion re-inserts the rest of the probe run. Linear
+ * memory, handles and arrays give their bytes back to the device; pool allocations and mappings do
+ * not (the pool's reservation and the handle hold those). */
+static uint64_t forget_aux(uint64_t key, int kind, int *dev, uint64_t *aux)
+{
+    pthread_mutex_lock(&g_lock);
+    long found = slot_of(key, kind);
+    if (found < 0) {
         pthread_mutex_unlock(&g_lock);
         return 0;
     }
+    size_t i = (size_t)found;
     uint64_t size = g_tab[i].size;
     *dev = g_tab[i].dev;
-    g_used[*dev] -= size;
+    if (aux) *aux = g_tab[i].aux;
+    if (kind != 5 && kind != 6) g_used[*dev] -= size;
     g_tab[i].key = 0;
     for (size_t j = (i + 1) % TAB; g_tab[j].key; j = (j + 1) % TAB) {
         __typeof__(g_tab[0]) e = g_tab[j];
@@ -94,6 +118,7 @@ static uint64_t forget(uint64_t key, int kind, int *dev)
     pthread_mutex_unlock(&g_lock);
     return size;
 }
+static uint64_t forget(uint64_t key, int kind, int *dev) { return forget_aux(key, kind, dev, NULL); }
 
 /* GSDOUBLE_NOBACK=1: hand out unbacked, never-reused addresses (benchmarks of the enforcer's own
  * cost, where mmap would dominate). Nothing may touch that memory. */
@@ -194,6 +219,8 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
     if (x < g_primary || x >= g_primary + MAXDEV) free(x);
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuCtxCreate(CUcontext *p, unsigned f, CUdevice d) { return cuCtxCreate_v2(p, f, d); }
+EXPORT CUresult cuCtxDestroy(CUcontext c) { return cuCtxDestroy_v2(c); }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) { t_current = (struct ctx *)c; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)t_current; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) { if (cur_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT; *d = cur_dev(); return CUDA_SUCCESS; }
@@ -209,7 +236,71 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size
     *pitch = (w + 511) & ~(size_t)511;
     return alloc_on(cur_dev(), (uint64_t)*pitch * h, p, 1);
 }
-EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return free_kind(p, 1); }
+/* ---- stream-ordered pools: [0, MAXDEV) are the devices' default pools, the rest cuMemPoolCreate'd */
+#define MAXPOOL 64
+struct dpool { int dev, in_use_slot, destroyed; uint64_t reserved, used, threshold, reserved_high, used_high; };
+static struct dpool g_pools[MAXPOOL];
+static int g_current_pool[MAXDEV]; /* index of each device's current pool */
+static uint64_t chunk(void) { const char *e = getenv("GSDOUBLE_POOL_CHUNK"); return e ? strtoull(e, NULL, 10) : 32ull << 20; }
+static uint64_t round_chunk(uint64_t b) { uint64_t c = chunk(); return (b + c - 1) / c * c; }
+static struct dpool *pool_of(CUmemoryPool h)
+{
+    struct dpool *p = (struct dpool *)h;
+    return p >= g_pools && p < g_pools + MAXPOOL && (p - g_pools < MAXDEV ? p - g_pools < ndev() : p->in_use_slot) ? p : NULL;
+}
+/* Shrink a pool's reservation to `keep` bytes (whole chunks, never below what is in use). */
+static void pool_shrink(struct dpool *p, uint64_t keep)
+{
+    uint64_t floor = round_chunk(p->used), target = keep > floor ? round_chunk(keep) : floor;
+    if (target >= p->reserved) return;
+    if (p->dev >= 0) g_used[p->dev] -= p->reserved - target;
+    p->reserved = target;
+}
+static CUresult pool_alloc(struct dpool *p, CUdeviceptr *out, uint64_t b)
+{
+    if (!out || !b) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (p->used + b > p->reserved) {
+        uint64_t grow = round_chunk(p->used + b - p->reserved);
+        if (p->dev >= 0 && g_used[p->dev] + grow > dbl_total()) {
+            pthread_mutex_unlock(&g_lock);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (p->dev >= 0) g_used[p->dev] += grow;
+        p->reserved += grow;
+        if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
+    }
+    p->used += b;
+    if (p->used > p->used_high) p->used_high = p->used;
+    pthread_mutex_unlock(&g_lock);
+    void *m = host_map(b);
+    *out = (CUdeviceptr)(uintptr_t)m;
+    record(*out, b, (int)(p - g_pools), 5);
+    return CUDA_SUCCESS;
+}
+/* Free a pool allocation: back into the pool's cache, which keeps at most `threshold` bytes. */
+static CUresult pool_free(CUdeviceptr ptr)
+{
+    int idx;
+    uint64_t b = forget(ptr, 5, &idx);
+    if (!b) return CUDA_ERROR_INVALID_VALUE;
+    if (!getenv("GSDOUBLE_NOBACK")) munmap((void *)(uintptr_t)ptr, b);
+    pthread_mutex_lock(&g_lock);
+    struct dpool *p = &g_pools[idx];
+    p->used -= b;
+    if (p->threshold < p->reserved - p->used) pool_shrink(p, p->used + p->threshold);
+    if (p->destroyed && !p->used) {
+        pool_shrink(p, 0);
+        memset(p, 0, sizeof *p);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    CUresult r = free_kind(p, 1);
+    return r == CUDA_ERROR_INVALID_VALUE ? pool_free(p) : r; /* cudaFree of async memory */
+}
 EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
 {
     NEED_CTX();
@@ -217,17 +308,172 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
     *f = dbl_total() - g_used[cur_dev()];
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { (void)s; NEED_CTX(); return alloc_on(cur_dev(), b, p, 1); }
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)
+{
+    if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    g_pools[d].dev = d;
+    *pool = (CUmemoryPool)&g_pools[d];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d)
+{
+    if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    g_pools[d].dev = d;
+    *pool = (CUmemoryPool)&g_pools[g_current_pool[d] ? g_current_pool[d] : d];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool)
+{
+    struct dpool *p = pool_of(pool);
+    if (d < 0 || d >= ndev() || !p || p->dev != d) return CUDA_ERROR_INVALID_VALUE;
+    g_current_pool[d] = (int)(p - g_pools);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice *d) { (void)s; if (cur_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT; *d = cur_dev(); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s)
+{
+    (void)s;
+    NEED_CTX();
+    CUmemoryPool pool;
+    cuDeviceGetMemPool(&pool, cur_dev());
+    return pool_alloc(pool_of(pool), p, b);
+}
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { return cuMemAllocAsync(p, b, s); }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return free_kind(p, 1); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    (void)s;
+    CUresult r = pool_free(p);
+    return r == CUDA_ERROR_INVALID_VALUE ? free_kind(p, 1) : r; /* cuMemAlloc'd memory may be freed async too */
+}
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
-static int g_pool_dummy[8];
-EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props) { (void)props; *pool = (CUmemoryPool)&g_pool_dummy[0]; return CUDA_SUCCESS; }
-EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) { (void)pool; return CUDA_SUCCESS; }
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s) { (void)pool; return cuMemAllocAsync(p, b, s); }
+/* CUmemPoolProps starts with allocType, handleTypes, location. */
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
+{
+    const struct { int alloc, handles; CUmemLocation loc; } *pp = props;
+    if (!pool || !pp) return CUDA_ERROR_INVALID_VALUE;
+    int on_dev = pp->loc.type == CU_MEM_LOCATION_TYPE_DEVICE;
+    if (on_dev && (pp->loc.id < 0 || pp->loc.id >= ndev())) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    for (int i = MAXDEV; i < MAXPOOL; i++)
+        if (!g_pools[i].in_use_slot) {
+            memset(&g_pools[i], 0, sizeof g_pools[i]);
+            g_pools[i].in_use_slot = 1;
+            g_pools[i].dev = on_dev ? pp->loc.id : -1;
+            pthread_mutex_unlock(&g_lock);
+            *pool = (CUmemoryPool)&g_pools[i];
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    struct dpool *p = pool_of(pool);
+    if (!p || p - g_pools < MAXDEV) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (p->used) {
+        p->destroyed = 1; /* released with its last allocation */
+    } else {
+        pool_shrink(p, 0);
+        memset(p, 0, sizeof *p);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    struct dpool *p = pool_of(pool);
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    pool_shrink(p, keep);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    struct dpool *p = pool_of(pool);
+    if (!p || !value) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t v;
+    switch (attr) {
+    case 4: v = p->threshold; break;
+    case 5: v = p->reserved; break;
+    case 6: v = p->reserved_high; break;
+    case 7: v = p->used; break;
+    case 8: v = p->used_high; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    memcpy(value, &v, sizeof v);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    struct dpool *p = pool_of(pool);
+    if (!p || !value) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t v;
+    memcpy(&v, value, sizeof v);
+    pthread_mutex_lock(&g_lock);
+    if (attr == 4) p->threshold = v;
+    else if (attr == 6) p->reserved_high = p->reserved;
+    else if (attr == 8) p->used_high = p->used;
+    pthread_mutex_unlock(&g_lock);
+    return attr == 4 || attr == 6 || attr == 8 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+/* The owning device has read-write access (3), others none (no peer access in the double). */
+EXPORT CUresult cuMemPoolGetAccess(unsigned long long *flags, CUmemoryPool pool, CUmemLocation *loc)
+{
+    struct dpool *p = pool_of(pool);
+    if (!p || !flags || !loc) return CUDA_ERROR_INVALID_VALUE;
+    *flags = loc->type == CU_MEM_LOCATION_TYPE_DEVICE && loc->id == p->dev ? 3 : 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s)
+{
+    (void)s;
+    struct dpool *dp = pool_of(pool);
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!dp) return CUDA_ERROR_INVALID_VALUE;
+    if (dp - g_pools < MAXDEV) dp->dev = (int)(dp - g_pools);
+    return pool_alloc(dp, p, b);
+}
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s) { return cuMemAllocFromPoolAsync(p, b, pool, s); }
 
-/* VMM: a handle is the host mapping of the physical allocation; map/unmap move nothing. */
+/* ---- legacy 32-bit entry points: unbacked 32-bit addresses (nothing may touch them) */
+static uint32_t g_legacy_next = 0x10000000u;
+static CUresult legacy_alloc(CUdeviceptr_v1 *p, uint64_t b)
+{
+    if (!p || !b) return CUDA_ERROR_INVALID_VALUE;
+    if (cur_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult r = take(cur_dev(), b);
+    if (r) return r;
+    *p = __atomic_fetch_add(&g_legacy_next, (uint32_t)((b + 4095) & ~4095ull), __ATOMIC_RELAXED);
+    record(*p, b, cur_dev(), 7);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int b) { return legacy_alloc(p, b); }
+EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned int *pitch, unsigned int w, unsigned int h, unsigned int e)
+{
+    (void)e;
+    *pitch = (w + 511) & ~511u;
+    return legacy_alloc(p, (uint64_t)*pitch * h);
+}
+EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) { int dev; return forget(p, 7, &dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuMemGetInfo(unsigned int *f, unsigned int *t)
+{
+    NEED_CTX();
+    uint64_t tot = dbl_total(), fr = tot - g_used[cur_dev()];
+    *t = tot > 0xFFFFFFFFull ? 0xFFFFFFFFu : (unsigned)tot;
+    *f = fr > 0xFFFFFFFFull ? 0xFFFFFFFFu : (unsigned)fr;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem(unsigned int *b, CUdevice d)
+{
+    if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    *b = dbl_total() > 0xFFFFFFFFull ? 0xFFFFFFFFu : (unsigned)dbl_total();
+    return CUDA_SUCCESS;
+}
+
+/* VMM: a handle is the host mapping of the physical allocation. Its memory goes when it is released
+ * and no mapping of it remains, whichever comes last (as CUDA documents for cuMemRelease). */
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int opt) { (void)prop; (void)opt; *g = 2u << 20; return CUDA_SUCCESS; }
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -239,7 +485,19 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
     if (!r) *h = p;
     return r;
 }
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return free_kind(h, 2); }
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    pthread_mutex_lock(&g_lock);
+    long i = slot_of(h, 2);
+    if (i < 0 || g_tab[i].released) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    int mapped = g_tab[i].refs > 0;
+    if (mapped) g_tab[i].released = 1; /* the memory stays until the last unmap */
+    pthread_mutex_unlock(&g_lock);
+    return mapped ? CUDA_SUCCESS : free_kind(h, 2);
+}
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f)
 {
     (void)align; (void)addr; (void)f;
@@ -249,8 +507,37 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, C
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { munmap((void *)(uintptr_t)p, size); return CUDA_SUCCESS; }
-EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long f) { (void)p; (void)size; (void)off; (void)h; (void)f; return CUDA_SUCCESS; }
-EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) { (void)p; (void)size; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long f)
+{
+    (void)f;
+    if (off) return CUDA_ERROR_INVALID_VALUE; /* "currently must be zero" */
+    pthread_mutex_lock(&g_lock);
+    long i = slot_of(h, 2);
+    int ok = i >= 0 && !g_tab[i].released && size <= g_tab[i].size;
+    if (ok) g_tab[i].refs++;
+    int dev = ok ? g_tab[i].dev : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    record_aux(p, size, dev, 6, h);
+    return CUDA_SUCCESS;
+}
+/* Unmap whole mappings covering [p, p+size). */
+EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size)
+{
+    CUdeviceptr at = p;
+    while (at < p + size) {
+        int dev;
+        uint64_t h, msize = forget_aux(at, 6, &dev, &h);
+        if (!msize) return at == p ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+        pthread_mutex_lock(&g_lock);
+        long i = slot_of(h, 2);
+        int gone = i >= 0 && --g_tab[i].refs == 0 && g_tab[i].released;
+        pthread_mutex_unlock(&g_lock);
+        if (gone) free_kind(h, 2);
+        at += msize;
+    }
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *d, size_t n) { (void)p; (void)size; (void)d; (void)n; return CUDA_SUCCESS; }
 
 /* arrays: sized like the enforcer's estimate would be for 1/2/4-byte formats */
@@ -271,6 +558,16 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
     if (!r) *a = (CUarray)(uintptr_t)p;
     return r;
 }
+EXPORT CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    CUDA_ARRAY_DESCRIPTOR v2 = {d->Width, d->Height, d->Format, d->NumChannels};
+    return cuArrayCreate_v2(a, &v2);
+}
+EXPORT CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    CUDA_ARRAY3D_DESCRIPTOR v2 = {d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags};
+    return cuArray3DCreate_v2(a, &v2);
+}
 EXPORT CUresult cuArrayDestroy(CUarray a) { return free_kind((uintptr_t)a, 3); }
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
 {
@@ -279,7 +576,8 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_D
     size_t w = d->Width, h = d->Height, z = d->Depth;
     for (unsigned l = 0; l < levels; l++) {
         b += (uint64_t)w * (h ? h : 1) * (z ? z : 1) * fmt_bytes(d->Format) * d->NumChannels;
-        w = w > 1 ? w / 2 : 1; h = h > 1 ? h / 2 : h; z = z > 1 ? z / 2 : z;
+        w = w > 1 ? w / 2 : 1; h = h > 1 ? h / 2 : h;
+        if (!(d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP))) z = z > 1 ? z / 2 : z; /* layers and faces stay */
     }
     CUdeviceptr p;
     CUresult r = alloc_on(cur_dev(), b, &p, 4);
@@ -305,8 +603,27 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; 
 struct ev { struct timespec t; };
 EXPORT CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct ev)); return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
 EXPORT CUresult cuEventDestroy_v2(void *e) { free(e); return CUDA_SUCCESS; }
-EXPORT CUresult cuEventRecord(void *e, CUstream s) { (void)s; clock_gettime(CLOCK_MONOTONIC, &((struct ev *)e)->t); return CUDA_SUCCESS; }
-EXPORT CUresult cuEventRecord_ptsz(void *e, CUstream s) { return cuEventRecord(e, s); }
+/* what the pacer asked about, so tests can tell the legacy stream (0) from the per-thread one (0x2):
+ * the last stream an event was recorded on, how many records, and a stream "under capture" */
+EXPORT void *gsdouble_last_event_stream;
+EXPORT unsigned long gsdouble_event_records;
+EXPORT void *gsdouble_capture_stream = (void *)-1; /* none */
+EXPORT void *gsdouble_last_capture_query;
+EXPORT CUresult cuEventRecord(void *e, CUstream s)
+{
+    __atomic_store_n(&gsdouble_last_event_stream, (void *)s, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gsdouble_event_records, 1, __ATOMIC_RELAXED);
+    clock_gettime(CLOCK_MONOTONIC, &((struct ev *)e)->t);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventRecord_ptsz(void *e, CUstream s) { return cuEventRecord(e, s ? s : (CUstream)0x2); }
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+    __atomic_store_n(&gsdouble_last_capture_query, (void *)s, __ATOMIC_RELAXED);
+    *status = (void *)s == __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED); /* 1 = ACTIVE */
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s ? s : (CUstream)0x2, status); }
 EXPORT CUresult cuEventQuery(void *e) { (void)e; return CUDA_SUCCESS; }
 EXPORT CUresult cuEventSynchronize(void *e) { (void)e; return CUDA_SUCCESS; }
 EXPORT CUresult cuEventElapsedTime(float *ms, void *a, void *b)
@@ -339,8 +656,11 @@ static const struct { const char *name; void *fn; } g_syms[] = {
     F(cuLaunchKernelEx), F(cuLaunchKernelEx_ptsz), F(cuLaunchCooperativeKernel), F(cuLaunchCooperativeKernel_ptsz),
     F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
     F(cuStreamSynchronize), F(cuEventCreate), F(cuEventDestroy_v2), F(cuEventRecord), F(cuEventRecord_ptsz),
-    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuGetProcAddress), F(cuGetProcAddress_v2),
-    F(cuModuleLoadData), F(cuModuleGetFunction),
+    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz), F(cuGetProcAddress), F(cuGetProcAddress_v2),
+    F(cuModuleLoadData), F(cuModuleGetFunction), F(cuDeviceGetDefaultMemPool), F(cuDeviceGetMemPool),
+    F(cuDeviceSetMemPool), F(cuStreamGetDevice), F(cuMemPoolTrimTo), F(cuMemPoolGetAttribute),
+    F(cuMemPoolSetAttribute), F(cuMemPoolGetAccess), F(cuMemAlloc), F(cuMemAllocPitch), F(cuMemFree),
+    F(cuMemGetInfo), F(cuDeviceTotalMem), F(cuArrayCreate), F(cuArray3DCreate), F(cuCtxCreate), F(cuCtxDestroy),
 };
 /* Versioned names and the CUDA version that introduced each (cuda.h's __CUDA_API_VERSION rules). */
 static const struct { const char *base; int since; const char *suffix; } g_versions[] = {

@@ -1,6 +1,8 @@
 /* A tiny CPU double of NVML (libnvidia-ml.so.1) for the native tests: the devices of
- * double_common.h; memory info reports GSDOUBLE_NVML_USED bytes used (default 1 GiB); the process
- * list is GSDOUBLE_NVML_PIDS ("pid:bytes,pid:bytes", default: none). */
+ * double_common.h (GSDOUBLE_MIG=1: their UUIDs spelled MIG-..., as NVML names MIG instances);
+ * memory info reports GSDOUBLE_NVML_USED bytes used (default 1 GiB); the compute process list is
+ * GSDOUBLE_NVML_PIDS ("pid:bytes,pid:bytes", default: none), the MPS compute list
+ * GSDOUBLE_NVML_MPS_PIDS, the graphics list GSDOUBLE_NVML_GFX_PIDS (every version of each). */
 #define _GNU_SOURCE
 #include <string.h>
 
@@ -24,6 +26,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned len)
 {
     char u[64];
     dbl_uuid_string(*(int *)d, u);
+    if (getenv("GSDOUBLE_MIG")) memcpy(u, "MIG-", 4);
     if (strlen(u) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
     strcpy(buf, u);
     return NVML_SUCCESS;
@@ -50,11 +53,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     m->free = m->total - m->used - m->reserved;
     return NVML_SUCCESS;
 }
-#define PROCS(name, T)                                                         \
+#define PROCS(name, T, var)                                                    \
     EXPORT nvmlReturn_t name(nvmlDevice_t d, unsigned *count, T *infos)        \
     {                                                                          \
         (void)d;                                                               \
-        const char *e = getenv("GSDOUBLE_NVML_PIDS");                          \
+        const char *e = getenv(var);                                           \
         unsigned n = 0, cap = *count;                                          \
         while (e && *e) {                                                      \
             char *end;                                                         \
@@ -72,17 +75,24 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
         *count = n;                                                            \
         return n > cap ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;          \
     }
-PROCS(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
-PROCS(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
-PROCS(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
-PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+PROCS(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, "GSDOUBLE_NVML_PIDS")
+PROCS(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t, "GSDOUBLE_NVML_PIDS")
+PROCS(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, "GSDOUBLE_NVML_PIDS")
+PROCS(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, "GSDOUBLE_NVML_MPS_PIDS")
+PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t, "GSDOUBLE_NVML_MPS_PIDS")
+PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, "GSDOUBLE_NVML_MPS_PIDS")
+PROCS(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, "GSDOUBLE_NVML_GFX_PIDS")
+PROCS(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t, "GSDOUBLE_NVML_GFX_PIDS")
+PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, "GSDOUBLE_NVML_GFX_PIDS")
 
-/* The same list through the detail API (driver 535+, nvidia-smi's process table). */
+/* The same lists through the detail API (driver 535+; mode 0 compute, 1 graphics, 2 MPS). */
 EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDetailList_t *l)
 {
     nvmlProcessInfo_t tmp[64];
     unsigned n = 64;
-    nvmlReturn_t r = nvmlDeviceGetComputeRunningProcesses_v3(d, &n, tmp);
+    nvmlReturn_t r = l->mode == 1 ? nvmlDeviceGetGraphicsRunningProcesses_v3(d, &n, tmp)
+                   : l->mode == 2 ? nvmlDeviceGetMPSComputeRunningProcesses_v3(d, &n, tmp)
+                                  : nvmlDeviceGetComputeRunningProcesses_v3(d, &n, tmp);
     if (r) return r;
     unsigned cap = l->numProcArrayEntries;
     for (unsigned i = 0; i < n && l->procArray && i < cap; i++) {

@@ -5,6 +5,11 @@ The native pacer (``native/src/pacer*.c``, layout in ``native/include/gpuslice/d
 mmap'd by every paced process on the node. This module reads it for ``gpuslice ps`` / the monitor
 and refuses versions it does not know with :class:`UnknownDeviceStateVersion`.
 
+Version 2 (this reader) added to every process record its PID namespace (the inode of
+``/proc/<pid>/ns/pid``) and a heartbeat: pids are only meaningful inside their own namespace, so the
+enforcers of different pods on one node judge each other's liveness by the heartbeat. The reader
+reports both; ``ProcessCompute.pid`` is the pid *in that namespace*.
+
 Reads take no lock (the writers hold a process-shared pthread mutex Python cannot join); the
 header's ``updates`` counter is read before and after the copy and the copy is retried when it
 moved, so a reader never reports half of one update.
@@ -20,10 +25,10 @@ from pathlib import Path
 from gpuslice.errors import GpusliceError
 
 MAGIC = 0x0054535645445347  # "GSDEVST\0"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 256
 SLICE_SIZE = 256
-PROC_SIZE = 64
+PROC_SIZE = 128
 MAX_SLICES = 32
 MAX_PROCS = 128
 SLICE_OFF = HEADER_SIZE
@@ -32,7 +37,7 @@ FILE_SIZE = PROC_OFF + MAX_PROCS * PROC_SIZE
 
 _HEADER = struct.Struct("<QIIIIIIIIqqQ64s")  # up to the uuid; the mutex follows at 128
 _SLICE = struct.Struct("<IIBBBBI128sqqqQQQqqqiiq")
-_PROC = struct.Struct("<iIiIqqqQqq")
+_PROC = struct.Struct("<iIiIqqqQqqqQq")  # v2: + heartbeat_ns, pidns, joined_ns (then padding to 128)
 _MODES = {0: "hard", 1: "soft", 2: "off"}
 _SLICE_IN_USE = 1
 _PROC_IN_USE, _PROC_BUSY, _PROC_LIGHT = 1, 2, 4
@@ -49,10 +54,18 @@ class UnknownDeviceStateVersion(DeviceStateError):
 
 @dataclass(frozen=True)
 class ProcessCompute:
-    pid: int
+    pid: int  # inside its own PID namespace (see pid_namespace)
     busy: bool  # has GPU work outstanding right now (measured with events)
     measured: bool  # False: unpaced and alone, only its launch activity is published
     busy_total_s: float
+    pid_namespace: int = 0  # inode of the process's PID namespace; 0 = unknown
+    heartbeat_s: float = 0.0  # CLOCK_MONOTONIC seconds (time.monotonic() on Linux) of its last heartbeat
+
+    def heartbeat_age(self, now_monotonic: float | None = None) -> float:
+        """Seconds since the process last proved alive (stale after 5 s: the native side frees it)."""
+        import time
+
+        return (time.monotonic() if now_monotonic is None else now_monotonic) - self.heartbeat_s
 
 
 @dataclass(frozen=True)
@@ -108,8 +121,8 @@ def parse_device_state(buf: bytes, path: Path | str = "<bytes>") -> DeviceComput
     uuid = _check_header(buf, path)
     procs_by_slice: dict[int, list[ProcessCompute]] = {}
     for i in range(MAX_PROCS):
-        pid, flags, slice_idx, _id, _since, _last, _seen, busy_total, _expect, _want = _PROC.unpack_from(
-            buf, PROC_OFF + i * PROC_SIZE
+        pid, flags, slice_idx, _id, _since, _last, _seen, busy_total, _expect, _want, beat, pidns, _joined = (
+            _PROC.unpack_from(buf, PROC_OFF + i * PROC_SIZE)
         )
         if not flags & _PROC_IN_USE:
             continue
@@ -119,6 +132,8 @@ def parse_device_state(buf: bytes, path: Path | str = "<bytes>") -> DeviceComput
                 busy=bool(flags & _PROC_BUSY),
                 measured=not flags & _PROC_LIGHT or bool(flags & _PROC_BUSY),
                 busy_total_s=busy_total / 1e9,
+                pid_namespace=pidns,
+                heartbeat_s=beat / 1e9,
             )
         )
     slices = []

@@ -1,0 +1,242 @@
+/* Stream-ordered pools over the CPU double, whose pools reserve device memory in chunks
+ * (GSDOUBLE_POOL_CHUNK) and keep freed blocks cached up to their release threshold, as CUDA's do.
+ * The slice is charged what a pool reserves, not what was requested: memory a pool keeps cached
+ * after a free is still on the device, so two processes of a slice caching at once must not exceed
+ * the limit. Also run with the enforcer LD_PRELOADed (GS_TEST_PRELOAD=1). */
+#include "enforcer_api.h"
+
+#include <stdint.h>
+
+static const uint64_t KEEP_ALL = UINT64_MAX; /* PyTorch's cudaMallocAsync sets the threshold to this */
+
+static CUmemoryPool default_pool(int dev)
+{
+    CUmemoryPool p = NULL;
+    CHECK_EQ(cuDeviceGetDefaultMemPool(&p, dev), CUDA_SUCCESS);
+    return p;
+}
+
+static uint64_t reserved(CUmemoryPool p)
+{
+    uint64_t v = 0;
+    CHECK_EQ(cuMemPoolGetAttribute(p, POOL_ATTR_RESERVED_MEM_CURRENT, &v), CUDA_SUCCESS);
+    return v;
+}
+
+static void keep_cache(CUmemoryPool p)
+{
+    uint64_t t = KEEP_ALL;
+    CHECK_EQ(cuMemPoolSetAttribute(p, POOL_ATTR_RELEASE_THRESHOLD, &t), CUDA_SUCCESS);
+}
+
+/* What a pool caches stays counted; the same process reuses its cache without new charges. */
+static void s_cached_memory_stays_counted(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    CUmemoryPool pool = default_pool(0);
+    keep_cache(pool);
+    CUdeviceptr a, b;
+    CHECK_EQ(cuMemAllocAsync(&a, 300 * MiB, NULL), CUDA_SUCCESS);
+    CHECK_EQ(reserved(pool), 320 * MiB); /* 32 MiB chunks */
+    CHECK_EQ(t_used(0), CTX + 320 * MiB); /* the reservation, not the request */
+    CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(gsdouble_used(0), 320 * MiB); /* still on the device, cached */
+    CHECK_EQ(t_used(0), CTX + 320 * MiB);
+    CHECK_EQ(cuMemAllocAsync(&b, 200 * MiB, NULL), CUDA_SUCCESS); /* served from the cache */
+    CHECK_EQ(t_used(0), CTX + 320 * MiB);
+    size_t f, t;
+    CHECK_EQ(cuMemGetInfo_v2(&f, &t), CUDA_SUCCESS);
+    CHECK_EQ(f, 512 * MiB - 320 * MiB);
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS); /* an explicit trim gives it back */
+    CHECK_EQ(t_used(0), CTX);
+    CHECK_EQ(gsdouble_used(0), 0);
+}
+
+/* Two processes of one slice, each with a pool that keeps its cache (cudaMallocAsync-style). The
+ * first holds 600 MiB of cache it no longer uses; the second may not take another 600 MiB of a
+ * 1 GiB slice -- the device really holds the first's cache. */
+static void s_two_processes_cached_pools(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", 2 * CTX + 1024 * MiB, CTX);
+    int ready[2], done[2];
+    if (pipe(ready) || pipe(done)) exit(2);
+    fflush(NULL);
+    pid_t first = fork();
+    if (first == 0) {
+        up(0);
+        CUmemoryPool pool = default_pool(0);
+        keep_cache(pool);
+        CUdeviceptr a;
+        int ok = cuMemAllocAsync(&a, 600 * MiB, NULL) == CUDA_SUCCESS && cuMemFreeAsync(a, NULL) == CUDA_SUCCESS &&
+                 cuStreamSynchronize(NULL) == CUDA_SUCCESS;
+        if (write(ready[1], &ok, sizeof ok) != sizeof ok) _exit(3);
+        char ch;
+        if (read(done[0], &ch, 1) != 1) _exit(3); /* keep the cache until the parent has looked */
+        _exit(0);
+    }
+    int ok = 0;
+    CHECK(read(ready[0], &ok, sizeof ok) == sizeof ok && ok, "first process allocated and freed");
+    CHECK_EQ(t_used(0), CTX + 608 * MiB); /* its cache: 19 chunks */
+    up(0);
+    CUmemoryPool pool = default_pool(0);
+    keep_cache(pool);
+    CUdeviceptr b;
+    CHECK_EQ(cuMemAllocAsync(&b, 600 * MiB, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(cuMemAllocAsync(&b, 400 * MiB, NULL), CUDA_SUCCESS); /* what is left: 1024 - 608 = 416 */
+    CHECK(t_used(0) <= 2 * CTX + 1024 * MiB, "accounted %llu over the limit", t_used(0));
+    CHECK(gsdouble_used(0) <= 1024 * MiB, "device holds %llu over the slice", gsdouble_used(0));
+    CHECK_EQ(gsdouble_used(0), 0 + 416 * MiB); /* the double is per process: this one's pool */
+    if (write(done[1], "x", 1) != 1) exit(2);
+    waitpid(first, NULL, 0);
+}
+
+/* A refusal first trims this process's pool caches on the device and retries once: here the default
+ * pool's cache makes room for an explicit pool. */
+static void s_refusal_trims_cache_then_retries(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    CUmemoryPool def = default_pool(0);
+    keep_cache(def);
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemoryPool pool;
+    CHECK_EQ(cuMemPoolCreate(&pool, &pp), CUDA_SUCCESS);
+    keep_cache(pool);
+    CUdeviceptr a, b, c;
+    CHECK_EQ(cuMemAllocAsync(&a, 256 * MiB, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAllocAsync(&b, 64 * MiB, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS); /* 256 MiB cached, 64 in use */
+    CHECK_EQ(t_used(0), CTX + 320 * MiB);
+    /* 384 MiB do not fit next to 320 counted; trimming the default pool's cache makes room */
+    CHECK_EQ(cuMemAllocFromPoolAsync(&c, 384 * MiB, pool, NULL), CUDA_SUCCESS);
+    CHECK_EQ(reserved(def), 64 * MiB);
+    CHECK_EQ(t_used(0), CTX + 448 * MiB);
+    CHECK_EQ(gsdouble_used(0), 448 * MiB);
+    /* nothing cached left to trim: refused, and counted as one refusal */
+    CUdeviceptr d;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&d, 128 * MiB, pool, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    struct gs_region *r = t_map_region();
+    CHECK(r && r->devices[0].oom_refusals == 1, "one refusal recorded");
+    if (r) munmap(r, sizeof *r);
+    CHECK_EQ(t_used(0), CTX + 448 * MiB);
+}
+
+/* Another allocator's refusal gives this process's pool caches back first (cudaFree-style
+ * allocations next to a cudaMallocAsync pool). */
+static void s_other_allocations_trim_pool_cache(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    CUmemoryPool pool = default_pool(0);
+    keep_cache(pool);
+    CUdeviceptr a, b;
+    CHECK_EQ(cuMemAllocAsync(&a, 400 * MiB, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + 416 * MiB);
+    CHECK_EQ(cuMemAlloc_v2(&b, 400 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(reserved(pool), 0);
+    CHECK_EQ(t_used(0), CTX + 400 * MiB);
+    CHECK_EQ(gsdouble_used(0), 400 * MiB);
+}
+
+/* Chunk rounding can make a pool grow past what was reserved: the allocation is undone (freed, the
+ * stream synchronised, the pool trimmed) and refused, so the slice never holds more than its limit. */
+static void s_pool_growth_past_limit_undone(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 100 * MiB, CTX);
+    up(0);
+    CUmemoryPool pool = default_pool(0);
+    CUdeviceptr a, b;
+    CHECK_EQ(cuMemAllocAsync(&a, 97 * MiB, NULL), CUDA_ERROR_OUT_OF_MEMORY); /* fits, but its 4 chunks do not */
+    CHECK_EQ(reserved(pool), 0);
+    CHECK_EQ(t_used(0), CTX);
+    CHECK_EQ(gsdouble_used(0), 0);
+    struct gs_region *r = t_map_region();
+    CHECK(r && r->devices[0].peak <= CTX + 100 * MiB, "peak %llu over the limit", r ? (unsigned long long)r->devices[0].peak : 0ull);
+    if (r) munmap(r, sizeof *r);
+    CHECK_EQ(cuMemAllocAsync(&a, 90 * MiB, NULL), CUDA_SUCCESS); /* 3 chunks = 96 MiB fit */
+    CHECK_EQ(t_used(0), CTX + 96 * MiB);
+    CHECK_EQ(cuMemAllocAsync(&b, 20 * MiB, NULL), CUDA_ERROR_OUT_OF_MEMORY); /* a 4th chunk does not */
+    CHECK_EQ(reserved(pool), 96 * MiB);
+    CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX); /* default threshold 0: released */
+    CHECK_EQ(gsdouble_used(0), 0);
+}
+
+/* cuMemAllocFromPoolAsync charges the pool's device, not the current context's. */
+static void s_explicit_pool_charges_its_device(void)
+{
+    char u1[64];
+    t_uuid(1, u1);
+    t_slice("memory_limit=1g\nmemory_limit.%s=256m\ncontext_overhead=%llu\n", u1, CTX);
+    up(0); /* the current context is device 0 */
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 1);
+    CUmemoryPool pool;
+    CHECK_EQ(cuMemPoolCreate(&pool, &pp), CUDA_SUCCESS);
+    CUdeviceptr a;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 192 * MiB, pool, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 96 * MiB, pool, NULL), CUDA_ERROR_OUT_OF_MEMORY); /* device 1: 256 MiB */
+    struct gs_region *r = t_map_region();
+    CHECK(r != NULL, "region");
+    if (r) {
+        int i1 = -1;
+        for (uint32_t i = 0; i < r->device_count; i++)
+            if (!strcmp(r->devices[i].uuid, u1)) i1 = (int)i;
+        CHECK(i1 >= 0 && r->devices[i1].used == 192 * MiB, "device 1 charged the pool's 192 MiB");
+        CHECK_EQ(r->devices[0].used, CTX); /* device 0 only its context */
+        munmap(r, sizeof *r);
+    }
+    /* the device's default pool, obtained without us seeing it, is found too */
+    CUmemoryPool def1 = default_pool(1);
+    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 96 * MiB, def1, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    /* host-located pools are not device memory */
+    struct t_pool_props hp = t_pool_on(2 /* CU_MEM_LOCATION_TYPE_HOST */, 0);
+    CUmemoryPool host;
+    CHECK_EQ(cuMemPoolCreate(&host, &hp), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 2048 * MiB, host, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+}
+
+/* cudaFree of cudaMallocAsync memory, a pool destroyed with allocations outstanding. */
+static void s_sync_free_and_destroyed_pool(void)
+{
+    t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
+    up(0);
+    CUdeviceptr a;
+    CHECK_EQ(cuMemAllocAsync(&a, 64 * MiB, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemoryPool pool;
+    CHECK_EQ(cuMemPoolCreate(&pool, &pp), CUDA_SUCCESS);
+    keep_cache(pool);
+    CUdeviceptr b, c;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&b, 64 * MiB, pool, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAllocFromPoolAsync(&c, 64 * MiB, pool, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + 128 * MiB);
+    CHECK_EQ(cuMemPoolDestroy(pool), CUDA_SUCCESS); /* c still outstanding: the pool lives on */
+    CHECK_EQ(t_used(0), CTX + 128 * MiB);
+    CHECK_EQ(cuMemFreeAsync(c, NULL), CUDA_SUCCESS); /* its last allocation: all of it goes */
+    CHECK_EQ(t_used(0), CTX);
+    CHECK_EQ(gsdouble_used(0), 0);
+}
+
+int main(void)
+{
+    setvbuf(stderr, NULL, _IOLBF, 0);
+    setenv("GPUSLICE_LOG_LEVEL", "error", 1);
+    setenv("GSDOUBLE_POOL_CHUNK", "33554432", 1); /* 32 MiB */
+    SCENARIO(s_cached_memory_stays_counted);
+    SCENARIO(s_two_processes_cached_pools);
+    SCENARIO(s_refusal_trims_cache_then_retries);
+    SCENARIO(s_other_allocations_trim_pool_cache);
+    SCENARIO(s_pool_growth_past_limit_undone);
+    SCENARIO(s_explicit_pool_charges_its_device);
+    SCENARIO(s_sync_free_and_destroyed_pool);
+    fprintf(stderr, "test_enforcer_pool%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
+            t_checks, t_failures);
+    return t_failures ? 1 : 0;
+}
