@@ -9,6 +9,7 @@ server can.
 from __future__ import annotations
 
 import subprocess
+import time
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -111,3 +112,53 @@ def test_chart_rbac_is_enforced_by_the_api_server(control_plane: "ControlPlane",
     proc = subprocess.run([_kubectl(), "--kubeconfig", chart_identities[identity], "auth", "can-i", *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == ("yes" if allowed else "no"), (proc.stdout, proc.stderr)
+
+
+GUARDED = "guard-e2e.example.com/gpu"  # a name no other e2e test asks for: the live policy cannot touch them
+
+
+def _guard_pod(name: str, scheduler: str | None) -> str:
+    spec = {"containers": [{"name": "c", "image": "x", "resources": {"limits": {GUARDED: "1"}}}]}
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                           "spec": spec})
+
+
+def test_guard_policy_is_enforced_by_the_api_server(control_plane: ControlPlane) -> None:
+    """The chart's ValidatingAdmissionPolicy, live in the real API server: a pod asking for the advertised
+    resource that would go to another scheduler (the webhook did not mutate it) is refused with the
+    guard's message; the same pod sent to the gpuslice scheduler is admitted."""
+    rendered = subprocess.run([str(_helm()), "template", "gs", str(CHART), "--namespace", NAMESPACE,
+                               "--set", f"resourceName={GUARDED}", "--set", "scheduler.name=gs-guard"],
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    guard = [d for d in yaml.safe_load_all(rendered.stdout)
+             if d and d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    assert len(guard) == 2
+    manifest = yaml.safe_dump_all(guard)
+    applied = _apply(control_plane, manifest)
+    assert applied.returncode == 0, applied.stderr
+    try:
+        # The API server compiles a new policy asynchronously: wait until it refuses.
+        deadline = time.monotonic() + 30
+        while True:
+            refused = _apply(control_plane, _guard_pod("bypass", "default-scheduler"), "--dry-run=server")
+            if refused.returncode != 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert refused.returncode != 0, "the guard never refused a GPU pod for default-scheduler"
+        assert "must be scheduled by gs-guard" in refused.stderr and "default-scheduler" in refused.stderr
+        admitted = _apply(control_plane, _guard_pod("through-gpuslice", "gs-guard"), "--dry-run=server")
+        assert admitted.returncode == 0, admitted.stderr
+        plain = _apply(control_plane, yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
+                                                      "metadata": {"name": "no-gpu", "namespace": "default"},
+                                                      "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+                       "--dry-run=server")
+        assert plain.returncode == 0, plain.stderr  # pods without the resource are not the guard's business
+    finally:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            f.write(manifest)
+            f.flush()
+            subprocess.run([_kubectl(), "--kubeconfig", control_plane.kubeconfig, "delete", "-f", f.name],
+                           capture_output=True, text=True, timeout=60)

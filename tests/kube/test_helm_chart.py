@@ -106,7 +106,8 @@ def test_default_render_has_every_part(helm: Path) -> None:
             "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"} <= kinds
     assert "ServiceMonitor" not in kinds and "Certificate" not in kinds
     for o in objs:
-        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
             assert o["metadata"]["namespace"] in ("gpuslice-system", "kube-system"), o["metadata"]
 
 
@@ -144,18 +145,18 @@ def test_daemonset_runs_the_agent_with_kubelet_dir_state_and_enforcer(helm: Path
 def test_agent_flags_exist_in_the_cli() -> None:
     """Every flag the chart passes is one `gpuslice kube-agent` / `gpuslice scheduler` accepts,
     so a rendered pod does not crash-loop on an unknown option."""
-    from typer.testing import CliRunner
+    import typer
 
     from gpuslice.cli import app
 
+    commands = typer.main.get_command(app).commands  # the click commands behind `gpuslice <verb>`
     objs = render(_helm_for_module(), "certificates.certManager.enabled=false")
     for kind, container in (("DaemonSet", "agent"), ("Deployment", "extender"), ("Deployment", "webhook")):
         args = args_of(objs, kind, container)
-        help_text = CliRunner().invoke(app, [args[0], "--help"], terminal_width=400).output
+        options = {o for p in commands[args[0]].params for o in (*p.opts, *p.secondary_opts)}
         for a in args[1:]:
             name = a.split("=", 1)[0]
-            assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", help_text), \
-                f"{kind}/{container} passes {name}, which `gpuslice {args[0]}` does not take"
+            assert name in options, f"{kind}/{container} passes {name}, which `gpuslice {args[0]}` does not take"
 
 
 def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> None:
@@ -199,17 +200,20 @@ def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> N
 def test_every_knob_reaches_the_components(helm: Path) -> None:
     objs = render(helm, "sharing.splitCount=4", "json:sharing.memoryScaling=1.5", "defaults.memory=4096",
                   "defaults.cores=30", "defaults.gpuNum=2", "policies.node=spread", "policies.gpu=fgd",
-                  "sharing.computeMode=soft", "resourceName=gpuslice.io/gpu", "agent.deviceNodes=none")
+                  "sharing.computeMode=soft", "resourceName=gpuslice.io/gpu", "agent.deviceNodes=none",
+                  "agent.rediscoverInterval=120", "agent.healthRecovery=0")
     agent = args_of(objs, "DaemonSet", "agent")
     assert (flag(agent, "--split-count"), flag(agent, "--memory-scaling")) == ("4", "1.5")
     assert flag(agent, "--resource-name") == "gpuslice.io/gpu"
     assert flag(agent, "--device-nodes") == "none"
+    assert (flag(agent, "--rediscover-interval"), flag(agent, "--health-recovery")) == ("120", "0")
     for container in ("extender", "webhook"):
         args = args_of(objs, "Deployment", container)
         assert flag(args, "--policy") == "node=spread,gpu=fgd"
         assert (flag(args, "--default-mem"), flag(args, "--default-cores"), flag(args, "--default-gpu-num")) == \
             ("4096", "30", "2")
         assert flag(args, "--mode") == "soft"
+        assert flag(args, "--resource-name") == "gpuslice.io/gpu"
     # The advertised name is the one kube-scheduler checks against node capacity.
     managed = {m["name"]: m["ignoredByScheduler"] for m in scheduler_config(objs)["extenders"][0]["managedResources"]}
     assert [k for k, v in managed.items() if not v] == ["gpuslice.io/gpu"]
@@ -218,6 +222,67 @@ def test_every_knob_reaches_the_components(helm: Path) -> None:
     a = one(objs, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     b = one(before, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     assert a != b
+
+
+RENAMED = {"resourceName": "example.com/vgpu", "resourceMem": "example.com/vgpu-memory",
+           "resourceMemPercentage": "example.com/vgpu-memory-percentage", "resourceCores": "example.com/vgpu-cores",
+           "resourcePriority": "example.com/vgpu-priority"}
+FLAGS = {"resourceName": "--resource-name", "resourceMem": "--resource-mem",
+         "resourceMemPercentage": "--resource-mem-percentage", "resourceCores": "--resource-cores",
+         "resourcePriority": "--resource-priority"}
+
+
+def test_resource_names_reach_agent_extender_webhook_scheduler_and_guard(helm: Path) -> None:
+    """All five names are configurable (HAMi's chart keys); each reaches every component that reads it,
+    and the codec built from the extender's flags reads exactly what kube-scheduler routes to it."""
+    from gpuslice.kube.codec import ResourceNames
+
+    objs = render(helm, *(f"{k}={v}" for k, v in RENAMED.items()))
+    assert flag(args_of(objs, "DaemonSet", "agent"), "--resource-name") == "example.com/vgpu"
+    for container in ("extender", "webhook"):
+        args = args_of(objs, "Deployment", container)
+        for key, name in RENAMED.items():
+            assert flag(args, FLAGS[key]) == name, (container, key)
+    names = ResourceNames.configured(count=RENAMED["resourceName"], memory=RENAMED["resourceMem"],
+                                     memory_percentage=RENAMED["resourceMemPercentage"],
+                                     cores=RENAMED["resourceCores"], priority=RENAMED["resourcePriority"])
+    managed = {m["name"]: m["ignoredByScheduler"] for m in scheduler_config(objs)["extenders"][0]["managedResources"]}
+    assert set(managed) == set(names.all())
+    assert [k for k, v in managed.items() if not v] == ["example.com/vgpu"]
+    assert not HAMI_NAMES & set(managed)
+    guard = by_kind(objs, "ValidatingAdmissionPolicy")["gs-gpuslice-guard"]
+    assert "'example.com/vgpu' in c.resources.limits" in guard["spec"]["variables"][0]["expression"]
+
+
+def test_two_kinds_cannot_share_a_resource_name(helm: Path) -> None:
+    proc = run_helm(helm, "template", "gs", str(CHART), "--set", "resourceCores=nvidia.com/gpumem")
+    assert proc.returncode != 0 and "must differ" in proc.stderr, proc.stderr
+
+
+def test_guard_refuses_gpu_pods_that_bypass_the_gpuslice_scheduler(helm: Path) -> None:
+    """The ValidatingAdmissionPolicy that backs failurePolicy Ignore: its CEL names the advertised
+    resource and the scheduler, applies to pod CREATE, denies; scheduler.guard.enabled=false drops it.
+    (The API server compiles and enforces it in tests/e2e/test_kube_helm_apply.py.)"""
+    objs = render(helm, "scheduler.name=gs-sched")
+    vap = one(objs, "ValidatingAdmissionPolicy")
+    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    assert vap["spec"]["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
+    (rule,) = vap["spec"]["validations"]
+    assert "object.spec.schedulerName == 'gs-sched'" in rule["expression"]
+    assert "!has(object.spec.nodeName)" in rule["expression"]
+    assert "'nvidia.com/gpu' in c.resources.limits" in vap["spec"]["variables"][0]["expression"]
+    off = render(helm, "scheduler.guard.enabled=false")
+    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & {o["kind"] for o in off}
+
+
+def test_webhook_failure_policy_defaults_to_ignore_and_the_docs_agree(helm: Path) -> None:
+    """One decision, written once in the chart and once in the adapters' README: Ignore + the guard."""
+    (hook,) = one(render(helm), "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    readme = (ROOT / "src" / "gpuslice" / "kube" / "README.md").read_text()
+    assert "`failurePolicy: Ignore`" in readme and "with `failurePolicy: Fail`" not in readme
 
 
 def test_webhook_points_at_its_service_and_skips_own_namespace(helm: Path) -> None:
@@ -369,7 +434,11 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
         ("policies.gpu=topologyy", "gpu"),
         ("metrics.port=70000", "port"),
         ("scheduler.webhook.failurePolicy=Sometimes", "failurePolicy"),
-        ("resourceName=example.com/gpu", "resourceName"),
+        ("resourceName=gpu", "resourceName"),
+        ("resourceName=kubernetes.io/gpu", "resourceName"),
+        ("resourceMem=Nvidia.com/gpumem", "resourceMem"),
+        ("resourceCores=", "resourceCores"),
+        ("scheduler.guard.enabled=maybe", "enabled"),
         ("agent.hostPaths.state=relative/dir", "state"),
         ("sharing.splitcount=4", "splitcount"),  # a typo must not be silently ignored
         ("scheduler.extender.httpTimeout=30", "httpTimeout"),
@@ -384,7 +453,8 @@ def test_schema_rejects_bad_values(helm: Path, setting: str, field: str) -> None
 
 def test_schema_accepts_documented_forms(helm: Path) -> None:
     for setting in ("defaults.memory=3000", "sharing.memoryScaling=2", "policies.node=fgd",
-                    "resourceName=gpuslice.io/gpu", "defaults.gpuNum=0", "sharing.computeMode=off"):
+                    "resourceName=gpuslice.io/gpu", "resourceName=example.com/gpu", "resourcePriority=example.com/p",
+                    "defaults.gpuNum=0", "sharing.computeMode=off", "agent.healthRecovery=0"):
         proc = run_helm(helm, "template", "gs", str(CHART), "--set", setting)
         assert proc.returncode == 0, (setting, proc.stderr)
 

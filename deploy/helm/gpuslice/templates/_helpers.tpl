@@ -36,19 +36,35 @@ app.kubernetes.io/component: {{ .component }}
 
 
 {{/*
-Every resource name the extender and webhook read (gpuslice.kube.codec.ResourceNames): HAMi's and
-ours. kube-scheduler calls the extender only for pods asking for one of these (managedResources).
+The five configurable resource names (HAMi's keys), then gpuslice's own names of the same kinds, which
+the extender and webhook always read (gpuslice.kube.codec.ResourceNames.configured). Two kinds may not
+share a name. kube-scheduler calls the extender only for pods asking for one of these (managedResources).
 */}}
+{{- define "gpuslice.configuredResources" -}}
+{{- $names := list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority -}}
+{{- if ne (len $names) (len (uniq $names)) -}}
+{{- fail (printf "resourceName, resourceMem, resourceMemPercentage, resourceCores and resourcePriority must differ (got %s)" (join ", " $names)) -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
 {{- define "gpuslice.managedResources" -}}
-{{- list "nvidia.com/gpu" "gpuslice.io/gpu" "nvidia.com/gpumem" "gpuslice.io/gpu-memory" "nvidia.com/gpumem-percentage" "gpuslice.io/gpu-memory-percentage" "nvidia.com/gpucores" "gpuslice.io/gpu-compute" "nvidia.com/priority" "gpuslice.io/priority" | toJson -}}
+{{- $configured := include "gpuslice.configuredResources" . | fromJsonArray -}}
+{{- concat $configured (list "gpuslice.io/gpu" "gpuslice.io/gpu-memory" "gpuslice.io/gpu-memory-percentage" "gpuslice.io/gpu-compute" "gpuslice.io/priority") | uniq | toJson -}}
 {{- end -}}
 
 {{/* Flags of `gpuslice scheduler` that the extender and the webhook must agree on. */}}
 {{- define "gpuslice.schedulerFlags" -}}
+{{- $_ := include "gpuslice.configuredResources" . }}
 - --policy=node={{ .Values.policies.node }},gpu={{ .Values.policies.gpu }}
 - --default-mem={{ .Values.defaults.memory }}
 - --default-cores={{ .Values.defaults.cores }}
 - --default-gpu-num={{ .Values.defaults.gpuNum }}
 - --scheduler-name={{ .Values.scheduler.name }}
 - --mode={{ .Values.sharing.computeMode }}
+- --resource-name={{ .Values.resourceName }}
+- --resource-mem={{ .Values.resourceMem }}
+- --resource-mem-percentage={{ .Values.resourceMemPercentage }}
+- --resource-cores={{ .Values.resourceCores }}
+- --resource-priority={{ .Values.resourcePriority }}
 {{- end -}}
