@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Memory acceptance of the enforcer on a real GPU, in one go (< 4 minutes on an H100):
-# build, then PyTorch (default, expandable_segments, cudaMallocAsync), JAX, CuPy, 2 and 4 processes
+# build, then PyTorch (default, expandable_segments, cudaMallocAsync), JAX, CuPy, every driver
+# allocation path through ctypes (dlsym, cuGetProcAddress, pitch, managed, VMM, async, pool, arrays,
+# mipmapped arrays), 2 and 4 processes
 # in one slice, each filling until OOM under the limit; queries and nvidia-smi inside the slice;
 # a SIGKILLed process leaking nothing; context overhead; ns per intercepted call; training
 # throughput with vs without the enforcer. Prints a table last; logs and JSON go to $OUT.
-# Usage: bash bench/gpu_acceptance.sh [ctx frameworks multi kill cost train]   (default: all)
+# Usage: bash bench/gpu_acceptance.sh [ctx smi frameworks paths multi kill cost train]   (default: all)
 set -u
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-/tmp/gpuslice-out}

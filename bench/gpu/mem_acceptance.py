@@ -33,6 +33,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from gpuslice.node.region import read_region  # noqa: E402
 from gpuslice.node.slicefile import SliceConfig, write_slice_file  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from driver_probe import PATHS as DRIVER_PATHS  # noqa: E402
+
 LIB = ROOT / "native" / "build" / "libgpuslice.so"
 PROBE = ROOT / "bench" / "gpu" / "mem_probe.py"
 OUT = Path(os.environ.get("OUT") or "/tmp/gpuslice-out")
@@ -284,6 +287,9 @@ def main() -> int:
         # already shows it sizing to the slice; fraction 1.0 makes it run into the enforcer instead.
         run_scenario("jax", "jax", 1, L, {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "1.0"})
         run_scenario("cupy", "cupy", 1, L)
+    if want("paths"):  # every driver allocation path, called through ctypes (dlsym / cuGetProcAddress)
+        for path in DRIVER_PATHS:
+            run_scenario(f"driver_{path}", f"driver:{path}", 1, 2 * GiB)
     if want("multi"):
         run_scenario("torch_2_procs", "torch", 2, 6 * GiB)
         run_scenario("torch_4_procs", "torch", 4, 8 * GiB)

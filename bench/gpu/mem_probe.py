@@ -2,7 +2,8 @@
 
     python3 mem_probe.py FRAMEWORK REPORT.json [--chunk-mib 64] [--go FILE] [--hold FILE] [--alloc-mib N]
 
-Allocates chunk after chunk with FRAMEWORK (torch | jax | cupy) until the framework reports out of
+Allocates chunk after chunk with FRAMEWORK (torch | jax | cupy | driver:PATH, the last a driver-API
+allocation path called through ctypes, see driver_probe.py) until the framework reports out of
 memory (or, with --alloc-mib, just that much), then writes REPORT.json: bytes granted, whether an OOM
 was seen and its message, what the framework's memory query says (torch.cuda.mem_get_info, CuPy
 memGetInfo, JAX memory_stats) and what nvidia-smi says when run from inside the slice. With --hold it
@@ -17,6 +18,8 @@ import os
 import subprocess
 import sys
 import time
+
+import driver_probe
 
 MiB = 1 << 20
 
@@ -53,7 +56,7 @@ def wait_for(path: str | None, timeout: float = 120) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("framework", choices=["torch", "jax", "cupy"])
+    ap.add_argument("framework", choices=["torch", "jax", "cupy"] + [f"driver:{p}" for p in driver_probe.PATHS])
     ap.add_argument("report")
     ap.add_argument("--chunk-mib", type=int, default=64)
     ap.add_argument("--go")
@@ -65,14 +68,21 @@ def main() -> int:
     keep = []
     t0 = time.time()
     try:
-        __import__({"torch": "torch", "cupy": "cupy", "jax": "jax"}[a.framework])
+        __import__({"torch": "torch", "cupy": "cupy", "jax": "jax"}.get(a.framework, "ctypes"))
     except ImportError as e:  # this machine lacks the framework: say so instead of failing the run
         rep["skipped"] = f"{a.framework} is not installed here: {e}"
         with open(a.report, "w") as f:
             json.dump(rep, f)
         ready(a.report)
         return 0
-    if a.framework == "torch":
+    if a.framework.startswith("driver:"):
+        drv = driver_probe.Driver()
+        rep["query_before"] = drv.mem_info()
+        ready(a.report)
+        wait_for(a.go)
+        driver_probe.fill(drv, a.framework.split(":", 1)[1], rep, a.alloc_mib)
+        rep["query_after"] = drv.mem_info()
+    elif a.framework == "torch":
         import torch
 
         torch.zeros(1, device="cuda")
