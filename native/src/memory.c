@@ -38,6 +38,16 @@ static int g_devidx[MAX_ORD];
 static int g_devidx_ready;
 static pthread_mutex_t g_devidx_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* What this process knows without trusting the region. The region is writable by every process of
+ * the slice (in Kubernetes: by the container; the slice file is mounted read-only), so a program
+ * could rewrite its limit or zero its usage. Each process therefore also holds itself to the slice
+ * file's limit (g_file_limit, remembered when it first uses the device) and counts its own bytes
+ * (g_own): rewriting the region can hide other processes' usage, never let one process pass the
+ * limit the slice file sets. */
+static uint64_t g_file_limit[GS_REGION_MAX_DEVICES];
+static int g_file_limit_known[GS_REGION_MAX_DEVICES];
+static uint64_t g_own[GS_REGION_MAX_DEVICES];
+
 /* ------------------------------------------------------------------ devices */
 void gs_format_uuid(const CUuuid *u, char out[64])
 {
@@ -69,10 +79,21 @@ static uint64_t context_overhead(void)
 
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
+/* The slice file's limit for region device idx (GS_UNLIMITED when this process has not used it and
+ * the file does not name it). */
+static uint64_t file_limit(int idx)
+{
+    if (__atomic_load_n(&g_file_limit_known[idx], __ATOMIC_ACQUIRE)) return g_file_limit[idx];
+    int found = 0;
+    uint64_t l = gs_cfg.device_count ? gs_config_limit_for_uuid(&gs_cfg, gs_shared->devices[idx].uuid, &found) : 0;
+    return found ? l : GS_UNLIMITED;
+}
+
 /* The limit this process holds the slice to on region device idx (caller may hold the lock). */
 static uint64_t effective_limit(int idx)
 {
-    return min_u64(__atomic_load_n(&gs_shared->devices[idx].limit, __ATOMIC_RELAXED), gs_cfg.process_limit);
+    uint64_t region = __atomic_load_n(&gs_shared->devices[idx].limit, __ATOMIC_RELAXED);
+    return min_u64(min_u64(region, file_limit(idx)), gs_cfg.process_limit);
 }
 
 /* The name, slice limit and compute share of a CUDA ordinal from the configuration; 0, or -1 when
@@ -144,6 +165,10 @@ int gs_mem_dev_index(int ordinal)
         GS_INFO("device %s: the region holds the slice to %llu bytes, below this slice file's %llu (a larger "
                 "limit needs a fresh region)", name, (unsigned long long)gs_shared->devices[idx].limit,
                 (unsigned long long)limit);
+    if (idx >= 0) {
+        g_file_limit[idx] = limit;
+        __atomic_store_n(&g_file_limit_known[idx], 1, __ATOMIC_RELEASE);
+    }
     __atomic_store_n(&g_devidx[ordinal], idx, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_devidx_lock);
     return idx;
@@ -196,6 +221,7 @@ static void add_locked(struct gs_region *r, int slot, int idx, uint64_t bytes, i
 {
     struct gs_region_device *d = &r->devices[idx];
     struct gs_region_proc *p = &r->procs[slot];
+    g_own[idx] += bytes; /* under the region lock, like every other change of it */
     gs_region_write_begin(r);
     p->used[idx] += bytes;
     if (p->used[idx] > p->peak[idx]) p->peak[idx] = p->used[idx];
@@ -218,7 +244,8 @@ static CUresult reserve_idx(int ordinal, int idx, uint64_t bytes, int ctx_delta,
     if (gs_region_lock(r)) return refuse_own_failure(what, "region lock failed");
     uint64_t limit = effective_limit(idx);
     for (int attempt = 0; attempt < 2; attempt++) {
-        uint64_t used = r->devices[idx].used;
+        /* the slice's usage as the region says, but never less than this process's own */
+        uint64_t used = r->devices[idx].used > g_own[idx] ? r->devices[idx].used : g_own[idx];
         if ((flags & RES_FORCE) || (bytes <= limit && used <= limit - bytes)) {
             add_locked(r, slot, idx, bytes, ctx_delta);
             gs_region_unlock(r);
@@ -276,6 +303,7 @@ static void release_idx(int idx, uint64_t bytes, int ctx_delta)
     struct gs_region_device *d = &r->devices[idx];
     gs_region_write_begin(r);
     uint64_t b = bytes <= p->used[idx] ? bytes : p->used[idx];
+    g_own[idx] -= bytes <= g_own[idx] ? bytes : g_own[idx];
     p->used[idx] -= b;
     d->used = d->used >= b ? d->used - b : 0;
     if (ctx_delta && p->contexts[idx]) p->contexts[idx]--;
@@ -380,6 +408,7 @@ void gs_mem_after_fork_child(void)
      * records start empty (track.c, vmm.c, pool.c). */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_devidx_lock = fresh;
+    memset(g_own, 0, sizeof g_own); /* the child is a new process record holding nothing yet */
     gs_track_after_fork_child();
     gs_vmm_after_fork_child();
     gs_pool_after_fork_child();

@@ -117,6 +117,31 @@ static void s_region_never_raised(void)
     CHECK_EQ(cuMemAlloc_v2(&p, 512 * MiB - CTX + 1), CUDA_ERROR_OUT_OF_MEMORY);
 }
 
+/* The region is writable by the slice's processes (in Kubernetes: by the container; the slice file
+ * is mounted read-only). A program that raises the limit there and zeroes every usage counter still
+ * cannot pass the slice file's limit, and its queries keep showing the slice file's size. */
+static void s_rewritten_region_cannot_raise(void)
+{
+    t_slice("memory_limit=512m\ncontext_overhead=%llu\n", CTX);
+    up(0);
+    CUdeviceptr p;
+    CHECK_EQ(cuMemAlloc_v2(&p, 512 * MiB - CTX), CUDA_SUCCESS);
+    struct gs_region *r = t_map_region();
+    CHECK(r != NULL, "region mapped");
+    if (!r) return;
+    r->devices[0].limit = 64ull << 30;
+    r->devices[0].used = 0;
+    for (int i = 0; i < GS_REGION_MAX_PROCS; i++) r->procs[i].used[0] = 0;
+    munmap(r, sizeof *r);
+    CHECK_EQ(cuMemAlloc_v2(&p, 64 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+    size_t f, t;
+    CHECK_EQ(cuMemGetInfo_v2(&f, &t), CUDA_SUCCESS);
+    CHECK_EQ(t, 512 * MiB);
+    CHECK_EQ(cuMemFree_v2(p), CUDA_SUCCESS); /* frees still give back: the same piece fits again... */
+    CHECK_EQ(cuMemAlloc_v2(&p, 512 * MiB - CTX), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAlloc_v2(&p, 1), CUDA_ERROR_OUT_OF_MEMORY); /* ...and not a byte more */
+}
+
 /* A slice file that names its device as a MIG instance (MIG-<uuid>): CUDA reports the instance's
  * UUID bytes, which we print GPU-<uuid>; they are the same device. NVML names it MIG-... too. */
 static void s_mig_uuid_matches(void)
@@ -276,6 +301,7 @@ int main(void)
     SCENARIO(s_env_limit_is_per_process);
     SCENARIO(s_shrunk_slice_lowers_region);
     SCENARIO(s_region_never_raised);
+    SCENARIO(s_rewritten_region_cannot_raise);
     SCENARIO(s_mig_uuid_matches);
     SCENARIO(s_lock_failure_fail_open);
     SCENARIO(s_lock_failure_fail_closed);
