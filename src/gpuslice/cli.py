@@ -55,13 +55,24 @@ def _register_parts() -> None:
 _register_parts()
 
 
+def _kubernetes_alias(args: list[str]) -> list[str]:
+    """`gpuslice agent --kubernetes ...` is `gpuslice kube-agent ...`: the node agent in its Kubernetes role
+    (device plugin, node registration, metrics with pod labels) takes kube-agent's options, so the alias is
+    resolved before click parses `agent`'s own."""
+    if args[:1] == ["agent"] and "--kubernetes" in args[1:]:
+        rest = list(args[1:])
+        rest.remove("--kubernetes")
+        return ["kube-agent", *rest]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; turn our typed errors into one red line and exit code 1.
 
     Click (inside typer) handles usage errors itself in standalone mode: message + exit code 2.
     """
     try:
-        app(args=argv, prog_name="gpuslice")
+        app(args=_kubernetes_alias(sys.argv[1:] if argv is None else list(argv)), prog_name="gpuslice")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (GpusliceError, SpecError) as exc:

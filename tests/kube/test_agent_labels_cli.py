@@ -132,3 +132,19 @@ def test_scheduler_verb_refuses_webhook_without_tls(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "scheduler", "--kubeconfig", str(tmp_path / "none")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "Kubernetes credentials" in r.stderr
+
+
+def test_agent_kubernetes_is_the_kube_agent_verb(tmp_path, capsys):
+    """`gpuslice agent --kubernetes` (the issue's spelling) runs kube-agent with kube-agent's options, wherever
+    the flag stands; without it `agent` stays the local agent."""
+    from gpuslice.cli import main
+
+    assert main(["agent", "--kubernetes", "--help"]) == 0
+    assert "gpuslice kube-agent" in capsys.readouterr().out
+    assert main(["agent", "--split-count", "4", "--kubernetes", "--help"]) == 0  # kube-agent's option parses
+    assert "gpuslice kube-agent" in capsys.readouterr().out
+    assert main(["agent", "--split-count", "4"]) == 2  # the local agent has no such option
+    r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "agent", "--kubernetes", "--node", "n1",
+                        "--snapshot", "h100-80gb", "--kubeconfig", str(tmp_path / "none")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Kubernetes credentials" in r.stderr, r.stderr  # kube-agent's own error

@@ -134,6 +134,9 @@ def agent(
     history_minutes: float = typer.Option(10.0, "--history", help="Minutes of history the dashboard shows."),
     reclaim_interval: float = typer.Option(5.0, "--reclaim-interval",
                                            help="Seconds between checks for grants whose processes are gone."),
+    kubernetes: bool = typer.Option(False, "--kubernetes", help="Run as the Kubernetes node agent instead "
+                                    "(device plugin, node registration, metrics with pod labels): the same as "
+                                    "`gpuslice kube-agent`, whose options then apply (see its --help)."),
 ) -> None:
     """Run the node agent: ledger over a Unix socket, stale-grant reclaim, Prometheus metrics, dashboard."""
     import asyncio
@@ -142,6 +145,8 @@ def agent(
     from gpuslice.node.devices import discover
     from gpuslice.spec import SpecError
 
+    if kubernetes:  # gpuslice.cli.main resolves the alias before parsing; only a direct call lands here
+        raise SpecError("kubernetes", True, "the `gpuslice kube-agent` verb (or `gpuslice agent --kubernetes` from the CLI)")
     if interval <= 0:
         raise SpecError("interval", interval, "seconds above 0, like 1 or 0.5")
     if history_minutes <= 0:
