@@ -9,9 +9,9 @@
   enforcer's shared memory accounting), a per-grant device-state folder with the node-wide pacing files of
   the granted devices only (``<uuid>.dev``, read-write: the pacer coordinates through them), the enforcer
   library and an ``/etc/ld.so.preload`` naming it (both read-only), ``NVIDIA_VISIBLE_DEVICES`` with the
-  granted UUIDs, ``GPUSLICE_SLICE``/``GPUSLICE_GRANT``, and the device nodes. Nothing the container can
-  write raises its limits: the enforcer reads the read-only slice file, and environment variables may only
-  lower it. What a container can still disturb (its own region, the pacing files of its devices) is listed
+  granted UUIDs, ``GPUSLICE_SLICE``/``GPUSLICE_GRANT``, and the device nodes. No process of the container
+  can pass its limits: the enforcer holds every process to the read-only slice file's limit whatever the
+  region says, and environment variables may only lower it. What a container can still disturb (its own region, the pacing files of its devices) is listed
   under "Known limits" in ``src/gpuslice/kube/README.md``.
 * ``PreStartContainer`` is not used: the plugin registers with ``pre_start_required: false`` (everything a
   container needs is in the Allocate answer), so the kubelet never calls it; it answers empty if called.

@@ -65,7 +65,7 @@ def _caption(report: discovery.Discovery) -> str | None:
 
 def devices(
     as_json: bool = typer.Option(False, "--json", help="Print a snapshot document (loadable with --snapshot), "
-                                 "with the capture time, host and driver version."),
+                                 "with the capture time, host and driver version when read from NVML."),
     snapshot: Optional[str] = typer.Option(
         None, "--snapshot", help="Read a snapshot file or bundled name instead of NVML "
         f"(bundled: {', '.join(discovery.bundled_snapshots())})."),
