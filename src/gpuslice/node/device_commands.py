@@ -27,7 +27,7 @@ def devices_table(devices: list[Device], title: str, unreadable: tuple[discovery
         numa = "-" if d.numa_node is None else str(d.numa_node)
         mig = "on" if d.mig_enabled else "off"
         block = [[str(d.index), d.uuid, d.name, human_bytes(d.memory_total), str(d.sm_count or "?"),
-                  numa, str(len(d.nvlink_peers)), mig, d.compute_mode]]
+                  numa, str(len(d.nvlink_peers)) if d.nvlink_peers else "-", mig, d.compute_mode]]
         for m in d.mig_instances:
             block.append(["", f"  └ {m.uuid}", m.profile, human_bytes(m.memory_total), str(m.sm_count or "?"),
                           "", "", "", ""])
