@@ -45,12 +45,17 @@ def _kubectl() -> str:
     return str(path)
 
 
-def _apply(cp: ControlPlane, manifest: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def _kubectl_file(cp: ControlPlane, manifest: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl ARGS -f <manifest>` against the test control plane."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         f.write(manifest)
         f.flush()
-        return subprocess.run([_kubectl(), "--kubeconfig", cp.kubeconfig, "apply", "--validate=strict", *extra,
-                               "-f", f.name], capture_output=True, text=True, timeout=120)
+        return subprocess.run([_kubectl(), "--kubeconfig", cp.kubeconfig, *args, "-f", f.name],
+                              capture_output=True, text=True, timeout=120)
+
+
+def _apply(cp: ControlPlane, manifest: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return _kubectl_file(cp, manifest, "apply", "--validate=strict", *extra)
 
 
 @pytest.mark.parametrize("sets", [[], ["metrics.port=9555", "sharing.splitCount=4", "scheduler.webhook.failurePolicy=Fail"]])
@@ -157,8 +162,4 @@ def test_guard_policy_is_enforced_by_the_api_server(control_plane: ControlPlane)
                        "--dry-run=server")
         assert plain.returncode == 0, plain.stderr  # pods without the resource are not the guard's business
     finally:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-            f.write(manifest)
-            f.flush()
-            subprocess.run([_kubectl(), "--kubeconfig", control_plane.kubeconfig, "delete", "-f", f.name],
-                           capture_output=True, text=True, timeout=60)
+        _kubectl_file(control_plane, manifest, "delete")
