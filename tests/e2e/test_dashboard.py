@@ -68,17 +68,19 @@ class Feeder(threading.Thread):
             time.sleep(0.1)
 
 
-def _plot_pixels(png: bytes, box: dict) -> int:
-    """Pixels in the plot area that are neither white/grey background nor the light grid."""
+def _series_pixels(png: bytes, box: dict, color: str) -> list[tuple[int, int]]:
+    """(x, y) of the pixels inside `box` drawn in `color` (#rrggbb), anti-aliased edges excluded."""
     from io import BytesIO
 
     from PIL import Image
 
+    want = tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))
     image = Image.open(BytesIO(png)).convert("RGB")
     left, top = int(box["x"]), int(box["y"])
     crop = image.crop((left, top, left + int(box["width"]), top + int(box["height"])))
-    raw = crop.tobytes()
-    return sum(1 for i in range(0, len(raw), 3) if max(raw[i:i + 3]) - min(raw[i:i + 3]) > 60)  # coloured: data
+    raw, width = crop.tobytes(), crop.width
+    return [((i // 3) % width, (i // 3) // width) for i in range(0, len(raw), 3)
+            if max(abs(raw[i] - want[0]), abs(raw[i + 1] - want[1]), abs(raw[i + 2] - want[2])) <= 40]
 
 
 @pytest.fixture
@@ -122,13 +124,37 @@ def test_dashboard_plots_live_data(state_env, tmp_path):
             rows = page.eval_on_selector_all("#grants tbody tr", "rows => rows.map(r => r.innerText)")
             assert len(rows) == 2 and all("alice" in r for r in rows)
             assert any("30%" in r for r in rows) and any("60%" in r for r in rows)
+            # freeze the page (its 1-s refresh would grow the lines between the screenshot and the geometry
+            # read below): later ticks still fetch but draw nothing
+            page.evaluate("window.render = () => {}")
             png = page.screenshot(full_page=True)
             (tmp_path / SCREENSHOT.name).write_bytes(png)
             if os.environ.get("GPUSLICE_SAVE_SCREENSHOT") == "1":  # refresh the committed one on purpose only
                 SCREENSHOT.write_bytes(png)
+            # Each slice's line is really drawn: in its own colour, across the columns it spans, and only at the
+            # heights its data says. (Both memory lines start near zero, where the second one drawn covers the
+            # first: hence 80 % of the columns, not all.) The time axis is at least 60 s wide, so a few seconds
+            # of data are a short line: the check scales with the line's own extent, not a fixed pixel count.
             for plot in ("slice-memory", "slice-compute"):
                 box = page.locator(f"#plot-{plot}").bounding_box()
-                assert _plot_pixels(png, box) > 300, plot
+                lines = page.eval_on_selector_all(f"#plot-{plot} polyline.series", """els => els.map(e => {
+                    const r = e.getBoundingClientRect();
+                    return {color: e.getAttribute('stroke'), width: r.width,
+                            ys: e.getAttribute('points').split(' ').map(p => Number(p.split(',')[1]))}; })""")
+                assert len(lines) == 2, (plot, lines)
+                for line in lines:
+                    pixels = _series_pixels(png, box, line["color"])
+                    columns = {x for x, _ in pixels}
+                    assert line["width"] >= 5 and len(columns) >= 0.8 * line["width"], (plot, line, len(columns))
+                    rows = [y for _, y in pixels]
+                    low, high = (v * box["height"] / 200 for v in (min(line["ys"]), max(line["ys"])))  # viewBox: 200 high
+                    assert low - 3 <= min(rows) and max(rows) <= high + 3, (plot, line["color"], min(rows), max(rows),
+                                                                            low, high)
+            compute = page.eval_on_selector_all("#plot-slice-compute polyline.series", """els => els.map(e =>
+                e.getAttribute('points').split(' ').map(p => (176 - Number(p.split(',')[1])) / 1.66))""")
+            # the plotted shares are the fed ones: 30 % and 60 % of the device's time
+            medians = sorted(sorted(v)[len(v) // 2] for v in compute)
+            assert abs(medians[0] - 30) <= 2 and abs(medians[1] - 60) <= 2, compute
             browser.close()
     finally:
         if feeder is not None:
