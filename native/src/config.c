@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gpuslice/config.h"
@@ -259,7 +260,7 @@ int gs_config_parse_text(const char *text, size_t len, struct gs_config *out, ch
             break;
         }
     }
-    if (!have_version) FAIL("slice file: version: missing; expected version=1 as the first key");
+    if (!have_version) FAIL("slice file: version: missing; expected a line version=1");
     /* Without devices= the limit applies by CUDA ordinal to every device the process sees. */
     for (int i = 0; i < (c.device_count ? c.device_count : GS_MAX_DEVICES); i++) c.device_limit[i] = c.memory_limit;
     for (int j = 0; j < nov; j++) {
@@ -442,12 +443,29 @@ static int apply_gpuslice_env(gs_env_fn get, void *arg, struct gs_config *c, cha
     return 0;
 }
 
-int gs_config_load_with(gs_env_fn get, void *arg, struct gs_config *out, char *err, size_t errlen)
+/* Which slice file governs: the pinned one when it exists, else GPUSLICE_SLICE. NULL = none.
+ * *ignored = the env path that names another file than the pinned one (it is not read). */
+static const char *slice_path(gs_env_fn get, void *arg, const char *pinned, const char **ignored)
+{
+    const char *env = get("GPUSLICE_SLICE", arg);
+    struct stat st, est;
+    *ignored = NULL;
+    if (!pinned || lstat(pinned, &st) != 0) return env && *env ? env : NULL;
+    /* the same file under another name (a bind mount seen twice, a symlink) is no redirection */
+    if (env && *env && strcmp(env, pinned) != 0 &&
+        (stat(env, &est) != 0 || stat(pinned, &st) != 0 || est.st_dev != st.st_dev || est.st_ino != st.st_ino))
+        *ignored = env;
+    return pinned;
+}
+
+int gs_config_load_pinned(gs_env_fn get, void *arg, const char *pinned, struct gs_config *out, char *err,
+                          size_t errlen)
 {
     struct gs_config c;
     defaults(&c);
-    const char *path = get("GPUSLICE_SLICE", arg);
-    if (path && *path) {
+    const char *ignored;
+    const char *path = slice_path(get, arg, pinned, &ignored);
+    if (path) {
         static char buf[65536];
         size_t len;
         if (read_file(path, buf, sizeof buf, &len, err, errlen)) return -1;
@@ -459,9 +477,17 @@ int gs_config_load_with(gs_env_fn get, void *arg, struct gs_config *out, char *e
     } else if (load_hami_env(get, arg, &c, err, errlen)) {
         return -1;
     }
+    if (ignored)
+        add_warning(&c, "GPUSLICE_SLICE=%.100s ignored: the mounted slice file %.60s governs this process", ignored,
+                    path);
     if (apply_gpuslice_env(get, arg, &c, err, errlen)) return -1;
     *out = c;
     return 0;
+}
+
+int gs_config_load_with(gs_env_fn get, void *arg, struct gs_config *out, char *err, size_t errlen)
+{
+    return gs_config_load_pinned(get, arg, NULL, out, err, errlen);
 }
 
 static const char *real_getenv(const char *name, void *arg)
@@ -472,7 +498,7 @@ static const char *real_getenv(const char *name, void *arg)
 
 int gs_config_load(struct gs_config *out, char *err, size_t errlen)
 {
-    return gs_config_load_with(real_getenv, NULL, out, err, errlen);
+    return gs_config_load_pinned(real_getenv, NULL, GS_PINNED_SLICE, out, err, errlen);
 }
 
 static size_t cat(char *buf, size_t len, size_t pos, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -63,9 +63,12 @@ static void do_init(void)
     }
     gs_mem_init();
     if (gs_pacer_init(&gs_cfg) != 0) {
-        own_failure("compute pacer failed to start");
-        if (g_state == GS_STATE_BROKEN) return;
-        /* fail_open: memory limits still hold, compute is unpaced. */
+        if (!gs_cfg.fail_open) {
+            own_failure("compute pacer failed to start");
+            return;
+        }
+        /* fail_open covers only what failed: memory limits still hold, compute is unpaced */
+        GS_ERROR("compute pacer failed to start; fail_open=1: memory limits hold, compute is not paced");
     }
     pthread_atfork(NULL, NULL, after_fork_child);
     g_state = GS_STATE_ACTIVE;

@@ -45,14 +45,27 @@ struct gs_config {
  * naming the line and key. Never reads env or files: the fuzzer drives this directly. */
 int gs_config_parse_text(const char *text, size_t len, struct gs_config *out, char *err, size_t errlen);
 
-/* Load the process's configuration: GPUSLICE_SLICE file, then GPUSLICE_* env (may only lower),
- * or HAMi env when no slice file. Returns 0 (out->source may be GS_SRC_NONE), or -1 with err set. */
+/* The slice file the Kubernetes device plugin mounts read-only into every GPU container. When it
+ * exists it is the process's slice whatever the environment says: a container that unsets or
+ * redirects GPUSLICE_SLICE must not leave its slice (env may only lower a limit, and a slice file of
+ * the container's own choosing could raise it). Build-time only, never from the environment. */
+#ifndef GS_PINNED_SLICE
+#define GS_PINNED_SLICE "/etc/gpuslice/slice"
+#endif
+
+/* Load the process's configuration: the pinned slice file (GS_PINNED_SLICE) when it exists, else the
+ * GPUSLICE_SLICE file, then GPUSLICE_* env (may only lower), or HAMi env when there is no slice file.
+ * Returns 0 (out->source may be GS_SRC_NONE), or -1 with err set. */
 int gs_config_load(struct gs_config *out, char *err, size_t errlen);
 
 /* The same with the environment read through get(name, arg) instead of getenv (the fuzzer feeds the
  * HAMi/GPUSLICE_* env parser this way). get returns NULL for an unset name. */
 typedef const char *(*gs_env_fn)(const char *name, void *arg);
 int gs_config_load_with(gs_env_fn get, void *arg, struct gs_config *out, char *err, size_t errlen);
+/* The same with an explicit pinned slice path (NULL = none): gs_config_load passes GS_PINNED_SLICE,
+ * the tests a file of their own. */
+int gs_config_load_pinned(gs_env_fn get, void *arg, const char *pinned, struct gs_config *out, char *err,
+                          size_t errlen);
 
 /* Whether two device UUIDs name the same device: compared by their hex part, ignoring case and a
  * "GPU-" or "MIG-" prefix. CUDA hands out a MIG instance's UUID as 16 bytes that we can only print
