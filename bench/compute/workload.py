@@ -4,6 +4,9 @@ kinds:
   matmul   loops of 100 bf16 4096x4096 matmuls, then a synchronize (progress unit: one matmul)
   resnet   torchvision ResNet-50 training step, batch 128, bf16 autocast, random data (unit: step);
            batch 128 keeps the GPU busy (~95 %) so the share is limited by the enforcer, not the CPU
+  mlp      the launch-heavy training loop of bench/enforcer_overhead_train.py (12 x Linear 1024 +
+           LayerNorm + GELU, AdamW, batch 256; ~4 ms a step, hundreds of small kernels): where a
+           per-launch cost of the enforcer would show first (unit: step; synchronize every 20)
   infer    ResNet-18 inference, batch 8, fp16, one request at a time with 2 ms think time; records
            per-request latency (the high-priority "online" loop)
 
@@ -86,7 +89,7 @@ def set_share(state_dir: str | None, grant: str | None, share: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=["matmul", "resnet", "infer"], required=True)
+    ap.add_argument("--kind", choices=["matmul", "resnet", "infer", "mlp"], required=True)
     ap.add_argument("--schedule", default="x:5")
     ap.add_argument("--out", required=True)
     ap.add_argument("--barrier")
@@ -97,7 +100,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--gate", help="wait for this file before touching the GPU (imports overlap the previous group)")
     a = ap.parse_args()
-    if a.kind != "matmul":
+    if a.kind not in ("matmul", "mlp"):
         import torchvision  # noqa: F401  (import before the gate: it is the slow part)
     if a.gate:
         while not os.path.exists(a.gate):
@@ -116,6 +119,24 @@ def main() -> None:
                 torch.mm(x, y, out=out)
             torch.cuda.synchronize()
             return 100
+    elif a.kind == "mlp":
+        torch.manual_seed(0)
+        layers: list = []
+        for _ in range(12):
+            layers += [torch.nn.Linear(1024, 1024), torch.nn.LayerNorm(1024), torch.nn.GELU()]
+        mlp = torch.nn.Sequential(*layers, torch.nn.Linear(1024, 10)).to(dev)
+        mopt = torch.optim.AdamW(mlp.parameters(), lr=1e-4)
+        mx = torch.randn(256, 1024, device=dev)
+        my = torch.randint(0, 10, (256,), device=dev)
+        mlossf = torch.nn.CrossEntropyLoss()
+
+        def step() -> int:
+            for _ in range(20):
+                mopt.zero_grad(set_to_none=True)
+                mlossf(mlp(mx), my).backward()
+                mopt.step()
+            torch.cuda.synchronize()
+            return 20
     elif a.kind == "resnet":
         import torchvision
 

@@ -27,6 +27,7 @@
 #define CU_OK 0
 #define CU_NOT_READY 600
 #define CU_EVENT_DEFAULT 0
+#define CU_EVENT_DISABLE_TIMING 2
 
 typedef void *CUev;
 typedef CUresult (*fn_ctx_get_current)(CUcontext *);
@@ -53,6 +54,7 @@ struct gs_pdev {
     int state;            /* 0 not yet, 1 ready, -1 not paced (failed or not in the slice) */
     CUcontext ctx, events_ctx;
     CUev start[GS_ENG_RING], end[GS_ENG_RING];
+    CUev drain;           /* re-recorded after each launch of a light high-priority process */
     struct gs_devstate ds;
     struct gs_engine eng;
 };
@@ -130,7 +132,19 @@ static int op_capturing(void *c, void *stream)
     if (!cu.capturing) return 0;
     return cu.capturing((CUstream)stream, &st) != CU_OK || st != 0;
 }
-static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed, op_capturing};
+static int op_record_drain(void *c, void *stream)
+{
+    struct gs_pdev *d = c;
+    return cu.ev_record(d->drain, (CUstream)stream) == CU_OK ? 0 : -1;
+}
+static int op_query_drain(void *c)
+{
+    struct gs_pdev *d = c;
+    CUresult r = cu.ev_query(d->drain);
+    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+}
+static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed, op_capturing,
+                                           op_record_drain, op_query_drain};
 
 static int load_driver(void)
 {
@@ -163,7 +177,8 @@ static void *poller_main(void *arg)
             if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) continue;
             /* events belong to the application's context; make it current in this thread (a light
              * engine with nothing outstanding only refreshes its heartbeat: no CUDA call) */
-            if (!d->eng.light || d->eng.outstanding > 0) cu.ctx_set(d->ctx);
+            if (!d->eng.light || d->eng.outstanding > 0 || __atomic_load_n(&d->eng.drain_pending, __ATOMIC_ACQUIRE))
+                cu.ctx_set(d->ctx);
             int64_t now = mono_ns();
             gs_engine_poll(&d->eng, now);
             /* fast while work is queued or was just launched beside neighbours (their hand-overs
@@ -256,6 +271,11 @@ static void setup_device(int dev, struct gs_pdev *d)
                 GS_ERROR("compute: cannot create timing events on device %d; not paced", dev);
                 return;
             }
+        /* no timing needed: a drain record only says "done or not" (cheaper to record) */
+        if (cu.ev_create(&d->drain, CU_EVENT_DISABLE_TIMING) != CU_OK) {
+            GS_ERROR("compute: cannot create an event on device %d; not paced", dev);
+            return;
+        }
         d->events_ctx = d->ctx;
     }
     if (gs_devstate_open(&d->ds, g.dir, uuid, err, sizeof err) != 0) {
@@ -317,7 +337,7 @@ void gs_pacer_after_launch(int dev, void *stream, int cu_result)
 {
     int slot = tl_slot;
     tl_slot = -1;
-    if (!g.enabled || slot < 0 || dev < 0 || dev >= GS_MAX_DEVICES) return;
+    if (!g.enabled || dev < 0 || dev >= GS_MAX_DEVICES) return;  /* slot < 0: the engine may record a drain */
     struct gs_pdev *d = &g.dev[dev];
     if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) return;
     gs_engine_after(&d->eng, mono_ns(), stream, slot, cu_result == CU_OK);

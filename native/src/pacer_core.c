@@ -95,7 +95,8 @@ static int proc_busy(const struct gs_ds_proc *p, int64_t now)
 {
     if (!(p->flags & GS_DS_PROC_IN_USE)) return 0;
     if (p->flags & GS_DS_PROC_BUSY) return 1;
-    return (p->flags & GS_DS_PROC_LIGHT) && p->last_launch_ns && now - p->last_launch_ns < GS_CTL_PRIO_HOLD_NS;
+    int held = GS_CTL_PRIO_HOLD_MEASURED || (p->flags & GS_DS_PROC_LIGHT);
+    return held && p->last_launch_ns && now - p->last_launch_ns < GS_CTL_PRIO_HOLD_NS;
 }
 
 static int valid_slice(int s) { return s >= 0 && s < GS_DS_MAX_SLICES; }
@@ -246,9 +247,28 @@ static void beat(struct gs_engine *e, int64_t now)
     gs_devstate_unlock(e->ds);
 }
 
+/* Light engine with a drain record out: while it has not completed, refresh the launch time that
+ * low-priority neighbours read (proc_busy: launched within PRIO_HOLD), so they keep waiting for as
+ * long as the queue runs, not only PRIO_HOLD after the last launch. Cleared only if no launch armed
+ * a newer record meanwhile (the generation is read before the query and again after the clear). */
+static void drain_poll(struct gs_engine *e, int64_t now)
+{
+    if (!__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return;
+    uint32_t g0 = __atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE);
+    int q = e->ops->query_drain ? e->ops->query_drain(e->ops_ctx) : -1;
+    if (q == 0) {
+        __atomic_store_n(&e->ds->procs[e->proc].last_launch_ns, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED);
+        return;
+    }
+    __atomic_store_n(&e->drain_pending, 0, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE) != g0) __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
+}
+
 void gs_engine_poll(struct gs_engine *e, int64_t now)
 {
     if (e->light && e->outstanding == 0) {
+        drain_poll(e, now);
         beat(e, now);
         return;
     }
@@ -259,7 +279,7 @@ void gs_engine_poll(struct gs_engine *e, int64_t now)
 
 int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now)
 {
-    if (e->outstanding > 0) return GS_CTL_POLL_NS;
+    if (e->outstanding > 0 || __atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return GS_CTL_POLL_NS;
     if (!e->light && e->others > 0) {
         int64_t last = __atomic_load_n(&e->ds->procs[e->proc].last_launch_ns, __ATOMIC_RELAXED);
         if (last && now - last < GS_CTL_POLL_ACTIVE_NS) return GS_CTL_POLL_NS;
@@ -358,14 +378,16 @@ static int mode_recheck(struct gs_engine *e, int64_t now)
     if (mine->mode == GS_CTL_OFF) return 1;
     if (now - e->light_check_ns < GS_LIGHT_RECHECK_NS) return e->light;
     e->light_check_ns = now;
-    int need = 0;
+    int need = 0, low_active = 0;
     for (int i = 0; i < GS_DS_MAX_SLICES && !need; i++) {
         if (i == e->slice) continue;
         const struct gs_ds_slice *s = &e->ds->slices[i];
         int64_t la = __atomic_load_n(&s->last_active_ns, __ATOMIC_RELAXED);
         if (!(s->flags & GS_DS_SLICE_IN_USE) || s->mode == GS_CTL_OFF || !la || now - la >= GS_CTL_ACTIVE_NS) continue;
-        need = mine->priority != 0 || s->priority != 0;
+        need = mine->priority != 0 || (!GS_CTL_PRIO_HIGH_LIGHT && s->priority != 0);
+        low_active |= s->priority != 0;
     }
+    __atomic_store_n(&e->drain_wanted, GS_CTL_PRIO_HIGH_LIGHT && mine->priority == 0 && low_active, __ATOMIC_RELAXED);
     /* leave the measured mode only with nothing outstanding, so our busy flag is cleared first */
     e->light = !need && e->outstanding == 0;
     return e->light;
@@ -458,6 +480,14 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
 void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, int slot, int ok)
 {
     (void)now;
+    if (slot < 0 && ok && e->light && __atomic_load_n(&e->drain_wanted, __ATOMIC_RELAXED) && e->ops->record_drain) {
+        /* record, then bump the generation, then arm: see gs_engine_poll for the other side */
+        if (e->ops->record_drain(e->ops_ctx, stream) == 0) {
+            __atomic_fetch_add(&e->drain_gen, 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
+        }
+        return;
+    }
     if (slot < 0 || slot >= GS_ENG_RING) return;
     int rec = ok ? e->ops->record_end(e->ops_ctx, slot, stream) : -1;
     /* No lock: the slot is RESERVED, owned by this launch until this one store. The harvest stops at

@@ -51,13 +51,38 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  * slice otherwise switched ~900 times a second and lost 19 % of the device). */
 #define GS_CTL_TURN_MIN_NS     2000000LL
 #define GS_CTL_ACTIVE_NS     100000000LL
+/* The PRIO_* constants may be overridden with -D for the priority sweep in bench/compute/ (a
+ * benchmark builds variants of the library; a normal build uses these values). */
+#ifndef GS_CTL_PRIO_HOLD_NS
 #define GS_CTL_PRIO_HOLD_NS     500000LL
+#endif
+/* PRIO_HOLD_MEASURED 1: the hold applies to measured high-priority processes too, not only to light
+ * ones. A launch-bound online request (ResNet-18 batch 8: ~60 kernels of a few us, the CPU between
+ * them) drains its GPU queue between kernels; counting only "work outstanding" let a low-priority
+ * trainer slip PRIO_QUEUE of work into every such gap, and the request's next kernel waited
+ * behind it (0 = the earlier behaviour, kept for the sweep). */
+#ifndef GS_CTL_PRIO_HOLD_MEASURED
+#define GS_CTL_PRIO_HOLD_MEASURED 1
+#endif
+/* PRIO_HIGH_LIGHT 1: an unpaced high-priority process stays light beside active low-priority
+ * slices: no event pair per launch, no lock; it re-records one drain event after each launch, and
+ * while that event has not completed its poller keeps its launch time fresh, so low-priority
+ * neighbours see it busy for as long as its queue runs (a CUDA graph, a batch of long kernels) and
+ * for PRIO_HOLD after. Measured on the H100 (bench/results/2026-11-23-h100-compute-sweep.txt): with
+ * event pairs a launch-bound ResNet-18 request beside a trainer took 3.54 ms at the median (2.34
+ * alone), light 2.47 (2.32 alone), and the trainer kept 27 % instead of 22 %: the pairs, the lock
+ * and the harvest cost ~15 us per launch of a loop that is all launches. 0 = event pairs (sweep). */
+#ifndef GS_CTL_PRIO_HIGH_LIGHT
+#define GS_CTL_PRIO_HIGH_LIGHT 1
+#endif
 #define GS_CTL_PRIO_SERIAL_NS 200000000LL
 /* PRIO_QUEUE 0.3 ms: during PRIO_SERIAL a low-priority process may keep this much predicted work
  * queued (at least one launch). One launch at a time left a ResNet-50 trainer 3.7 % of its speed on
  * the H100 (each ~36 us kernel waited for the previous one to be harvested); 0.3 ms adds at most
  * that to a high-priority request's wait. */
+#ifndef GS_CTL_PRIO_QUEUE_NS
 #define GS_CTL_PRIO_QUEUE_NS    300000LL
+#endif
 #define GS_CTL_WAIT_MIN_NS       50000LL
 #define GS_CTL_WAIT_MAX_NS      250000LL
 /* The pacer's poller harvests events and refreshes the shared state this often while the process

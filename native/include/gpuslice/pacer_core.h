@@ -22,6 +22,12 @@ struct gs_gpu_ops {
     /* optional (NULL = never): 1 when `stream` is being captured into a graph; such launches do
      * not run now, so they are neither paced nor timed (an event would join the graph) */
     int (*capturing)(void *ctx, void *stream);
+    /* optional (NULL = no drain tracking): one reusable event re-recorded after each launch of a
+     * light high-priority process, and whether its latest record has completed (1 done, 0 pending,
+     * <0 error). It tells low-priority neighbours that the process's queue is not yet drained (a
+     * CUDA graph launch, a batch of long kernels) at the cost of one record per launch. */
+    int (*record_drain)(void *ctx, void *stream);
+    int (*query_drain)(void *ctx);
 };
 
 enum { GS_RING_FREE = 0, GS_RING_RESERVED = 1, GS_RING_RECORDED = 2, GS_RING_VOID = 3 };
@@ -35,6 +41,9 @@ struct gs_engine {
     int light;            /* now publishing activity only, no events (light_base and no low-priority
                              neighbour that must know when our queue is empty) */
     int64_t light_check_ns;
+    int drain_wanted;     /* light, high priority, a low-priority slice active: track queue drain */
+    int drain_pending;    /* a drain record may still be running (atomic; launch threads + poller) */
+    uint32_t drain_gen;   /* bumped after each drain record (atomic), see gs_engine_poll */
     uint8_t ring[GS_ENG_RING];
     int head, tail, outstanding;   /* pairs handed out: [tail, head) */
     int64_t cost_ns;      /* mean GPU time per launch (EWMA of measured pairs), 0 = unknown */
