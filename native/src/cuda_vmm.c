@@ -18,6 +18,7 @@
 static pthread_mutex_t g_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gs_u64map g_maps;    /* mapping start -> a: size, b: handle */
 static struct gs_u64map g_handles; /* handle -> a: live mappings, b: 1 once released, c: bytes | ordinal << 48 */
+static struct gs_u64map g_retains; /* handle -> a: references added by cuMemRetainAllocationHandle */
 
 #define PACK(ord, bytes) ((uint64_t)(bytes) | ((uint64_t)(uint16_t)(ord) << 48))
 #define BYTES_OF(c) ((c) & ((1ull << 48) - 1))
@@ -29,6 +30,7 @@ void gs_vmm_after_fork_child(void)
     g_vmm_lock = fresh;
     gs_u64map_clear(&g_maps);
     gs_u64map_clear(&g_handles);
+    gs_u64map_clear(&g_retains);
 }
 
 GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
@@ -48,6 +50,14 @@ GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     __typeof__(&cuMemRelease) real = GS_REAL(cuMemRelease);
     GS_PROLOGUE(real(handle));
     pthread_mutex_lock(&g_vmm_lock);
+    /* A reference that cuMemRetainAllocationHandle added goes first: the allocation lives on. */
+    struct gs_u64val *ret = gs_u64map_get(&g_retains, handle);
+    if (ret && ret->a > 0) {
+        CUresult rr = real(handle);
+        if (rr == CUDA_SUCCESS && --ret->a == 0) gs_u64map_take(&g_retains, handle, NULL);
+        pthread_mutex_unlock(&g_vmm_lock);
+        return rr;
+    }
     int ord;
     uint64_t bytes;
     int had = gs_track_take(GS_K_HANDLE, handle, &ord, &bytes);
@@ -126,7 +136,28 @@ GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return r;
 }
 
+/* The driver hands out the handle of a mapped allocation with one more reference, which needs its
+ * own cuMemRelease: count it, so that release is not taken for the one that frees the memory. */
+GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    __typeof__(&cuMemRetainAllocationHandle) real = GS_REAL(cuMemRetainAllocationHandle);
+    GS_PROLOGUE(real(handle, addr));
+    pthread_mutex_lock(&g_vmm_lock);
+    CUresult r = real(handle, addr);
+    if (r == CUDA_SUCCESS && handle) {
+        struct gs_u64val *ret = gs_u64map_get(&g_retains, *handle);
+        struct gs_u64val v = ret ? *ret : (struct gs_u64val){0, 0, 0};
+        v.a++;
+        /* without the record a later release would give the bytes back early: say so */
+        if (gs_u64map_put(&g_retains, *handle, v))
+            GS_WARN("cuMemRetainAllocationHandle: out of host memory for the handle table");
+    }
+    pthread_mutex_unlock(&g_vmm_lock);
+    return r;
+}
+
 const struct gs_hook gs_hooks_vmm[] = {
+    {"cuMemRetainAllocationHandle", (void *)cuMemRetainAllocationHandle},
     {"cuMemCreate", (void *)cuMemCreate},
     {"cuMemRelease", (void *)cuMemRelease},
     {"cuMemMap", (void *)cuMemMap},

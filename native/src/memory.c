@@ -260,7 +260,12 @@ static CUresult reserve_idx(int ordinal, int idx, uint64_t bytes, int ctx_delta,
 
 static CUresult outside_slice(int ordinal, const char *what)
 {
-    GS_WARN("%s on device %d refused: that device is not part of this slice", what, ordinal);
+    /* as gs_mem_refused: the first few, then every power of two (frameworks probe every device) */
+    static unsigned long refusals;
+    unsigned long n = __atomic_add_fetch(&refusals, 1, __ATOMIC_RELAXED);
+    if (n <= 4 || (n & (n - 1)) == 0)
+        GS_WARN("%s on device %d refused: that device is not part of this slice (refusal %lu in this process)", what,
+                ordinal, n);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 

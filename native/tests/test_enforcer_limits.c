@@ -294,6 +294,36 @@ static void s_active_oom_killer_bad_value(void)
     CHECK(strstr(log, "ACTIVE_OOM_KILLER='yes'") && strstr(log, "1, true, 0, false"), "log: %s", log);
 }
 
+/* The legacy 32-bit entry points libcuda still exports under the plain names (reached only by
+ * programs that look the names up themselves: dlsym, ctypes, an old cuGetProcAddress version) meet
+ * the same limit and show the same slice as the _v2 ones. */
+CUresult cuMemAlloc(CUdeviceptr_v1 *, unsigned int);
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int);
+CUresult cuMemFree(CUdeviceptr_v1);
+CUresult cuMemGetInfo(unsigned int *, unsigned int *);
+CUresult cuDeviceTotalMem(unsigned int *, CUdevice);
+static void s_legacy_entry_points(void)
+{
+    t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
+    up(0);
+    unsigned int f = 0, t = 0, total = 0;
+    CHECK_EQ(cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+    CHECK_EQ(t, 1024 * MiB);
+    CHECK_EQ(f, 1024 * MiB - CTX);
+    CHECK_EQ(cuDeviceTotalMem(&total, 0), CUDA_SUCCESS);
+    CHECK_EQ(total, 1024 * MiB);
+    CUdeviceptr_v1 a = 0, b = 0, c = 0;
+    CHECK_EQ(cuMemAlloc(&a, (unsigned)(512 * MiB)), CUDA_SUCCESS);
+    unsigned int pitch = 0;
+    /* 1024-byte rows (pitch 1024 in the double) x 512 Ki rows = 512 MiB: over what is left (448 MiB) */
+    CHECK_EQ(cuMemAllocPitch(&b, &pitch, 1024, 512 * 1024, 4), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(cuMemAllocPitch(&b, &pitch, 1024, 448 * 1024, 4), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAlloc(&c, 1), CUDA_ERROR_OUT_OF_MEMORY); /* exactly full: not one byte more */
+    CHECK_EQ(cuMemFree(b), CUDA_SUCCESS);
+    CHECK_EQ(cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+    CHECK_EQ(f, 448 * MiB); /* the pitched allocation came back whole */
+}
+
 int main(void)
 {
     setvbuf(stderr, NULL, _IOLBF, 0);
@@ -307,6 +337,7 @@ int main(void)
     SCENARIO(s_lock_failure_fail_closed);
     SCENARIO(s_active_oom_killer);
     SCENARIO(s_active_oom_killer_bad_value);
+    SCENARIO(s_legacy_entry_points);
     fprintf(stderr, "test_enforcer_limits%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

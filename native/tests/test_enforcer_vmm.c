@@ -128,6 +128,32 @@ static void s_vmm_lookups_hooked(void)
     if (h) dlclose(h);
 }
 
+/* cuMemRetainAllocationHandle adds a reference that needs its own cuMemRelease: the memory lives
+ * until every reference is released and the last mapping is gone, and the slice counts it that long
+ * (a retain, then two releases while mapped, must not give the bytes back twice or early). */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
+static void s_retained_handle_needs_every_release(void)
+{
+    t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
+    up(0);
+    CUdeviceptr va;
+    CHECK_EQ(cuMemAddressReserve(&va, 64 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    CUresult r;
+    CUmemGenericAllocationHandle h = create(32 * MiB, &r), again = 0;
+    CHECK_EQ(r, CUDA_SUCCESS);
+    CHECK_EQ(cuMemMap(va, 32 * MiB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)va), CUDA_SUCCESS);
+    CHECK_EQ(again, h);
+    CHECK_EQ(cuMemUnmap(va, 32 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(cuMemRelease(again), CUDA_SUCCESS); /* the retained reference: the original one remains */
+    CHECK_EQ(gsdouble_used(0), 32 * MiB);
+    CHECK_EQ(t_used(0), CTX + 32 * MiB);
+    CHECK_EQ(cuMemRelease(h), CUDA_SUCCESS);     /* the last reference, nothing mapped: freed */
+    CHECK_EQ(gsdouble_used(0), 0);
+    CHECK_EQ(t_used(0), CTX);
+    CHECK_EQ(cuMemAddressFree(va, 64 * MiB), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     setvbuf(stderr, NULL, _IOLBF, 0);
@@ -136,6 +162,7 @@ int main(void)
     SCENARIO(s_unmap_then_release_and_double_mapping);
     SCENARIO(s_expandable_segments_pattern);
     SCENARIO(s_vmm_lookups_hooked);
+    SCENARIO(s_retained_handle_needs_every_release);
     fprintf(stderr, "test_enforcer_vmm%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

@@ -49,7 +49,7 @@ EXPORT unsigned long gsdouble_launches;
 #define TAB 65536
 /* kinds: 1 linear, 2 VMM handle, 3 array, 4 mipmapped array, 5 pool allocation (dev = pool index),
  * 6 VMM mapping (aux = handle). A handle counts its mappings in refs; released marks cuMemRelease. */
-static struct { uint64_t key, size, aux; int dev, kind, refs, released; } g_tab[TAB];
+static struct { uint64_t key, size, aux; int dev, kind, refs, released, retains; } g_tab[TAB];
 
 EXPORT unsigned long long gsdouble_used(int dev) { return dev >= 0 && dev < MAXDEV ? g_used[dev] : 0; }
 
@@ -493,10 +493,28 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
+    if (g_tab[i].retains > 0) { /* a reference cuMemRetainAllocationHandle added: only it goes */
+        g_tab[i].retains--;
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_SUCCESS;
+    }
     int mapped = g_tab[i].refs > 0;
     if (mapped) g_tab[i].released = 1; /* the memory stays until the last unmap */
     pthread_mutex_unlock(&g_lock);
     return mapped ? CUDA_SUCCESS : free_kind(h, 2);
+}
+/* The handle behind a mapped address, with one more reference (each needs its own cuMemRelease). */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
+{
+    pthread_mutex_lock(&g_lock);
+    long m = slot_of((uint64_t)(uintptr_t)addr, 6);
+    long i = m >= 0 ? slot_of(g_tab[m].aux, 2) : -1;
+    if (i >= 0) {
+        g_tab[i].retains++;
+        *h = g_tab[m].aux;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f)
 {
@@ -651,7 +669,7 @@ static const struct { const char *name; void *fn; } g_syms[] = {
     F(cuMemGetInfo_v2), F(cuMemAllocAsync), F(cuMemAllocAsync_ptsz), F(cuMemFreeAsync), F(cuMemFreeAsync_ptsz),
     F(cuMemPoolCreate), F(cuMemPoolDestroy), F(cuMemAllocFromPoolAsync), F(cuMemAllocFromPoolAsync_ptsz),
     F(cuMemGetAllocationGranularity), F(cuMemCreate), F(cuMemRelease), F(cuMemAddressReserve), F(cuMemAddressFree),
-    F(cuMemMap), F(cuMemUnmap), F(cuMemSetAccess), F(cuArrayCreate_v2), F(cuArray3DCreate_v2), F(cuArrayDestroy),
+    F(cuMemMap), F(cuMemUnmap), F(cuMemSetAccess), F(cuMemRetainAllocationHandle), F(cuArrayCreate_v2), F(cuArray3DCreate_v2), F(cuArrayDestroy),
     F(cuMipmappedArrayCreate), F(cuMipmappedArrayDestroy), F(cuLaunchKernel), F(cuLaunchKernel_ptsz),
     F(cuLaunchKernelEx), F(cuLaunchKernelEx_ptsz), F(cuLaunchCooperativeKernel), F(cuLaunchCooperativeKernel_ptsz),
     F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
