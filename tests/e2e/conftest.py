@@ -280,16 +280,23 @@ def chart_args(chart_docs: list[dict[str, Any]]) -> dict[str, list[str]]:
 @pytest.fixture(scope="session")
 def chart_identities(control_plane: ControlPlane, chart_docs: list[dict[str, Any]],
                      tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Kubeconfigs for the chart's ServiceAccounts, bound by the chart's own (Cluster)Roles, applied to
-    the real API server (RBAC authorization is on). The extender and the agent run the e2e tests under
-    these, so RBAC that misses a verb the code needs fails the tests, not a user's cluster."""
+    """Kubeconfigs for the chart's ServiceAccounts, bound by the chart's own (Cluster)Roles and narrowed by
+    its write policies (ValidatingAdmissionPolicies), applied to the real API server (RBAC authorization
+    is on). The extender and the agent run the e2e tests under these, so RBAC or a policy that misses
+    something the code writes fails the tests, not a user's cluster. The "agent" token here is bound to
+    no pod, so the policies let it write nothing: agents run with :func:`agent_identity` tokens."""
     from kubernetes import client
 
     import yaml
 
+    policies = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
     wanted = [d for d in chart_docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                                                "RoleBinding")
-              and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})]
+                                                "RoleBinding", *policies)
+              and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
+              # the guard is test_kube_helm_apply's own business (it applies and deletes it)
+              and not (d["kind"] in policies and d["metadata"]["name"].endswith("-guard"))]
+    assert {d["metadata"]["name"] for d in wanted if d["kind"] == "ValidatingAdmissionPolicy"} == {
+        "gs-gpuslice-agent-nodes", "gs-gpuslice-agent-pods", "gs-gpuslice-extender-nodes"}
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHART_NAMESPACE}}
     manifest = yaml.safe_dump_all([ns, *wanted])
     if not KUBECTL.exists():
@@ -303,22 +310,74 @@ def chart_identities(control_plane: ControlPlane, chart_docs: list[dict[str, Any
     for role, sa in (("scheduler", "gs-gpuslice-scheduler"), ("agent", "gs-gpuslice-agent")):
         tok = core.create_namespaced_service_account_token(
             sa, CHART_NAMESPACE, {"spec": {"expirationSeconds": 3 * 3600}}).status.token
-        path = folder / f"{role}.kubeconfig"
-        path.write_text(f"""apiVersion: v1
+        out[role] = write_kubeconfig(control_plane, folder / f"{role}.kubeconfig", sa, tok)
+    # The API server compiles new policies asynchronously: wait until the agent-nodes one refuses.
+    from gpuslice.kube.api import KubeError, connect
+
+    probe = "gpuslice-e2e-policy-probe"
+    core.create_node({"metadata": {"name": probe}})
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            connect(out["agent"]).patch_node_annotations(probe, {"gpuslice.io/devices": "probe"})
+        except KubeError as exc:
+            if exc.status == 403:
+                break
+        assert time.monotonic() < deadline, "the chart's write policies never refused an unbound agent token"
+        time.sleep(0.5)
+    core.delete_node(probe)
+    return out
+
+
+def write_kubeconfig(cp: ControlPlane, path: Path, user: str, token: str) -> str:
+    path.write_text(f"""apiVersion: v1
 kind: Config
 clusters:
 - name: e2e
-  cluster: {{server: "{control_plane.server}", certificate-authority: "{control_plane.ca_file}"}}
+  cluster: {{server: "{cp.server}", certificate-authority: "{cp.ca_file}"}}
 users:
-- name: {sa}
-  user: {{token: "{tok}"}}
+- name: {user}
+  user: {{token: "{token}"}}
 contexts:
-- name: {sa}
-  context: {{cluster: e2e, user: {sa}}}
-current-context: {sa}
+- name: {user}
+  context: {{cluster: e2e, user: {user}}}
+current-context: {user}
 """)
-        out[role] = str(path)
-    return out
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def agent_identity(control_plane: ControlPlane, chart_identities: dict[str, str],
+                   tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``agent_identity(node)``: a kubeconfig for the chart's agent ServiceAccount as the DaemonSet pod on
+    ``node`` holds it — a token bound to a pod of that account bound to that node, so the API server names
+    the node in the token's user (``authentication.kubernetes.io/node-name``), which the chart's agent
+    policies check. The pod itself never runs (there is no kubelet)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(control_plane.api())
+    folder = tmp_path_factory.mktemp("agent-identities")
+    made: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def identity(node: str) -> str:
+        with lock:
+            if node in made:
+                return made[node]
+        pod = core.create_namespaced_pod(CHART_NAMESPACE, {
+            "metadata": {"name": f"agent-{node}"},
+            "spec": {"nodeName": node, "serviceAccountName": "gs-gpuslice-agent",
+                     "containers": [{"name": "agent", "image": "gpuslice"}]}})
+        tok = core.create_namespaced_service_account_token("gs-gpuslice-agent", CHART_NAMESPACE, {"spec": {
+            "expirationSeconds": 3 * 3600,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name,
+                               "uid": pod.metadata.uid}}}).status.token
+        path = write_kubeconfig(control_plane, folder / f"agent-{node}.kubeconfig", "gs-gpuslice-agent", tok)
+        with lock:
+            made[node] = path
+        return path
+
+    return identity
 
 
 # --------------------------------------------------------------------------------- gpuslice parts

@@ -113,7 +113,7 @@ print(json.dumps(out), flush=True)
 
 def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess",
                                              node_maker: Any, devices_of: Any, kubelet_api: Path,
-                                             chart_identities: dict[str, str], chart_args: dict[str, list[str]],
+                                             agent_identity: Any, chart_args: dict[str, list[str]],
                                              tmp_path: Path) -> None:
     from kubernetes import client
 
@@ -161,10 +161,11 @@ def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", web
     agent_log = tmp_path / "agent.log"
     with open(agent_log, "w") as log:
         agent = subprocess.Popen(
-            # The chart's agent container, as the chart's agent ServiceAccount under the chart's RBAC;
-            # only host paths, the node's identity and the device source differ here. (The chart's
-            # library path is kept: Allocate only names it, the kubelet would mount it.)
-            [str(gpuslice), *chart_args["agent"], "--node", NODE, "--kubeconfig", chart_identities["agent"],
+            # The chart's agent container, as the chart's agent ServiceAccount (with the pod-bound token
+            # its DaemonSet pod on this node would hold) under the chart's RBAC and write policies; only
+            # host paths, the node's identity and the device source differ here. (The chart's library
+            # path is kept: Allocate only names it, the kubelet would mount it.)
+            [str(gpuslice), *chart_args["agent"], "--node", NODE, "--kubeconfig", agent_identity(NODE),
              "--snapshot", str(snapshot), "--plugin-dir", str(plugin_dir), "--host-state-dir", str(state),
              "--state-dir", str(state), "--metrics-port", "0", "--device-nodes", "always"],
             stdout=log, stderr=subprocess.STDOUT)

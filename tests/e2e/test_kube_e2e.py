@@ -144,8 +144,70 @@ def load_pool(control_plane: "ControlPlane", node_maker: Any) -> Iterator[list[s
         v1.patch_node(n, {"spec": {"taints": [LOAD_TAINT]}})
 
 
+class FakeKubelets:
+    """What the load pool's kubelets would do with each pod bound there: Allocate its GPU containers, in
+    spec order, through the device plugin's real Allocator (one per node, as the chart's agent on that node).
+    That releases the extender's allocation lock as in a cluster (without it each node would take one pod
+    per device count and then wait for the lock's timeout). Unlike the plugin, the kubelet knows which pod
+    it admits: every answer must be that pod's grant, or it is recorded in ``wrong``."""
+
+    def __init__(self, agent_identity: Any, nodes: list[str], state: Any, devices_of: Any):
+        from concurrent.futures import ThreadPoolExecutor as Pool
+
+        from gpuslice.kube.api import connect
+        from gpuslice.kube.plugin import Allocator, PluginConfig
+
+        with Pool(8) as pool:
+            apis = dict(zip(nodes, pool.map(lambda n: connect(agent_identity(n)), nodes)))
+        self.api = apis[nodes[0]]  # any agent may list pods; each writes only its own node's
+        self.allocators = {n: Allocator(apis[n], PluginConfig(node=n, host_state_dir=state / n, device_nodes="none"),
+                                        lambda n=n: devices_of(n)) for n in nodes}
+        self.admitted: set[str] = set()
+        self.wrong: list[str] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="fake-kubelets", daemon=True)
+
+    def __enter__(self) -> "FakeKubelets":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+    def _run(self) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            while not self.stop.wait(0.3):
+                try:
+                    pods = self.api.list_pods(field_selector="spec.nodeName!=")
+                except Exception as exc:  # the API server is busy: next round
+                    self.errors.append(f"list: {exc}")
+                    continue
+                for pod in pods:
+                    uid = pod["metadata"]["uid"]
+                    if pod["metadata"]["namespace"] == NS and pod["spec"]["nodeName"] in self.allocators \
+                            and uid not in self.admitted:
+                        self.admitted.add(uid)
+                        pool.submit(self._admit, pod)
+
+    def _admit(self, pod: dict[str, Any]) -> None:
+        from gpuslice.kube.plugin import ID_SEP
+
+        name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+        try:
+            allocator = self.allocators[pod["spec"]["nodeName"]]
+            for c in grant_of(pod).containers:
+                match, _ = allocator.allocate([f"{s.device_uuid}{ID_SEP}{k}" for k, s in enumerate(c.slices)])
+                if match.entry.pod_uid != uid or match.grant.container != c.container:
+                    self.wrong.append(f"{name}/{c.container} got {match.entry.pod}/{match.grant.container}")
+        except Exception as exc:  # asserted by the test
+            self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+
+
 def test_500_concurrent_pods_never_overcommit_even_across_extender_restarts(
-        control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess", load_pool: list[str]) -> None:
+        control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess", load_pool: list[str],
+        agent_identity: Any, devices_of: Any, tmp_path: Any) -> None:
     from gpuslice.kube import codec
 
     rng = random.Random(7)
@@ -191,16 +253,26 @@ def test_500_concurrent_pods_never_overcommit_even_across_extender_restarts(
                     break
                 time.sleep(0.2)
 
+    kubelets = FakeKubelets(agent_identity, load_pool, tmp_path, devices_of)  # 50 pod-bound tokens: before the clock
     started = time.monotonic()
     killer = threading.Thread(target=restart_midway, daemon=True)
     killer.start()
-    with ThreadPoolExecutor(48) as pool:
-        list(pool.map(create, specs))
-    created_s = time.monotonic() - started
-    assert not create_errors, create_errors[:5]
-    pods = wait_bound(v1, list(specs), 200)
-    bound_s = time.monotonic() - started
-    killer.join(30)
+    with kubelets:
+        with ThreadPoolExecutor(48) as pool:
+            list(pool.map(create, specs))
+        created_s = time.monotonic() - started
+        assert not create_errors, create_errors[:5]
+        pods = wait_bound(v1, list(specs), 200)
+        bound_s = time.monotonic() - started
+        killer.join(30)
+        deadline = time.monotonic() + 30
+        while len(kubelets.admitted) < len(specs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    # Allocate always answered with the admitted pod's own grant, and never had to refuse (the lock
+    # kept each node at one waiting pod per device count, even across the extender's restarts).
+    assert not kubelets.wrong, kubelets.wrong[:5]
+    assert not [e for e in kubelets.errors if not e.startswith("list:")], kubelets.errors[:5]
+    assert len(kubelets.admitted) == len(specs)
     assert len(restarts) == 3, f"the extender was restarted {len(restarts)} times, not 3: the test did not test that"
     assert extender.alive()
     print(f"500 pods: created in {created_s:.1f}s, all bound in {bound_s:.1f}s "
@@ -256,11 +328,18 @@ def test_500_concurrent_pods_never_overcommit_even_across_extender_restarts(
                     [s for c in grant_of(pod).containers for s in c.slices]
     missing = [p["metadata"]["name"] for uid, p in uid_to_pod.items() if uid not in seen]
     assert not missing, f"bound pods absent from every ledger: {missing[:5]}"
+    # Every pod was allocated, and so no node of the pool still holds the allocation lock.
+    for n in nodes:
+        if n["metadata"]["name"] in load_pool:
+            held = codec.decode_allocating((n["metadata"].get("annotations") or {}).get(codec.NODE_ALLOCATING))
+            assert not held & set(uid_to_pod), f"{n['metadata']['name']} still waits for Allocate of {held}"
 
 
 # --------------------------------------------------------------------- malformed payloads: 4xx
 @pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind"])
-@pytest.mark.parametrize("body", [b"not json", b"", b"[]", b'{"Pod": 5}', b'{"PodName": ""}', b"{\"Nodes\": {\"items\": 7}}"])
+@pytest.mark.parametrize("body", [b"not json", b"", b"[]", b'{"Pod": 5}', b'{"PodName": ""}', b"{\"Nodes\": {\"items\": 7}}",
+                                  json.dumps({"Pod": {"metadata": {"name": "p"}, "spec": {"containers": []}}, "Nodes": {
+                                      "items": [{"metadata": {"name": "n", "annotations": ["x"]}}]}}).encode()])
 def test_extender_answers_malformed_payloads_with_4xx(extender: "ExtenderProcess", path: str, body: bytes) -> None:
     """Bodies no kube-scheduler would send get a 4xx naming the problem, and the extender stays up."""
     import httpx

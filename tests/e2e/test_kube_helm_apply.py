@@ -12,7 +12,7 @@ import subprocess
 import time
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -139,7 +139,8 @@ def test_guard_policy_is_enforced_by_the_api_server(control_plane: ControlPlane)
                               capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
     guard = [d for d in yaml.safe_load_all(rendered.stdout)
-             if d and d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+             if d and d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+             and d["metadata"]["name"].endswith("-guard")]
     assert len(guard) == 2
     manifest = yaml.safe_dump_all(guard)
     applied = _apply(control_plane, manifest)
@@ -163,3 +164,68 @@ def test_guard_policy_is_enforced_by_the_api_server(control_plane: ControlPlane)
         assert plain.returncode == 0, plain.stderr  # pods without the resource are not the guard's business
     finally:
         _kubectl_file(control_plane, manifest, "delete")
+
+
+def test_write_policies_keep_each_account_to_its_own_annotations(control_plane: ControlPlane,
+                                                                chart_identities: dict[str, str],
+                                                                agent_identity: Any, node_maker: Any,
+                                                                devices_of: Any) -> None:
+    """RBAC lets the agent patch every Node and Pod and the extender every Node; the chart's
+    ValidatingAdmissionPolicies, live in the API server, narrow that to what the code writes: the agent only
+    gpuslice.io/devices / allocating of the node its pod-bound token names and gpuslice.io/allocated of
+    pods bound there; the extender only gpuslice.io/ledger / allocating of nodes."""
+    from kubernetes import client
+
+    from gpuslice.kube import codec
+    from gpuslice.kube.api import KubeError, connect
+
+    core = client.CoreV1Api(control_plane.api())
+    for n in ("policy-a", "policy-b"):
+        node_maker(n)
+    for name, node in (("on-a", "policy-a"), ("on-b", "policy-b")):
+        core.create_namespaced_pod("default", {"metadata": {"name": name},
+                                               "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}})
+    agent, unbound, extender = (connect(agent_identity("policy-a")), connect(chart_identities["agent"]),
+                                connect(chart_identities["scheduler"]))
+
+    def outcome(call: Any) -> str:
+        try:
+            call()
+            return "allowed"
+        except KubeError as exc:
+            assert exc.status == 403, exc
+            return str(exc)
+
+    def node_patch(api: Any, node: str, body: dict[str, Any]) -> Any:
+        return lambda: api._call("PATCH", f"/api/v1/nodes/{node}", body, api.MERGE)
+
+    # Valid values where a write is allowed: the session's extender reads these nodes too.
+    devices = codec.encode_node_devices(devices_of("policy-a"), split_count=10)
+    allowed = [
+        lambda: agent.patch_node_annotations("policy-a", {"gpuslice.io/devices": devices, "gpuslice.io/allocating": None}),
+        lambda: agent.patch_pod_annotations("default", "on-a", {"gpuslice.io/allocated": codec.encode_allocated([])}),
+        lambda: extender.patch_node_annotations("policy-b", {"gpuslice.io/ledger": codec.encode_ledger(codec.Ledger({})),
+                                                             "gpuslice.io/allocating": codec.encode_allocating(["x"])}),
+        lambda: extender.patch_node_annotations("policy-b", {"gpuslice.io/allocating": None}),
+    ]
+    for call in allowed:
+        assert outcome(call) == "allowed"
+    refused = {
+        "may not change node policy-b":
+            lambda: agent.patch_node_annotations("policy-b", {"gpuslice.io/devices": "refused"}),
+        "not gpuslice.io/ledger": lambda: agent.patch_node_annotations("policy-a", {"gpuslice.io/ledger": "refused"}),
+        "labels, finalizers": node_patch(agent, "policy-a", {"metadata": {"labels": {"gpu": "off"}}}),
+        "spec stay": node_patch(agent, "policy-a", {"spec": {"unschedulable": True}}),
+        "not gpuslice.io/grant":
+            lambda: agent.patch_pod_annotations("default", "on-a", {"gpuslice.io/grant": "refused"}),
+        "on-b is bound to policy-b":
+            lambda: agent.patch_pod_annotations("default", "on-b", {"gpuslice.io/allocated": "refused"}),
+        "pod-bound service-account token":
+            lambda: unbound.patch_node_annotations("policy-a", {"gpuslice.io/devices": "refused"}),
+        "not gpuslice.io/devices":
+            lambda: extender.patch_node_annotations("policy-a", {"gpuslice.io/devices": "refused"}),
+        "labels, finalizers, owner": node_patch(extender, "policy-a", {"metadata": {"labels": {"gpu": "off"}}}),
+    }
+    for needle, call in refused.items():
+        said = outcome(call)
+        assert said != "allowed" and needle in said, (needle, said)

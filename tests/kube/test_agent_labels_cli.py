@@ -128,10 +128,60 @@ def test_scheduler_verb_serves_extender_and_tls_webhook(tmp_path):
         proc.wait(10)
 
 
-def test_scheduler_verb_refuses_webhook_without_tls(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "scheduler", "--kubeconfig", str(tmp_path / "none")],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "Kubernetes credentials" in r.stderr
+def _scheduler(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuslice.cli", "scheduler", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_scheduler_verb_refuses_webhook_without_tls_and_nothing_to_serve(tmp_path):
+    none = str(tmp_path / "none")
+    r = _scheduler("--kubeconfig", none)
+    assert r.returncode == 1 and "needs --tls-cert and --tls-key" in r.stderr, r.stderr
+    r = _scheduler("--kubeconfig", none, "--port", "0", "--webhook-port", "0")
+    assert r.returncode == 1 and "nothing to serve" in r.stderr, r.stderr
+    r = _scheduler("--kubeconfig", none, "--webhook-port", "0", "--allocation-timeout", "-1")
+    assert r.returncode == 1 and "--allocation-timeout" in r.stderr, r.stderr
+    r = _scheduler("--kubeconfig", none, "--webhook-port", "0", "--port", "70000")
+    assert r.returncode == 1 and "--port" in r.stderr, r.stderr
+    # The extender alone still needs credentials (it is the part that talks to the API server).
+    r = _scheduler("--kubeconfig", none, "--webhook-port", "0")
+    assert r.returncode == 1 and "Kubernetes credentials" in r.stderr, r.stderr
+
+
+def test_scheduler_port_0_serves_the_webhook_only(tmp_path):
+    """The chart's webhook container runs `scheduler --port 0`: no extender, no API connection (its
+    credentials here do not even exist), just /mutate over TLS."""
+    tls = write_self_signed(tmp_path / "tls")
+    wport = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "scheduler", "--kubeconfig", str(tmp_path / "none"),
+                             "--host", "127.0.0.1", "--port", "0", "--webhook-host", "127.0.0.1",
+                             "--webhook-port", str(wport), "--tls-cert", str(tls.cert), "--tls-key", str(tls.key),
+                             "--log-level", "error"], env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            stderr=subprocess.PIPE, text=True)
+    ctx = ssl.create_default_context(cafile=str(tls.ca))
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"https://127.0.0.1:{wport}/healthz", verify=ctx, timeout=1).text == "ok":
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "webhook did not come up"
+            time.sleep(0.1)
+        assert httpx.post(f"https://127.0.0.1:{wport}/filter", json={}, verify=ctx, timeout=5).status_code == 404
+        with socket.create_connection(("127.0.0.1", wport)):
+            pass
+        # nothing else listens: the extender's default port is not taken, port 0 bound nothing either
+        assert proc.poll() is None
+        conns = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+        mine = [line for line in conns.splitlines() if f"pid={proc.pid}," in line]
+        if mine:  # ss names owners only when allowed to; then it is exactly the webhook's socket
+            assert len(mine) == 1 and f":{wport} " in mine[0], mine
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_agent_kubernetes_is_the_kube_agent_verb(tmp_path, capsys):
@@ -148,3 +198,41 @@ def test_agent_kubernetes_is_the_kube_agent_verb(tmp_path, capsys):
                         "--snapshot", "h100-80gb", "--kubeconfig", str(tmp_path / "none")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "Kubernetes credentials" in r.stderr, r.stderr  # kube-agent's own error
+
+
+def test_kube_agent_enforcer_flags_reach_the_slice_files(monkeypatch, tmp_path, capsys):
+    """--oom-policy, --fail-open and --enforcer-log-level become the PluginConfig every slice file is
+    written from; bad values are refused naming the flag before any discovery or API call."""
+    import gpuslice.kube.api as kube_api
+    import gpuslice.kube.plugin as kube_plugin
+    from fakeapi import FakeAPI
+
+    from gpuslice.cli import main
+
+    seen = {}
+
+    class Captured(SystemExit):
+        pass
+
+    def capture(cfg, devices, api, **kw):
+        seen["cfg"] = cfg
+        raise Captured(0)
+
+    monkeypatch.setattr(kube_api, "connect", lambda kubeconfig=None: FakeAPI())
+    monkeypatch.setattr(kube_plugin, "DevicePlugin", capture)
+    base = ["kube-agent", "--node", "n1", "--snapshot", "h100-80gb", "--plugin-dir", str(tmp_path),
+            "--host-state-dir", str(tmp_path / "state"), "--rediscover-interval", "0"]
+    assert main(base + ["--oom-policy", "kill", "--fail-open", "--enforcer-log-level", "debug"]) == 0
+    cfg = seen.pop("cfg")
+    assert (cfg.oom_policy, cfg.fail_open, cfg.log_level) == ("kill", True, "debug")
+    assert main(base) == 0
+    cfg = seen.pop("cfg")
+    assert (cfg.oom_policy, cfg.fail_open, cfg.log_level) == ("return", False, "warn")  # the safe defaults
+    capsys.readouterr()
+    for bad, flag in ((["--oom-policy", "explode"], "--oom-policy"), (["--enforcer-log-level", "loud"],
+                                                                        "--enforcer-log-level")):
+        monkeypatch.setattr(kube_api, "connect", lambda kubeconfig=None: pytest.fail("connected before checking"))
+        assert main(base + bad) == 1
+        err = capsys.readouterr().err
+        assert flag in err and bad[1] in err, err
+    assert "cfg" not in seen

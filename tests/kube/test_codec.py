@@ -78,8 +78,36 @@ def test_node_state_counts_ledger_and_blocks_unhealthy_devices():
     st = codec.node_state("n1", nd, led)
     assert st.devices[0].used_memory == 10 * GiB and st.devices[0].used_compute == 40
     assert st.devices[1].free_memory == 0  # unhealthy: nothing new lands there
-    with pytest.raises(SpecError):  # the ledger names a device the node does not publish
-        codec.node_state("n1", nd, codec.Ledger({}).with_entry(_grant(uuid="GPU-gone")))
+
+
+@pytest.mark.parametrize("scaling", [1.0, 0.9, 2.0])
+def test_a_lost_gpu_with_live_grants_is_a_phantom_not_a_broken_node(scaling):
+    """The ledger names a GPU the node no longer publishes (lost, or an agent restarted without it): the
+    node keeps taking slices on its other devices; the lost one takes nothing and its grants still count."""
+    devs = devices("n1", 2)
+    nd = codec.decode_node_devices(codec.encode_node_devices(devs, memory_scaling=scaling))
+    led = (codec.Ledger({}).with_entry(_grant("u1", uuid="GPU-gone", memory=60 * GiB, compute=60))
+           .with_entry(_grant("u2", uuid="GPU-gone", memory=5 * GiB, compute=10))
+           .with_entry(_grant("u3", uuid=devs[0].uuid, memory=GiB)))
+    st = codec.node_state("n1", nd, led)
+    by = {d.uuid: d for d in st.devices}
+    assert set(by) == {devs[0].uuid, devs[1].uuid, "GPU-gone"}
+    ghost = by["GPU-gone"]
+    assert (ghost.used_memory, ghost.used_compute, ghost.slice_count) == (65 * GiB, 70, 2)  # held
+    assert ghost.exclusive_taken and ghost.free_memory == 0 and ghost.model == codec.PHANTOM
+    assert by[devs[0].uuid].used_memory == GiB and not by[devs[1].uuid].exclusive_taken
+    from gpuslice.placement import place
+    from gpuslice.spec import MemoryAmount as M, Request
+
+    p = place(Request(count=2, memory=M(bytes=GiB)), [st])  # the two real GPUs, never the phantom
+    assert {s.device_uuid for s in p.slices} == {devs[0].uuid, devs[1].uuid}
+    # the GPU comes back: the same grants count on it again, nothing phantom remains
+    back = codec.decode_node_devices(codec.encode_node_devices(
+        [*devs, Device(uuid="GPU-gone", index=2, name="NVIDIA H100 80GB HBM3", memory_total=devs[0].memory_total,
+                       sm_count=132, model=devs[0].model)], memory_scaling=scaling))
+    st = codec.node_state("n1", back, led)
+    assert {d.uuid: d.used_memory for d in st.devices}["GPU-gone"] == 65 * GiB
+    assert not any(d.model == codec.PHANTOM for d in st.devices)
 
 
 # ------------------------------------------------------------------------------ pod requests
@@ -282,3 +310,17 @@ def test_bad_resource_names_are_refused(kw, needle):
 def test_allocated_marks():
     assert codec.decode_allocated(codec.encode_allocated(["b", "a", "a"])) == {"a", "b"}
     assert codec.decode_allocated(None) == set()
+
+
+def test_allocation_lock_annotation_round_trips_and_names_bad_fields():
+    assert codec.decode_allocating(codec.encode_allocating(["b", "a", "a"])) == {"a", "b"}
+    assert codec.encode_allocating(["b", "a"]) == '{"pods":["a","b"],"version":1}'
+    assert codec.encode_allocating([]) is None  # no holder: the key is deleted, not left empty
+    assert codec.decode_allocating(None) == frozenset()
+    for bad, field in (('{"version": 1, "pods": "u1"}', "gpuslice.io/allocating.pods"),
+                       ('{"version": 1, "pods": [""]}', "gpuslice.io/allocating.pods"),
+                       ('{"version": 2, "pods": []}', "gpuslice.io/allocating.version"),
+                       ("[]", "gpuslice.io/allocating")):
+        with pytest.raises(SpecError) as exc:
+            codec.decode_allocating(bad)
+        assert exc.value.field == field, bad

@@ -19,7 +19,7 @@ from gpuslice.kube import codec
 from gpuslice.kube.extender import Extender, NodeCache, sum_grants
 from gpuslice.kube.server import make_app, start_in_thread
 from gpuslice.placement import PlacementPolicy
-from gpuslice.spec import GiB, MiB
+from gpuslice.spec import GiB, MiB, Slice
 
 
 def serve(extender):
@@ -84,7 +84,20 @@ def test_prioritize_follows_the_pod_policy(plain):
     ("/filter", b"nope", "not JSON"),
     ("/filter", json.dumps({"Pod": "x", "NodeNames": []}).encode(), "Pod must be a Pod object"),
     ("/filter", json.dumps({"Pod": {"metadata": {}, "spec": {}}}).encode(), "Nodes"),
-    ("/prioritize", json.dumps({"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [{}]}}).encode(), "NodeList"),
+    ("/prioritize", json.dumps({"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [{}]}}).encode(),
+     "Nodes.items[0].metadata must be an object"),
+    ("/prioritize", json.dumps({"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": 7}}).encode(), "NodeList"),
+    # Node annotations of the wrong shape: the extender reads them, so 400 naming the field, never 500
+    ("/filter", json.dumps({"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [
+        {"metadata": {"name": "n1", "annotations": ["gpuslice.io/devices"]}}]}}).encode(),
+     "Nodes.items[0].metadata.annotations of node n1 must be an object of strings (got list)"),
+    ("/filter", json.dumps({"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [
+        {"metadata": {"name": "n1", "annotations": "gpuslice.io/devices"}}]}}).encode(), "(got str)"),
+    ("/prioritize", json.dumps({"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [
+        {"metadata": {"name": "n1"}}, {"metadata": {"name": "n2", "annotations": {"gpuslice.io/devices": {"version": 1}}}}]}}
+    ).encode(), "Nodes.items[1].metadata.annotations[gpuslice.io/devices] of node n2 must be a string"),
+    ("/filter", json.dumps({"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [
+        {"metadata": {"name": ""}}]}}).encode(), "metadata.name must be a non-empty string"),
     ("/prioritize", json.dumps({"pod": {"metadata": {}, "spec": {}}, "nodenames": [1]}).encode(), "list of node names"),
     ("/bind", json.dumps({"PodName": "p", "PodNamespace": "default", "Node": "n"}).encode(), "PodUID"),
     ("/bind", b"[]", "ExtenderBindingArgs"),
@@ -138,10 +151,11 @@ def test_bind_writes_ledger_grant_and_binding():
 
 
 def test_concurrent_binds_never_overcommit_across_replicas():
-    """60 pods × 30 GiB race for one node with 2 × 80 GiB GPUs through two extender replicas."""
+    """60 pods × 30 GiB race for one node with 2 × 80 GiB GPUs through two extender replicas. The
+    allocation lock is off here (it would admit one pod at a time): this is the ledger's CAS alone."""
     api = cluster(1, 2)
     pods = [api.add_pod(pod(f"p{i}", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(30 * 1024)})) for i in range(60)]
-    replicas = [serve(Extender(api)), serve(Extender(api))]
+    replicas = [serve(Extender(api, allocation_timeout=0)), serve(Extender(api, allocation_timeout=0))]
     try:
         def bind(i):
             return replicas[i % 2][1].post("/bind", json=bind_body(pods[i], "n0")).json()
@@ -165,6 +179,7 @@ def test_restarted_extender_rebuilds_state_from_the_api_server():
     first = Extender(api)
     a = api.add_pod(pod("a", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "60"}))
     assert first.bind(bind_body(a, "n0"))["Error"] == ""
+    api.patch_pod_annotations("default", "a", {codec.POD_ALLOCATED: codec.encode_allocated(["main"])})
     # a brand-new extender (restart) with a node cache listing from the API server
     cache = NodeCache(api)
     cache.refresh()
@@ -214,7 +229,7 @@ def test_multi_container_pod_gets_one_grant_per_container():
 def test_garbage_collection_frees_deleted_and_finished_pods():
     api = cluster(1, 1)
     now = [1000.0]
-    ext = Extender(api, gc_grace=60, clock=lambda: now[0])
+    ext = Extender(api, gc_grace=60, clock=lambda: now[0], allocation_timeout=0)  # three pods on one node at once
     a = api.add_pod(pod("a", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}))
     b = api.add_pod(pod("b", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}))
     c = api.add_pod(pod("c", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}))
@@ -363,3 +378,192 @@ def test_use_gputype_matches_a_substring_of_the_card_type_through_filter_priorit
     finally:
         client.close()
         running.stop()
+
+
+# ------------------------------------------------------------------------------ the allocation lock
+def holders(api, name="n0"):
+    return codec.decode_allocating(api.get_node(name)["metadata"]["annotations"].get(codec.NODE_ALLOCATING))
+
+
+def allocated(api, p, containers=("main",)):
+    api.patch_pod_annotations(p["metadata"]["namespace"], p["metadata"]["name"],
+                              {codec.POD_ALLOCATED: codec.encode_allocated(containers)})
+
+
+def test_allocation_lock_admits_one_pod_per_device_count_until_it_is_allocated():
+    api = cluster(2, 2)
+    now = [1000.0]
+    ext = Extender(api, clock=lambda: now[0], allocation_timeout=300)
+    small = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}
+    a, b = api.add_pod(pod("a", small)), api.add_pod(pod("b", small))
+    two = api.add_pod(pod("two", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1000"}))
+    assert ext.bind(bind_body(a, "n0"))["Error"] == ""
+    assert holders(api) == {a["metadata"]["uid"]}
+    # filter leaves n0 out for another 1-device pod (with the reason), not for a 2-device one
+    out = ext.filter({"Pod": b, "NodeNames": ["n0", "n1"]})
+    assert out["NodeNames"] == ["n1"] and "allocate pod default/a" in out["FailedNodes"]["n0"]
+    assert ext.filter({"Pod": two, "NodeNames": ["n0", "n1"]})["NodeNames"] == ["n0", "n1"]
+    # bind re-checks on the fresh node (a scheduler with a stale view): refused, nothing written
+    err = ext.bind(bind_body(b, "n0"))["Error"]
+    assert "waiting for the kubelet to allocate pod default/a" in err
+    assert api.get_pod("default", "b")["spec"].get("nodeName") is None
+    assert set(codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0").entries) \
+        == {a["metadata"]["uid"]}
+    assert ext.bind(bind_body(two, "n0"))["Error"] == ""  # Allocate can tell 2 IDs from 1: no wait
+    assert holders(api) == {a["metadata"]["uid"], two["metadata"]["uid"]}
+    # the device plugin allocated a but its release was lost: bind reads a, sees it allocated, goes on
+    allocated(api, a)
+    assert ext.bind(bind_body(b, "n0"))["Error"] == ""
+    assert holders(api) == {two["metadata"]["uid"], b["metadata"]["uid"]}
+    # a holder the kubelet never admits stops counting after the timeout
+    c = api.add_pod(pod("c", small))
+    assert "allocate pod default/b" in ext.bind(bind_body(c, "n0"))["Error"]
+    now[0] += 301
+    assert ext.filter({"Pod": c, "NodeNames": ["n0"]})["NodeNames"] == ["n0"]
+    assert ext.bind(bind_body(c, "n0"))["Error"] == ""
+    assert holders(api) == {c["metadata"]["uid"]}  # timed-out holders are dropped on the way
+
+
+def test_allocation_lock_is_taken_atomically_across_replicas():
+    """30 one-device pods race for one empty node through two replicas: one wins, the rest wait."""
+    api = cluster(1, 2)
+    pods = [api.add_pod(pod(f"p{i}", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"})) for i in range(30)]
+    replicas = [Extender(api), Extender(api)]
+    with cf.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: replicas[i % 2].bind(bind_body(pods[i], "n0")), range(30)))
+    won = [i for i, r in enumerate(results) if r["Error"] == ""]
+    assert len(won) == 1, results
+    assert all("waiting for the kubelet" in r["Error"] for r in results if r["Error"])
+    assert holders(api) == {pods[won[0]]["metadata"]["uid"]}
+
+
+def test_taking_back_a_failed_binding_releases_its_lock():
+    api = cluster()
+    p = api.add_pod(pod("doomed", {"nvidia.com/gpu": "1"}))
+    api.fail_bind.add("doomed")
+    assert "taken back" in Extender(api).bind(bind_body(p, "n0"))["Error"]
+    assert holders(api) == frozenset()
+    assert codec.NODE_ALLOCATING not in api.get_node("n0")["metadata"]["annotations"]  # no empty leftovers
+
+
+def test_garbage_collection_drops_lock_holders_that_no_longer_hold_it():
+    api = cluster(4, 1)
+    now = [1000.0]
+    ext = Extender(api, clock=lambda: now[0], gc_grace=60)
+    small = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}
+    names = ["waiting", "done", "gone", "failed"]
+    ps = {n: api.add_pod(pod(n, small)) for n in names}
+    for k, n in enumerate(names):
+        assert ext.bind(bind_body(ps[n], f"n{k}"))["Error"] == ""
+    allocated(api, ps["done"])
+    api.delete_pod("default", "gone")
+    api.pods[("default", "failed")]["status"]["phase"] = "Failed"
+    ext.collect_garbage()
+    assert holders(api, "n0") == {ps["waiting"]["metadata"]["uid"]}
+    assert holders(api, "n1") == frozenset() and holders(api, "n3") == frozenset()
+    assert holders(api, "n2") == {ps["gone"]["metadata"]["uid"]}  # gone for less than 30 s: a lagging list?
+    now[0] += 31
+    ext.collect_garbage()
+    assert holders(api, "n2") == frozenset() and holders(api, "n0") == {ps["waiting"]["metadata"]["uid"]}
+    now[0] += 300
+    ext.collect_garbage()
+    assert holders(api, "n0") == frozenset()  # timed out
+
+
+def test_a_malformed_lock_annotation_makes_the_node_unreadable_not_the_extender():
+    api = cluster(2, 1)
+    api.patch_node_annotations("n0", {codec.NODE_ALLOCATING: '{"version": 1, "pods": "uid-1"}'})
+    cache = NodeCache(api)
+    cache.refresh()
+    out = Extender(api, cache=cache).filter({"Pod": pod("p", {"nvidia.com/gpu": "1"}), "NodeNames": ["n0", "n1"]})
+    assert out["NodeNames"] == ["n1"]
+    assert "gpuslice.io/allocating.pods" in out["FailedNodes"]["n0"]
+
+
+def test_a_node_whose_ledger_names_a_lost_gpu_still_takes_pods_on_its_other_gpus():
+    """A GPU vanished from gpuslice.io/devices while a pod still holds a slice on it: the node is not
+    'unreadable'; filter (shared fleet and per-request build alike) and bind use its other GPUs."""
+    api = cluster(1, 2)
+    ghost = codec.PodGrant("n0", "uid-old", "default", "old", (codec.ContainerGrant(
+        "main", "k-uid-old-main", (Slice("GPU-lost", 40 * GiB, 50),)),), bound_at=1.0)
+    api.patch_node_annotations("n0", {codec.NODE_LEDGER: codec.encode_ledger(codec.Ledger({}).with_entry(ghost))})
+    api.add_pod(pod("old", {"nvidia.com/gpu": "1"}, uid="uid-old"))
+    cache = NodeCache(api)
+    cache.refresh()
+    p = api.add_pod(pod("new", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1000"}))
+    for use_index in (True, False):
+        out = Extender(api, cache=cache, use_index=use_index).filter({"Pod": p, "NodeNames": ["n0"]})
+        assert out["NodeNames"] == ["n0"], out
+    three = api.add_pod(pod("three", {"nvidia.com/gpu": "3", "nvidia.com/gpumem": "1000"}))
+    assert Extender(api, cache=cache).filter({"Pod": three, "NodeNames": ["n0"]})["NodeNames"] == []  # not on it
+    assert Extender(api).bind(bind_body(p, "n0"))["Error"] == ""
+    g = codec.decode_pod_grant(api.get_pod("default", "new")["metadata"]["annotations"][codec.POD_GRANT])
+    assert "GPU-lost" not in g.containers[0].uuids
+    ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0")
+    assert set(ledger.entries) == {"uid-old", p["metadata"]["uid"]}  # the lost GPU's grant is kept
+
+
+# ------------------------------------------------------------------------------ the pod's grant annotation
+class HookedAPI(FakeAPI):
+    """FakeAPI that runs ``hook`` (once) just before the next pod-annotation patch: a second bind of the
+    same pod slips in between a bind's read of the pod and its annotation write."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook = None
+        self.lost_answer: set[str] = set()  # pods whose binding lands but whose answer is lost
+
+    def patch_pod_annotations(self, namespace, name, changes, **kw):
+        hook, self.hook = self.hook, None
+        if hook:
+            hook()
+        return super().patch_pod_annotations(namespace, name, changes, **kw)
+
+    def bind_pod(self, namespace, name, uid, node):
+        super().bind_pod(namespace, name, uid, node)
+        if name in self.lost_answer:
+            from gpuslice.kube.api import KubeError
+
+            raise KubeError(f"POST binding of {name}: timed out (test)", 0)
+
+
+def _anns(api, name):
+    return api.get_pod("default", name)["metadata"].get("annotations") or {}
+
+
+def test_a_losing_bind_never_leaves_its_grant_on_a_pod_bound_elsewhere():
+    api = HookedAPI()
+    for n in ("n0", "n1"):
+        api.add_node(n, node(n, 2)["metadata"]["annotations"])
+    p = api.add_pod(pod("twice", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}))
+    first, second = Extender(api), Extender(api)
+    # second has read the pod and committed on n1; before it writes the annotation, first binds it to n0
+    api.hook = lambda: first.bind(bind_body(p, "n0"))
+    err = second.bind(bind_body(p, "n1"))["Error"]
+    assert "bound to n0 meanwhile" in err and "taken back" in err
+    stored = api.get_pod("default", "twice")
+    assert stored["spec"]["nodeName"] == "n0"
+    grant = codec.decode_pod_grant(_anns(api, "twice")[codec.POD_GRANT])
+    assert grant.node == "n0"
+    ledgers = {n: codec.decode_ledger(api.get_node(n)["metadata"]["annotations"].get(codec.NODE_LEDGER), n)
+               for n in ("n0", "n1")}
+    assert ledgers["n0"].entries[p["metadata"]["uid"]] == grant and ledgers["n1"].entries == {}
+
+
+def test_a_binding_whose_answer_was_lost_keeps_its_grant():
+    api = HookedAPI()
+    api.add_node("n0", node("n0", 2)["metadata"]["annotations"])
+    p = api.add_pod(pod("lost", {"nvidia.com/gpu": "1"}))
+    api.lost_answer.add("lost")
+    assert Extender(api).bind(bind_body(p, "n0"))["Error"] == ""  # it is bound: not a failure
+    ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0")
+    assert set(ledger.entries) == {p["metadata"]["uid"]}  # not taken back under a running pod
+    assert codec.decode_pod_grant(_anns(api, "lost")[codec.POD_GRANT]).node == "n0"
+
+
+def test_a_failed_binding_removes_its_grant_annotation():
+    api = cluster()
+    p = api.add_pod(pod("doomed", {"nvidia.com/gpu": "1"}))
+    api.fail_bind.add("doomed")
+    assert "taken back" in Extender(api).bind(bind_body(p, "n0"))["Error"]
+    assert codec.POD_GRANT not in _anns(api, "doomed")

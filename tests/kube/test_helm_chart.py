@@ -161,6 +161,10 @@ def test_agent_flags_exist_in_the_cli() -> None:
 
 def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> None:
     objs = render(helm, "scheduler.extender.port=12345", "scheduler.webhook.port=9999", "scheduler.name=gs-sched")
+    # defaults: the allocation lock on (HAMi's 5 minutes), node ageing off, the enforcer refusing on failure
+    ext_defaults, agent_defaults = args_of(objs, "Deployment", "extender"), args_of(objs, "DaemonSet", "agent")
+    assert (flag(ext_defaults, "--allocation-timeout"), flag(ext_defaults, "--stale-after")) == ("300", "0")
+    assert "--no-fail-open" in agent_defaults and flag(agent_defaults, "--oom-policy") == "return"
     dep = one(objs, "Deployment")
     spec = dep["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in spec["containers"]}
@@ -201,8 +205,14 @@ def test_every_knob_reaches_the_components(helm: Path) -> None:
     objs = render(helm, "sharing.splitCount=4", "json:sharing.memoryScaling=1.5", "defaults.memory=4096",
                   "defaults.cores=30", "defaults.gpuNum=2", "policies.node=spread", "policies.gpu=fgd",
                   "sharing.computeMode=soft", "resourceName=gpuslice.io/gpu", "agent.deviceNodes=none",
-                  "agent.rediscoverInterval=120", "agent.healthRecovery=0")
+                  "agent.rediscoverInterval=120", "agent.healthRecovery=0", "agent.enforcer.oomPolicy=kill",
+                  "agent.enforcer.failOpen=true", "agent.enforcer.logLevel=debug",
+                  "scheduler.extender.allocationTimeout=120", "scheduler.extender.staleAfter=600")
     agent = args_of(objs, "DaemonSet", "agent")
+    assert (flag(agent, "--oom-policy"), flag(agent, "--enforcer-log-level")) == ("kill", "debug")
+    assert "--fail-open" in agent and "--no-fail-open" not in agent
+    extender = args_of(objs, "Deployment", "extender")
+    assert (flag(extender, "--allocation-timeout"), flag(extender, "--stale-after")) == ("120", "600")
     assert (flag(agent, "--split-count"), flag(agent, "--memory-scaling")) == ("4", "1.5")
     assert flag(agent, "--resource-name") == "gpuslice.io/gpu"
     assert flag(agent, "--device-nodes") == "none"
@@ -264,8 +274,8 @@ def test_guard_refuses_gpu_pods_that_bypass_the_gpuslice_scheduler(helm: Path) -
     resource and the scheduler, applies to pod CREATE, denies; scheduler.guard.enabled=false drops it.
     (The API server compiles and enforces it in tests/e2e/test_kube_helm_apply.py.)"""
     objs = render(helm, "scheduler.name=gs-sched")
-    vap = one(objs, "ValidatingAdmissionPolicy")
-    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    vap = by_kind(objs, "ValidatingAdmissionPolicy")["gs-gpuslice-guard"]
+    binding = by_kind(objs, "ValidatingAdmissionPolicyBinding")["gs-gpuslice-guard"]
     assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
     assert vap["spec"]["matchConstraints"]["resourceRules"] == [
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
@@ -274,7 +284,7 @@ def test_guard_refuses_gpu_pods_that_bypass_the_gpuslice_scheduler(helm: Path) -
     assert "!has(object.spec.nodeName)" in rule["expression"]
     assert "'nvidia.com/gpu' in c.resources.limits" in vap["spec"]["variables"][0]["expression"]
     off = render(helm, "scheduler.guard.enabled=false")
-    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & {o["kind"] for o in off}
+    assert "gs-gpuslice-guard" not in {o["metadata"]["name"] for o in off if o["kind"].startswith("ValidatingAdmission")}
 
 
 def test_webhook_failure_policy_defaults_to_ignore_and_the_docs_agree(helm: Path) -> None:
@@ -411,6 +421,40 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
     assert ds_sa != dep_sa
 
 
+def test_write_policies_narrow_the_roles_to_gpuslice_annotations(helm: Path) -> None:
+    """RBAC lets the agent patch any Node and Pod and the extender any Node (the roles cannot name an
+    annotation or "my node"); the chart's ValidatingAdmissionPolicies narrow that. Their behaviour is
+    tested live in tests/e2e/test_kube_helm_apply.py; here: the wiring."""
+    objs = render(helm)
+    vaps = by_kind(objs, "ValidatingAdmissionPolicy")
+    bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
+    want = {"gs-gpuslice-agent-nodes": ("gs-gpuslice-agent", "nodes", ["gpuslice.io/devices", "gpuslice.io/allocating"]),
+            "gs-gpuslice-agent-pods": ("gs-gpuslice-agent", "pods", ["gpuslice.io/allocated"]),
+            "gs-gpuslice-extender-nodes": ("gs-gpuslice-scheduler", "nodes", ["gpuslice.io/ledger", "gpuslice.io/allocating"])}
+    assert set(want) <= set(vaps)
+    for name, (sa, resource, allowed) in want.items():
+        spec = vaps[name]["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        (rule,) = spec["matchConstraints"]["resourceRules"]
+        assert rule["resources"] == [resource] and rule["operations"] == ["UPDATE"]
+        (cond,) = spec["matchConditions"]
+        assert cond["expression"] == f"request.userInfo.username == 'system:serviceaccount:gpuslice-system:{sa}'"
+        variables = {v["name"]: v["expression"] for v in spec["variables"]}
+        assert json.loads(variables["allowed"]) == allowed
+        exprs = [v["expression"] for v in spec["validations"]]
+        assert any("object.spec == oldObject.spec" in e for e in exprs)
+        if sa.endswith("agent"):  # the node comes from the pod-bound token, which nobody can forge
+            assert "authentication.kubernetes.io/node-name" in variables["node"]
+        assert bindings[name]["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+    # The annotation keys are the codec's.
+    from gpuslice.kube import codec
+
+    keys = {k for _, _, allowed in want.values() for k in allowed}
+    assert keys == {codec.NODE_DEVICES, codec.NODE_ALLOCATING, codec.POD_ALLOCATED, codec.NODE_LEDGER}
+    off = {o["metadata"]["name"] for o in render(helm, "rbac.writePolicies=false") if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert off == {"gs-gpuslice-guard"}
+
+
 def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
     objs = render(helm, "rbac.create=false")
     assert not {"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"} & {
@@ -439,8 +483,15 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
         ("resourceMem=Nvidia.com/gpumem", "resourceMem"),
         ("resourceCores=", "resourceCores"),
         ("scheduler.guard.enabled=maybe", "enabled"),
+        ("rbac.writePolicies=sometimes", "writePolicies"),
         ("agent.hostPaths.state=relative/dir", "state"),
         ("sharing.splitcount=4", "splitcount"),  # a typo must not be silently ignored
+        ("shareing.splitCount=4", "shareing"),    # ... at the top level either
+        ("scheduler.extender.allocationTimeout=-1", "allocationTimeout"),
+        ("scheduler.extender.staleAfter=-5", "staleAfter"),
+        ("agent.enforcer.oomPolicy=explode", "oomPolicy"),
+        ("agent.enforcer.failOpen=maybe", "failOpen"),
+        ("agent.enforcer.logLevel=loud", "logLevel"),
         ("scheduler.extender.httpTimeout=30", "httpTimeout"),
     ],
 )
@@ -454,7 +505,8 @@ def test_schema_rejects_bad_values(helm: Path, setting: str, field: str) -> None
 def test_schema_accepts_documented_forms(helm: Path) -> None:
     for setting in ("defaults.memory=3000", "sharing.memoryScaling=2", "policies.node=fgd",
                     "resourceName=gpuslice.io/gpu", "resourceName=example.com/gpu", "resourcePriority=example.com/p",
-                    "defaults.gpuNum=0", "sharing.computeMode=off", "agent.healthRecovery=0"):
+                    "defaults.gpuNum=0", "sharing.computeMode=off", "agent.healthRecovery=0",
+                    "scheduler.extender.allocationTimeout=0", "agent.enforcer.logLevel=debug"):
         proc = run_helm(helm, "template", "gs", str(CHART), "--set", setting)
         assert proc.returncode == 0, (setting, proc.stderr)
 

@@ -148,10 +148,10 @@ def test_list_and_watch_advertises_split_devices_and_health_changes(folder):
         plugin.shutdown()
 
 
-def bound_cluster(names_limits):
+def bound_cluster(names_limits, allocation_timeout=300.0):
     api = FakeAPI()
     api.add_node("n0", node("n0", 2)["metadata"]["annotations"])
-    ext = Extender(api)
+    ext = Extender(api, allocation_timeout=allocation_timeout)
     pods = []
     for name, limits in names_limits:
         p = api.add_pod(pod(name, limits))
@@ -224,10 +224,18 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
         plugin.shutdown()
 
 
-def test_allocate_matches_the_pod_by_granted_uuids(folder):
-    # 50 GiB each: the two pods land on different GPUs, so the IDs' UUIDs say which pod is meant
+def allocate(client, ids):
+    return client.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]),
+                           timeout=5).container_responses[0]
+
+
+def test_two_pods_waiting_for_the_same_device_count_are_refused_not_guessed(folder):
+    """The kubelet names devices, never the pod, and may admit b before a. With the allocation lock off
+    both wait at once: Allocate must not hand one pod the other's grant (matching by UUIDs would, since
+    GetPreferredAllocation steered to a's devices whichever pod the kubelet was admitting)."""
+    # 50 GiB each: the two pods land on different GPUs
     api, (a, b) = bound_cluster([("a", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"}),
-                                 ("b", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"})])
+                                 ("b", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"})], allocation_timeout=0)
     ga = codec.decode_pod_grant(a["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
     gb = codec.decode_pod_grant(b["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
     assert ga.uuids != gb.uuids
@@ -236,13 +244,74 @@ def test_allocate_matches_the_pod_by_granted_uuids(folder):
     try:
         channel, client = stub(plugin)
         with channel:
-            resp = client.Allocate(pb.AllocateRequest(container_requests=[
-                pb.ContainerAllocateRequest(devices_ids=[device_id(gb.uuids[0], 3)])]), timeout=5)
-            assert resp.container_responses[0].envs["GPUSLICE_GRANT"] == gb.grant_id
-            # kubelet ignored the preference: IDs on b's GPU again -> the oldest waiting grant (a)
-            resp = client.Allocate(pb.AllocateRequest(container_requests=[
-                pb.ContainerAllocateRequest(devices_ids=[device_id(gb.uuids[0], 2)])]), timeout=5)
-            assert resp.container_responses[0].envs["GPUSLICE_GRANT"] == ga.grant_id
+            for uuid in (ga.uuids[0], gb.uuids[0]):
+                with pytest.raises(grpc.RpcError) as exc:
+                    allocate(client, [device_id(uuid, 3)])
+                assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "default/a, default/b" in exc.value.details() and "cannot tell" in exc.value.details()
+            assert codec.POD_ALLOCATED not in api.get_pod("default", "a")["metadata"]["annotations"]
+            # a 2-device request is not ambiguous with them: no candidate at all
+            with pytest.raises(grpc.RpcError) as exc:
+                allocate(client, [device_id(ga.uuids[0], 0), device_id(gb.uuids[0], 0)])
+            assert "no gpuslice grant" in exc.value.details()
+    finally:
+        plugin.stop()
+        plugin.shutdown()
+
+
+def test_allocation_lock_gives_allocate_exactly_one_candidate(folder):
+    """With the lock (the default) b is not bound while a waits; once a is allocated the plugin releases
+    the lock, b binds, and b's Allocate gets b's grant even when the kubelet ignored the preference and
+    chose IDs on a's GPU."""
+    big = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"}
+    api, (a,) = bound_cluster([("a", big)])
+    ext = Extender(api)
+    b = api.add_pod(pod("b", big))
+    body = {"PodName": "b", "PodNamespace": "default", "PodUID": b["metadata"]["uid"], "Node": "n0"}
+    assert "waiting for the kubelet to allocate pod default/a" in ext.bind(body)["Error"]
+    ga = codec.decode_pod_grant(a["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    plugin = make_plugin(folder, api)
+    plugin.serve()
+    try:
+        channel, client = stub(plugin)
+        with channel:
+            assert allocate(client, [device_id(ga.uuids[0], 1)]).envs["GPUSLICE_GRANT"] == ga.grant_id
+            holders = api.get_node("n0")["metadata"]["annotations"].get(codec.NODE_ALLOCATING)
+            assert codec.decode_allocating(holders) == frozenset()  # released by the plugin
+            assert ext.bind(body)["Error"] == ""
+            gb = codec.decode_pod_grant(api.get_pod("default", "b")["metadata"]["annotations"][codec.POD_GRANT])
+            gb = gb.containers[0]
+            assert gb.uuids != ga.uuids
+            resp = allocate(client, [device_id(ga.uuids[0], 2)])  # IDs on a's GPU: still b's grant
+            assert resp.envs["GPUSLICE_GRANT"] == gb.grant_id
+            assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == gb.uuids[0]
+    finally:
+        plugin.stop()
+        plugin.shutdown()
+
+
+def test_lock_is_released_only_when_every_container_of_the_pod_is_allocated(folder):
+    cs = [{"name": f"c{i}", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}}
+          for i in range(2)]
+    api = FakeAPI()
+    api.add_node("n0", node("n0", 2)["metadata"]["annotations"])
+    p = api.add_pod(pod("two", containers=cs))
+    assert Extender(api).bind({"PodName": "two", "PodNamespace": "default", "PodUID": p["metadata"]["uid"],
+                                "Node": "n0"})["Error"] == ""
+    plugin = make_plugin(folder, api)
+    plugin.serve()
+    uid = p["metadata"]["uid"]
+    try:
+        channel, client = stub(plugin)
+        with channel:
+            g = codec.decode_pod_grant(api.get_pod("default", "two")["metadata"]["annotations"][codec.POD_GRANT])
+            first = allocate(client, [device_id(g.containers[0].uuids[0], 0)])
+            assert first.envs["GPUSLICE_GRANT"] == g.containers[0].grant_id
+            node_anns = api.get_node("n0")["metadata"]["annotations"]
+            assert codec.decode_allocating(node_anns[codec.NODE_ALLOCATING]) == {uid}  # c1 still to come
+            second = allocate(client, [device_id(g.containers[1].uuids[0], 0)])
+            assert second.envs["GPUSLICE_GRANT"] == g.containers[1].grant_id
+            assert codec.NODE_ALLOCATING not in api.get_node("n0")["metadata"]["annotations"]
     finally:
         plugin.stop()
         plugin.shutdown()

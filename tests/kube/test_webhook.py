@@ -181,3 +181,72 @@ def test_what_hami_ignores_is_allowed_with_a_warning():
     assert response["allowed"] and "nvidia.com/priority is ignored" in response["warnings"][0]
     p = pod("fine", {"nvidia.com/gpu": "1"})
     assert "warnings" not in webhook.mutate(review(p), CFG)["response"]
+
+
+def _served(port: int, ca: str | None = None) -> str:
+    """The certificate the server presents (PEM); with ``ca``, the handshake must also verify against it."""
+    import socket as s
+
+    ctx = ssl.create_default_context(cafile=ca) if ca else ssl._create_unverified_context()
+    with s.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        return ssl.DER_cert_to_PEM_cert(tls.getpeercert(binary_form=True))
+
+
+def _swap(live, fresh, *, cert: bool = True, key: bool = True) -> None:
+    """Replace the live files as the kubelet updates a Secret volume: new inodes, atomically."""
+    import os
+
+    for name, wanted in (("tls.crt", cert), ("tls.key", key)):
+        if wanted:
+            tmp = live / f".{name}.new"
+            tmp.write_bytes((fresh / name).read_bytes())
+            os.replace(tmp, live / name)
+
+
+def test_webhook_serves_a_renewed_certificate_without_a_restart(tmp_path):
+    """cert-manager renews the Secret, the kubelet swaps the mounted files: the running webhook must serve
+    the new certificate (uvicorn alone loads it once); a half-rotated pair (new cert, old key) must not
+    break serving — the old pair stays until the key arrives too."""
+    live = tmp_path / "live"
+    first = write_self_signed(live)
+    old_pem = first.cert.read_text().strip()
+    old_ca = tmp_path / "old-ca.crt"
+    old_ca.write_bytes(first.ca.read_bytes())
+    renewed = write_self_signed(tmp_path / "renewed")
+    running = start_in_thread(make_app(None), certfile=str(first.cert), keyfile=str(first.key), tls_check_interval=0)
+    try:
+        assert _served(running.port, str(old_ca)).strip() == old_pem
+        _swap(live, tmp_path / "renewed", key=False)  # mid-rotation: the new certificate with the old key
+        assert _served(running.port, str(old_ca)).strip() == old_pem  # still served, still the old pair
+        _swap(live, tmp_path / "renewed", cert=False)  # the key follows
+        assert _served(running.port, str(renewed.ca)).strip() == renewed.cert.read_text().strip()
+        # and the app still answers over the new certificate
+        ctx = ssl.create_default_context(cafile=str(renewed.ca))
+        assert httpx.get(f"{running.url}/healthz", verify=ctx, timeout=5).text == "ok"
+    finally:
+        running.stop()
+
+
+def test_certificate_checks_are_rate_limited(tmp_path):
+    """At most one look at the files per interval (a handshake costs no stat() in between)."""
+    from gpuslice.kube.tlsreload import ReloadingTLS
+
+    files = write_self_signed(tmp_path / "a")
+    now = [0.0]
+    builds = []
+
+    def build():
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(files.cert, files.key)
+        builds.append(ctx)
+        return ctx
+
+    tls = ReloadingTLS(str(files.cert), str(files.key), build, interval=5, clock=lambda: now[0])
+    first = tls.current()
+    other = write_self_signed(tmp_path / "b")
+    _swap(tmp_path / "a", tmp_path / "b")
+    now[0] = 4.9
+    assert tls.current() is first and tls.reloads == 0  # not looked at yet
+    now[0] = 5.0
+    assert tls.current() is not first and tls.reloads == 1
+    assert len(builds) == 2 and other.cert.exists()

@@ -28,6 +28,7 @@ FORMAT_VERSION = 1
 # ------------------------------------------------------------------------------------- annotation keys
 NODE_DEVICES = "gpuslice.io/devices"          # written by the agent (kube-agent): what the node has
 NODE_LEDGER = "gpuslice.io/ledger"            # written by the extender's bind: grants on the node (CAS)
+NODE_ALLOCATING = "gpuslice.io/allocating"    # the allocation lock: pods bound here, Allocate not done (CAS)
 POD_REQUEST = "gpuslice.io/request"           # written by the webhook: the normalised request
 POD_GRANT = "gpuslice.io/grant"               # written by the extender's bind: the pod's slices
 POD_ALLOCATED = "gpuslice.io/allocated"       # written by the device plugin: containers allocated
@@ -474,22 +475,68 @@ def decode_ledger(text: Any, node: str) -> Ledger:
     return Ledger(out)
 
 
+# ------------------------------------------------------------------------------------- allocation lock
+def decode_allocating(text: Any) -> frozenset[str]:
+    """``gpuslice.io/allocating`` on a Node: ``{"version": 1, "pods": ["<uid>", ...]}`` — pods the extender
+    bound to the node whose containers the device plugin has not all allocated yet (missing = none).
+    The details of each (its containers, when it was bound) are its ledger entry."""
+    if text is None or text == "":
+        return frozenset()
+    data = _load(NODE_ALLOCATING, text)
+    raw = data.get("pods")
+    if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
+        raise SpecError(f"{NODE_ALLOCATING}.pods", raw, "a list of pod UIDs")
+    return frozenset(raw)
+
+
+def encode_allocating(uids: Iterable[str]) -> str | None:
+    """The annotation value, or ``None`` (delete the key) when no pod holds the lock."""
+    uids = sorted(set(uids))
+    return _dump({"version": FORMAT_VERSION, "pods": uids}) if uids else None
+
+
+def device_counts(grant: PodGrant) -> frozenset[int]:
+    """The device counts of the grant's containers: what the kubelet's Allocate calls will carry (IDs)."""
+    return frozenset(len(c.slices) for c in grant.containers)
+
+
+PHANTOM = "(not published)"  # the name of a device a grant holds but the node no longer publishes
+
+
+def phantom_devices(devices: NodeDevices, ledger: Ledger) -> tuple[Device, ...]:
+    """Devices the ledger grants on that the node no longer publishes (a GPU lost with pods still running
+    on it, an agent restarted without it, a changed MIG layout). They stand in the placement view as
+    devices that take nothing new while their grants keep counting, so the node's other devices stay
+    schedulable and nothing is freed before garbage collection takes the grants back."""
+    known = {d.uuid for d in devices.devices} | {m.uuid for d in devices.devices for m in d.mig_instances}
+    held: dict[str, int] = {}
+    for g in ledger.entries.values():
+        for c in g.containers:
+            for sl in c.slices:
+                if sl.device_uuid not in known:
+                    held[sl.device_uuid] = held.get(sl.device_uuid, 0) + sl.memory_limit
+    # Big enough for what is granted on it whatever the node's memory scaling (a reserve below 1 would
+    # otherwise make the grants look like an over-commit).
+    scale = min(1.0, devices.memory_scaling)
+    first = len(devices.devices)
+    return tuple(Device(uuid=u, index=first + k, name=PHANTOM, memory_total=int(mem / scale) + 1, sm_count=0,
+                        model=PHANTOM)
+                 for k, (u, mem) in enumerate(sorted(held.items())))
+
+
 def node_state(name: str, devices: NodeDevices, ledger: Ledger, *,
                blocked: Iterable[str] = ()) -> NodeState:
     """The placement view of a node: its devices, what the ledger already grants, and devices that may
-    not take new slices (unhealthy ones, plus ``blocked`` — e.g. a pod's ``nouse-gpuuuid``).
+    not take new slices (unhealthy ones, devices the ledger names but the node no longer publishes — see
+    :func:`phantom_devices` —, plus ``blocked``, e.g. a pod's ``nouse-gpuuuid``).
 
     A ledger that over-commits a device (it cannot, unless edited by hand) raises :class:`SpecError`.
     """
     shared, exclusive = ledger.slices()
-    known = {d.uuid for d in devices.devices} | {m.uuid for d in devices.devices for m in d.mig_instances}
-    missing = [s.device_uuid for s in shared if s.device_uuid not in known]
-    if missing:
-        raise SpecError(f"{NODE_LEDGER} of node {name}", missing[0],
-                        f"a device listed in {NODE_DEVICES} (the ledger names a device the node does not publish)")
-    state = NodeState.from_devices(name, devices.devices, shared, exclusive=exclusive,
+    phantoms = phantom_devices(devices, ledger)
+    state = NodeState.from_devices(name, (*devices.devices, *phantoms), shared, exclusive=exclusive,
                                    split_count=devices.split_count, memory_scaling=devices.memory_scaling)
-    stop = set(blocked) | {u for u, h in devices.health.items() if h != HEALTHY}
+    stop = set(blocked) | {u for u, h in devices.health.items() if h != HEALTHY} | {d.uuid for d in phantoms}
     if stop:
         parents = {d.uuid for d in devices.devices}
         changed = []
@@ -530,6 +577,11 @@ class PodRequest:
     @property
     def empty(self) -> bool:
         return not self.containers
+
+    @property
+    def device_counts(self) -> frozenset[int]:
+        """Device counts of the GPU containers (the allocation lock is per count)."""
+        return frozenset(c.request.count for c in self.containers)
 
 
 def parse_quantity(key: str, value: Any) -> Decimal:

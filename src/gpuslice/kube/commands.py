@@ -48,7 +48,8 @@ def scheduler(
     kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, "
                                              "then $KUBECONFIG / ~/.kube/config)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address of the extender (HTTP)."),
-    port: int = typer.Option(8888, "--port", help="Port of the extender: /filter /prioritize /bind."),
+    port: int = typer.Option(8888, "--port", help="Port of the extender: /filter /prioritize /bind "
+                             "(0 = no extender: a webhook-only process, which needs no API access)."),
     webhook_host: str = typer.Option("0.0.0.0", "--webhook-host", help="Address of the admission webhook (HTTPS)."),
     webhook_port: int = typer.Option(8443, "--webhook-port", help="Port of the webhook: /mutate (0 = no webhook)."),
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Webhook certificate (PEM)."),
@@ -75,22 +76,60 @@ def scheduler(
     gc_interval: float = typer.Option(15.0, "--gc-interval", help="Seconds between ledger garbage collections."),
     stale_after: float = typer.Option(0.0, "--stale-after", help="Skip nodes whose agent has not published "
                                       "devices for this many seconds (0 = never; HAMi uses 300)."),
+    allocation_timeout: float = typer.Option(300.0, "--allocation-timeout", help="The allocation lock: a node "
+                                             "takes no second pod of the same device count until the device plugin "
+                                             "allocated the first, or this many seconds passed (0 = lock off: "
+                                             "Allocate then refuses pods it cannot tell apart)."),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the scheduler extender (HTTP) and the mutating admission webhook (HTTPS)."""
-    from gpuslice.kube.api import connect
-    from gpuslice.kube.extender import Extender, NodeCache
     from gpuslice.kube.server import make_app, serve_all
+    from gpuslice.spec import SpecError
 
     _logging(log_level)
     cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
                   {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
                    "cores": resource_cores, "priority": resource_priority})
+    for flag, value in (("--port", port), ("--webhook-port", webhook_port)):
+        if not 0 <= value <= 65535:
+            raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")
+    if not port and not webhook_port:
+        raise GpusliceError("--port 0 and --webhook-port 0 turn both the extender and the webhook off: "
+                            "nothing to serve")
+    if stale_after < 0:
+        raise SpecError("--stale-after", stale_after, "seconds, 0 (never) or more")
+    if allocation_timeout < 0:
+        raise SpecError("--allocation-timeout", allocation_timeout, "seconds, 0 (lock off) or more")
+    if gc_interval <= 0:
+        raise SpecError("--gc-interval", gc_interval, "seconds, more than 0")
+    if webhook_port and not (tls_cert and tls_key):
+        raise GpusliceError("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over "
+                            "TLS only); make them with `gpuslice kube-certs` or pass --webhook-port 0")
+    servers = []
+    if port:
+        servers.append((make_app(_start_extender(kubeconfig, cfg, node_cache, gc_interval, stale_after,
+                                                 allocation_timeout), cfg, webhook_enabled=False),
+                        host, port, None, None))
+    if webhook_port:
+        servers.append((make_app(None, cfg, webhook_enabled=True), webhook_host, webhook_port, tls_cert, tls_key))
+    shown = ([f"extender on http://{host}:{port}"] if port else []) + \
+        ([f"webhook on https://{webhook_host}:{webhook_port}/mutate"] if webhook_port else [])
+    _say(", ".join(shown))
+    asyncio.run(serve_all(servers))
+
+
+def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: float, stale_after: float,
+                    allocation_timeout: float):
+    """The extender with its node cache and its garbage-collection thread (only when --port is not 0: a
+    webhook-only process makes no API call at all)."""
+    from gpuslice.kube.api import connect
+    from gpuslice.kube.extender import Extender, NodeCache
+
     api = connect(kubeconfig)
     cache = NodeCache(api) if node_cache else None
     if cache:
         cache.start()
-    extender = Extender(api, cfg, cache=cache, stale_after=stale_after)
+    extender = Extender(api, cfg, cache=cache, stale_after=stale_after, allocation_timeout=allocation_timeout)
 
     def collect() -> None:
         stop = threading.Event()
@@ -103,15 +142,7 @@ def scheduler(
                 logging.getLogger("gpuslice.extender").warning("garbage collection: %s", exc)
 
     threading.Thread(target=collect, name="gpuslice-gc", daemon=True).start()
-    servers = [(make_app(extender, cfg, webhook_enabled=not webhook_port), host, port, None, None)]
-    if webhook_port:
-        if not (tls_cert and tls_key):
-            raise GpusliceError("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over "
-                                "TLS only); make them with `gpuslice kube-certs` or pass --webhook-port 0")
-        servers.append((make_app(None, cfg, webhook_enabled=True), webhook_host, webhook_port, tls_cert, tls_key))
-    _say(f"extender on http://{host}:{port}" + (f", webhook on https://{webhook_host}:{webhook_port}/mutate"
-                                                 if webhook_port else ""))
-    asyncio.run(serve_all(servers))
+    return extender
 
 
 def kube_agent(
@@ -140,6 +171,12 @@ def kube_agent(
     health_recovery: float = typer.Option(300.0, "--health-recovery", help="Seconds without a fault after which "
                                           "a device NVML answers again is Healthy again (0 = never)."),
     device_nodes: str = typer.Option("auto", "--device-nodes", help="Device nodes in Allocate: auto, always, none."),
+    oom_policy: str = typer.Option("return", "--oom-policy", help="The enforcer's answer to an allocation past the "
+                                   "limit, written into every slice file: return (out-of-memory error) or kill."),
+    fail_open: bool = typer.Option(False, "--fail-open/--no-fail-open", help="On the enforcer's own failure, let "
+                                   "calls through unlimited (--fail-open) or refuse them (default)."),
+    enforcer_log_level: str = typer.Option("warn", "--enforcer-log-level", help="The enforcer's log level in GPU "
+                                           "containers: error, warn, info or debug."),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics with namespace/pod/"
                                      "container labels on this port (0 = off)."),
     log_level: str = typer.Option("info", "--log-level"),
@@ -162,6 +199,18 @@ def kube_agent(
     if health_recovery < 0:
         raise SpecError("--health-recovery", health_recovery, "seconds, 0 (never recover) or more")
 
+    try:  # checked before any discovery or API call: a bad flag is named at once, nothing started
+        cfg = PluginConfig(node=node, resource_name=resource_name, split_count=split_count,
+                           memory_scaling=memory_scaling, plugin_dir=Path(plugin_dir), socket_name=socket_name,
+                           host_state_dir=Path(host_state_dir),
+                           local_state_dir=Path(state_dir) if state_dir else None, host_library=Path(library),
+                           device_nodes=device_nodes, oom_policy=oom_policy, fail_open=fail_open,
+                           log_level=enforcer_log_level)
+    except SpecError as exc:  # name the flag, not the dataclass field
+        flags = {"oom_policy": "--oom-policy", "log_level": "--enforcer-log-level", "device_nodes": "--device-nodes",
+                 "split_count": "--split-count"}
+        raise SpecError(flags.get(exc.field, exc.field), exc.value, exc.allowed) from None
+
     def find_devices():
         found = load_snapshot(snapshot) if snapshot else discover()
         return unique_devices(found, node) if unique_uuids else found
@@ -174,10 +223,6 @@ def kube_agent(
         publisher.publish()
         _say(f"published {len(devices)} device(s) on node {node}")
         return
-    cfg = PluginConfig(node=node, resource_name=resource_name, split_count=split_count,
-                       memory_scaling=memory_scaling, plugin_dir=Path(plugin_dir), socket_name=socket_name,
-                       host_state_dir=Path(host_state_dir), local_state_dir=Path(state_dir) if state_dir else None,
-                       host_library=Path(library), device_nodes=device_nodes)
     health = (StaticHealth() if snapshot or os.environ.get("GPUSLICE_DEVICE_SNAPSHOT")
               else NvmlHealth(recover_seconds=health_recovery))
     plugin = DevicePlugin(cfg, devices, api, health=health, on_health=publisher.health_changed,

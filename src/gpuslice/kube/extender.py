@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from gpuslice.errors import GpusliceError
-from gpuslice.kube import codec
+from gpuslice.kube import alloclock, codec
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, NotFound
 from gpuslice.placement import Fleet, NodeState, NoFit, PlacementPolicy, apply, filter_nodes, place, score_nodes
 from gpuslice.spec import SpecError
@@ -54,6 +54,29 @@ def _ci(obj: Mapping[str, Any], name: str) -> Any:
     return None
 
 
+def node_shape_problem(node: Any) -> str:
+    """What makes ``node`` not a Node object we can read ('' when its shape is fine): the parts the
+    extender reads must have the API server's types, else the request is answered 400, not 500."""
+    if not isinstance(node, dict):
+        return "must be a Node object"
+    meta = node.get("metadata")
+    if not isinstance(meta, dict):
+        return "metadata must be an object"
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return "metadata.name must be a non-empty string"
+    anns = meta.get("annotations")
+    if anns is not None and not isinstance(anns, dict):
+        return f"metadata.annotations of node {name} must be an object of strings (got {type(anns).__name__})"
+    bad = [k for k, v in (anns or {}).items() if not isinstance(v, str)]
+    if bad:
+        return f"metadata.annotations[{bad[0]}] of node {name} must be a string"
+    rv = meta.get("resourceVersion")
+    if rv is not None and not isinstance(rv, str):
+        return f"metadata.resourceVersion of node {name} must be a string"
+    return ""
+
+
 @dataclass(frozen=True)
 class ExtenderArgs:
     pod: dict[str, Any]
@@ -75,9 +98,12 @@ class ExtenderArgs:
         nodes = None
         if nodes_doc is not None:
             items = nodes_doc.get("items") if isinstance(nodes_doc, dict) else None
-            if not isinstance(items, list) or not all(
-                    isinstance(n, dict) and isinstance((n.get("metadata") or {}).get("name"), str) for n in items):
+            if not isinstance(items, list):
                 raise BadRequest("ExtenderArgs.Nodes must be a NodeList: {\"items\": [Node with metadata.name]}")
+            for k, n in enumerate(items):
+                problem = node_shape_problem(n)
+                if problem:
+                    raise BadRequest(f"ExtenderArgs.Nodes.items[{k}].{problem}")
             nodes = items
             names = [n["metadata"]["name"] for n in items]
         elif names_doc is not None:
@@ -120,6 +146,7 @@ class NodeView:
     ledger: codec.Ledger
     state: NodeState | None
     problem: str = ""  # why the node cannot take GPU pods (no or bad annotations)
+    allocating: frozenset[str] = frozenset()  # the allocation lock's holders (gpuslice.io/allocating)
 
 
 def view_of(node: Mapping[str, Any]) -> NodeView:
@@ -134,10 +161,11 @@ def view_of(node: Mapping[str, Any]) -> NodeView:
     try:
         devices = codec.decode_node_devices(anns[codec.NODE_DEVICES])
         ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), name)
+        allocating = codec.decode_allocating(anns.get(codec.NODE_ALLOCATING))
         state = codec.node_state(name, devices, ledger)
     except SpecError as exc:
         return NodeView(name, rv, None, codec.Ledger({}), None, f"node annotations are unreadable: {exc}")
-    return NodeView(name, rv, devices, ledger, state)
+    return NodeView(name, rv, devices, ledger, state, allocating=allocating)
 
 
 class ViewCache:
@@ -325,7 +353,7 @@ class Extender:
 
     def __init__(self, api: KubeAPI | None, cfg: codec.KubeConfig | None = None, *,
                  cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0, use_index: bool = True,
-                 stale_after: float = 0.0,
+                 stale_after: float = 0.0, allocation_timeout: float = alloclock.DEFAULT_TIMEOUT,
                  clock: Callable[[], float] = time.time):
         self.api = api
         self.cfg = cfg or codec.KubeConfig()
@@ -334,6 +362,9 @@ class Extender:
         self.index = FleetIndex(self.views)
         self.use_index = use_index
         self.stale_after = stale_after  # seconds without a devices publication before a node is skipped (0: never)
+        if allocation_timeout < 0:
+            raise SpecError("allocation_timeout", allocation_timeout, "seconds, 0 (no allocation lock) or more")
+        self.allocation_timeout = allocation_timeout  # see gpuslice.kube.alloclock (0: lock off)
         self.bind_retries = bind_retries
         self.gc_grace = gc_grace
         self.clock = clock
@@ -379,7 +410,8 @@ class Extender:
         blocked = codec.blocked_devices(view.devices, req)
         return codec.node_state(view.name, view.devices, view.ledger, blocked=blocked)
 
-    def _fit(self, req: codec.PodRequest, views: list[NodeView]) -> tuple[list[str], dict[str, str], dict[str, NodeState]]:
+    def _fit(self, req: codec.PodRequest, views: list[NodeView],
+             pod_uid: str = "") -> tuple[list[str], dict[str, str], dict[str, NodeState]]:
         """(fitting names in the caller's order, {name: why not}, {name: state} of the fitting ones)."""
         failed: dict[str, str] = {v.name: v.problem for v in views if v.state is None}
         live = [v for v in views if v.state is not None]
@@ -406,7 +438,8 @@ class Extender:
             failed.update(why)
             ok_set = set(ok)
         for v in live:
-            stale = self._stale_devices(v)
+            # A stale device list outranks any other reason; the lock only matters where the pod fits.
+            stale = self._stale_devices(v) or (self._locked(v, req, pod_uid) if v.name in ok_set else "")
             if stale:
                 ok_set.discard(v.name)
                 failed[v.name] = stale
@@ -429,6 +462,15 @@ class Extender:
             return ""
         return (f"the gpuslice agent has not published {codec.NODE_DEVICES} for {age:.0f} s "
                 f"(more than {self.stale_after:g} s); is it running?")
+
+    def _locked(self, view: NodeView, req: codec.PodRequest, pod_uid: str) -> str:
+        """Why the node's allocation lock keeps this pod away ('' when it does not)."""
+        if not view.allocating or not self.allocation_timeout:
+            return ""
+        now = self.clock()
+        held = alloclock.blockers(view.ledger, view.allocating, pod_uid, req.device_counts, now,
+                                  self.allocation_timeout)
+        return alloclock.reason(held[0], now) if held else ""
 
     def _indexed(self, req: codec.PodRequest) -> bool:
         """The shared fleet serves pods without per-pod device exclusions."""
@@ -457,7 +499,7 @@ class Extender:
             return self._filter_result(args, list(args.node_names), {})
         views = self._views_for(args)
         req = codec.resolve_gpu_types(req, self._gpu_kinds())
-        fitting, failed, _ = self._fit(req, views)
+        fitting, failed, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
         return self._filter_result(args, fitting, failed)
 
     @staticmethod
@@ -490,7 +532,7 @@ class Extender:
             with self.index.lock:
                 scores = score_nodes(first, self.index.current(), self._policy(req))
         else:
-            fitting, _, _ = self._fit(req, views)
+            fitting, _, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
             states = {v.name: self._state_for(v, req) for v in views if v.name in set(fitting)}
             if fitting:
                 scores = score_nodes(first, [states[n] for n in fitting], self._policy(req))
@@ -543,16 +585,90 @@ class Extender:
         with self._lock(args.node):
             grant = self._commit(args, req)
         try:
-            api.patch_pod_annotations(args.pod_namespace, args.pod_name,
-                                      {codec.POD_GRANT: codec.encode_pod_grant(grant),
-                                       codec.POD_ALLOCATED: None}, uid=args.pod_uid)
+            self._annotate(args, grant, str(meta.get("resourceVersion") or ""))
             api.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
         except KubeError as exc:
+            # Another bind of the same pod may have won (a retried or concurrent scheduler call), or the
+            # binding landed and only its answer was lost: settle the annotation on what is really bound.
+            bound = self._settle_annotation(args, grant)
+            if bound == args.node:
+                self._release_elsewhere(args.pod_uid, args.node)
+                return grant  # bound here with this grant after all: keep the ledger entry
+            if bound is None:  # cannot tell: keeping the entry is safe, garbage collection decides later
+                raise KubeError(f"binding {args.pod_namespace}/{args.pod_name} to {args.node} failed and the pod "
+                                f"cannot be read; its grant stays until garbage collection: {exc}", exc.status) from exc
             self._take_back(args.node, args.pod_uid)
             raise KubeError(f"binding {args.pod_namespace}/{args.pod_name} to {args.node} failed; "
                             f"grant taken back: {exc}", exc.status) from exc
         self._release_elsewhere(args.pod_uid, args.node)
         return grant
+
+    def _annotate(self, args: BindingArgs, grant: codec.PodGrant, resource_version: str) -> None:
+        """Write the pod's ``gpuslice.io/grant`` only onto a pod state this bind has seen (resourceVersion
+        precondition): never after the pod got bound (by a concurrent bind of the same pod elsewhere), so
+        a losing bind cannot leave its grant on a pod bound with another."""
+        api = self.api
+        assert api is not None
+        changes = {codec.POD_GRANT: codec.encode_pod_grant(grant), codec.POD_ALLOCATED: None}
+        for _ in range(self.bind_retries):
+            try:
+                api.patch_pod_annotations(args.pod_namespace, args.pod_name, changes, uid=args.pod_uid,
+                                          resource_version=resource_version or None)
+                return
+            except Conflict:
+                pod = api.get_pod(args.pod_namespace, args.pod_name)
+                meta = pod.get("metadata") or {}
+                if meta.get("uid") != args.pod_uid:
+                    raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} was recreated", 409) from None
+                bound = (pod.get("spec") or {}).get("nodeName")
+                if bound:
+                    raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} was bound to {bound} meanwhile",
+                                    409) from None
+                resource_version = str(meta.get("resourceVersion") or "")  # unbound: it changed otherwise
+        raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} kept changing while its grant was written")
+
+    def _settle_annotation(self, args: BindingArgs, grant: codec.PodGrant) -> str | None:
+        """After a failed binding: make the pod's ``gpuslice.io/grant`` say what its binding says. Bound
+        (to any node): the grant of that node's ledger; unbound: this bind's grant removed. Returns the
+        node the pod is bound to ('' if none or gone; ``None`` when the pod cannot be read)."""
+        api = self.api
+        assert api is not None
+        bound: str | None = None
+        for _ in range(self.bind_retries):
+            try:
+                pod = api.get_pod(args.pod_namespace, args.pod_name)
+            except NotFound:
+                return ""
+            except KubeError:
+                return bound
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") != args.pod_uid:
+                return ""
+            bound = str((pod.get("spec") or {}).get("nodeName") or "")
+            shown = (meta.get("annotations") or {}).get(codec.POD_GRANT)
+            mine = codec.encode_pod_grant(grant)
+            if bound == args.node:
+                want: str | None = mine
+            elif bound:
+                try:
+                    entry = view_of(api.get_node(bound)).ledger.entries.get(args.pod_uid)
+                except KubeError:
+                    entry = None
+                want = codec.encode_pod_grant(entry) if entry is not None else (None if shown == mine else shown)
+            else:
+                want = None if shown == mine else shown  # another bind's grant in flight: not ours to remove
+            if want == shown:
+                return bound
+            try:
+                api.patch_pod_annotations(args.pod_namespace, args.pod_name, {codec.POD_GRANT: want},
+                                          uid=args.pod_uid, resource_version=str(meta.get("resourceVersion") or ""))
+                return bound
+            except Conflict:
+                continue
+            except KubeError as exc:
+                log.error("pod %s/%s: settling %s failed: %s", args.pod_namespace, args.pod_name, codec.POD_GRANT, exc)
+                return bound
+        return bound
 
     def _commit(self, args: BindingArgs, req: codec.PodRequest) -> codec.PodGrant:
         api = self.api
@@ -575,15 +691,19 @@ class Extender:
             except NoFit as exc:
                 raise KubeError(f"node {args.node} cannot take pod {args.pod_namespace}/{args.pod_name}: "
                                 f"{exc.reason}") from None
+            holders = self._lock_holders(args, req, view)  # after placement: "cannot take" is the lasting reason
             grant = codec.PodGrant(
                 node=args.node, pod_uid=args.pod_uid, namespace=args.pod_namespace, pod=args.pod_name,
                 containers=tuple(codec.ContainerGrant(c.name, codec.grant_id_for(args.pod_uid, c.name),
                                                       p.slices, p.exclusive) for c, p in placed),
                 bound_at=self.clock())
+            changes = {codec.NODE_LEDGER: codec.encode_ledger(view.ledger.with_entry(grant))}
+            if self.allocation_timeout:
+                # The lock is taken in the same conditioned write as the capacity: two binds cannot both
+                # see the node free of a same-count holder and both commit.
+                changes[codec.NODE_ALLOCATING] = codec.encode_allocating(holders | {args.pod_uid})
             try:
-                updated = api.patch_node_annotations(
-                    args.node, {codec.NODE_LEDGER: codec.encode_ledger(view.ledger.with_entry(grant))},
-                    resource_version=view.resource_version)
+                updated = api.patch_node_annotations(args.node, changes, resource_version=view.resource_version)
             except Conflict as exc:
                 last = str(exc)
                 time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
@@ -592,8 +712,35 @@ class Extender:
             return grant
         raise KubeError(f"node {args.node} kept changing under {self.bind_retries} bind attempts ({last})")
 
-    def _update_ledger(self, node_name: str, change: Callable[[codec.Ledger], codec.Ledger]) -> bool:
-        """Apply ``change`` to the node's ledger with a resourceVersion precondition; True if it changed."""
+    def _lock_holders(self, args: BindingArgs, req: codec.PodRequest, view: NodeView) -> frozenset[str]:
+        """The node's allocation-lock holders to keep when this pod commits; raises (bind refused) while
+        another pod still waits for Allocate with a container of one of this pod's device counts. A holder
+        is checked against its pod (one GET): one that is gone, finished, deleted, bound elsewhere or
+        already allocated no longer holds the lock (the device plugin's release may have been lost)."""
+        api = self.api
+        assert api is not None
+        now = self.clock()
+        keep = alloclock.live_holders(view.ledger, view.allocating, now, self.allocation_timeout)
+        for entry in alloclock.blockers(view.ledger, keep, args.pod_uid, req.device_counts, now,
+                                        self.allocation_timeout):
+            pod = None
+            if entry.namespace and entry.pod:
+                try:
+                    pod = api.get_pod(entry.namespace, entry.pod)
+                except NotFound:
+                    pod = None
+            why = alloclock.released(pod, entry)
+            if not why:
+                raise KubeError(f"node {args.node} is {alloclock.reason(entry, now)}")
+            log.info("node %s: pod %s/%s no longer holds the allocation lock (%s)", args.node, entry.namespace,
+                     entry.pod, why)
+            keep = keep - {entry.pod_uid}
+        return keep
+
+    def _update_ledger(self, node_name: str,
+                       change: Callable[[codec.Ledger, frozenset[str]], tuple[codec.Ledger, frozenset[str]]]) -> bool:
+        """Apply ``change`` to the node's (ledger, allocation-lock holders) with a resourceVersion
+        precondition; True if it changed anything."""
         api = self.api
         assert api is not None
         for attempt in range(self.bind_retries):
@@ -605,15 +752,20 @@ class Extender:
             anns = meta.get("annotations") or {}
             try:
                 ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), node_name)
+                allocating = codec.decode_allocating(anns.get(codec.NODE_ALLOCATING))
             except SpecError as exc:
                 log.error("node %s: %s", node_name, exc)
                 return False
-            new = change(ledger)
-            if dict(new.entries) == dict(ledger.entries):
+            new, new_allocating = change(ledger, allocating)
+            changes: dict[str, str | None] = {}
+            if dict(new.entries) != dict(ledger.entries):
+                changes[codec.NODE_LEDGER] = codec.encode_ledger(new)
+            if new_allocating != allocating:
+                changes[codec.NODE_ALLOCATING] = codec.encode_allocating(new_allocating)
+            if not changes:
                 return False
             try:
-                updated = api.patch_node_annotations(node_name, {codec.NODE_LEDGER: codec.encode_ledger(new)},
-                                                     resource_version=meta.get("resourceVersion"))
+                updated = api.patch_node_annotations(node_name, changes, resource_version=meta.get("resourceVersion"))
             except Conflict:
                 time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
                 continue
@@ -625,7 +777,7 @@ class Extender:
     def _take_back(self, node: str, pod_uid: str) -> None:
         try:
             with self._lock(node):
-                self._update_ledger(node, lambda led: led.without([pod_uid]))
+                self._update_ledger(node, lambda led, alloc: (led.without([pod_uid]), alloc - {pod_uid}))
         except KubeError as exc:  # garbage collection will take it back later
             log.error("taking back the grant of pod %s on %s failed: %s", pod_uid, node, exc)
 
@@ -639,7 +791,8 @@ class Extender:
     # ------------------------------------------------------------------------------------ garbage
     def collect_garbage(self) -> int:
         """Take back ledger entries whose pod is gone, finished, bound to another node, or unbound for
-        longer than ``gc_grace`` after its bind. Returns how many entries were removed."""
+        longer than ``gc_grace`` after its bind; drop allocation-lock holders that no longer hold it.
+        Returns how many ledger entries were removed."""
         api = self.api
         assert api is not None
         started = self.clock()
@@ -653,19 +806,37 @@ class Extender:
             anns = (node.get("metadata") or {}).get("annotations") or {}
             try:
                 ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), name)
+                allocating = codec.decode_allocating(anns.get(codec.NODE_ALLOCATING))
             except SpecError as exc:
                 log.error("node %s: %s", name, exc)
                 continue
             stale = {uid for uid, g in ledger.entries.items() if self._stale(uid, g, name, pods, started)}
-            if stale:
-                def drop(led: codec.Ledger, stale: set[str] = stale, name: str = name) -> codec.Ledger:
-                    # re-check against the fresh ledger: only entries that are still the stale ones
-                    return led.without(u for u in stale if u in led.entries
-                                       and self._stale(u, led.entries[u], name, pods, started))
+            kept = ledger.without(stale)
+            loose = {uid for uid in allocating if self._loose(uid, kept, pods, started)}
+            if stale or loose:
+                def drop(led: codec.Ledger, alloc: frozenset[str], stale: set[str] = stale, loose: set[str] = loose,
+                         name: str = name) -> tuple[codec.Ledger, frozenset[str]]:
+                    # re-check against the fresh node: only what is still stale / loose there (a bind may
+                    # have committed since the list)
+                    led = led.without(u for u in stale if u in led.entries
+                                      and self._stale(u, led.entries[u], name, pods, started))
+                    return led, frozenset(u for u in alloc if not (u in loose and self._loose(u, led, pods, started)))
                 with self._lock(name):
                     if self._update_ledger(name, drop):
                         removed += len(stale)
         return removed
+
+    def _loose(self, uid: str, ledger: codec.Ledger, pods: Mapping[str, Any], started: float) -> bool:
+        """Whether an allocation-lock holder no longer holds the lock: no ledger entry, timed out (or the
+        lock is off), or its pod (from the list) released it — a pod missing from the list only after
+        the same 30 s as its ledger entry (the list comes from the watch cache)."""
+        entry = ledger.entries.get(uid)
+        if entry is None or not self.allocation_timeout or entry.bound_at < started - self.allocation_timeout:
+            return True
+        pod = pods.get(uid)
+        if pod is None:
+            return entry.bound_at < started - min(self.gc_grace, 30.0)
+        return bool(alloclock.released(pod, entry))
 
     def _stale(self, uid: str, grant: codec.PodGrant, node: str, pods: Mapping[str, Any], started: float) -> bool:
         old = grant.bound_at < started - self.gc_grace

@@ -18,12 +18,17 @@
 * Registers with the kubelet (``kubelet.sock``) and registers again when the kubelet restarts (it deletes
   every socket in the device-plugin folder, ours included, and recreates its own).
 
-Finding the grant: the kubelet names device IDs only, never the pod. Candidates are the pods bound to
-this node whose ledger entry (the Node's ``gpuslice.io/ledger``, written only by the extender) has a
-container not yet marked in the pod's ``gpuslice.io/allocated``, whose device count equals the number
-of IDs asked for. A candidate whose granted UUIDs equal the UUIDs of the IDs wins (GetPreferredAllocation
-makes this the normal case); otherwise the oldest grant in container order (the kubelet admits pods one at
-a time, in order). The ledger is the truth; a pod annotation that disagrees is ignored and logged.
+Finding the grant: the kubelet names device IDs only, never the pod. Candidates are the pending pods
+bound to this node whose ledger entry (the Node's ``gpuslice.io/ledger``, written only by the extender)
+has a container not yet marked in the pod's ``gpuslice.io/allocated``, whose device count equals the
+number of IDs asked for. The candidates must all belong to **one** pod: the extender's allocation lock
+(:mod:`gpuslice.kube.alloclock`) binds at most one pod per device count at a time on a node, and if two
+pods wait anyway (the lock timed out or is off) Allocate refuses rather than guess — handing one pod
+another's grant would over-commit the device once either ends. Within the pod, the kubelet allocates
+containers in spec order: the container whose granted UUIDs equal the IDs' UUIDs (GetPreferredAllocation
+steers to them), else the first in spec order. Once every container of the pod is allocated, the pod is
+removed from the Node's ``gpuslice.io/allocating`` (the lock is released). The ledger is the truth; a
+pod annotation that disagrees is ignored and logged.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import grpc
 
 from gpuslice.errors import GpusliceError
 from gpuslice.kube import codec
-from gpuslice.kube.api import KubeAPI, KubeError
+from gpuslice.kube.api import Conflict, KubeAPI, KubeError
 from gpuslice.kube.deviceplugin import load
 from gpuslice.kube.health import APPLICATION_XIDS, NvmlHealth  # noqa: F401  (re-exported)
 from gpuslice.node.slicefile import SliceConfig, SliceFileError, write_slice_file
@@ -91,6 +96,10 @@ class PluginConfig:
             raise codec.SpecError("device_nodes", self.device_nodes, "auto, always or none")
         if self.oom_policy not in ("return", "kill"):
             raise codec.SpecError("oom_policy", self.oom_policy, "return or kill")
+        if self.log_level not in ("error", "warn", "info", "debug"):
+            raise codec.SpecError("log_level", self.log_level, "error, warn, info or debug (the enforcer's)")
+        if not isinstance(self.fail_open, bool):
+            raise codec.SpecError("fail_open", self.fail_open, "true or false")
         if not 1 <= self.split_count <= 1000:
             raise codec.SpecError("split_count", self.split_count, "a whole number from 1 to 1000")
 
@@ -185,7 +194,7 @@ class Allocator:
 
     def find(self, ids: Sequence[str]) -> Match:
         uuids = {uuid_of(i) for i in ids}
-        found = self.candidates(len(ids))
+        found = self.one_pod(self.candidates(len(ids)), len(ids))
         for m in found:
             if set(m.grant.uuids) == uuids:
                 return m
@@ -196,11 +205,23 @@ class Allocator:
             f"for {self.cfg.resource_name} must be scheduled by the gpuslice scheduler (check the pod's "
             f"spec.schedulerName and its {codec.POD_GRANT} annotation)")
 
+    def one_pod(self, found: list[Match], count: int) -> list[Match]:
+        """``found`` when every candidate belongs to one pod; else :class:`AllocateError` (ambiguous)."""
+        pods = {m.entry.pod_uid: m.entry for m in found}
+        if len(pods) <= 1:
+            return found
+        names = ", ".join(f"{e.namespace}/{e.pod}" for e in sorted(pods.values(), key=lambda e: e.bound_at))
+        raise AllocateError(
+            f"cannot tell which pod the kubelet is admitting: pods {names} on node {self.cfg.node} all wait for "
+            f"a container of {count} device(s) (the kubelet names devices, not pods); refusing rather than "
+            f"handing one pod another's grant. The scheduler's allocation lock ({codec.NODE_ALLOCATING}) "
+            f"prevents this unless it timed out or is off (gpuslice scheduler --allocation-timeout)")
+
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
         chosen: list[str] = list(must)[:size]
         try:
-            found = self.candidates(size)
-        except (KubeError, codec.SpecError) as exc:
+            found = self.one_pod(self.candidates(size), size)
+        except (KubeError, codec.SpecError, AllocateError) as exc:
             log.warning("GetPreferredAllocation: %s", exc)
             found = []
         want = found[0].grant.uuids if found else ()
@@ -331,7 +352,32 @@ class Allocator:
             done.add(match.grant.container)
             self.api.patch_pod_annotations(meta["namespace"], meta["name"],
                                            {codec.POD_ALLOCATED: codec.encode_allocated(done)}, uid=meta["uid"])
+            if {c.container for c in match.entry.containers} <= done:
+                self.release_lock(match.entry.pod_uid)
             return match, self.response(match.grant)
+
+    def release_lock(self, pod_uid: str, attempts: int = 8) -> bool:
+        """Remove the pod from the Node's ``gpuslice.io/allocating`` (resourceVersion-conditioned, retried on
+        conflicts). A failure is logged, not raised: the Allocate answer stands, and the extender drops
+        holders whose pod is allocated (at its next bind on this node, or garbage collection)."""
+        for _ in range(attempts):
+            try:
+                node = self.api.get_node(self.cfg.node)
+                meta = node.get("metadata") or {}
+                holders = codec.decode_allocating((meta.get("annotations") or {}).get(codec.NODE_ALLOCATING))
+                if pod_uid not in holders:
+                    return True
+                self.api.patch_node_annotations(
+                    self.cfg.node, {codec.NODE_ALLOCATING: codec.encode_allocating(holders - {pod_uid})},
+                    resource_version=meta.get("resourceVersion"))
+                return True
+            except Conflict:
+                continue
+            except (KubeError, codec.SpecError) as exc:
+                log.warning("releasing the allocation lock of pod %s on %s: %s", pod_uid, self.cfg.node, exc)
+                return False
+        log.warning("releasing the allocation lock of pod %s on %s: the node kept changing", pod_uid, self.cfg.node)
+        return False
 
 
 # ---------------------------------------------------------------------------------------- gRPC

@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from gpuslice.kube import codec, webhook
 from gpuslice.kube.extender import BadRequest, Extender
+from gpuslice.kube.tlsreload import ReloadingTLS
 
 log = logging.getLogger("gpuslice.server")
 MAX_BODY = 64 * 1024 * 1024  # 5,000 full Node objects are ~30 MiB
@@ -112,20 +113,27 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
-def _config(app: Starlette, certfile: str | None, keyfile: str | None, workers_limit: int | None) -> uvicorn.Config:
+def _config(app: Starlette, certfile: str | None, keyfile: str | None, workers_limit: int | None,
+            tls_check_interval: float = 1.0) -> uvicorn.Config:
     kwargs: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "off",
                               "timeout_keep_alive": 30, "limit_concurrency": workers_limit}
     if certfile:
-        kwargs.update(ssl_certfile=certfile, ssl_keyfile=keyfile)
+        def reloading(config: uvicorn.Config, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+            # uvicorn's own context (ciphers, ALPN), rebuilt from the files whenever they change: a renewed
+            # certificate (cert-manager, the chart's job) is served without a restart.
+            return ReloadingTLS(certfile, keyfile, default, interval=tls_check_interval).listening_context()
+
+        kwargs.update(ssl_certfile=certfile, ssl_keyfile=keyfile, ssl_context_factory=reloading)
     return uvicorn.Config(app, **kwargs)
 
 
 def start_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0, *, certfile: str | None = None,
-                    keyfile: str | None = None, timeout: float = 10.0) -> Running:
-    """Serve ``app`` on ``host:port`` (0 = any free port) in a daemon thread; TLS when ``certfile``."""
+                    keyfile: str | None = None, timeout: float = 10.0, tls_check_interval: float = 1.0) -> Running:
+    """Serve ``app`` on ``host:port`` (0 = any free port) in a daemon thread; TLS when ``certfile`` (the files
+    are re-read when they change, at most every ``tls_check_interval`` seconds)."""
     sock = bind_socket(host, port)
     actual = sock.getsockname()[1]
-    server = uvicorn.Server(_config(app, certfile, keyfile, None))
+    server = uvicorn.Server(_config(app, certfile, keyfile, None, tls_check_interval))
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not the main thread
 
     def run() -> None:
