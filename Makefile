@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# pip itself is pinned like every other dependency: an upgrade changes nothing behind our back.
+PIP_VERSION := 26.3
 
 .PHONY: all run test test-python native native-test hack fuzz bench clean
 
@@ -12,7 +14,7 @@ all: $(STAMP) native
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpuslice needs Python 3.11+, found " + sys.version' 
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet pip==$(PIP_VERSION)
 	$(PY) -m pip install --quiet -e '.[test]'
 	@touch $@
 

@@ -389,6 +389,10 @@ class MigInstance:
         _check_int("mig_instances.sm_count", self.sm_count, 0)
 
 
+# NVML's compute modes by the names the snapshot writes them; Unknown when NVML does not say.
+COMPUTE_MODES = ("Default", "ExclusiveThread", "Prohibited", "ExclusiveProcess", "Unknown")
+
+
 @dataclass(frozen=True)
 class Device:
     """One physical GPU (or MIG-enabled card with its instances) as discovered through NVML."""
@@ -408,11 +412,23 @@ class Device:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if not self.uuid:
-            raise SpecError("uuid", self.uuid, "a device UUID")
+        if not isinstance(self.uuid, str) or not self.uuid.strip():
+            raise SpecError("uuid", self.uuid, "a device UUID like GPU-…")
         _check_int("index", self.index, 0)
         _check_int("memory_total", self.memory_total, 1)
         _check_int("sm_count", self.sm_count, 0)
+        for name in ("name", "model", "pci_bus_id"):  # may be empty (unknown), never another type
+            if not isinstance(getattr(self, name), str):
+                raise SpecError(name, getattr(self, name), "a string")
+        if self.numa_node is not None:
+            _check_int("numa_node", self.numa_node, 0)
+        peers = self.nvlink_peers
+        if not isinstance(peers, tuple) or not all(isinstance(p, str) and p.strip() for p in peers):
+            raise SpecError("nvlink_peers", peers, "a list of device UUIDs")
+        if not isinstance(self.mig_enabled, bool):
+            raise SpecError("mig_enabled", self.mig_enabled, "true or false")
+        if self.compute_mode not in COMPUTE_MODES:
+            raise SpecError("compute_mode", self.compute_mode, "one of " + ", ".join(COMPUTE_MODES))
         self._check_mig()
 
     def _check_mig(self) -> None:

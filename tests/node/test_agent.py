@@ -146,6 +146,8 @@ mine = http.post("/v1/grants", json={"request": {"memory": "1GiB"}, "owner": "ro
                                      "holder_pid": os.getpid(), "holder_start": procs.start_time(os.getpid())})
 theirs = http.post("/v1/grants", json={"request": {"memory": "1GiB"}, "owner": "x", "holder_pid": 1, "holder_start": 0})
 print(json.dumps({"mine": mine.json(), "theirs": theirs.status_code,
+                  "patch_foreign_child": http.patch(f"/v1/grants/{mine.json()['grant_id']}",
+                                                    json={"child_pid": 1, "child_start": 0}).status_code,
                   "delete_other": http.delete(f"/v1/grants/{victim}").status_code,
                   "delete_mine": http.delete(f"/v1/grants/{mine.json()['grant_id']}").json()}))
 """
@@ -182,6 +184,7 @@ def test_socket_callers_are_identified_by_kernel_credentials(tmp_path_factory):
         seen = json.loads(nobody.stdout)
         assert seen["mine"]["uid"] == 65534 and seen["mine"]["owner"] != "root"  # the kernel's word, not the body's
         assert seen["theirs"] == 403  # holder pid 1 is not nobody's process
+        assert seen["patch_foreign_child"] == 403  # the reclaimer would end that group: it must be the caller's
         assert seen["delete_other"] == 403
         assert seen["delete_mine"] == {"released": True}
         with uds(agent) as http:
@@ -221,3 +224,25 @@ def test_agent_reclaims_grants_of_dead_processes(agent):
             time.sleep(0.1)
         assert http.get("/v1/grants").json()["grants"] == []  # nobody asked: the agent's own reclaim did it
     assert not Path(grant["slice_file"]).exists()
+
+
+@pytest.mark.parametrize("method, url, body, field", [
+    ("POST", "/v1/grants", {**ask_body(), "ticket": "abc"}, "ticket"),
+    ("POST", "/v1/grants", {**ask_body(), "ticket": 0}, "ticket"),
+    ("POST", "/v1/grants", {**ask_body(), "wait": "false"}, "wait"),
+    ("POST", "/v1/grants", [1, 2], "body"),
+    ("PATCH", "/v1/grants/{id}", {"child_pid": "x"}, "child_pid"),
+    ("PATCH", "/v1/grants/{id}", {"child_pid": 12, "child_start": -1}, "child_start"),
+    ("PATCH", "/v1/grants/{id}", {"child_start": 5}, "child_pid"),
+    ("PATCH", "/v1/grants/{id}", [1, 2], "body"),
+    ("GET", "/v1/history?since=abc", None, "since"),
+    ("GET", "/v1/history?since=nan", None, "since"),
+])
+def test_bad_input_is_a_400_naming_the_field(agent, method, url, body, field):
+    with uds(agent) as http:
+        grant = http.post("/v1/grants", json=ask_body(memory="1GiB")).json()
+        reply = http.request(method, url.format(id=grant["grant_id"]), json=body)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"] == "spec" and reply.json()["field"] == field, reply.json()
+        http.delete(f"/v1/grants/{grant['grant_id']}")
+    assert httpx.get(agent.url + "v1/history?since=abc", timeout=10).json()["field"] == "since"  # the HTTP face too

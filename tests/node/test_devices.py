@@ -457,6 +457,53 @@ def test_bad_snapshots_name_the_field(tmp_path, doc: dict, message: str) -> None
         discovery.load_snapshot(path)
 
 
+def _doc(*devices: dict, **top) -> dict:
+    return {"format": discovery.SNAPSHOT_FORMAT, **top, "devices": list(devices)}
+
+
+def _dev(index: int = 0, **fields) -> dict:
+    return {"uuid": f"GPU-{index}", "index": index, "name": "NVIDIA H100 80GB HBM3", "memory_total": 80 * GiB,
+            "sm_count": 132, **fields}
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"name": 7}, "name"),
+    ({"name": None}, "name"),
+    ({"mig_enabled": "false"}, "mig_enabled"),
+    ({"mig_enabled": 0}, "mig_enabled"),
+    ({"nvlink_peers": "abc"}, "nvlink_peers"),
+    ({"nvlink_peers": [1, 2]}, "nvlink_peers"),
+    ({"numa_node": "zero"}, "numa_node"),
+    ({"numa_node": -1}, "numa_node"),
+    ({"compute_mode": 7}, "compute_mode"),
+    ({"compute_mode": "Sometimes"}, "compute_mode"),
+    ({"model": 5}, "model"),
+    ({"pci_bus_id": 18}, "pci_bus_id"),
+    ({"uuid": 12}, "uuid"),
+])
+def test_snapshot_fields_are_checked_strictly_naming_the_field(fields: dict, field: str) -> None:
+    with pytest.raises(SnapshotError, match=rf"devices\[0\]: {field}:") as err:
+        discovery.parse_snapshot(_doc(_dev(**fields)))
+    assert "expected" in str(err.value)
+
+
+def test_duplicate_device_indexes_are_refused() -> None:
+    with pytest.raises(SnapshotError, match="index 0 appears more than once"):
+        discovery.parse_snapshot(_doc(_dev(0), {**_dev(1), "index": 0}))
+    with pytest.raises(SnapshotError, match="uuid GPU-0 appears more than once"):
+        discovery.parse_snapshot(_doc(_dev(0), {**_dev(1), "uuid": "GPU-0"}))
+
+
+def test_unknown_keys_are_ignored_everywhere_missing_mig_keys_are_named() -> None:
+    mig = {"uuid": "MIG-1", "profile": "3g.40gb", "memory_total": 40 * GiB, "sm_count": 42, "future_key": 1}
+    doc = _doc(_dev(0, mig_enabled=True, mig_instances=[mig], later_field={"x": 1}), written_by_v2=True)
+    (device,) = discovery.parse_snapshot(doc)
+    assert device.mig_instances[0].profile == "3g.40gb" and device.mig_enabled is True
+    del mig["sm_count"]
+    with pytest.raises(SnapshotError, match=r"mig_instances\[0\]: missing field\(s\) sm_count"):
+        discovery.parse_snapshot(doc)
+
+
 def test_unknown_snapshot_lists_the_bundled_ones() -> None:
     with pytest.raises(SnapshotError, match="bundled: a100-40gb"):
         discovery.load_snapshot("no-such-card")

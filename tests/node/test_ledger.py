@@ -8,13 +8,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gpuslice.node import procs
 from gpuslice.node.devices import load_snapshot
-from gpuslice.node.ledger import Ledger
+from gpuslice.node.ledger import Ledger, slice_processes
 from gpuslice.node.paths import StateDir
 from gpuslice.node.records import Ask, GrantRecord, Queued
 from gpuslice.placement import NoFit
@@ -68,7 +69,7 @@ HOLDER = textwrap.dedent("""
     from pathlib import Path
     from gpuslice.node import procs
     from gpuslice.node.devices import load_snapshot
-    from gpuslice.node.ledger import Ledger
+    from gpuslice.node.ledger import Ledger, slice_processes
     from gpuslice.node.paths import StateDir
     from gpuslice.node.records import Ask
     from gpuslice.placement import NoFit
@@ -128,21 +129,143 @@ def test_reused_pid_does_not_keep_a_grant(ledger):
     assert ledger.reclaim() == [grant.grant_id]  # same pid, other start time: not the holder
 
 
-def test_live_process_group_keeps_grant_after_holder_died(ledger):
+def _spawn(cmd: list[str], grant: GrantRecord | None = None, **kw) -> subprocess.Popen:
+    """A real process; with ``grant``, carrying its marker as `gpuslice run` children do."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUSLICE_SLICE"}
+    if grant is not None:
+        env["GPUSLICE_SLICE"] = grant.slice_file
+    return subprocess.Popen(cmd, env=env, **kw)
+
+
+def _dead_holder(ledger: Ledger, memory: str = "40GiB") -> GrantRecord:
     holder = subprocess.Popen(["sleep", "60"])
-    child = subprocess.Popen(["sleep", "60"], process_group=0)
+    grant = ledger.acquire(ask(memory, pid=holder.pid))
+    holder.kill()
+    holder.wait()
+    return grant
+
+
+def _reap(*children: subprocess.Popen) -> None:
+    for c in children:
+        c.kill()
+        c.wait()
+
+
+def test_holder_died_launched_group_is_ended_then_released(tmp_path):
+    ledger = Ledger(StateDir(tmp_path / "state"), DEVICES, node_name="n1", kill_grace=5)
+    holder = subprocess.Popen(["sleep", "60"])
+    grant = ledger.acquire(ask("40GiB", pid=holder.pid))
+    child = _spawn(["sleep", "60"], grant, process_group=0)
     try:
-        grant = ledger.acquire(ask("40GiB", pid=holder.pid))
         ledger.set_child(grant.grant_id, child.pid, procs.start_time(child.pid))
+        assert ledger.reclaim() == []  # the holder lives: nothing is touched
+        assert child.poll() is None
         holder.kill()
         holder.wait()
-        assert ledger.reclaim() == []
-        child.kill()
-        child.wait()
+        assert ledger.reclaim() == [grant.grant_id]  # SIGTERM to the group, gone at once, grant freed
+        assert child.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        _reap(holder, child)
+
+
+def test_orphaned_grandchildren_are_ended_when_the_leader_is_gone(ledger):
+    """The leader (sh) died with the holder; its children live on in the group: those carrying the grant's
+    marker are ended, a group member without it is a stranger to the slice and left alone."""
+    grant = _dead_holder(ledger)
+    leader = _spawn(["sleep", "60"], grant, process_group=0)
+    marked = _spawn(["sleep", "61"], grant, process_group=leader.pid)
+    unmarked = _spawn(["sleep", "62"], None, process_group=leader.pid)
+    try:
+        ledger.set_child(grant.grant_id, leader.pid, procs.start_time(leader.pid))
+        leader.kill()
+        leader.wait()
+        assert procs.stat(marked.pid).pgrp == leader.pid
+        assert ledger.reclaim() == [grant.grant_id]
+        assert marked.wait(timeout=5) == -signal.SIGTERM
+        assert unmarked.poll() is None
+    finally:
+        _reap(leader, marked, unmarked)
+
+
+def test_a_reused_group_leader_pid_is_never_signalled(ledger):
+    """child_pid names a live process with another start time: the launched group emptied before that pid
+    was reused, so that process and its group are not the slice's."""
+    grant = _dead_holder(ledger)
+    stranger = _spawn(["sleep", "60"], grant, process_group=0)  # even with the marker: wrong start time
+    try:
+        ledger.set_child(grant.grant_id, stranger.pid, procs.start_time(stranger.pid) - 1)
+        with_marker_scan_off = replace(ledger.grant(grant.grant_id), slice_file="")
+        stats = procs.all_stats()
+        assert slice_processes(with_marker_scan_off, stats).empty
+        assert slice_processes(ledger.grant(grant.grant_id), stats).ours  # the marker alone still proves it
+    finally:
+        _reap(stranger)
+
+
+def test_a_process_ignoring_sigterm_gets_sigkill_after_the_grace(tmp_path):
+    ledger = Ledger(StateDir(tmp_path / "state"), DEVICES, node_name="n1", kill_grace=0.6)
+    grant = _dead_holder(ledger)
+    stubborn = _spawn(["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"], grant,
+                      process_group=0, stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout.readline() == "ready\n"
+        ledger.set_child(grant.grant_id, stubborn.pid, procs.start_time(stubborn.pid))
+        started = time.monotonic()
+        assert ledger.reclaim() == []  # SIGTERM is ignored: the grant is kept, the time recorded
+        assert stubborn.poll() is None and ledger.grant(grant.grant_id).ending_since > 0
+        while (released := ledger.reclaim()) == []:
+            assert time.monotonic() - started < 10
+            time.sleep(0.1)
+        assert released == [grant.grant_id] and time.monotonic() - started >= 0.6
+        assert stubborn.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        _reap(stubborn)
+
+
+def test_processes_started_before_child_pid_was_recorded_are_found_by_marker(ledger):
+    """The launcher was killed between spawn and set_child: child_pid is 0, the marker still finds them."""
+    grant = _dead_holder(ledger)
+    escaped = _spawn(["sleep", "60"], grant, start_new_session=True)
+    try:
+        assert ledger.grant(grant.grant_id).child_pid == 0
+        assert ledger.reclaim() == [grant.grant_id]
+        assert escaped.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        _reap(escaped)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as other users")
+def test_a_users_grant_never_signals_another_users_process(tmp_path):
+    """A user writes their own region file and could name anyone's pid there: of a grant with uid > 0, a
+    process of another user keeps the grant but is never signalled."""
+    state = StateDir(tmp_path / "state")
+    victim = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
+    owned = subprocess.Popen(["sleep", "60"], user=4242, group=4242)
+    ledger = Ledger(state, DEVICES, node_name="n1", kill_grace=0,
+                    region_pids=lambda g: [victim.pid, owned.pid])
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        a = ask("4GiB", pid=holder.pid)
+        grant = ledger.acquire(Ask(a.request, "u", a.holder_pid, a.holder_start, uid=4242, devices=a.devices))
+        holder.kill()
+        holder.wait()
+        assert ledger.reclaim() == []  # nobody's process keeps it ...
+        assert owned.wait(timeout=5) == -signal.SIGKILL  # ... the user's own is ended (grace 0: SIGKILL)
+        assert victim.poll() is None  # ... and nobody's is untouched
+        victim.kill()
+        victim.wait()
         assert ledger.reclaim() == [grant.grant_id]
     finally:
-        holder.kill()
-        child.kill()
+        _reap(holder, victim, owned)
+
+
+def test_bad_kill_grace_is_refused_naming_the_variable(tmp_path, monkeypatch):
+    from gpuslice.spec import SpecError
+
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv("GPUSLICE_KILL_GRACE", bad)
+        with pytest.raises(SpecError, match="GPUSLICE_KILL_GRACE"):
+            Ledger(StateDir(tmp_path / "state"), DEVICES)
 
 
 def test_wait_queue_is_priority_then_fifo(ledger):

@@ -147,7 +147,7 @@ def test_ps_and_top_json(state_env):
                           text=True, timeout=60)
     assert live.returncode == 0 and "slices" in live.stdout and "NVIDIA H100" in live.stdout
     bad = subprocess.run([*cli, "top", "--interval", "0"], env=state_env, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and "interval" in bad.stderr
+    assert bad.returncode == 2 and "--interval" in bad.stderr  # a usage error, like every bad option value
 
 
 def _device_state(path: Path, uuid: str, grant_id: str, achieved_bp: int, busy_ns: int, throttled_ns: int) -> None:
@@ -220,3 +220,33 @@ def test_whole_devices_show_as_held_and_queue_shows_place_age_devices(tmp_path):
     assert "100% (whole)" in text and "│ whole │" in text
     row = next(line for line in text.splitlines() if "ann" in line)
     assert "1m05s" in row and "2,3" in row and "2 × 4GiB (distinct devices), compute unpaced" in row
+
+
+def test_private_ledger_warning_only_where_users_can_over_commit_each_other(monkeypatch, tmp_path):
+    import pwd
+
+    from gpuslice.node import service
+    from gpuslice.node.client import AgentClient
+
+    def account(name, uid, shell="/bin/bash"):
+        return pwd.struct_passwd((name, "x", uid, uid, "", f"/home/{name}", shell))
+
+    accounts = [account("root", 0), account("me", 1000), account("alice", 1001), account("svc", 1002, "/usr/sbin/nologin"),
+                account("nobody", 65534)]
+    monkeypatch.setattr(pwd, "getpwall", lambda: accounts)
+    monkeypatch.setattr(os, "getuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.delenv("GPUSLICE_STATE_DIR", raising=False)
+    state = paths.StateDir(tmp_path / "s")
+    ledger = object()
+    line = service.private_ledger_warning(ledger, state)
+    assert line is not None and "alice" in line and "svc" not in line and str(state.ledger) in line
+    assert "gpuslice agent" in line and "\n" not in line
+    assert service.private_ledger_warning(AgentClient.__new__(AgentClient), state) is None  # an agent: one ledger
+    monkeypatch.setenv("GPUSLICE_STATE_DIR", str(tmp_path / "chosen"))
+    assert service.private_ledger_warning(ledger, state) is None  # a dir the user chose (maybe shared)
+    monkeypatch.delenv("GPUSLICE_STATE_DIR")
+    accounts[:] = [account("root", 0), account("me", 1000)]
+    assert service.private_ledger_warning(ledger, state) is None  # a one-person machine
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert service.private_ledger_warning(ledger, state) is None  # root: the system ledger

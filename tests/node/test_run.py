@@ -108,6 +108,59 @@ def test_killed_launcher_grant_is_reclaimed(env, tmp_path):
     assert ledger_grants(env) == []  # ps reclaims the grant of the dead tree
 
 
+def _orphan_grandchildren(env, marker: Path) -> tuple[subprocess.Popen, list[int]]:
+    """`gpuslice run -- sh -c 'sleep & sleep & wait'`, then SIGKILL to the launcher: PDEATHSIG ends sh, the
+    sleeps are orphaned (reparented away from the dead launcher) and still hold the grant."""
+    script = f"sleep 300 & echo $! >> {marker}; sleep 301 & echo $! >> {marker}; wait"
+    proc = gpuslice("run", "--memory", "2GiB", "--", "sh", "-c", script, env=env)
+    deadline = time.monotonic() + 30
+    while not marker.exists() or len(marker.read_text().split()) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    sleeps = [int(x) for x in marker.read_text().split()]
+    proc.kill()
+    proc.wait()
+    return proc, sleeps
+
+
+def _gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(procs.alive(p, 0) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_killed_launcher_orphaned_grandchildren_are_ended_and_the_grant_freed(env, tmp_path):
+    _, sleeps = _orphan_grandchildren(env, tmp_path / "pids")
+    try:
+        assert all(procs.alive(p, 0) for p in sleeps)  # PDEATHSIG reached sh only
+        assert ledger_grants(env) == []  # ps's reclaim pass: SIGTERM to the slice's processes, then free
+        assert _gone(sleeps, 5)
+    finally:
+        for pid in sleeps:
+            if procs.alive(pid, 0):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_agent_ends_orphaned_grandchildren_on_its_own(env, tmp_path, agent):
+    from gpuslice.node.client import AgentClient
+
+    _, sleeps = _orphan_grandchildren(env, tmp_path / "pids")
+    try:
+        assert _gone(sleeps, 15)  # nobody runs ps: the agent's reclaim loop ends them
+        deadline = time.monotonic() + 10
+        client = AgentClient(agent.socket)
+        while client.grants()["grants"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.grants()["grants"] == []
+    finally:
+        for pid in sleeps:
+            if procs.alive(pid, 0):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_command_not_found_is_127_and_released(env):
     proc = gpuslice("run", "--", "/nonexistent/tool", env=env)
     out, err = proc.communicate(timeout=30)

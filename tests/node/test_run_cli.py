@@ -54,6 +54,8 @@ def test_bad_values_are_usage_errors_naming_the_option(env, args, option, words)
     (("--gpus", "2", "--device", "3"), "gpus: 2 is not allowed; expected at most 1 (--device allows 1 device(s))"),
     (("--memory", "100GiB"), "memory: '100GiB' is not allowed; expected at most 79.6 GiB on one device"),
     (("--device", "9"), "device: '9' is not allowed"),
+    (("--memory", "0.0000000001%"), "memory: '0.0000000001%' is not allowed; expected a share that gives at least "
+                                     "1 byte of every device"),
 ])
 def test_requests_this_node_can_never_hold_exit_1_naming_the_option(env, args, words):
     code, out, err = run(env, *args, "--wait", "--", "true")
@@ -135,3 +137,30 @@ def test_a_waiter_for_gpu0_does_not_block_gpu3_and_ps_shows_the_queue(env):
         if waiter is not None:
             out, err = waiter.communicate(timeout=30)
             assert waiter.returncode == 0, err  # granted once GPU 0 was freed
+
+
+@pytest.mark.parametrize("args, option, words", [
+    (("top", "--interval", "0"), "--interval", "seconds above 0"),
+    (("top", "--interval", "nan"), "--interval", "seconds above 0"),
+    (("top", "--count", "-3"), "--count", "0 (until Ctrl-C) or more"),
+    (("agent", "--interval", "0"), "--interval", "seconds above 0"),
+    (("agent", "--history", "0"), "--history", "minutes above 0"),
+    (("agent", "--reclaim-interval", "0"), "--reclaim-interval", "seconds above 0"),
+    (("agent", "--port", "70000"), "--port", "from 1 to 65535"),
+])
+def test_bad_top_and_agent_options_are_usage_errors(state_env, args, option, words):
+    proc = gpuslice(*args, env={**state_env, "COLUMNS": "200"})
+    out, err = proc.communicate(timeout=60)
+    flat = " ".join(err.replace("│", " ").split())
+    assert proc.returncode == 2, err
+    assert f"'{option}'" in flat and words in flat, flat
+
+
+@pytest.mark.parametrize("verb", [("run", "--", "true"), ("ps",), ("top", "--count", "1"), ("agent", "--port", "-1")])
+def test_a_state_dir_under_a_file_is_one_line_naming_the_variable(env, tmp_path, verb):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = gpuslice(*verb, env={**env, "GPUSLICE_STATE_DIR": str(blocker / "x")})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and f"GPUSLICE_STATE_DIR={blocker / 'x'}" in err and "Not a directory" in err, err

@@ -248,3 +248,16 @@ def test_mig_instances_must_belong_to_a_mig_card_and_fit_in_it() -> None:
         _card(mig_instances=(one, MigInstance("MIG-2", "3g.40gb", 40192 * MiB, 42)), memory_total=60 * GiB)
     with pytest.raises(SpecError, match="sm_count"):
         _card(mig_instances=(one, MigInstance("MIG-2", "7g.80gb", 10 * GiB, 98)))
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"mig_enabled": "false"}, "mig_enabled"), ({"nvlink_peers": ["GPU-1", 2]}, "nvlink_peers"),
+    ({"nvlink_peers": ["GPU-1"]}, "nvlink_peers"), ({"numa_node": "0"}, "numa_node"),
+    ({"compute_mode": 7}, "compute_mode"), ({"name": None}, "name"),
+])
+def test_device_refuses_loose_types_naming_the_field(fields: dict, field: str) -> None:
+    from gpuslice.spec import Device
+
+    with pytest.raises(SpecError) as err:
+        Device(**{"uuid": "GPU-0", "index": 0, "name": "H100", "memory_total": GiB, "sm_count": 132, **fields})
+    assert err.value.field == field

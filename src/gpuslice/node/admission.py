@@ -46,6 +46,19 @@ def candidate_devices(request: Request, empty: NodeState) -> frozenset[str]:
     return frozenset(d.uuid for d in empty.devices if fits(part, replace(empty, devices=(d,))))
 
 
+def _share_below_one_byte(request: Request, empty: NodeState) -> SpecError | None:
+    """A memory share so small that it gives 0 bytes of some device (``0.0000000001%``): refused as the
+    ``memory`` field, not left for the slice to fail on a limit of 0 (a percent rounds down to bytes)."""
+    memory = request.memory
+    if memory is None or memory.percent is None or not empty.devices:
+        return None
+    smallest = min(d.memory_total for d in empty.devices)
+    if memory.resolve(smallest) >= 1:
+        return None
+    return SpecError("memory", str(memory), f"a share that gives at least 1 byte of every device (the smallest "
+                     f"here holds {smallest} bytes), or a size like 4GiB")
+
+
 def _cards(devices: Sequence[DeviceState]) -> int:
     """Devices a multi-device request can count: one MIG instance per card."""
     return len({d.parent_uuid or d.uuid for d in devices})
@@ -54,6 +67,9 @@ def _cards(devices: Sequence[DeviceState]) -> int:
 def never_fits(request: Request, empty: NodeState, *, restricted: bool = False) -> SpecError | None:
     """Why ``request`` cannot fit on ``empty`` (the node with nothing granted, restricted to the request's
     devices when ``restricted``), as a SpecError naming the field; None when it could fit."""
+    tiny = _share_below_one_byte(request, empty)
+    if tiny is not None:
+        return tiny
     if fits(request, empty):
         return None
     has = "--device allows" if restricted else "this node has"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import pwd
 import signal
@@ -168,11 +169,44 @@ def _error(code: int, kind: str, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": kind, "message": message, **extra}, status_code=code)
 
 
-async def _body(request: HttpRequest) -> Any:
+async def _body(request: HttpRequest) -> dict[str, Any]:
+    """The request's JSON object (an empty body is ``{}``); anything else is a 400 naming ``body``."""
     try:
-        return json.loads(await request.body() or b"{}")
+        data = json.loads(await request.body() or b"{}")
     except ValueError as exc:
         raise SpecError("body", "(not JSON)", f"a JSON object ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpecError("body", data, "a JSON object (see the socket API in gpuslice.node.client)")
+    return data
+
+
+def _whole(data: dict[str, Any], key: str, low: int, *, default: int | None = None) -> int | None:
+    """``data[key]`` as a JSON whole number at least ``low`` (absent or null: ``default``)."""
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SpecError(key, value, f"a whole number at least {low}" + (" or null" if default is None else ""))
+    return value
+
+
+def _flag(data: dict[str, Any], key: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise SpecError(key, value, "true or false (a JSON boolean)")
+    return value
+
+
+def _seconds_query(request: HttpRequest, key: str) -> float:
+    """A query parameter in seconds since the epoch (absent: 0)."""
+    text = request.query_params.get(key, "") or "0"
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise SpecError(key, text, "a time in seconds since the epoch, at least 0, like 1767000000.5")
+    return value
 
 
 def _guard(handler):
@@ -205,9 +239,8 @@ def build_apps(agent: Agent) -> tuple[Starlette, Starlette]:
     async def post_grant(request: HttpRequest) -> Response:
         data = await _body(request)
         ask = _checked_ask(Ask.from_json(data), _peer(request))
-        ticket = data.get("ticket")
-        result = await agent.call(agent.ledger.acquire, ask, wait=bool(data.get("wait")),
-                                  ticket=int(ticket) if ticket is not None else None)
+        wait, ticket = _flag(data, "wait"), _whole(data, "ticket", 1)
+        result = await agent.call(agent.ledger.acquire, ask, wait=wait, ticket=ticket)
         if isinstance(result, GrantRecord):
             await asyncio.to_thread(agent.sample_once)
             return JSONResponse(result.to_json(), status_code=201)
@@ -215,9 +248,15 @@ def build_apps(agent: Agent) -> tuple[Starlette, Starlette]:
 
     async def patch_grant(request: HttpRequest) -> Response:
         data = await _body(request)
-        _may_change(_peer(request), await agent.call(agent.ledger.grant, request.path_params["grant_id"]))
-        record = await agent.call(agent.ledger.set_child, request.path_params["grant_id"],
-                                  int(data.get("child_pid", 0)), int(data.get("child_start", 0)))
+        child_pid, child_start = _whole(data, "child_pid", 1), _whole(data, "child_start", 0, default=0)
+        if child_pid is None:
+            raise SpecError("child_pid", None, "the pid of the launched command (a whole number at least 1)")
+        peer = _peer(request)
+        _may_change(peer, await agent.call(agent.ledger.grant, request.path_params["grant_id"]))
+        if peer is not None and not peer.privileged and not _owned_by(child_pid, peer.uid):
+            # the reclaimer ends this process group when the holder dies: it must be the caller's own
+            raise Forbidden(f"child_pid {child_pid} is not a process of user {peer.user}")
+        record = await agent.call(agent.ledger.set_child, request.path_params["grant_id"], child_pid, child_start)
         return JSONResponse(record.to_json())
 
     async def delete_grant(request: HttpRequest) -> Response:
@@ -248,7 +287,7 @@ def build_apps(agent: Agent) -> tuple[Starlette, Starlette]:
         return JSONResponse(view.to_json())
 
     async def history(request: HttpRequest) -> Response:
-        since = float(request.query_params.get("since", "0") or 0)
+        since = _seconds_query(request, "since")
         with agent._lock:
             data = agent.history.to_json(since)
         return JSONResponse(data)

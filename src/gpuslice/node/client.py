@@ -1,21 +1,24 @@
 """Talking to the agent over its Unix socket (JSON over HTTP), and choosing agent or ledger.
 
 Socket API (all JSON; errors are ``{"error": kind, "message": text}`` with 4xx/5xx: 400 ``spec`` (with
-``field``/``value``/``allowed``), 403 ``forbidden`` (another user's grant), 404 ``unknown_grant``, 409 ``nofit``).
+``field``/``value``/``allowed``: a body that is not a JSON object names ``body``, a field of the wrong type
+names that field), 403 ``forbidden`` (another user's grant or process), 404 ``unknown_grant``, 409 ``nofit``).
 The agent knows the caller from the kernel (``SO_PEERCRED``): a non-root caller's ``owner``/``uid`` are its
-own whatever the body says, and ``holder_pid`` must be one of its processes.
+own whatever the body says, and ``holder_pid`` and ``child_pid`` must be its own processes (the reclaimer
+ends the ``child_pid`` group once the holder is gone).
 
 =======  ========================  ==========================================================
-POST     /v1/grants                body: Ask (+ ``"wait": bool, "ticket": int|null``) →
+POST     /v1/grants                body: Ask (+ ``"wait": bool, "ticket": int >= 1|null``) →
                                    201 GrantRecord, 202 Queued, 409 ``{"error": "nofit"}``
-PATCH    /v1/grants/{id}           body ``{"child_pid", "child_start"}`` → 200 GrantRecord
+PATCH    /v1/grants/{id}           body ``{"child_pid": int >= 1, "child_start": int >= 0}`` → 200 GrantRecord
 DELETE   /v1/grants/{id}           → 200 ``{"released": bool}``
 DELETE   /v1/queue/{ticket}        → 200 ``{"cancelled": true}``
 GET      /v1/devices               → the node's devices (a devices snapshot document)
 GET      /v1/ping                  → ``{"ok": true}``
 GET      /v1/grants                → ``{"grants": [GrantRecord], "waiters": [...]}``
 GET      /v1/status                → the node view (devices, slices, usage) as ``gpuslice ps --json``
-GET      /v1/history               → ``{"t": [...], "slices": {...}, "devices": {...}}`` recent samples
+GET      /v1/history?since=<s>     → ``{"t": [...], "slices": {...}, "devices": {...}}`` samples after ``since``
+                                   (seconds since the epoch, default 0)
 GET      /metrics                  → Prometheus text exposition
 GET      /                         → the dashboard page
 =======  ========================  ==========================================================

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import sys
 from typing import Callable, List, Optional
@@ -13,6 +14,7 @@ import typer
 from gpuslice.node.paths import StateDir
 
 VERBS: dict[str, Callable[..., None]] = {}
+MAX_HISTORY_POINTS = 1_000_000  # samples per ring the agent keeps in memory (dozens of bytes each, per slice)
 
 
 def verb(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -45,6 +47,14 @@ def _usage_error(exc: "SpecError") -> typer.BadParameter:
     return typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}", param_hint=f"'--{exc.field}'")
 
 
+def _positive(value: float, option: str, unit: str, example: str) -> float:
+    """An option that must be a finite number above 0 (nan and inf too are refused): else a usage error."""
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(f"{value!r} is not allowed; expected {unit} above 0, like {example}",
+                                 param_hint=f"'{option}'")
+    return value
+
+
 @verb("run")
 def run(
     cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice, after --."),
@@ -68,7 +78,7 @@ def run(
 
     Exit codes: the command's own; 2 for a bad option value; 1 when this node cannot grant the request
     (e.g. more devices or memory than it has; it names the option) or gpuslice itself fails."""
-    from gpuslice.node.service import open_service
+    from gpuslice.node.service import open_service, private_ledger_warning
     from gpuslice.node import launcher, procs
     from gpuslice.node.enforcer import find_enforcer
     from gpuslice.node.ledger import parse_policy
@@ -83,7 +93,11 @@ def run(
         raise _usage_error(exc) from None
     try:  # this node cannot do it: runtime errors (exit 1), named as the options
         enforcer = str(find_enforcer())
-        service, devices = open_service(StateDir.default())
+        state = StateDir.default()
+        service, devices = open_service(state)
+        warning = private_ledger_warning(service, state)
+        if warning:
+            _say(warning)
         ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
                   holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
                   devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
@@ -119,10 +133,10 @@ def top(
     """Live view of the slices of this node (refreshing)."""
     from gpuslice.node.top import run_top
 
-    if interval <= 0:
-        from gpuslice.spec import SpecError
-
-        raise SpecError("interval", interval, "seconds above 0, like 1 or 0.5")
+    _positive(interval, "--interval", "seconds", "1 or 0.5")
+    if count < 0:
+        raise typer.BadParameter(f"{count} is not allowed; expected a number of refreshes, 0 (until Ctrl-C) or more",
+                                 param_hint="'--count'")
     run_top(StateDir.default(), interval, count, as_json)
 
 
@@ -147,13 +161,17 @@ def agent(
 
     if kubernetes:  # gpuslice.cli.main resolves the alias before parsing; only a direct call lands here
         raise SpecError("kubernetes", True, "the `gpuslice kube-agent` verb (or `gpuslice agent --kubernetes` from the CLI)")
-    if interval <= 0:
-        raise SpecError("interval", interval, "seconds above 0, like 1 or 0.5")
-    if history_minutes <= 0:
-        raise SpecError("history", history_minutes, "minutes above 0, like 10")
-    if reclaim_interval <= 0:
-        raise SpecError("reclaim-interval", reclaim_interval, "seconds above 0, like 5")
+    _positive(interval, "--interval", "seconds", "1 or 0.5")
+    _positive(history_minutes, "--history", "minutes", "10")
+    _positive(reclaim_interval, "--reclaim-interval", "seconds", "5")
+    if not -1 <= port <= 65535:
+        raise typer.BadParameter(f"{port} is not allowed; expected a TCP port from 1 to 65535, 0 for any free one, "
+                                 "or -1 for no HTTP", param_hint="'--port'")
     points = max(2, int(history_minutes * 60 / interval))
+    if points > MAX_HISTORY_POINTS:
+        raise typer.BadParameter(f"{history_minutes!r} minutes at one sample per {interval!r} s is {points} samples; "
+                                 f"expected at most {MAX_HISTORY_POINTS} (a longer --interval or a shorter --history)",
+                                 param_hint="'--history'")
     config = AgentConfig(state=StateDir.default().ensure(), host=host, port=port, interval=interval,
                          reclaim_every=reclaim_interval, history_points=points)
     asyncio.run(serve(config, discover()))

@@ -451,9 +451,12 @@ def parse_snapshot_report(data: Any, where: str = "snapshot") -> Discovery:
     if not isinstance(entries, list) or not entries:
         raise SnapshotError(f"{where}: field 'devices' must be a non-empty list")
     devices = [_device_from_json(entry, f"{where}: devices[{i}]") for i, entry in enumerate(entries)]
-    uuids = [d.uuid for d in devices]
-    if len(set(uuids)) != len(uuids):
-        raise SnapshotError(f"{where}: device UUIDs must be unique")
+    for key in ("uuid", "index"):
+        values = [getattr(d, key) for d in devices]
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            raise SnapshotError(f"{where}: devices: {key} {', '.join(map(str, repeated))} appears more than once; "
+                                f"each device needs its own {key}")
     meta = {}
     for key in ("source", *_METADATA):
         value = data.get(key)
@@ -480,17 +483,20 @@ def _unreadable_from_json(data: dict[str, Any], where: str) -> tuple[Unreadable,
 
 
 def _device_from_json(entry: Any, where: str) -> Device:
+    """One device of a snapshot. Unknown keys are ignored (forward compatibility); known ones are checked
+    strictly — ``"false"`` is not a boolean, ``"abc"`` is not a list of peers — by :class:`Device`."""
     if not isinstance(entry, dict):
         raise SnapshotError(f"{where}: must be an object")
     required = ("uuid", "index", "name", "memory_total", "sm_count")
     missing = [k for k in required if k not in entry]
     if missing:
         raise SnapshotError(f"{where}: missing field(s) {', '.join(missing)}")
+    if not isinstance(entry["name"], str):
+        raise SnapshotError(f"{where}: name: {entry['name']!r} is not allowed; expected a string")
+    peers = entry.get("nvlink_peers", [])
+    if not isinstance(peers, list):
+        raise SnapshotError(f"{where}: nvlink_peers: {peers!r} is not allowed; expected a list of device UUIDs")
     try:
-        raw_migs = entry.get("mig_instances", [])
-        if not isinstance(raw_migs, list) or not all(isinstance(m, dict) for m in raw_migs):
-            raise SnapshotError(f"{where}: mig_instances must be a list of objects")
-        migs = tuple(MigInstance(**m) for m in raw_migs)
         return Device(
             uuid=entry["uuid"],
             index=entry["index"],
@@ -499,16 +505,28 @@ def _device_from_json(entry: Any, where: str) -> Device:
             memory_total=entry["memory_total"],
             sm_count=entry["sm_count"],
             numa_node=entry.get("numa_node"),
-            nvlink_peers=tuple(entry.get("nvlink_peers", ())),
-            mig_enabled=bool(entry.get("mig_enabled", False)),
-            mig_instances=migs,
+            nvlink_peers=tuple(peers),
+            mig_enabled=entry.get("mig_enabled", False),
+            mig_instances=_migs_from_json(entry.get("mig_instances", []), where),
             compute_mode=entry.get("compute_mode", "Default"),
             pci_bus_id=entry.get("pci_bus_id", ""),
         )
     except SpecError as exc:
         raise SnapshotError(f"{where}: {exc}") from None
-    except TypeError as exc:
-        raise SnapshotError(f"{where}: {exc}") from None
+
+
+def _migs_from_json(raw: Any, where: str) -> tuple[MigInstance, ...]:
+    """MIG instances: the four known keys of each (unknown ones ignored, missing ones named)."""
+    if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
+        raise SnapshotError(f"{where}: mig_instances must be a list of objects")
+    keys = ("uuid", "profile", "memory_total", "sm_count")
+    found = []
+    for i, m in enumerate(raw):
+        missing = [k for k in keys if k not in m]
+        if missing:
+            raise SnapshotError(f"{where}: mig_instances[{i}]: missing field(s) {', '.join(missing)}")
+        found.append(MigInstance(**{k: m[k] for k in keys}))
+    return tuple(found)
 
 
 def device_to_json(device: Device) -> dict[str, Any]:

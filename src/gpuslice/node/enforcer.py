@@ -1,4 +1,5 @@
-"""Where the enforcer library (libgpuslice.so) is: env, the repo's build folder, or a packaged copy."""
+"""Where the enforcer library (libgpuslice.so) is: env, the checkout's build folder (``make -C native``), or
+the copy a wheel carries in ``gpuslice/lib/`` (setup.py builds native/ into every wheel)."""
 
 from __future__ import annotations
 

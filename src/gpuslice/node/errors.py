@@ -5,6 +5,10 @@ from __future__ import annotations
 from gpuslice.errors import GpusliceError
 
 
+class StateDirError(GpusliceError):
+    """The state dir cannot be created or used (a file in the way, no permission, a read-only disk)."""
+
+
 class LedgerError(GpusliceError):
     """The ledger file cannot be opened, is locked too long, or holds something unreadable."""
 

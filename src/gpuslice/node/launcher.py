@@ -5,8 +5,11 @@ the command's tree that is orphaned comes back to it: when the command ends, wha
 terminated (SIGTERM, then SIGKILL after a grace period) before the grant is released — the tree is the
 slice, as a container is. The command runs in its own process group (the terminal's foreground group
 when there is a terminal, so Ctrl-C reaches it directly); SIGINT/SIGTERM/SIGHUP sent to the launcher are
-forwarded to that group. If the launcher itself is killed, the command gets SIGTERM (``PDEATHSIG``) and
-the ledger keeps the grant while any process of the group lives, then reclaims it.
+forwarded to that group. If the launcher itself is killed, the command gets SIGTERM (``PDEATHSIG``, which
+reaches only the direct child); whatever else is left of the tree — grandchildren reparented away from the
+dead launcher, processes started before ``set_child`` was recorded — is ended by the ledger's reclaimer
+(:func:`gpuslice.node.ledger.slice_processes`: it finds them by process group and by the
+``GPUSLICE_SLICE`` entry every process of the command inherits), which then frees the grant.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
+from gpuslice.errors import GpusliceError
 from gpuslice.node import procs
 from gpuslice.node.client import GrantService
 from gpuslice.node.errors import LaunchError
@@ -29,22 +33,11 @@ from gpuslice.spec import Device, SpecError
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-GRACE_ENV = "GPUSLICE_KILL_GRACE"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 POLL_S = 0.5
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def grace_seconds() -> float:
-    text = os.environ.get(GRACE_ENV, "10")
-    try:
-        value = float(text)
-    except ValueError:
-        raise SpecError(GRACE_ENV, text, "seconds to wait after SIGTERM before SIGKILL, like 10") from None
-    if value < 0:
-        raise SpecError(GRACE_ENV, text, "a number of seconds at least 0")
-    return value
+grace_seconds = procs.grace_seconds  # $GPUSLICE_KILL_GRACE; the ledger's reclaimer uses the same
 
 
 # ------------------------------------------------------------------------------------------ devices
@@ -312,13 +305,22 @@ def run_command(service: GrantService, ask: Ask, cmd: Sequence[str], *, wait: bo
                 say(f"error: {exc}")
                 return int(getattr(exc, "code", 127))
             try:
-                service.set_child(grant.grant_id, child, procs.start_time(child))
+                _record_child(service, grant.grant_id, child, say)
                 status = wait_tree(tree, child, tty)
             finally:
                 _give_terminal(tty, os.getpgrp())
         return shell_code(status)
     finally:
         _release_quietly(service, grant.grant_id, say)
+
+
+def _record_child(service: GrantService, grant_id: str, child: int, say: Callable[[str], None]) -> None:
+    """Record the command's pid (its group is the slice). A failure must not orphan the running command:
+    the launcher still supervises it, and the reclaimer finds it by its GPUSLICE_SLICE entry if we die."""
+    try:
+        service.set_child(grant_id, child, procs.start_time(child))
+    except GpusliceError as exc:
+        say(f"warning: could not record the command's pid {child} in the grant ({exc})")
 
 
 def _release_quietly(service: GrantService, grant_id: str, say: Callable[[str], None]) -> None:

@@ -2,9 +2,15 @@
 
 Every change runs in one ``BEGIN IMMEDIATE`` transaction, which takes SQLite's write lock on the file
 before reading: two ``gpuslice run`` processes (or a run and the agent) can never both see the same free
-memory, so over-commit is impossible. Inside that transaction the ledger first reclaims grants whose
-processes are all gone (holder pid + start time, then the launched process group, then the processes
-recorded in the region), then asks the placement core.
+memory, so over-commit is impossible. Inside that transaction the ledger first reclaims stale grants, then
+asks the placement core.
+
+Reclaim: a grant lives while its holder (pid + start time) lives. Once the holder is gone, the grant's
+processes are ended — SIGTERM (and SIGCONT, for a stopped job), then SIGKILL on the first pass at least
+``$GPUSLICE_KILL_GRACE`` seconds later (the time of the SIGTERM is kept in the record) — and the grant is
+freed when none is left (:func:`slice_processes` says which processes are provably the grant's). A pass
+never waits the grace out inside the transaction: it signals, waits a moment, and leaves the rest to the
+next pass (any ``run``/``ps``, or the agent every few seconds).
 
 A request that cannot fit even on an empty node (more devices than there are, more memory than any device
 holds) is refused at once (:func:`gpuslice.node.admission.never_fits`), never queued.
@@ -18,12 +24,14 @@ devices do not wait behind it.
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 import socket
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 from gpuslice.node import procs
@@ -53,6 +61,7 @@ CREATE TABLE IF NOT EXISTS waiters (
 );
 """
 BUSY_TIMEOUT_S = 30.0
+SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
 
 # Extra liveness evidence, e.g. pids the enforcer recorded in the slice's region: grant -> live pids.
 RegionPids = Callable[[GrantRecord], list[int]]
@@ -66,7 +75,8 @@ class Ledger:
     """Grants of one node. ``devices`` are the node's GPUs (NVML or a snapshot)."""
 
     def __init__(self, state: StateDir, devices: Sequence[Device], *, node_name: str | None = None,
-                 region_pids: RegionPids = _no_region_pids):
+                 region_pids: RegionPids = _no_region_pids, kill_grace: float | None = None):
+        self.kill_grace = procs.grace_seconds() if kill_grace is None else kill_grace  # a bad env: error now
         self.state = state.ensure()
         self.devices = list(devices)
         self.node_name = node_name or socket.gethostname() or "local"
@@ -273,25 +283,119 @@ class Ledger:
 
     def _reclaim(self, db: sqlite3.Connection) -> list[str]:
         stats = procs.all_stats()
-        released = [g.grant_id for g in self._grants(db) if not grant_alive(g, stats, self.region_pids)]
-        for grant_id in released:
-            db.execute("DELETE FROM grants WHERE id = ?", (grant_id,))
-            remove_grant_files(grant_id, self.state)
         live = {(s.pid, s.start) for s in stats}
+        released = []
+        for grant in self._grants(db):
+            if (grant.holder_pid, grant.holder_start) in live:
+                continue
+            if self._end_processes(db, grant, stats):
+                db.execute("DELETE FROM grants WHERE id = ?", (grant.grant_id,))
+                remove_grant_files(grant.grant_id, self.state)
+                released.append(grant.grant_id)
         for ticket, pid, start in db.execute("SELECT ticket, pid, pid_start FROM waiters").fetchall():
             if (pid, start) not in live:
                 db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
         return released
 
+    def _end_processes(self, db: sqlite3.Connection, grant: GrantRecord, stats: list[procs.ProcStat]) -> bool:
+        """The holder of ``grant`` is gone: signal what is left of its processes; True when none is left."""
+        found = slice_processes(grant, stats, self.region_pids)
+        if found.empty:
+            return True
+        now = time.time()
+        since = grant.ending_since or now
+        if now - since >= self.kill_grace:
+            signals: tuple[int, ...] = (signal.SIGKILL,)
+        else:  # SIGCONT: a stopped job (Ctrl-Z, then the launcher was killed) must run to see the SIGTERM
+            signals = (signal.SIGTERM, signal.SIGCONT)
+        for s in found.ours:
+            for signum in signals:
+                procs.signal_exact(s.pid, s.start, signum)
+        if not grant.ending_since:
+            record = replace(grant, ending_since=now)
+            db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record.to_json()), grant.grant_id))
+        if found.unsure or not _settled(found.ours):
+            return False
+        # They are gone; one of them may have forked just before: look once more.
+        return slice_processes(grant, procs.all_stats(), self.region_pids).empty
+
+
+@dataclass(frozen=True)
+class SliceProcesses:
+    """The live processes of a grant whose holder is gone."""
+
+    ours: tuple[procs.ProcStat, ...] = ()  # provably the grant's: the reclaimer ends them
+    unsure: int = 0  # group members whose environment cannot be read: they keep the grant, unsignalled
+
+    @property
+    def empty(self) -> bool:
+        return not self.ours and not self.unsure
+
+
+def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat],
+                    region_pids: RegionPids = _no_region_pids) -> SliceProcesses:
+    """Which live processes are ``grant``'s, proven so that a stranger that reused a pid is never signalled:
+
+    * the launched process group (``child_pid``, members started at or after ``child_start``) while its
+      leader is still the launched process (same start time: the pgid cannot have been reused);
+    * once the leader is gone, the members carrying the grant's marker (``GPUSLICE_SLICE=<its slice
+      file>``) in their environment; a member whose environment cannot be read is ``unsure``;
+    * if the leader's pid now names another process, none of the group: a pid is reused only after its
+      group has emptied;
+    * processes started since the holder that carry the marker (they left the group with ``setsid``, or the
+      launcher died before it recorded ``child_pid``);
+    * the live processes the enforcer recorded in the grant's region (pid + start time).
+
+    Of a non-root user's grant (``uid`` > 0), a process of another user is never signalled (``unsure``: it
+    keeps the grant): a user writes their own region file and could name anyone's pid in it.
+    """
+    by_pid = {s.pid: s for s in stats}
+    ours: dict[int, procs.ProcStat] = {}
+    unsure = 0
+    if grant.child_pid > 0:
+        members = [s for s in stats if s.pgrp == grant.child_pid and s.start >= grant.child_start]
+        leader = by_pid.get(grant.child_pid)
+        if leader is not None and leader.start == grant.child_start:
+            ours.update((s.pid, s) for s in members)
+        elif leader is None:
+            for s in members:
+                marked = procs.environ_has(s.pid, grant.marker) if grant.marker else None
+                if marked:
+                    ours[s.pid] = s
+                elif marked is None:
+                    unsure += 1
+    if grant.marker:
+        me = os.getpid()
+        for s in stats:
+            if (s.pid not in ours and s.pid != me and s.start >= grant.holder_start
+                    and procs.environ_has(s.pid, grant.marker)):
+                ours[s.pid] = s
+    for pid in region_pids(grant):
+        if pid in by_pid and pid != os.getpid():
+            ours.setdefault(pid, by_pid[pid])
+    if grant.uid > 0:  # a user's grant: never signal another user's process (a region file is the user's to write)
+        strangers = [pid for pid in ours if procs.uid_of(pid) not in (grant.uid, None)]
+        for pid in strangers:
+            del ours[pid]
+        unsure += len(strangers)
+    return SliceProcesses(tuple(ours.values()), unsure)
+
 
 def grant_alive(grant: GrantRecord, stats: list[procs.ProcStat], region_pids: RegionPids = _no_region_pids) -> bool:
-    """A grant lives while its holder, any process of the launched group, or a region process lives."""
-    live = {(s.pid, s.start) for s in stats}
-    if (grant.holder_pid, grant.holder_start) in live:
+    """A grant lives while its holder lives, or (until the reclaimer has ended them) any of its processes."""
+    if (grant.holder_pid, grant.holder_start) in {(s.pid, s.start) for s in stats}:
         return True
-    if grant.child_pid and procs.group_members(grant.child_pid, grant.child_start, stats):
-        return True
-    return any(procs.alive(pid, 0) for pid in region_pids(grant))
+    return not slice_processes(grant, stats, region_pids).empty
+
+
+def _settled(signalled: Sequence[procs.ProcStat], wait: float = SETTLE_S) -> bool:
+    """Whether the signalled processes are gone (zombies count as gone), waiting up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while any(procs.alive(s.pid, s.start) for s in signalled):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def parse_policy(text: str) -> PlacementPolicy:

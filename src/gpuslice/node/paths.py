@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice.node.errors import StateDirError
+
 STATE_ENV = "GPUSLICE_STATE_DIR"
 SYSTEM_STATE_DIR = Path("/var/lib/gpuslice")
 
@@ -72,10 +74,25 @@ class StateDir:
         return self.grant_dir(grant_id) / "region"
 
     def ensure(self) -> "StateDir":
-        """Create the directories (mode 0755; the device-state dir is shared by every slice's processes)."""
-        for folder in (self.root, self.grants):
-            folder.mkdir(parents=True, exist_ok=True)
-        self.device_state.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            os.chmod(self.device_state, 0o1777)
+        """Create the directories (mode 0755; the device-state dir is shared by every slice's processes).
+        Raises :class:`StateDirError` naming where the path came from when it cannot be used."""
+        try:
+            for folder in (self.root, self.grants):
+                folder.mkdir(parents=True, exist_ok=True)
+            self.device_state.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                os.chmod(self.device_state, 0o1777)
+        except OSError as exc:
+            raise StateDirError(_unusable(self.root, exc)) from None
         return self
+
+
+def _unusable(root: Path, exc: OSError) -> str:
+    """One line naming where the path came from (the variable the user set, or the default) and the fix."""
+    reason = exc.strerror or str(exc)
+    explicit = os.environ.get(STATE_ENV)
+    if explicit and Path(explicit).expanduser().resolve() == root:
+        return (f"{STATE_ENV}={explicit}: cannot use it as the state dir ({reason}: {exc.filename or root}); "
+                "expected a directory that can be created and written")
+    return (f"state dir {root} (the default): cannot use it ({reason}); set {STATE_ENV} to a directory that "
+            "can be created and written")

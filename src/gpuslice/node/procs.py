@@ -1,13 +1,30 @@
 """Processes as the ledger sees them: a pid plus its start time (so a reused pid is never mistaken for
-the original), process groups and descendants, all read from ``/proc``."""
+the original), process groups and descendants, all read from ``/proc``; and signals sent only to the
+exact process meant (a pidfd checked against the start time), never to whoever reuses its pid."""
 
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice.spec import SpecError
+
 PROC = Path("/proc")
+GRACE_ENV = "GPUSLICE_KILL_GRACE"
+
+
+def grace_seconds() -> float:
+    """``$GPUSLICE_KILL_GRACE``: seconds between SIGTERM and SIGKILL when a slice's processes are ended."""
+    text = os.environ.get(GRACE_ENV, "10")
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecError(GRACE_ENV, text, "seconds to wait after SIGTERM before SIGKILL, like 10") from None
+    if not value >= 0 or value == float("inf"):  # also refuses nan
+        raise SpecError(GRACE_ENV, text, "a finite number of seconds at least 0")
+    return value
 
 
 @dataclass(frozen=True)
@@ -76,3 +93,49 @@ def descendants(root: int, stats: list[ProcStat] | None = None) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def uid_of(pid: int) -> int | None:
+    """The user owning ``pid`` (its /proc entry: the effective uid of a dumpable process); None if gone."""
+    try:
+        return (PROC / str(pid)).stat().st_uid
+    except OSError:
+        return None
+
+
+def environ_has(pid: int, entry: str) -> bool | None:
+    """Whether ``pid``'s environment (as it was exec'd) holds ``entry`` (``NAME=value``); None when it cannot
+    be read (another user's process, a setuid program) or the process is gone."""
+    try:
+        data = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    return entry.encode() in data.split(b"\0")
+
+
+def signal_exact(pid: int, start: int, signum: int) -> bool:
+    """Send ``signum`` to ``pid`` only if it is still the process that started at ``start``; True if sent.
+
+    A pidfd pins the process: once it is open and the start time still matches, the signal cannot reach
+    a newcomer that got the same pid. Without pidfds (old kernels) the check and the kill are a hair apart."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd support: check, then kill
+        if not alive(pid, start):
+            return False
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    try:
+        if not alive(pid, start):
+            return False
+        signal.pidfd_send_signal(fd, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        os.close(fd)

@@ -100,13 +100,22 @@ class GrantRecord:
     command: str = ""
     slice_file: str = ""
     region_file: str = ""
+    # When the reclaimer found the holder gone and sent SIGTERM to the slice's processes (0: not yet);
+    # SIGKILL follows once $GPUSLICE_KILL_GRACE has passed since then.
+    ending_since: float = 0.0
+
+    @property
+    def marker(self) -> str:
+        """The environment entry every process of the launched command carries (``GPUSLICE_SLICE=<path>``):
+        the slice file's path names the state dir and the grant, so it belongs to this grant alone."""
+        return f"GPUSLICE_SLICE={self.slice_file}" if self.slice_file else ""
 
     def to_json(self) -> dict[str, Any]:
         return {"grant_id": self.grant_id, "owner": self.owner, "slices": [slice_to_json(s) for s in self.slices],
                 "request": request_to_json(self.request), "created": self.created, "holder_pid": self.holder_pid,
                 "holder_start": self.holder_start, "exclusive": self.exclusive, "child_pid": self.child_pid,
                 "child_start": self.child_start, "uid": self.uid, "command": self.command,
-                "slice_file": self.slice_file, "region_file": self.region_file}
+                "slice_file": self.slice_file, "region_file": self.region_file, "ending_since": self.ending_since}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "GrantRecord":
@@ -117,7 +126,7 @@ class GrantRecord:
                    exclusive=bool(data.get("exclusive", False)), child_pid=int(data.get("child_pid", 0)),
                    child_start=int(data.get("child_start", 0)), uid=int(data.get("uid", -1)),
                    command=data.get("command", ""), slice_file=data.get("slice_file", ""),
-                   region_file=data.get("region_file", ""))
+                   region_file=data.get("region_file", ""), ending_since=float(data.get("ending_since", 0.0)))
 
 
 @dataclass(frozen=True)
