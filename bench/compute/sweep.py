@@ -35,6 +35,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
+sys.path.insert(0, str(HERE.parent / "gpu"))
+
+import call_cost  # noqa: E402
 from analyze import percentile, rate, span  # noqa: E402
 
 # overridable for a dry run of the orchestration without a GPU (as in run_compute_bench.sh)
@@ -158,8 +161,7 @@ def overhead_groups(lib: Path, pairs: int) -> list[list[dict]]:
 
 def launch_cost(lib: Path, tmp: Path) -> list[str]:
     """ns per call of bench/enforcer_overhead.c (best of 3 x 20000) per slice configuration."""
-    exe = tmp / "enforcer_overhead"
-    subprocess.run(["cc", "-O2", "-std=c11", str(ROOT / "bench" / "enforcer_overhead.c"), "-o", str(exe), "-ldl"], check=True)
+    exe = call_cost.build(tmp)
     runner = Runner.__new__(Runner)  # only for its slice files
     runner.tmp, runner.state = tmp, tmp / "state"
     modes = {"plain": None,
@@ -167,19 +169,12 @@ def launch_cost(lib: Path, tmp: Path) -> list[str]:
              "share 100, high": runner.slice_file("lc_100", 0, 100),
              "share 50, high (paced)": runner.slice_file("lc_50", 0, 50),
              "mode off": runner.slice_file("lc_off", 1, 0, "memory_limit=17179869184\n", mode="off")}
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict] = {}
     for mode, sl in modes.items():
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
         if sl:
             env.update(LD_PRELOAD=str(lib), GPUSLICE_SLICE=str(sl))
-        best: dict[str, float] = {}
-        for _ in range(3):
-            r = subprocess.run([str(exe), "20000"], env=env, capture_output=True, text=True, timeout=120)
-            for line in r.stdout.splitlines():
-                k, v = line.split()
-                if v != "n/a":
-                    best[k] = min(best.get(k, 1e18), float(v))
-        rows[mode] = best
+        rows[mode] = {k: v for k, v in call_cost.best_ns(exe, env).items() if k != "error"}
     keys = list(rows["plain"])
     lines = ["-- ns per call (bench/enforcer_overhead.c, best of 3 x 20000), by slice configuration",
              f"{'slice':30} " + " ".join(f"{k[:24]:>24}" for k in keys)]

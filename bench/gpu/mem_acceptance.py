@@ -34,6 +34,7 @@ from gpuslice.node.region import read_region  # noqa: E402
 from gpuslice.node.slicefile import SliceConfig, write_slice_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import call_cost as call_cost_probe  # noqa: E402
 from driver_probe import PATHS as DRIVER_PATHS  # noqa: E402
 
 LIB = ROOT / "native" / "build" / "libgpuslice.so"
@@ -214,8 +215,7 @@ def sigkill_leaks_nothing(limit: int) -> dict:
 
 
 def call_cost() -> dict:
-    exe = OUT / "enforcer_overhead"
-    subprocess.run(["cc", "-O2", "-std=c11", str(ROOT / "bench" / "enforcer_overhead.c"), "-o", str(exe), "-ldl"], check=True)
+    exe = call_cost_probe.build(OUT)
     d, _ = new_slice(64 * GiB)
     modes = {"plain": {}, "preload_no_slice": {"LD_PRELOAD": str(LIB)},
              "enforcing": {"LD_PRELOAD": str(LIB), "GPUSLICE_SLICE": str(d / "slice.conf")}}
@@ -223,18 +223,9 @@ def call_cost() -> dict:
     for mode, extra in modes.items():
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
         env.update(extra)
-        best: dict = {}
-        for _ in range(3):
-            r = subprocess.run([str(exe), "20000"], env=env, capture_output=True, text=True, timeout=120)
-            for line in r.stdout.splitlines():
-                k, v = line.split()
-                if v != "n/a":
-                    best[k] = min(best.get(k, 1e18), float(v))
-            if r.returncode:
-                best["error"] = r.stderr[-300:]
-        out[mode] = best
+        out[mode] = call_cost_probe.best_ns(exe, env)
     for k in out["plain"]:
-        if k in out["enforcing"]:
+        if k in out["enforcing"] and k != "error":
             out.setdefault("added_ns", {})[k] = round(out["enforcing"][k] - out["plain"][k], 1)
     RESULTS["call_cost_ns"] = out
     log(json.dumps(out))
