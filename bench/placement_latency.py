@@ -10,6 +10,9 @@ caches) is reported separately. ``--cold`` also times the list-of-NodeState path
 Start-up objects are moved out of the cyclic GC's way (``gc.freeze()``), as a long-lived service should.
 
     .venv/bin/python bench/placement_latency.py --out bench/results/2026-11-22-cpu-placement-latency.txt
+    # FGD weighing an openb-sized shape set (the 32 most frequent shapes of openb_pod_list_default,
+    # CPU-only ones included, as the simulator's FGD sees them) instead of the 14-shape mix:
+    .venv/bin/python bench/placement_latency.py --shapes openb --sizes 5000 --policies fgd
 """
 
 from __future__ import annotations
@@ -31,38 +34,60 @@ from gpuslice.placement import (
 from gpuslice.spec import GiB, MemoryAmount, Request
 
 # openb default's shape mix (share of GPU tasks): whole 1-GPU 56 %, shares 43 %, multi-GPU 1 %.
-MIX: list[tuple[float, Request]] = [(0.56, Request(exclusive=True))]
+# Entries: (weight, request, CPU milli of the task).
+MIX: list[tuple[float, Request, int]] = [(0.56, Request(exclusive=True), 4000)]
 for pct, weight in ((81, .155), (47, .108), (32, .047), (65, .036), (23, .02), (46, .018), (59, .011),
                     (16, .011), (55, .01), (22, .009)):
-    MIX.append((weight, Request(memory=MemoryAmount(percent=float(pct)), compute=pct)))
-MIX += [(0.006, Request(count=8)), (0.003, Request(count=2)), (0.003, Request(count=4))]
+    MIX.append((weight, Request(memory=MemoryAmount(percent=float(pct)), compute=pct), 4000))
+MIX += [(0.006, Request(count=8), 4000), (0.003, Request(count=2), 4000), (0.003, Request(count=4), 4000)]
+SHAPES: list[TaskShape] = [TaskShape.of(req, cpu_milli=cpu) for _, req, cpu in MIX]
+WORKLOAD: Workload | None = None  # --shapes openb: the shapes with their trace counts
+
+
+def openb_mix(trace: Path) -> tuple[list[tuple[float, Request, int]], list[TaskShape], Workload]:
+    """The simulator's FGD view of an openb pod list: its 32 most frequent task shapes (the typical set,
+    CPU-only shapes included) with their counts. GPU model constraints are dropped (the benchmark's
+    fleet is one model). Requests are drawn from the GPU shapes by frequency."""
+    from collections import Counter
+    from dataclasses import replace
+
+    from gpuslice.sim.engine import _shape
+    from gpuslice.sim.trace import load_tasks
+
+    counts = Counter(replace(_shape(t), models=()) for t in load_tasks(trace))
+    typical = Workload(tuple((s, float(c)) for s, c in counts.items())).typical(0.95, 32)
+    mix = [(c, Request(count=s.count, memory=s.memory, compute=s.compute, exclusive=s.exclusive), s.cpu_milli)
+           for s, c in typical.counts if s.count > 0]
+    return mix, [s for s, _ in typical.counts], typical
 
 
 def build(n_nodes: int, rng: np.random.Generator) -> tuple[Fleet, Workload, list]:
     nodes = [NodeState(f"node-{i}", tuple(DeviceState(f"GPU-{i}-{j}", 32 * GiB, model="V100M32")
                                           for j in range(8)), cpu_milli=96000) for i in range(n_nodes)]
     fleet = Fleet(nodes)
-    workload = Workload()
-    for _, req in MIX:
-        workload = workload.observe(TaskShape.of(req, cpu_milli=4000))
+    workload = WORKLOAD or Workload()
+    if WORKLOAD is None:
+        for shape in SHAPES:
+            workload = workload.observe(shape)
     granted: list = []
     policy = PlacementPolicy.parse("random", seed=1)
     target, placed = n_nodes * 8 * 0.5, 0.0
     while placed < target:  # fill half the fleet (random placement: a realistic scatter)
-        req = draw(rng)
+        req, cpu = draw(rng)
         try:
-            p = place(req, fleet, policy, rng=rng)
+            p = place(req, fleet, policy, rng=rng, cpu_milli=cpu)
         except NoFit:
             break
-        fleet.apply_placement(p, cpu_milli=4000)
-        granted.append(p)
+        fleet.apply_placement(p, cpu_milli=cpu)
+        granted.append((p, cpu))
         placed += req.count if p.exclusive else req.memory.percent / 100
     return fleet, workload, granted
 
 
-def draw(rng: np.random.Generator) -> Request:
-    weights = np.array([w for w, _ in MIX])
-    return MIX[int(rng.choice(len(MIX), p=weights / weights.sum()))][1]
+def draw(rng: np.random.Generator) -> tuple[Request, int]:
+    weights = np.array([w for w, _, _ in MIX])
+    _, req, cpu = MIX[int(rng.choice(len(MIX), p=weights / weights.sum()))]
+    return req, cpu
 
 
 def main() -> int:
@@ -71,30 +96,39 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--cold", action="store_true", help="also time the list-of-NodeState path (≤ 1,000 nodes)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--shapes", choices=("mix", "openb"), default="mix",
+                    help="request / workload shapes: the 14-shape openb-like mix, or openb's own 32 most frequent")
+    ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parent / "data" / "openb_pod_list_default.csv")
+    ap.add_argument("--policies", default="binpack,spread,bestfit,fgd,random")
     args = ap.parse_args()
+    if args.shapes == "openb":
+        global MIX, SHAPES, WORKLOAD
+        MIX, SHAPES, WORKLOAD = openb_mix(args.trace)
     load = os.getloadavg()
     lines = [
         f"# placement latency: filter + score of one request (score_nodes), ms — {time.strftime('%Y-%m-%d %H:%M %Z')}",
         f"# machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, {sys.platform}, "
         f"Python {platform.python_version()}, numpy {np.__version__}; load average at start "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}" + (" (other jobs were running)" if load[0] > 1 else " (quiet)"),
-        "# fleet: N nodes x 8 GPUs (32 GiB), ~50% allocated; requests drawn from an openb-like mix; each call",
+        f"# shapes: {len(SHAPES)} in FGD's workload ({'openb_pod_list_default, its 32 most frequent' if args.shapes == 'openb' else 'openb-like mix'}), "
+        f"{len(MIX)} GPU request shapes drawn",
+        "# fleet: N nodes x 8 GPUs (32 GiB), ~50% allocated; requests drawn from that mix; each call",
         "# is followed (untimed) by applying its placement and releasing an earlier grant (steady state)",
         f"{'nodes':>6} {'path':>6} {'policy':>8} {'calls':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} {'cold':>7}",
     ]
     print("\n".join(lines), flush=True)
     for n in (int(s) for s in args.sizes.split(",")):
         base = build(n, np.random.default_rng(n))
-        for pol in ("binpack", "spread", "bestfit", "fgd", "random"):
+        for pol in args.policies.split(","):
             rng = np.random.default_rng(n + 1)
             gc.unfreeze()
             fleet, workload, granted = copy.deepcopy(base)  # every policy starts from the same fleet
             policy = PlacementPolicy.parse(pol, seed=2)
             t0 = time.perf_counter()
-            score_nodes(MIX[1][1], fleet, policy, workload=workload, cpu_milli=4000)  # first call: cold caches
+            score_nodes(MIX[1][1], fleet, policy, workload=workload, cpu_milli=MIX[1][2])  # first call: cold caches
             cold = (time.perf_counter() - t0) * 1000
-            for _, req in MIX:  # warm every shape once, as a running extender would have
-                score_nodes(req, fleet, policy, workload=workload, cpu_milli=4000)
+            for _, req, cpu in MIX:  # warm every shape once, as a running extender would have
+                score_nodes(req, fleet, policy, workload=workload, cpu_milli=cpu)
             # The ~20,000 grants built above are long-lived Python objects; without this, the cyclic
             # GC's full passes over them add 100–200 ms pauses to random calls. A long-running service
             # does the same after start-up (gc.freeze()).
@@ -102,21 +136,21 @@ def main() -> int:
             gc.freeze()
             ms = []
             for _ in range(args.calls):
-                req = draw(rng)
+                req, cpu = draw(rng)
                 t0 = time.perf_counter()
                 try:
-                    score_nodes(req, fleet, policy, workload=workload, cpu_milli=4000)
+                    score_nodes(req, fleet, policy, workload=workload, cpu_milli=cpu)
                 except NoFit:
                     pass
                 ms.append((time.perf_counter() - t0) * 1000)
                 try:
-                    p = place(req, fleet, policy, workload=workload, cpu_milli=4000, rng=rng)
-                    fleet.apply_placement(p, cpu_milli=4000)
-                    granted.append(p)
+                    p = place(req, fleet, policy, workload=workload, cpu_milli=cpu, rng=rng)
+                    fleet.apply_placement(p, cpu_milli=cpu)
+                    granted.append((p, cpu))
                 except NoFit:
                     pass
-                old = granted.pop(int(rng.integers(len(granted))))
-                fleet.release_placement(old, cpu_milli=4000)
+                old, old_cpu = granted.pop(int(rng.integers(len(granted))))
+                fleet.release_placement(old, cpu_milli=old_cpu)
             q = np.percentile(ms, [50, 90, 99])
             row = f"{n:>6} {'fleet':>6} {pol:>8} {len(ms):>6} {q[0]:7.2f} {q[1]:7.2f} {q[2]:7.2f} {max(ms):7.2f} {cold:7.1f}"
             print(row, flush=True)
@@ -125,10 +159,10 @@ def main() -> int:
                 nodes = fleet.nodes()
                 ms = []
                 for _ in range(max(10, args.calls // 20)):
-                    req = draw(rng)
+                    req, cpu = draw(rng)
                     t0 = time.perf_counter()
                     try:
-                        score_nodes(req, nodes, policy, workload=workload, cpu_milli=4000)
+                        score_nodes(req, nodes, policy, workload=workload, cpu_milli=cpu)
                     except NoFit:
                         pass
                     ms.append((time.perf_counter() - t0) * 1000)

@@ -32,17 +32,22 @@ def main() -> int:
         jobs = build_timeline_jobs([float(x) for x in args.timeline.split(",")])
     else:
         jobs = build_jobs(args.repeats_default, args.repeats)
-    started, done = time.time(), [0]
+    started, done = time.time(), []
+    machine = f"{platform.machine()} {platform.processor()} {os.cpu_count()} cores, Python {platform.python_version()}"
+
+    def save(outcomes):
+        with args.out.open("wb") as handle:
+            pickle.dump({"outcomes": outcomes, "wall": time.time() - started, "machine": machine,
+                         "workers": args.workers, "planned": len(jobs)}, handle)
 
     def tick(outcome):
-        done[0] += 1
-        print(f"[{done[0]}/{len(jobs)}] {outcome.job.trace.stem} {outcome.job.policy} seed {outcome.job.config.seed}: "
-              f"{outcome.result.seconds:.1f}s", flush=True)
+        done.append(outcome)
+        print(f"[{len(done)}/{len(jobs)}] {outcome.job.trace.stem} {outcome.job.policy} seed {outcome.job.config.seed}: "
+              f"alloc@100 {outcome.result.alloc_at(100):.2f} ({outcome.result.seconds:.1f}s)", flush=True)
+        if len(done) % 25 == 0:  # a run cut short by a time limit still leaves what it finished
+            save(list(done))
     outcomes = run_jobs(jobs, args.workers, tick)
-    machine = f"{platform.machine()} {platform.processor()} {os.cpu_count()} cores, Python {platform.python_version()}"
-    with args.out.open("wb") as handle:
-        pickle.dump({"outcomes": outcomes, "wall": time.time() - started, "machine": machine,
-                     "workers": args.workers}, handle)
+    save(outcomes)
     print(f"{len(jobs)} replays in {time.time() - started:.0f} s on {machine}")
     return 0
 

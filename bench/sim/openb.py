@@ -22,7 +22,7 @@ import pickle
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openb_jobs import DATA, VARIANTS, build_jobs  # noqa: E402
 
-from gpuslice.sim.report import PUBLISHED_DEFAULT, summarise, write_all  # noqa: E402
+from gpuslice.sim.report import PUBLISHED_SOURCE, published_comparison, summarise, write_all  # noqa: E402
 from gpuslice.sim.runner import run_jobs  # noqa: E402
 
 
@@ -33,6 +33,8 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--from-pickle", type=Path, help="outcomes written by bench/sim/device_run.py")
+    ap.add_argument("--notes", type=Path, help="markdown appended to the summary (findings, caveats)")
+    ap.add_argument("--load", default="", help="what the machine's load was during the run, for the record")
     args = ap.parse_args()
     nodes = DATA / "openb_node_list_gpu_node.csv"
     machine = f"{platform.machine()} CPU box, {os.cpu_count()} cores, Python {platform.python_version()}"
@@ -58,18 +60,22 @@ def main() -> int:
     report = write_all(rows, args.out, {"nodes": nodes.name, "mode": "inflation", "ratio": "1.3",
                                         "seeds": f"default 42..{41 + args.repeats_default}, variants 42..{41 + args.repeats}"})
     run_seconds = sum(o.result.seconds for o in outcomes)
+    seeds = sorted({o.job.config.seed for o in outcomes})
     md = [f"# openb: placement policies side by side (workload inflation) — {time.strftime('%Y-%m-%d')}",
           "",
-          f"Machine: {machine}; {len(jobs)} replays in {wall:.0f} s wall ({run_seconds:.0f} s summed over "
-          f"replays, {workers} processes). Command: `.venv/bin/python bench/sim/openb.py` "
-          f"(`--repeats-default {args.repeats_default} --repeats {args.repeats}`); the same table comes from "
-          "`gpuslice simulate --trace … --nodes bench/data/openb_node_list_gpu_node.csv --repeats N`.",
+          f"Machine: {machine}{'; load: ' + args.load if args.load else ''}; {len(outcomes)} replays in {wall:.0f} s "
+          f"wall ({run_seconds:.0f} s summed over replays, {workers} processes). Command: `.venv/bin/python "
+          "bench/sim/openb.py` (or `bench/sim/device_run.py` + `--from-pickle`); the same numbers come from "
+          "`gpuslice simulate --trace bench/data/openb_pod_list_<trace>.csv … --nodes "
+          f"bench/data/openb_node_list_gpu_node.csv --repeats {len(seeds)} --seed {seeds[0]}` (same seed, same "
+          "replay, whatever the machine).",
           "",
           "Method (Weng et al., ATC '23): tasks drawn uniformly with replacement until GPU demand = 1.3 × the "
           "6,212 GPUs; placed in arrival order, failures not retried. alloc@X = GPU demand placed (% of "
           "capacity) when arrived demand first reaches X %; unalloc@100 = 100 − alloc@100 (idle capacity "
           "when a full cluster's worth has arrived). Mean over seeds (± standard deviation at 100 %). "
-          "CPU-only tasks included, node CPU and memory enforced, 10 slices per GPU at most. "
+          "CPU-only tasks included, node CPU and memory enforced, 10 slices per GPU at most. Δ vs best-fit is "
+          "averaged over the seeds both policies ran (each seed draws the same sequence for every policy). "
           f"Report with plots: `{args.out.name}/report.html`; data: `summary.csv`, `curves.csv`.",
           "",
           "| trace | policy | seeds | alloc@90 | alloc@95 | alloc@100 | unalloc@100 | idle GPUs@100 | alloc@130 | Δ vs best-fit @100 (pts) | unallocated vs best-fit |",
@@ -80,12 +86,20 @@ def main() -> int:
                   f"{v['alloc_95']:.2f} | {v['alloc_100']:.2f} ± {v['alloc_100_sd']:.2f} | {v['unalloc_100']:.2f} | "
                   f"{v['idle_gpus_100']:.0f} | {v['alloc_end']:.2f} | {v.get('gain_vs_bestfit', 0):+.2f} | "
                   f"{v.get('unalloc_change_vs_bestfit', 0):+.1f}% |")
-    md += ["", "FGD authors' artifact on openb_pod_list_default for comparison (their simulator, "
-           "`experiments/analysis/expected_results/analysis_allo_discrete.csv`, one seed each; at 130 % "
-           "their 10 seeds average 93.07 best-fit, 95.39 FGD):", "",
-           "| policy | alloc@90 | alloc@95 | alloc@100 | alloc@130 |", "| --- | --- | --- | --- | --- |"]
-    for policy, values in PUBLISHED_DEFAULT.items():
-        md.append(f"| {policy} (published) | " + " | ".join(f"{values[k]:.2f}" for k in (90, 95, 100, 130)) + " |")
+    md += ["", "## FGD's gain over best-fit at 100 % load: ours and the FGD authors'", "",
+           f"Published: {PUBLISHED_SOURCE}. Their seeds draw other sequences than ours, so the comparison is "
+           "between means and between gains (each gain taken over seeds both policies ran).", "",
+           "| trace | our best-fit | our fgd | our gain | published best-fit | published FGD | published gain | ours − published |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in published_comparison(rows):
+        name = str(c["trace"]).replace("openb_pod_list_", "")
+        if "pub_gain" in c:
+            md.append(f"| {name} | {c['bestfit']:.2f} | {c['fgd']:.2f} | {c['gain']:+.2f} | {c['pub_bestfit']:.2f} | "
+                      f"{c['pub_fgd']:.2f} | {c['pub_gain']:+.2f} | {-c['shortfall']:+.2f} |")
+        else:
+            md.append(f"| {name} | {c['bestfit']:.2f} | {c['fgd']:.2f} | {c['gain']:+.2f} | – | – | – | – |")
+    if args.notes:
+        md += ["", args.notes.read_text().rstrip()]
     (args.out.parent / f"{args.out.name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     print(f"report: {report}")

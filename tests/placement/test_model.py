@@ -74,3 +74,21 @@ def test_policy_parse_and_refusal_names_allowed_values():
         PlacementPolicy.parse("tetris")
     with pytest.raises(SpecError, match="policy"):
         PlacementPolicy.parse("rack=binpack")
+
+
+def test_mig_enabled_card_without_instances_contributes_no_device():
+    """A MIG-mode GPU runs CUDA work only inside an instance: with none created it must not be placed
+    as a whole GPU (it would be granted, and the program would find no usable device)."""
+    from gpuslice.placement import NoFit, place
+    from gpuslice.spec import Request, parse_memory
+
+    bare = Device(uuid="GPU-m", index=0, name="NVIDIA A100-SXM4-80GB", memory_total=80 * GiB, sm_count=108,
+                  model="A100-80GB", mig_enabled=True, mig_instances=())
+    plain = Device(uuid="GPU-p", index=1, name="NVIDIA T4", memory_total=16 * GiB, sm_count=40)
+    assert NodeState.from_devices("n", [bare]).devices == ()
+    node = NodeState.from_devices("n", [bare, plain])
+    assert [d.uuid for d in node.devices] == ["GPU-p"]
+    with pytest.raises(NoFit):  # 40 GiB fit only on the (unusable) 80 GiB card
+        place(Request(memory=parse_memory("40GiB")), [node])
+    with pytest.raises(SpecError, match="device_uuid"):  # a ledger slice on it names a device that is not there
+        NodeState.from_devices("n", [bare], [Slice("GPU-m", GiB)])

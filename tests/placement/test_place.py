@@ -171,6 +171,23 @@ def test_topology_prefers_nvlink_pair_over_index_order():
     assert sorted(s.device_uuid for s in p.slices) == ["GPU-t-1", "GPU-t-2"]
 
 
+def test_topology_chooses_the_devices_of_shared_multi_device_slices():
+    """count=2 with a memory size: shared slices on two devices. The GPU policy alone (bestfit: fullest
+    devices) would take 1 and 2 — no NVLink, two NUMA nodes; the topology takes a linked pair, and among
+    the two linked pairs the one the GPU policy prefers (2-3, fuller than 0-1)."""
+    node = apply(_topo_node(), [Slice("GPU-t-1", 8 * GiB), Slice("GPU-t-2", 10 * GiB), Slice("GPU-t-3", 2 * GiB)])
+    req = _req(4, count=2)
+    p = place(req, [node], PlacementPolicy.parse("bestfit", topology=False))
+    assert sorted(s.device_uuid for s in p.slices) == ["GPU-t-1", "GPU-t-2"]
+    p = place(req, [node], PlacementPolicy.parse("bestfit", topology=True))
+    assert sorted(s.device_uuid for s in p.slices) == ["GPU-t-2", "GPU-t-3"]
+    assert not p.exclusive and all(s.memory_limit == 4 * GiB for s in p.slices)
+    # The linked pair 2-3 cannot take 4 GiB more on 2 once it holds 14 GiB: 0-1 is the linked pair left.
+    fuller = apply(node, [Slice("GPU-t-2", 4 * GiB)])
+    p = place(req, [fuller], PlacementPolicy.parse("bestfit", topology=True))
+    assert sorted(s.device_uuid for s in p.slices) == ["GPU-t-0", "GPU-t-1"]
+
+
 def test_topology_score_ranks_nodes():
     """A node whose free devices form an NVLink pair outranks one where they are scattered."""
     good = _topo_node()

@@ -101,3 +101,40 @@ def test_demo_data_dir_refuses_an_empty_directory(tmp_path, monkeypatch):
 def test_bundled_data_is_found_by_default(monkeypatch):
     monkeypatch.delenv("GPUSLICE_TRACE_DIR", raising=False)
     assert (demo.data_dir() / "openb_node_list_gpu_node.csv").is_file()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_counts_every_task_of_every_replay(small_trace, workers):
+    """The bar moves per task (every 256 tasks and at the end of each replay), in processes too, and
+    adds up to what job_size promised, so it ends full."""
+    from gpuslice.sim.runner import job_size
+
+    pods, nodes = small_trace
+    jobs = plan([pods], nodes, ["fgd", "bestfit"], "inflation", SimConfig(ratio=3.0), repeats=2)
+    jobs += plan([pods], nodes, ["binpack"], "timeline", SimConfig())
+    ticks: list[int] = []
+    done: list = []
+    run_jobs(jobs, workers, done.append, ticks.append)
+    assert len(done) == len(jobs)
+    assert sum(ticks) == sum(job_size(j) for j in jobs) > 0
+    assert all(n > 0 for n in ticks)
+
+
+def test_memory_scaling_option_reaches_the_replay(small_trace, tmp_path):
+    """--memory-scaling 0.5 leaves half of each GPU's memory to shares: less is allocated than at 1.0."""
+    pods, nodes = small_trace
+    allocated = {}
+    for scaling in ("1.0", "0.5"):
+        out = tmp_path / scaling
+        assert main(["simulate", "--trace", str(pods), "--nodes", str(nodes), "--policy", "bestfit",
+                     "--ratio", "3", "--memory-scaling", scaling, "--workers", "1", "--out", str(out)]) == 0
+        allocated[scaling] = float(next(csv.DictReader((out / "summary.csv").open()))["alloc_end"])
+        assert f"memory scaling</b>: {float(scaling):g}" in (out / "report.html").read_text()
+    assert allocated["0.5"] < allocated["1.0"]
+
+
+def test_memory_scaling_out_of_range_is_refused(small_trace, tmp_path, capsys):
+    pods, nodes = small_trace
+    assert main(["simulate", "--trace", str(pods), "--nodes", str(nodes), "--memory-scaling", "0",
+                 "--out", str(tmp_path)]) == 1
+    assert "memory_scaling" in capsys.readouterr().err

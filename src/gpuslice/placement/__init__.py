@@ -24,7 +24,9 @@ API
 
 The model
 ---------
-* A *device* is a physical GPU or one MIG instance (a MIG card contributes its instances, not itself).
+* A *device* is a physical GPU or one MIG instance (a MIG-enabled card contributes its instances, never
+  itself: with no instance created it contributes nothing, since a MIG-mode GPU runs no CUDA work outside
+  an instance).
 * A device takes at most ``split_count`` slices (HAMi's ``deviceSplitCount``, default 10); their memory
   limits add up to at most ``memory_total × memory_scaling`` (HAMi's ``deviceMemoryScaling``: > 1
   oversubscribes, < 1 keeps a reserve); their compute shares add up to at most 100 %.
@@ -56,27 +58,40 @@ Node level (score 0..100, the highest wins; ties go to the earliest node in the 
   ``random`` uniform.
 Topology (``count > 1``): a topology score — 100 when every pair is NVLink-connected, else
 40 × (share of linked pairs) + 60 if all on one NUMA node — blends into the node score as
-``(1 − w) · policy + w · topology`` (``w = topology_weight``, 0.3). For whole devices the set of idle
-devices is also *chosen* by it; for shared slices the GPU policy chooses the devices (they are not
-interchangeable: each has its own free room) and the topology only ranks nodes.
+``(1 − w) · policy + w · topology`` (``w = topology_weight``, 0.3). On a node that describes its
+topology the device set is also *chosen* by it — idle devices for whole-device requests, devices with
+room for ``count`` shared slices (their processes talk to each other as much) — and among equally
+connected sets the GPU policy's preference decides. Nodes without topology data keep the GPU policy's
+``count`` best devices.
 
-Fragmentation (FGD, Weng et al., USENIX ATC '23, in spirit)
------------------------------------------------------------
+Fragmentation (FGD, Weng et al., USENIX ATC '23; the authors' pkg/utils/frag.go)
+-------------------------------------------------------------------------------
 Let a node's device *g* have free share ``f_g`` = unallocated memory / memory capacity (0 if held
 whole). A task shape *m* (count, memory, compute, whole or shared, models, CPU) can use device g if g
 fits one device's part of m. For one shape the node's fragmentation is the free capacity *m cannot use*::
 
-    F_n(m) = Σ_g f_g · [g cannot take m]     if node n can host m at all (enough fitting devices, CPU)
+    F_n(m) = Σ_g f_g · [g cannot take m]     if node n can host m at all (enough usable fitting devices —
+                                             one MIG instance per card — and the CPU / host memory)
     F_n(m) = Σ_g f_g                          otherwise (all of its free capacity is lost to m)
 
-Over the workload — the shapes seen so far with popularity ``p_m`` (:class:`Workload`; the 32 most
-frequent) — the expected fragmentation is ``F_n = Σ_m p_m · F_n(m)``. Popularity counts a whole-device
-shape once per device it needs (``TaskShape.demand_weight``), so rare 8-GPU tasks still shape it. ``fgd`` places a request where
-``ΔF_n = F_n(after) − F_n(before)`` is smallest: it keeps devices able to take the shapes that will
-come, instead of leaving slivers nobody can use. Equal ΔF (common: many idle nodes) is broken by
-best fit. A CPU-only task (:func:`place_host`) changes ``F_n`` only through the CPU it takes. Unlike the paper, which counts GPU milli only, a device
-here fits a shape only when memory, compute *and* a split slot are free; ``f_g`` is measured in memory
-share because memory is the hard limit (compute is time-shared).
+A CPU-only shape (``count=0``) can use no device, so its ``F_n(m)`` is all of the node's free share
+whatever the node's CPU (frag.go's XL / XR cases): the same for every candidate placement of a GPU task,
+it steers nothing and only dilutes the GPU shapes' popularity, as in the paper.
+
+Over the workload — shapes with popularity ``p_m`` (:class:`Workload`; the 32 most frequent) — the
+expected fragmentation is ``F_n = Σ_m p_m · F_n(m)``. Popularity counts tasks, except that a
+whole-device shape counts once per device it needs (``TaskShape.demand_weight``; the paper counts tasks
+only), so rare 8-GPU tasks stay in the typical set and whole nodes are kept for them. ``fgd`` places a request where ``ΔF_n = F_n(after) − F_n(before)``
+is smallest: it keeps devices able to take the shapes that will come, instead of leaving slivers nobody
+can use. The GPU level takes the device of least ΔF; the node level the node of least ΔF, equal ΔF
+(common: many idle nodes) going to the node whose GPUs are fullest after placing — by GPU share only:
+a tie-break that also counts free CPU steers GPU tasks to CPU-short nodes and strands their GPUs
+(−0.4 points of allocation on openb gpushare100), a random one loses 1.6 points there. A CPU-only task (:func:`place_host`) changes
+``F_n`` only through the CPU it takes (ties: least GPU + CPU left). Unlike the paper, which counts GPU
+milli only, a device here fits a shape only when memory, compute *and* a split slot are free; ``f_g``
+is measured in memory share because memory is the hard limit (compute is time-shared). Where the
+workload comes from is the caller's: the simulator learns it from the arrivals, as a scheduler would
+(the paper computes it from the whole trace up front; on openb that changes nothing measurable).
 """
 
 from gpuslice.placement.core import filter_nodes, fits, node_fragmentation, place, place_host, score_nodes

@@ -158,8 +158,12 @@ def _shape_fits(t: _Types, rows: np.ndarray, mem_free: np.ndarray, comp_free: np
     """[C, G, K]: can a device in this state take one device's part of each shape."""
     shared = ((slots_free[..., None] >= 1) & (mem_free[..., None] >= t.need[rows])
               & (comp_free[..., None] >= t.compute))
-    # A shape with count 0 (CPU-only task) needs no device: no device's free share is lost to it.
-    return (np.where(t.whole, idle[..., None], shared) & t.model_ok[rows]) | (t.count == 0)
+    # A shape with count 0 (a CPU-only task) uses no device, so all of a node's free share counts as lost
+    # to it, whatever the node's CPU (FGD's frag.go: XL and XR alike count every free GPU milli). That
+    # term is the same for every candidate placement of a GPU task, so it steers nothing. (It once
+    # counted as "fits everywhere unless the node's CPU is short", a CPU-exhaustion penalty the paper
+    # does not have; it cost 0.3–1 point of allocation on the gpushare traces.)
+    return np.where(t.whole, idle[..., None], shared) & t.model_ok[rows] & (t.count > 0)
 
 
 def _dyn(fleet: Fleet, rows: np.ndarray):
@@ -172,6 +176,17 @@ def _dyn(fleet: Fleet, rows: np.ndarray):
     cpu_free = fleet.cpu_total[rows] - fleet.cpu_used[rows]
     hm_free = fleet.hm_total[rows] - fleet.hm_used[rows]
     return mem_free, comp_free, slots_free, idle, share, cpu_free, hm_free
+
+
+def _usable_counts(fleet: Fleet, i: int, fits: np.ndarray) -> np.ndarray:
+    """[K]: for node row i, how many devices one task of each shape could use together, given which
+    devices can take it (``fits`` [G, K]): every whole GPU, and at most one MIG instance per card
+    (the rule of :func:`_usable_count`, per shape). Only rows with MIG instances need it."""
+    parent = fleet.parent[i]
+    counts = fits[parent < 0].sum(axis=0)
+    for card in np.unique(parent[parent >= 0]):
+        counts = counts + fits[parent == card].any(axis=0)
+    return counts
 
 
 class _Terms:
@@ -194,6 +209,7 @@ class _Terms:
         self.frag = np.zeros((n, k))
         self.total_share = np.zeros(n)
         self.deltas: dict[TaskShape, tuple[np.ndarray, np.ndarray]] = {}
+        self.wholes: dict[TaskShape, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def refresh(self, fleet: Fleet, rows: np.ndarray) -> None:
         dirty = rows[self.seen[rows] != fleet.row_version[rows]]
@@ -205,6 +221,8 @@ class _Terms:
         lost = share[..., None] * ~fits
         lost_node = lost.sum(axis=1)
         count = fits.sum(axis=1)
+        for c in np.flatnonzero(fleet.has_mig[dirty]):  # MIG instances of one card count once
+            count[c] = _usable_counts(fleet, int(dirty[c]), fits[c])
         host = (count >= t.count) & (cpu_free[:, None] >= t.cpu) & (hm_free[:, None] >= t.hm)
         self.fits[dirty], self.lost[dirty], self.share[dirty] = fits, lost, share
         self.lost_node[dirty], self.count[dirty] = lost_node, count
@@ -241,6 +259,12 @@ class _Terms:
             fits_b = self.fits[dirty]
             lost_after = self.lost_node[dirty][:, None, :] - self.lost[dirty] + share_a[..., None] * ~fits_a
             count_after = self.count[dirty][:, None, :] - fits_b + fits_a
+            for c in np.flatnonzero(fleet.has_mig[dirty]):
+                i = int(dirty[c])
+                for j in range(g):  # device j takes the slice: recount with its new fit
+                    after_j = fits_b[c].copy()
+                    after_j[j] = fits_a[c, j]
+                    count_after[c, j] = _usable_counts(fleet, i, after_j)
             total_after = share.sum(axis=1)[:, None] - share + share_a
             cpu_a = (cpu_free - fit.shape.cpu_milli)[:, None, None]
             hm_a = (hm_free - fit.shape.host_memory)[:, None, None]
@@ -269,6 +293,11 @@ class _Terms:
             share_taken = self.share[at].sum(axis=1)
         lost_after = sel(self.lost_node) - lost_taken
         count_after = sel(self.count) - fits_taken
+        for c in np.flatnonzero(fleet.has_mig[rows]):
+            i = int(rows[c])
+            left = self.fits[i].copy()
+            left[picked[c]] = False
+            count_after[c] = _usable_counts(fleet, i, left)
         total_after = self.total(rows, every) - share_taken
         cpu_a = (sel(fleet.cpu_total) - sel(fleet.cpu_used) - fit.shape.cpu_milli)[:, None]
         hm_a = (sel(fleet.hm_total) - sel(fleet.hm_used) - fit.shape.host_memory)[:, None]
@@ -276,6 +305,30 @@ class _Terms:
         after = np.where(host_a, lost_after, total_after[:, None])
         return after - sel(self.frag)
 
+
+    def whole_weighed(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, picked: np.ndarray,
+                      p: np.ndarray) -> np.ndarray:
+        """[C]: Σ_k p_k · :meth:`whole_delta`, with the per-shape terms kept per request shape and
+        recomputed only for rows that changed (or whose picked devices changed) since the last call:
+        whole-device requests are the commonest on openb, and recomputing [N, K] for every node on every
+        call was the largest part of fgd's latency at 5,000 nodes. The weighing itself runs over the
+        whole kept array, so a kept fleet and a fresh one round alike."""
+        n, _, k = self.t.need.shape
+        entry = self.wholes.get(fit.shape)
+        if entry is None or entry[1].shape[1] != picked.shape[1]:
+            if len(self.wholes) > 16:
+                self.wholes.clear()
+            entry = (np.full(n, -1, np.int64), np.full((n, picked.shape[1]), -1, np.int64), np.zeros((n, k)))
+            self.wholes[fit.shape] = entry
+        seen, seen_picked, delta = entry
+        stale = np.flatnonzero((seen[rows] != fleet.row_version[rows]) | (seen_picked[rows] != picked).any(axis=1))
+        if stale.size:
+            dirty = rows[stale]
+            delta[dirty] = self.whole_delta(fleet, fit, dirty, picked[stale])
+            seen[dirty] = fleet.row_version[dirty]
+            seen_picked[dirty] = picked[stale]
+        weighed = _weigh(delta, p)
+        return weighed if rows.size == n else weighed[rows]
 
     def shared_set_delta(self, fleet: Fleet, fit: _Fit, rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
         """[C, K]: change of F_n(k) if one slice goes on each device ``picked`` ([C, count], distinct)."""
@@ -289,6 +342,11 @@ class _Terms:
         fits_a = _shape_fits(t, at, mem_a, comp_a, slots_a, np.zeros(mem_a.shape, bool))
         lost_after = self.lost_node[rows] - self.lost[at].sum(axis=1) + (share_a[..., None] * ~fits_a).sum(axis=1)
         count_after = self.count[rows] - self.fits[at].sum(axis=1) + fits_a.sum(axis=1)
+        for c in np.flatnonzero(fleet.has_mig[rows]):
+            i = int(rows[c])
+            after = self.fits[i].copy()
+            after[picked[c]] = fits_a[c]
+            count_after[c] = _usable_counts(fleet, i, after)
         total_after = self.total_share[rows] - self.share[at].sum(axis=1) + share_a.sum(axis=1)
         cpu_a = (fleet.cpu_total[rows] - fleet.cpu_used[rows] - fit.shape.cpu_milli)[:, None]
         hm_a = (fleet.hm_total[rows] - fleet.hm_used[rows] - fit.shape.host_memory)[:, None]
@@ -332,38 +390,70 @@ def _topology_score(fleet: Fleet, i: int, group: Sequence[int]) -> float:
     return min(100.0, 40.0 * linked / max(1, len(pairs)) + (60.0 if same_numa else 0.0))
 
 
-def _topology_sets(fleet: Fleet, i: int, free: Sequence[int], count: int) -> tuple[tuple[int, ...], float]:
-    """Best set of ``count`` idle devices on node i by :func:`_topology_score`, and its score.
+def _topology_sets(fleet: Fleet, i: int, ranked: Sequence[int], count: int) -> tuple[tuple[int, ...], float]:
+    """Best set of ``count`` of the devices ``ranked`` (node i's usable devices, most preferred by the
+    GPU policy first) by :func:`_topology_score`, and its score. Among sets that score alike, the one
+    whose members come earliest in ``ranked`` wins: topology decides first, the GPU policy next.
 
     Exhaustive over combinations when there are at most 10 candidates, else greedy from each start
     (grow by the device that scores best with the group). Never two MIG instances of one card.
+    Memoised per (node topology, ranked, count): nodes of one build in one state ask the same question,
+    and a scheduler asks it for every fitting node on every multi-device request.
     """
+    sig = fleet._topology_rows.get(i)
+    if sig is None:
+        devs = fleet.static[i]
+        index = {d.uuid: j for j, d in enumerate(devs)}
+        layout = tuple((d.numa_node, tuple(sorted(index[u] for u in d.nvlink_peers if u in index)),
+                        int(fleet.parent[i, j])) for j, d in enumerate(devs))
+        sig = fleet._topology_rows[i] = fleet._topology_ids.setdefault(layout, len(fleet._topology_ids))
+    key = (sig, tuple(ranked), count)
+    found = fleet._topology_memo.get(key)
+    if found is not None:
+        return found
     parent = fleet.parent[i]
 
     def distinct(group: Sequence[int]) -> bool:
         cards = [int(parent[k]) for k in group if parent[k] >= 0]
         return len(cards) == len(set(cards))
 
-    if len(free) <= 10:
-        candidates = [g for g in itertools.combinations(free, count) if distinct(g)]
+    if len(ranked) <= 10:
+        candidates = [g for g in itertools.combinations(ranked, count) if distinct(g)]
     else:
         candidates = []
-        for start in free:
+        for start in ranked:
             group = [start]
             while len(group) < count:
-                options = [k for k in free if k not in group and distinct(group + [k])]
+                options = [k for k in ranked if k not in group and distinct(group + [k])]
                 if not options:
                     break
                 group.append(max(options, key=lambda k: _topology_score(fleet, i, group + [k])))
             if len(group) == count:
                 candidates.append(tuple(group))
     best_group, best_score = None, -1.0
-    for group in candidates:
+    for group in candidates:  # in preference order: a strictly better score is needed to move on
         s = _topology_score(fleet, i, group)
         if s > best_score:
             best_group, best_score = tuple(group), s
     assert best_group is not None, "the fit guaranteed enough usable devices"
+    if len(fleet._topology_memo) > 4096:
+        fleet._topology_memo.clear()
+    fleet._topology_memo[key] = (best_group, best_score)
     return best_group, best_score
+
+
+def _topology_pick(fleet: Fleet, rows: np.ndarray, report: np.ndarray, dev_ok: np.ndarray, order: np.ndarray,
+                   picked: np.ndarray, count: int) -> np.ndarray:
+    """On nodes that describe their topology (and are reported), replace the ``picked`` devices
+    ([C, count], changed in place) by the best-connected set of ``count`` usable devices, ties going to
+    the GPU policy's ``order`` ([C, G], best first). Returns the topology score of each row's set
+    (100 where the node describes no topology: nothing to prefer there)."""
+    topo = np.full(rows.size, 100.0)
+    for c in np.flatnonzero(fleet.has_topology[rows] & report):
+        ranked = [int(j) for j in order[c] if dev_ok[c, j]]
+        group, topo[c] = _topology_sets(fleet, int(rows[c]), ranked, count)
+        picked[c] = sorted(group)
+    return topo
 
 
 def _pick_distinct(fleet: Fleet, rows: np.ndarray, dev_ok: np.ndarray, order: np.ndarray,
@@ -473,18 +563,18 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
                 delta = frag[arange, pick]
             added = need[arange, pick] / cap[arange, pick]  # devices' worth the chosen slice adds to its node
         else:
-            # Several shared slices on distinct devices: the `count` devices the GPU policy likes best.
+            # Several shared slices on distinct devices: the `count` devices the GPU policy likes best, or,
+            # where the node describes its topology, the best-connected set (the GPU policy breaks ties):
+            # the slices of one grant talk to each other, so NVLink / one NUMA node matter as for whole GPUs.
             order = np.argsort(np.where(dev_ok, -pref, np.inf), axis=1, kind="stable")
             picked = _pick_distinct(fleet, rows, dev_ok, order, shape.count)
+            if policy.topology:
+                topo = _topology_pick(fleet, rows, keep, dev_ok, order, picked, shape.count)
             np.put_along_axis(chosen, picked, True, axis=1)
             if policy.node == "fgd":
                 assert terms is not None and p is not None
                 delta = _weigh(terms.shared_set_delta(fleet, fit, rows, picked), p)
             added = (np.take_along_axis(need, picked, axis=1) / np.take_along_axis(cap, picked, axis=1)).sum(axis=1)
-            if policy.topology:  # scored, not chosen: the GPU policy decides which devices
-                topo = np.full(rows.size, 100.0)
-                for c in np.flatnonzero(fleet.has_topology[rows] & keep):
-                    topo[c] = _topology_score(fleet, int(rows[c]), [int(j) for j in picked[c]])
     else:
         # Whole devices: order idle devices by the GPU policy, then take the first `count` (or the best
         # topology set where the node describes its topology).
@@ -505,18 +595,15 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         if shape.count == 1:
             picked = key.argmin(axis=1)[:, None]
         else:
-            picked = _pick_distinct(fleet, rows, dev_ok, np.argsort(key, axis=1, kind="stable"), shape.count)
-        if policy.topology and shape.count > 1:
-            topo = np.full(rows.size, 100.0)
-            for c in np.flatnonzero(fleet.has_topology[rows] & keep):
-                free = [int(j) for j in np.flatnonzero(dev_ok[c])]
-                group, topo[c] = _topology_sets(fleet, int(rows[c]), free, shape.count)
-                picked[c] = sorted(group)
+            order = np.argsort(key, axis=1, kind="stable")
+            picked = _pick_distinct(fleet, rows, dev_ok, order, shape.count)
+            if policy.topology:
+                topo = _topology_pick(fleet, rows, keep, dev_ok, order, picked, shape.count)
         chosen = np.zeros(dev_ok.shape, bool)
         np.put_along_axis(chosen, picked, True, axis=1)
         if policy.node == "fgd":
             assert terms is not None and p is not None
-            delta = _weigh(terms.whole_delta(fleet, fit, rows, picked), p)
+            delta = terms.whole_weighed(fleet, fit, rows, picked, p)
         added = float(shape.count)  # whole idle devices: each adds one device's worth
 
     # Node level: score 0..100 of the node with the chosen devices.
@@ -541,9 +628,12 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
             score = 100.0 * (1.0 - remaining)
         else:
             assert delta is not None
-            # Equal fragmentation increases are common (e.g. many idle nodes): break those ties by best
-            # fit, with a weight far below one step of Δ, instead of by node order.
-            score = delta + 1e-6 * remaining  # normalised below, over the reported rows only
+            # Equal fragmentation increases are common (e.g. many idle nodes): break those ties towards
+            # the node whose GPUs are fullest after placing, with a weight far below one step of Δ. GPU
+            # share only, not the CPU-weighted best-fit score above: that one steers GPU tasks to nodes
+            # short of CPU, whose remaining GPUs then strand (−0.4 points of allocation on gpushare100,
+            # bench/results/2026-11-23-cpu-sim-openb.md); random ties cost 1.6 points there.
+            score = delta - 1e-6 * after / np.maximum(devices, 1)  # normalised below, over reported rows
     else:
         assert generator is not None
         score = 100.0 * generator.random(fitting.size)

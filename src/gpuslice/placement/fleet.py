@@ -105,6 +105,10 @@ class Fleet:
         self._type_cache: dict = {}
         self._static_cache: dict = {}  # per memory amount / model list: arrays that never change
         self._frag_cache: dict = {}
+        # Topology choice of multi-device requests, memoised per node layout (core._topology_sets).
+        self._topology_rows: dict[int, int] = {}
+        self._topology_ids: dict[tuple, int] = {}
+        self._topology_memo: dict = {}
 
     def __len__(self) -> int:
         return len(self.names)

@@ -155,13 +155,15 @@ class NodeState:
     ) -> "NodeState":
         """Build a node's state from NVML devices and the slices already granted (ledger / annotations).
 
-        A MIG-enabled card with instances becomes one device per instance (the card itself is not
-        placeable). ``exclusive`` lists device UUIDs held whole by a grant (``Slice`` does not say so).
+        A MIG-enabled card becomes one device per MIG instance; the card itself is never placeable,
+        not even with no instance created: a MIG-mode GPU runs CUDA work only inside an instance, so
+        such a card contributes no device at all. ``exclusive`` lists device UUIDs held whole by a grant
+        (``Slice`` does not say so).
         """
         states: list[DeviceState] = []
         for dev in devices:
             model = dev.model or dev.name
-            if dev.mig_enabled and dev.mig_instances:
+            if dev.mig_enabled:
                 for inst in dev.mig_instances:
                     states.append(DeviceState(
                         uuid=inst.uuid, memory_total=inst.memory_total, model=model, sm_count=inst.sm_count,
@@ -324,9 +326,14 @@ class TaskShape:
     @property
     def demand_weight(self) -> float:
         """How much one task of this shape counts in a :class:`Workload`: the number of whole devices
-        for whole-device shapes, else 1. Counting tasks alone (the FGD paper's default) lets rare
-        8-GPU tasks drop out of the typical set, and nothing then keeps whole nodes free for them;
-        weighting by devices (FGD's ``gpuResWeight`` option, in spirit) does."""
+        for whole-device shapes, else 1.
+
+        Counting tasks alone (the FGD paper's ``gpuResWeight=0``) lets rare 8-GPU tasks drop out of the
+        typical set, nothing then keeps whole nodes free for them, and FGD loses 0.6 points of
+        allocation on openb's default trace. Per device it over-protects idle nodes where multi-GPU tasks
+        are common (the multigpu traces would gain 0.3–0.4 points from task counts), but √devices, tried
+        as a compromise, lost 0.1–0.3 points on five of the seven other openb traces
+        (bench/results/2026-11-23-cpu-sim-openb.md)."""
         return float(self.count) if self.whole else 1.0
 
     def describe(self) -> str:

@@ -56,6 +56,8 @@ class SimConfig:
             raise SpecError("ratio", self.ratio, "a number above 0 and at most 5")
         if self.cpu_tasks not in ("include", "skip"):
             raise SpecError("cpu_tasks", self.cpu_tasks, "include or skip")
+        if not 0 < self.memory_scaling <= 100:
+            raise SpecError("memory_scaling", self.memory_scaling, "a number above 0 and at most 100")
         if self.typical_refresh < 1:
             raise SpecError("typical_refresh", self.typical_refresh, "at least 1")
         if not 0 < self.speedup <= 100000:
@@ -244,10 +246,15 @@ class TimelineResult:
         return float((self.utilization * spans).sum() / end)
 
 
+def timed_tasks(tasks: Sequence[Task], config: SimConfig) -> list[Task]:
+    """The tasks a timeline replays: those with both times (and a GPU, with ``cpu_tasks="skip"``)."""
+    return [t for t in tasks if t.creation is not None and t.deletion is not None
+            and (config.cpu_tasks == "include" or t.num_gpu > 0)]
+
+
 def run_timeline(tasks: Sequence[Task], specs: Sequence[NodeSpec], policy: PlacementPolicy, config: SimConfig,
                  progress: Progress | None = None, samples: int = 400) -> TimelineResult:
-    timed = [t for t in tasks if t.creation is not None and t.deletion is not None
-             and (config.cpu_tasks == "include" or t.num_gpu > 0)]
+    timed = timed_tasks(tasks, config)
     if not timed:
         raise SpecError("trace", len(tasks), "a pod list with creation_time and deletion_time (timeline mode)")
     start_clock = time.perf_counter()
