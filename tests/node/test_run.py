@@ -69,7 +69,7 @@ def _wait_for_grant(env, timeout=30.0) -> dict:
 def test_signal_to_launcher_ends_tree_and_releases(env, tmp_path, signum, code):
     marker = tmp_path / "pid"
     proc = gpuslice("run", "--memory", "2GiB", "--", "sh", "-c", f"echo $$ > {marker}; exec sleep 60", env=env)
-    while not marker.exists():
+    while not marker.exists() or not marker.read_text().endswith("\n"):  # the shell creates it, then writes
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     child = int(marker.read_text())
@@ -96,7 +96,7 @@ def test_leftover_background_processes_are_ended(env, tmp_path):
 def test_killed_launcher_grant_is_reclaimed(env, tmp_path):
     marker = tmp_path / "pid"
     proc = gpuslice("run", "--memory", "2GiB", "--", "sh", "-c", f"echo $$ > {marker}; exec sleep 60", env=env)
-    while not marker.exists():
+    while not marker.exists() or not marker.read_text().endswith("\n"):  # the shell creates it, then writes
         time.sleep(0.05)
     child = int(marker.read_text())
     proc.kill()  # SIGKILL: no cleanup in the launcher at all
