@@ -102,3 +102,46 @@ def test_unreachable_server_is_a_kube_error():
     with pytest.raises(KubeError) as exc:
         api.get_node("n1")
     assert exc.value.status == 0
+
+
+# ---------------------------------------------------------------------------------------- update_node_annotations
+def _racing_api(losses: int):
+    """A FakeAPI whose node is changed by someone else right after each of the first ``losses`` reads."""
+    from fakeapi import FakeAPI
+
+    api = FakeAPI()
+    api.add_node("n1", {"a": "1"})
+    reads = {"n": 0}
+    get = api.get_node
+
+    def get_node(name: str) -> dict:
+        node = get(name)
+        reads["n"] += 1
+        if reads["n"] <= losses:
+            api.patch_node_annotations(name, {"other": str(reads["n"])})  # the rival's write
+        return node
+
+    api.get_node = get_node
+    return api, reads
+
+
+def test_update_node_annotations_reads_again_after_a_conflict():
+    """A conflicting write is retried on a fresh read, and the rival's write survives."""
+    from gpuslice.kube.api import update_node_annotations
+
+    api, reads = _racing_api(losses=2)
+    updated = update_node_annotations(api, "n1", lambda anns: {"a": str(int(anns["a"]) + 1)}, attempts=5)
+    assert reads["n"] == 3
+    assert updated["metadata"]["annotations"] == {"a": "2", "other": "2"}
+
+
+def test_update_node_annotations_gives_up_with_conflict_and_skips_empty_changes():
+    from gpuslice.kube.api import update_node_annotations
+
+    api, reads = _racing_api(losses=10)
+    with pytest.raises(Conflict):
+        update_node_annotations(api, "n1", lambda anns: {"a": "x"}, attempts=3)
+    assert reads["n"] == 3
+    assert update_node_annotations(api, "n1", lambda anns: {}) is None  # nothing asked: no write
+    with pytest.raises(NotFound):
+        update_node_annotations(api, "nope", lambda anns: {"a": "x"})

@@ -12,7 +12,9 @@ Tests without an API server use the small in-memory double in ``tests/kube/fakea
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Mapping, Protocol
+import random
+import time
+from typing import Any, Callable, Iterator, Mapping, Protocol
 from urllib.parse import quote
 
 from gpuslice.errors import GpusliceError
@@ -45,6 +47,29 @@ class KubeAPI(Protocol):
     def patch_pod_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None], *,
                               uid: str | None = None, resource_version: str | None = None) -> dict[str, Any]: ...
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+def update_node_annotations(api: KubeAPI, name: str,
+                            change: Callable[[Mapping[str, str]], Mapping[str, str | None]],
+                            attempts: int = 8) -> dict[str, Any] | None:
+    """Read Node ``name``, let ``change(annotations)`` say which annotations to set (``None`` deletes), and
+    write them under a resourceVersion precondition; on a conflict read again and retry (a short random
+    back-off), ``attempts`` times in all. Returns the updated Node, or None when ``change`` asked for
+    nothing. Raises NotFound, :class:`Conflict` once the node kept changing, other :class:`KubeError`s,
+    and whatever ``change`` raises."""
+    for attempt in range(attempts):
+        node = api.get_node(name)
+        meta = node.get("metadata") or {}
+        changes = change(meta.get("annotations") or {})
+        if not changes:
+            return None
+        try:
+            return api.patch_node_annotations(name, changes, resource_version=meta.get("resourceVersion"))
+        except Conflict:
+            if attempt + 1 >= attempts:
+                raise
+            time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
+    raise Conflict(f"node {name}: no attempt made (attempts={attempts})", 409)
 
 
 def annotation_patch(changes: Mapping[str, str | None], *, uid: str | None = None,

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from gpuslice.errors import GpusliceError
 from gpuslice.kube import alloclock, codec
-from gpuslice.kube.api import Conflict, KubeAPI, KubeError, NotFound
+from gpuslice.kube.api import Conflict, KubeAPI, KubeError, NotFound, update_node_annotations
 from gpuslice.placement import Fleet, NodeState, NoFit, PlacementPolicy, apply, filter_nodes, place, score_nodes
 from gpuslice.spec import SpecError
 
@@ -743,36 +743,32 @@ class Extender:
         precondition; True if it changed anything."""
         api = self.api
         assert api is not None
-        for attempt in range(self.bind_retries):
-            try:
-                node = api.get_node(node_name)
-            except NotFound:
-                return False
-            meta = node.get("metadata") or {}
-            anns = meta.get("annotations") or {}
-            try:
-                ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), node_name)
-                allocating = codec.decode_allocating(anns.get(codec.NODE_ALLOCATING))
-            except SpecError as exc:
-                log.error("node %s: %s", node_name, exc)
-                return False
+
+        def annotations(anns: Mapping[str, str]) -> dict[str, str | None]:
+            ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), node_name)
+            allocating = codec.decode_allocating(anns.get(codec.NODE_ALLOCATING))
             new, new_allocating = change(ledger, allocating)
             changes: dict[str, str | None] = {}
             if dict(new.entries) != dict(ledger.entries):
                 changes[codec.NODE_LEDGER] = codec.encode_ledger(new)
             if new_allocating != allocating:
                 changes[codec.NODE_ALLOCATING] = codec.encode_allocating(new_allocating)
-            if not changes:
-                return False
-            try:
-                updated = api.patch_node_annotations(node_name, changes, resource_version=meta.get("resourceVersion"))
-            except Conflict:
-                time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
-                continue
-            self.views.view(updated)
-            return True
-        log.error("node %s: ledger kept changing; will retry at the next collection", node_name)
-        return False
+            return changes
+
+        try:
+            updated = update_node_annotations(api, node_name, annotations, self.bind_retries)
+        except NotFound:
+            return False
+        except SpecError as exc:
+            log.error("node %s: %s", node_name, exc)
+            return False
+        except Conflict:
+            log.error("node %s: ledger kept changing; will retry at the next collection", node_name)
+            return False
+        if updated is None:
+            return False
+        self.views.view(updated)
+        return True
 
     def _take_back(self, node: str, pod_uid: str) -> None:
         try:

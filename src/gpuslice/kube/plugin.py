@@ -40,13 +40,13 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import grpc
 
 from gpuslice.errors import GpusliceError
 from gpuslice.kube import codec
-from gpuslice.kube.api import Conflict, KubeAPI, KubeError
+from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
 from gpuslice.kube.deviceplugin import load
 from gpuslice.kube.health import APPLICATION_XIDS, NvmlHealth  # noqa: F401  (re-exported)
 from gpuslice.node.slicefile import SliceConfig, SliceFileError, write_slice_file
@@ -360,23 +360,17 @@ class Allocator:
         """Remove the pod from the Node's ``gpuslice.io/allocating`` (resourceVersion-conditioned, retried on
         conflicts). A failure is logged, not raised: the Allocate answer stands, and the extender drops
         holders whose pod is allocated (at its next bind on this node, or garbage collection)."""
-        for _ in range(attempts):
-            try:
-                node = self.api.get_node(self.cfg.node)
-                meta = node.get("metadata") or {}
-                holders = codec.decode_allocating((meta.get("annotations") or {}).get(codec.NODE_ALLOCATING))
-                if pod_uid not in holders:
-                    return True
-                self.api.patch_node_annotations(
-                    self.cfg.node, {codec.NODE_ALLOCATING: codec.encode_allocating(holders - {pod_uid})},
-                    resource_version=meta.get("resourceVersion"))
-                return True
-            except Conflict:
-                continue
-            except (KubeError, codec.SpecError) as exc:
-                log.warning("releasing the allocation lock of pod %s on %s: %s", pod_uid, self.cfg.node, exc)
-                return False
-        log.warning("releasing the allocation lock of pod %s on %s: the node kept changing", pod_uid, self.cfg.node)
+        def drop(anns: Mapping[str, str]) -> dict[str, str | None]:
+            holders = codec.decode_allocating(anns.get(codec.NODE_ALLOCATING))
+            return {codec.NODE_ALLOCATING: codec.encode_allocating(holders - {pod_uid})} if pod_uid in holders else {}
+
+        try:
+            update_node_annotations(self.api, self.cfg.node, drop, attempts)
+            return True
+        except Conflict:
+            log.warning("releasing the allocation lock of pod %s on %s: the node kept changing", pod_uid, self.cfg.node)
+        except (KubeError, codec.SpecError) as exc:
+            log.warning("releasing the allocation lock of pod %s on %s: %s", pod_uid, self.cfg.node, exc)
         return False
 
 
