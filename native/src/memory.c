@@ -184,6 +184,14 @@ static CUresult refuse_own_failure(const char *what, const char *why)
     return gs_cfg.fail_open ? GS_PASS_UNCOUNTED : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* Frameworks retry and probe on OOM: log the first refusals, then only every power of two, so an
+ * application hammering the limit cannot flood its own stderr. Counts in *counter; *n = this one. */
+static int worth_logging(unsigned long *counter, unsigned long *n)
+{
+    *n = __atomic_add_fetch(counter, 1, __ATOMIC_RELAXED);
+    return *n <= 4 || (*n & (*n - 1)) == 0;
+}
+
 CUresult gs_mem_refused(int ordinal, uint64_t bytes, const char *what)
 {
     int idx = gs_mem_dev_index(ordinal);
@@ -201,11 +209,9 @@ CUresult gs_mem_refused(int ordinal, uint64_t bytes, const char *what)
         uuid = r->devices[idx].uuid;
         gs_region_unlock(r);
     }
-    /* Frameworks retry and probe on OOM: log the first refusals, then only every power of two, so an
-     * application hammering the limit cannot flood its own stderr. */
     static unsigned long refusals;
-    unsigned long n = __atomic_add_fetch(&refusals, 1, __ATOMIC_RELAXED);
-    if (n <= 4 || (n & (n - 1)) == 0)
+    unsigned long n;
+    if (worth_logging(&refusals, &n))
         GS_WARN("%s of %llu bytes on device %d (%s) refused: the slice uses %llu of its %llu-byte limit "
                 "(refusal %lu in this process)", what, (unsigned long long)bytes, ordinal, uuid,
                 (unsigned long long)used, (unsigned long long)limit, n);
@@ -260,10 +266,9 @@ static CUresult reserve_idx(int ordinal, int idx, uint64_t bytes, int ctx_delta,
 
 static CUresult outside_slice(int ordinal, const char *what)
 {
-    /* as gs_mem_refused: the first few, then every power of two (frameworks probe every device) */
-    static unsigned long refusals;
-    unsigned long n = __atomic_add_fetch(&refusals, 1, __ATOMIC_RELAXED);
-    if (n <= 4 || (n & (n - 1)) == 0)
+    static unsigned long refusals; /* frameworks probe every device */
+    unsigned long n;
+    if (worth_logging(&refusals, &n))
         GS_WARN("%s on device %d refused: that device is not part of this slice (refusal %lu in this process)", what,
                 ordinal, n);
     return CUDA_ERROR_OUT_OF_MEMORY;

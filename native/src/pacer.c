@@ -340,7 +340,7 @@ void gs_pacer_after_launch(int dev, void *stream, int cu_result)
     if (!g.enabled || dev < 0 || dev >= GS_MAX_DEVICES) return;  /* slot < 0: the engine may record a drain */
     struct gs_pdev *d = &g.dev[dev];
     if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) return;
-    gs_engine_after(&d->eng, mono_ns(), stream, slot, cu_result == CU_OK);
+    gs_engine_after(&d->eng, stream, slot, cu_result == CU_OK);
 }
 
 void gs_pacer_shutdown(void)

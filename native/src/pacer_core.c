@@ -477,9 +477,8 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t
     return wait;
 }
 
-void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, int slot, int ok)
+void gs_engine_after(struct gs_engine *e, void *stream, int slot, int ok)
 {
-    (void)now;
     if (slot < 0 && ok && e->light && __atomic_load_n(&e->drain_wanted, __ATOMIC_RELAXED) && e->ops->record_drain) {
         /* record, then bump the generation, then arm: see gs_engine_poll for the other side */
         if (e->ops->record_drain(e->ops_ctx, stream) == 0) {

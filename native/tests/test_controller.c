@@ -235,7 +235,7 @@ static void cpu_step(struct sproc *p)
         p->slept = 0;
         struct item *it = &p->q[(p->qh + p->qn) % (QMAX + 64)];
         it->rem = kdur(p); it->marker = -1; it->seq = 0; p->qn++;
-        gs_engine_after(&p->eng, NOW, NULL, slot, 1);
+        gs_engine_after(&p->eng, NULL, slot, 1);
         p->next_t = NOW + p->launch_cpu;
         if (p->kper && ++p->iter_k >= p->kper) { p->state = S_SYNC; p->iter_k = 0; }
         return;

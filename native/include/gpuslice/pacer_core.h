@@ -79,8 +79,9 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
  * -1 = not measured); >0 = sleep that many ns and ask again. slept_ns: how long the caller slept
  * since its previous call for this same launch (0 the first time). */
 int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t slept_ns, int *slot);
-/* After the launch (ok = the driver accepted it). */
-void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, int slot, int ok);
+/* After the launch (ok = the driver accepted it): records the pair's end event, or with slot -1 on the
+ * light path the drain event when neighbours need it. Reads no clock: it runs on every launch. */
+void gs_engine_after(struct gs_engine *e, void *stream, int slot, int ok);
 /* Periodic: detect completion, accrue, refill, publish, heartbeat (see gs_engine_poll_delay). */
 void gs_engine_poll(struct gs_engine *e, int64_t now);
 /* How long the poller may sleep after gs_engine_poll(e, now): POLL while work is queued, or while
