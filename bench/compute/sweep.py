@@ -66,6 +66,14 @@ def build_variant(name: str, flags: str, where: Path) -> Path:
     return b / "libgpuslice.so"
 
 
+def slice_file(tmp: Path, name: str, priority: int, compute: int = 100, extra: str = "", mode: str = "hard") -> Path:
+    """A slice file in ``tmp`` whose processes coordinate through ``tmp/state``."""
+    f = tmp / f"{name}.slice"
+    f.write_text(f"version=1\ngrant={name}\ncompute={compute}\nmode={mode}\npriority={priority}\nweight=1\n"
+                 f"device_state_dir={tmp / 'state'}\nlog_level=warn\n{extra}")
+    return f
+
+
 class Runner:
     """Runs groups of workload processes one after another; the next group imports meanwhile."""
 
@@ -73,12 +81,6 @@ class Runner:
         self.tmp, self.raw, self.n = tmp, raw, 0
         self.state = tmp / "state"
         self.state.mkdir()
-
-    def slice_file(self, name: str, priority: int, compute: int = 100, extra: str = "", mode: str = "hard") -> Path:
-        f = self.tmp / f"{name}.slice"
-        f.write_text(f"version=1\ngrant={name}\ncompute={compute}\nmode={mode}\npriority={priority}\nweight=1\n"
-                     f"device_state_dir={self.state}\nlog_level=warn\n{extra}")
-        return f
 
     def start(self, procs: list[dict]) -> dict:
         """procs: [{name, lib|None, priority, args}] -> a started group (waiting at its gate)."""
@@ -92,8 +94,8 @@ class Runner:
                 cmd += ["--barrier", str(bar), "--peers", str(len(procs))]
             if p.get("lib"):
                 env["LD_PRELOAD"] = str(p["lib"])
-                env["GPUSLICE_SLICE"] = str(self.slice_file(p["name"], p.get("priority", 0), p.get("compute", 100),
-                                                            p.get("extra", "")))
+                env["GPUSLICE_SLICE"] = str(slice_file(self.tmp, p["name"], p.get("priority", 0),
+                                                       p.get("compute", 100), p.get("extra", "")))
                 cmd += ["--state-dir", str(self.state), "--grant", p["name"]]
             err = open(self.raw / f"{p['name']}.err", "ab")
             out.append(subprocess.Popen(cmd + p["args"], env=env, stderr=err, stdout=err))
@@ -162,13 +164,11 @@ def overhead_groups(lib: Path, pairs: int) -> list[list[dict]]:
 def launch_cost(lib: Path, tmp: Path) -> list[str]:
     """ns per call of bench/enforcer_overhead.c (best of 3 x 20000) per slice configuration."""
     exe = call_cost.build(tmp)
-    runner = Runner.__new__(Runner)  # only for its slice files
-    runner.tmp, runner.state = tmp, tmp / "state"
     modes = {"plain": None,
-             "memory only (compute 0, low)": runner.slice_file("lc_mem", 1, 0, "memory_limit=17179869184\n"),
-             "share 100, high": runner.slice_file("lc_100", 0, 100),
-             "share 50, high (paced)": runner.slice_file("lc_50", 0, 50),
-             "mode off": runner.slice_file("lc_off", 1, 0, "memory_limit=17179869184\n", mode="off")}
+             "memory only (compute 0, low)": slice_file(tmp, "lc_mem", 1, 0, "memory_limit=17179869184\n"),
+             "share 100, high": slice_file(tmp, "lc_100", 0, 100),
+             "share 50, high (paced)": slice_file(tmp, "lc_50", 0, 50),
+             "mode off": slice_file(tmp, "lc_off", 1, 0, "memory_limit=17179869184\n", mode="off")}
     rows: dict[str, dict] = {}
     for mode, sl in modes.items():
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
