@@ -189,6 +189,14 @@ def _usable_counts(fleet: Fleet, i: int, fits: np.ndarray) -> np.ndarray:
     return counts
 
 
+def _usable_after(fleet: Fleet, i: int, fits: np.ndarray, at, values) -> np.ndarray:
+    """:func:`_usable_counts` of node row i once the devices ``at`` fit as ``values`` ([G, K] ``fits``
+    is left as it is)."""
+    after = fits.copy()
+    after[at] = values
+    return _usable_counts(fleet, i, after)
+
+
 class _Terms:
     """Per-shape fragmentation terms of every node, kept current row by row (``Fleet.row_version``).
 
@@ -262,9 +270,7 @@ class _Terms:
             for c in np.flatnonzero(fleet.has_mig[dirty]):
                 i = int(dirty[c])
                 for j in range(g):  # device j takes the slice: recount with its new fit
-                    after_j = fits_b[c].copy()
-                    after_j[j] = fits_a[c, j]
-                    count_after[c, j] = _usable_counts(fleet, i, after_j)
+                    count_after[c, j] = _usable_after(fleet, i, fits_b[c], j, fits_a[c, j])
             total_after = share.sum(axis=1)[:, None] - share + share_a
             cpu_a = (cpu_free - fit.shape.cpu_milli)[:, None, None]
             hm_a = (hm_free - fit.shape.host_memory)[:, None, None]
@@ -295,9 +301,7 @@ class _Terms:
         count_after = sel(self.count) - fits_taken
         for c in np.flatnonzero(fleet.has_mig[rows]):
             i = int(rows[c])
-            left = self.fits[i].copy()
-            left[picked[c]] = False
-            count_after[c] = _usable_counts(fleet, i, left)
+            count_after[c] = _usable_after(fleet, i, self.fits[i], picked[c], False)
         total_after = self.total(rows, every) - share_taken
         cpu_a = (sel(fleet.cpu_total) - sel(fleet.cpu_used) - fit.shape.cpu_milli)[:, None]
         hm_a = (sel(fleet.hm_total) - sel(fleet.hm_used) - fit.shape.host_memory)[:, None]
@@ -344,9 +348,7 @@ class _Terms:
         count_after = self.count[rows] - self.fits[at].sum(axis=1) + fits_a.sum(axis=1)
         for c in np.flatnonzero(fleet.has_mig[rows]):
             i = int(rows[c])
-            after = self.fits[i].copy()
-            after[picked[c]] = fits_a[c]
-            count_after[c] = _usable_counts(fleet, i, after)
+            count_after[c] = _usable_after(fleet, i, self.fits[i], picked[c], fits_a[c])
         total_after = self.total_share[rows] - self.share[at].sum(axis=1) + share_a.sum(axis=1)
         cpu_a = (fleet.cpu_total[rows] - fleet.cpu_used[rows] - fit.shape.cpu_milli)[:, None]
         hm_a = (fleet.hm_total[rows] - fleet.hm_used[rows] - fit.shape.host_memory)[:, None]
