@@ -567,3 +567,21 @@ def test_a_failed_binding_removes_its_grant_annotation():
     api.fail_bind.add("doomed")
     assert "taken back" in Extender(api).bind(bind_body(p, "n0"))["Error"]
     assert codec.POD_GRANT not in _anns(api, "doomed")
+
+
+def test_a_lock_released_before_the_watch_says_so_is_read_fresh():
+    """kube-scheduler retries a waiting pod on the Node update that releases the lock, which can come
+    before the extender's own watch delivers it: filter confirms a blocking lock with a fresh read."""
+    api = cluster(1, 2)
+    cache = NodeCache(api)
+    ext = Extender(api, cache=cache, allocation_timeout=300)
+    small = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}
+    a, b = api.add_pod(pod("a", small)), api.add_pod(pod("b", small))
+    assert ext.bind(bind_body(a, "n0"))["Error"] == ""
+    cache.refresh()  # the watch has seen the lock taken
+    assert ext.filter({"Pod": b, "NodeNames": ["n0"]})["NodeNames"] == []
+    api.patch_node_annotations("n0", {codec.NODE_ALLOCATING: None})  # the device plugin releases it ...
+    stale = cache.views.get("n0")
+    assert stale is not None and stale.allocating == {a["metadata"]["uid"]}  # ... unseen by the watch
+    assert ext.filter({"Pod": b, "NodeNames": ["n0"]})["NodeNames"] == ["n0"]
+    assert cache.views.get("n0").allocating == frozenset()  # the fresh read also refreshed the cache

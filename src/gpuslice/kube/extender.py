@@ -439,7 +439,7 @@ class Extender:
             ok_set = set(ok)
         for v in live:
             # A stale device list outranks any other reason; the lock only matters where the pod fits.
-            stale = self._stale_devices(v) or (self._locked(v, req, pod_uid) if v.name in ok_set else "")
+            stale = self._stale_devices(v) or (self._still_locked(v, req, pod_uid) if v.name in ok_set else "")
             if stale:
                 ok_set.discard(v.name)
                 failed[v.name] = stale
@@ -471,6 +471,23 @@ class Extender:
         held = alloclock.blockers(view.ledger, view.allocating, pod_uid, req.device_counts, now,
                                   self.allocation_timeout)
         return alloclock.reason(held[0], now) if held else ""
+
+    def _still_locked(self, view: NodeView, req: codec.PodRequest, pod_uid: str) -> str:
+        """The lock's reason, confirmed by a fresh read of the Node when the watch-fed view says locked.
+
+        The device plugin releases the lock by a Node update; kube-scheduler retries the waiting pod
+        on that event, possibly before this extender's own watch has delivered it. Refusing on the
+        stale view would leave the pod waiting for some later Node event, so a blocking lock is
+        checked against the API server (a quorum read). Locks last from bind to Allocate, so this
+        read happens for few nodes and only while a lock is held."""
+        why = self._locked(view, req, pod_uid)
+        if not why or self.api is None:
+            return why
+        try:
+            fresh = self.views.view(self.api.get_node(view.name))
+        except KubeError:
+            return why  # keep the cached answer: refusing is the safe side of a lock
+        return self._locked(fresh, req, pod_uid) if fresh.state is not None else why
 
     def _indexed(self, req: codec.PodRequest) -> bool:
         """The shared fleet serves pods without per-pod device exclusions."""
