@@ -46,10 +46,24 @@ static void spin(double s)
     }
 }
 
-/* Run launches of `kern` seconds each for `secs`; return the achieved share in percent. */
-static double run(double kern, double secs)
+/* Seconds this thread has waited on a run queue (runnable, not running): /proc's schedstat, 0 where
+ * the kernel does not keep it. */
+static double run_delay_s(void)
 {
-    double busy = 0, t0 = now_s();
+    unsigned long long on_cpu = 0, waited = 0;
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return 0;
+    int n = fscanf(f, "%llu %llu", &on_cpu, &waited);
+    fclose(f);
+    return n == 2 ? waited / 1e9 : 0;
+}
+
+/* Run launches of `kern` seconds each for `secs`; return the achieved share in percent. *starved is
+ * the part of the run this thread waited for a CPU: on a loaded box spins stretch and the pacer's
+ * sleeps wake late, so the share is not the pacer's to hold. */
+static double run(double kern, double secs, double *starved)
+{
+    double busy = 0, t0 = now_s(), d0 = run_delay_s();
     while (now_s() - t0 < secs) {
         gs_pacer_before_launch(0, NULL);
         double k0 = now_s();
@@ -57,7 +71,27 @@ static double run(double kern, double secs)
         busy += now_s() - k0;
         gs_pacer_after_launch(0, NULL, 0);
     }
-    return 100.0 * busy / (now_s() - t0);
+    double wall = now_s() - t0;
+    if (starved) *starved = (run_delay_s() - d0) / wall;
+    return 100.0 * busy / wall;
+}
+
+/* The achieved share over `secs` after a short settle, within +-3 points of `target`. A miss while
+ * the thread waited for a CPU more than 2 % of the time is measured again, up to 4 times: a busy
+ * test box must not fail the pacer, and a miss on a quiet one still does. */
+static double held_share(double target, double secs, const char *what)
+{
+    double got = 0, starved = 0;
+    for (int attempt = 1; attempt <= 4; attempt++) {
+        run(0.0005, 0.3, NULL);
+        got = run(0.0005, secs, &starved);
+        if (got > target - 3 && got < target + 3) return got;
+        printf("  %s: achieved %.2f%% against %.0f%%, %.1f%% of the time waiting for a CPU (attempt %d)\n", what, got,
+               target, 100 * starved, attempt);
+        if (starved <= 0.02) break;
+    }
+    CHECK(0, "%s: achieved %.2f against %.0f (the last attempt waited for a CPU %.1f%% of the time)", what, got, target, 100 * starved);
+    return got;
 }
 
 static int scenario(const char *dir, int share)
@@ -70,12 +104,15 @@ static int scenario(const char *dir, int share)
         return 1;
     }
     CHECK(gs_pacer_init(&cfg) == 0, "pacer init");
-    double warm = run(0.0005, 0.3);
-    (void)warm;
-    double got = run(0.0005, 1.5);
+    double got;
+    if (share > 0 && share < 100) {
+        got = held_share(share, 1.5, "share");
+    } else {
+        run(0.0005, 0.3, NULL);
+        got = run(0.0005, 1.5, NULL);
+        CHECK(got > 90, "unpaced: achieved %.2f", got);
+    }
     printf("  share %3d%%: achieved %.2f%% (500 us kernels, synchronous double)\n", share, got);
-    if (share > 0 && share < 100) CHECK(got > share - 3 && got < share + 3, "share %d: achieved %.2f", share, got);
-    else CHECK(got > 90, "unpaced: achieved %.2f", got);
     /* what the pacer published */
     struct gs_devstate ds;
     char uuid[64];
@@ -106,10 +143,8 @@ static int scenario(const char *dir, int share)
         for (int i = 0; i < GS_DS_MAX_SLICES; i++)
             if ((ds.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(ds.slices[i].grant, "pacer-test"))
                 __atomic_store_n(&ds.slices[i].share_bp, (uint32_t)(100 - share) * 100u, __ATOMIC_RELAXED);
-        run(0.0005, 0.3);
-        double moved = run(0.0005, 1.0);
+        double moved = held_share(100 - share, 1.0, "after a live change");
         printf("  live change %d%% -> %d%%: achieved %.2f%%\n", share, 100 - share, moved);
-        CHECK(moved > 100 - share - 3 && moved < 100 - share + 3, "after a live change to %d: %.2f", 100 - share, moved);
     }
     gs_devstate_close(&ds);
     gs_pacer_shutdown();
