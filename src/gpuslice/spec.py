@@ -36,11 +36,10 @@ Bad input raises :class:`SpecError`, which names the field, echoes the value and
 from __future__ import annotations
 
 import enum
-import math
 import re
 from decimal import Decimal, ROUND_HALF_UP
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 KiB = 1024
 MiB = 1024**2
@@ -240,10 +239,16 @@ class ComputeMode(str, enum.Enum):
 
 
 # --------------------------------------------------------------------------------------------- objects
-def _check_int(field_name: str, value: object, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        upper = "" if high is None else f" and at most {high}"
-        raise SpecError(field_name, value, f"a whole number at least {low}{upper}")
+def whole_number(field_name: str, value: object, low: int | None = None, high: int | None = None, *,
+                 allowed: str = "", error: Callable[[str, object, str], Exception] = SpecError) -> int:
+    """``value`` if it is an int (never a bool: JSON's true is not 1) within [low, high]; otherwise
+    ``error(field_name, value, allowed)``, where ``allowed`` defaults to the bounds in words."""
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or (low is not None and value < low) or (high is not None and value > high):
+        if not allowed:
+            allowed = "a whole number" + ("" if low is None else f" at least {low}") \
+                + ("" if high is None else f" and at most {high}")
+        raise error(field_name, value, allowed)
     return value
 
 
@@ -266,9 +271,9 @@ class Request:
     models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_int("count", self.count, 1, 64)
-        _check_int("compute", self.compute, 0, 100)
-        _check_int("weight", self.weight, 1, 16)
+        whole_number("count", self.count, 1, 64)
+        whole_number("compute", self.compute, 0, 100)
+        whole_number("weight", self.weight, 1, 16)
         if self.memory is not None and not isinstance(self.memory, MemoryAmount):
             raise SpecError("memory", self.memory, "a MemoryAmount (use parse_memory)")
         if not isinstance(self.priority, Priority):
@@ -348,9 +353,9 @@ class Slice:
     def __post_init__(self) -> None:
         if not isinstance(self.device_uuid, str) or not self.device_uuid.strip():
             raise SpecError("device_uuid", self.device_uuid, "a device UUID like GPU-…")
-        _check_int("memory_limit", self.memory_limit, 1)
-        _check_int("compute", self.compute, 0, 100)
-        _check_int("weight", self.weight, 1, 16)
+        whole_number("memory_limit", self.memory_limit, 1)
+        whole_number("compute", self.compute, 0, 100)
+        whole_number("weight", self.weight, 1, 16)
 
 
 @dataclass(frozen=True)
@@ -385,8 +390,8 @@ class MigInstance:
             raise SpecError("mig_instances.uuid", self.uuid, "a MIG device UUID like MIG-…")
         if not isinstance(self.profile, str) or not self.profile.strip():
             raise SpecError("mig_instances.profile", self.profile, "a MIG profile name like 3g.40gb")
-        _check_int("mig_instances.memory_total", self.memory_total, 1)
-        _check_int("mig_instances.sm_count", self.sm_count, 0)
+        whole_number("mig_instances.memory_total", self.memory_total, 1)
+        whole_number("mig_instances.sm_count", self.sm_count, 0)
 
 
 # NVML's compute modes by the names the snapshot writes them; Unknown when NVML does not say.
@@ -414,14 +419,14 @@ class Device:
     def __post_init__(self) -> None:
         if not isinstance(self.uuid, str) or not self.uuid.strip():
             raise SpecError("uuid", self.uuid, "a device UUID like GPU-…")
-        _check_int("index", self.index, 0)
-        _check_int("memory_total", self.memory_total, 1)
-        _check_int("sm_count", self.sm_count, 0)
+        whole_number("index", self.index, 0)
+        whole_number("memory_total", self.memory_total, 1)
+        whole_number("sm_count", self.sm_count, 0)
         for name in ("name", "model", "pci_bus_id"):  # may be empty (unknown), never another type
             if not isinstance(getattr(self, name), str):
                 raise SpecError(name, getattr(self, name), "a string")
         if self.numa_node is not None:
-            _check_int("numa_node", self.numa_node, 0)
+            whole_number("numa_node", self.numa_node, 0)
         peers = self.nvlink_peers
         if not isinstance(peers, tuple) or not all(isinstance(p, str) and p.strip() for p in peers):
             raise SpecError("nvlink_peers", peers, "a list of device UUIDs")

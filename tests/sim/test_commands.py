@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import base64
 import csv
-from pathlib import Path
 
 import pytest
 
 from gpuslice.cli import main
 from gpuslice.sim import demo
 from gpuslice.sim.engine import SimConfig
-from gpuslice.sim.report import summarise, write_all
+from gpuslice.sim.report import summarise
 from gpuslice.sim.runner import parse_policies, plan, run_jobs
 from gpuslice.spec import SpecError
 

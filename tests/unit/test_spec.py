@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpuslice.spec import (
     GiB, MiB, TiB, ComputeMode, Device, Grant, MemoryAmount, MigInstance, Priority, Request, Slice, SpecError,
-    format_bytes, parse_bytes, parse_compute, parse_memory, parse_models,
+    format_bytes, parse_bytes, parse_compute, parse_memory, parse_models, whole_number,
 )
 
 
@@ -261,3 +261,29 @@ def test_device_refuses_loose_types_naming_the_field(fields: dict, field: str) -
     with pytest.raises(SpecError) as err:
         Device(**{"uuid": "GPU-0", "index": 0, "name": "H100", "memory_total": GiB, "sm_count": 132, **fields})
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("value, low, high, allowed", [
+    (True, 0, None, "a whole number at least 0"),          # JSON true is not 1
+    (1.0, 0, None, "a whole number at least 0"),
+    ("3", None, None, "a whole number"),
+    (-1, 0, 100, "a whole number at least 0 and at most 100"),
+    (101, 0, 100, "a whole number at least 0 and at most 100"),
+    (None, 1, None, "a whole number at least 1"),
+])
+def test_whole_number_refuses_non_integers_and_out_of_range_naming_the_bounds(value, low, high, allowed):
+    with pytest.raises(SpecError) as err:
+        whole_number("field.x", value, low, high)
+    assert err.value.field == "field.x" and err.value.value == value and err.value.allowed == allowed
+
+
+def test_whole_number_passes_ints_in_range_and_raises_the_callers_error_type_and_words():
+    assert whole_number("n", 0, 0, 0) == 0 and whole_number("n", 2**70) == 2**70
+
+    class KeyError_(ValueError):
+        def __init__(self, key, value, allowed):
+            super().__init__(key, value, allowed)
+
+    with pytest.raises(KeyError_) as err:
+        whole_number("weight", 17, 1, 16, allowed="1 to 16", error=KeyError_)
+    assert err.value.args == ("weight", 17, "1 to 16")

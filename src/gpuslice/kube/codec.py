@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from gpuslice.placement import DEFAULT_SPLIT_COUNT, NodeState, PlacementPolicy, apply
 from gpuslice.spec import (
     ComputeMode, Device, MemoryAmount, MigInstance, MiB, Priority, Request, Slice, SpecError, parse_models,
+    whole_number,
 )
 
 FORMAT_VERSION = 1
@@ -147,15 +148,9 @@ class KubeConfig:
     policy: PlacementPolicy = field(default_factory=PlacementPolicy)
 
     def __post_init__(self) -> None:
-        if isinstance(self.default_memory_mib, bool) or not isinstance(self.default_memory_mib, int) \
-                or self.default_memory_mib < 0:
-            raise SpecError("default_memory_mib", self.default_memory_mib, "a whole number of MiB, 0 = whole device")
-        if isinstance(self.default_cores, bool) or not isinstance(self.default_cores, int) \
-                or not 0 <= self.default_cores <= 100:
-            raise SpecError("default_cores", self.default_cores, "a whole percent from 0 to 100")
-        if isinstance(self.default_gpu_num, bool) or not isinstance(self.default_gpu_num, int) \
-                or not 0 <= self.default_gpu_num <= 64:
-            raise SpecError("default_gpu_num", self.default_gpu_num, "a whole number from 0 to 64 (0 = no default)")
+        whole_number("default_memory_mib", self.default_memory_mib, 0, allowed="a whole number of MiB, 0 = whole device")
+        whole_number("default_cores", self.default_cores, 0, 100, allowed="a whole percent from 0 to 100")
+        whole_number("default_gpu_num", self.default_gpu_num, 0, 64, allowed="a whole number from 0 to 64 (0 = no default)")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", self.scheduler_name or ""):
             raise SpecError("scheduler_name", self.scheduler_name, "a DNS subdomain like gpuslice-scheduler")
 
@@ -185,13 +180,6 @@ def _dump(data: Mapping[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
 
-def _int(key: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        upper = "" if high is None else f" and at most {high}"
-        raise SpecError(key, value, f"a whole number at least {low}{upper}")
-    return value
-
-
 def _str(key: str, value: Any, allow_empty: bool = False) -> str:
     if not isinstance(value, str) or (not value and not allow_empty):
         raise SpecError(key, value, "a string" if allow_empty else "a non-empty string")
@@ -217,7 +205,7 @@ def encode_node_devices(devices: Sequence[Device], *, health: Mapping[str, str] 
                         split_count: int = DEFAULT_SPLIT_COUNT, memory_scaling: float = 1.0,
                         now: float | None = None) -> str:
     """The value of ``gpuslice.io/devices`` for a node with ``devices``."""
-    _int("split_count", split_count, 1, 1000)
+    whole_number("split_count", split_count, 1, 1000)
     if not isinstance(memory_scaling, (int, float)) or not 0 < memory_scaling <= 100:
         raise SpecError("memory_scaling", memory_scaling, "a number above 0 and at most 100")
     health = dict(health or {})
@@ -248,7 +236,7 @@ def decode_node_devices(text: Any) -> NodeDevices:
     raw = data.get("devices")
     if not isinstance(raw, list):
         raise SpecError(f"{key}.devices", raw, "a list of devices")
-    split = _int(f"{key}.splitCount", data.get("splitCount", DEFAULT_SPLIT_COUNT), 1, 1000)
+    split = whole_number(f"{key}.splitCount", data.get("splitCount", DEFAULT_SPLIT_COUNT), 1, 1000)
     scaling = data.get("memoryScaling", 1.0)
     if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not 0 < scaling <= 100:
         raise SpecError(f"{key}.memoryScaling", scaling, "a number above 0 and at most 100")
@@ -263,7 +251,7 @@ def decode_node_devices(text: Any) -> NodeDevices:
         uuid = _str(f"{where}.uuid", item.get("uuid"))
         numa = item.get("numa")
         if numa is not None:
-            _int(f"{where}.numa", numa, 0)
+            whole_number(f"{where}.numa", numa, 0)
         nvlink = item.get("nvlink", [])
         if not isinstance(nvlink, list) or not all(isinstance(p, str) for p in nvlink):
             raise SpecError(f"{where}.nvlink", nvlink, "a list of peer UUIDs")
@@ -281,16 +269,16 @@ def decode_node_devices(text: Any) -> NodeDevices:
                     raise SpecError(mw, m, "an object")
                 migs.append(MigInstance(uuid=_str(f"{mw}.uuid", m.get("uuid")),
                                         profile=_str(f"{mw}.profile", m.get("profile")),
-                                        memory_total=_int(f"{mw}.memory", m.get("memory"), 1),
-                                        sm_count=_int(f"{mw}.sms", m.get("sms", 0), 0)))
+                                        memory_total=whole_number(f"{mw}.memory", m.get("memory"), 1),
+                                        sm_count=whole_number(f"{mw}.sms", m.get("sms", 0), 0)))
         extra = {}
         if isinstance(item.get("minor"), int) and not isinstance(item.get("minor"), bool):
             extra["minor"] = item["minor"]
         devices.append(Device(
-            uuid=uuid, index=_int(f"{where}.index", item.get("index", n), 0),
+            uuid=uuid, index=whole_number(f"{where}.index", item.get("index", n), 0),
             name=_str(f"{where}.name", item.get("name", item.get("model", "")), allow_empty=True),
-            memory_total=_int(f"{where}.memory", item.get("memory"), 1),
-            sm_count=_int(f"{where}.sms", item.get("sms", 0), 0),
+            memory_total=whole_number(f"{where}.memory", item.get("memory"), 1),
+            sm_count=whole_number(f"{where}.sms", item.get("sms", 0), 0),
             model=_str(f"{where}.model", item.get("model", ""), allow_empty=True),
             numa_node=numa, nvlink_peers=tuple(nvlink), mig_enabled=mig_raw is not None,
             mig_instances=tuple(migs), pci_bus_id=str(item.get("pci", "")), extra=extra))
@@ -353,11 +341,11 @@ def _slice_from(where: str, data: Any) -> Slice:
         raise SpecError(where, data, "an object with uuid, memory, compute, priority, mode, weight")
     try:
         return Slice(device_uuid=_str(f"{where}.uuid", data.get("uuid")),
-                     memory_limit=_int(f"{where}.memory", data.get("memory"), 1),
-                     compute=_int(f"{where}.compute", data.get("compute", 0), 0, 100),
+                     memory_limit=whole_number(f"{where}.memory", data.get("memory"), 1),
+                     compute=whole_number(f"{where}.compute", data.get("compute", 0), 0, 100),
                      priority=Priority.parse(data.get("priority", 1), f"{where}.priority"),
                      mode=ComputeMode.parse(data.get("mode", "hard"), f"{where}.mode"),
-                     weight=_int(f"{where}.weight", data.get("weight", 1), 1, 16))
+                     weight=whole_number(f"{where}.weight", data.get("weight", 1), 1, 16))
     except SpecError as exc:
         if exc.field.startswith(where):
             raise

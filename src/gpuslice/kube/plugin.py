@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import grpc
 
+from gpuslice.atomicfile import write_atomic
 from gpuslice.errors import GpusliceError
 from gpuslice.kube import codec
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
@@ -294,10 +295,7 @@ class Allocator:
                 os.close(fd)
         text = CONTAINER_LIB + "\n"
         if not local["preload"].exists() or local["preload"].read_text() != text:
-            tmp = local["preload"].with_name(f".ld.so.preload.{os.getpid()}")
-            tmp.write_text(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, local["preload"])
+            write_atomic(local["preload"], text, 0o644)
 
     def response(self, grant: codec.ContainerGrant) -> dict[str, Any]:
         """The ContainerAllocateResponse as plain data (envs, mounts, devices). Mounts, in order (the

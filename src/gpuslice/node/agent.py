@@ -35,6 +35,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gpuslice.atomicfile import write_atomic
 from gpuslice.errors import GpusliceError
 from gpuslice.node.devices import snapshot_json
 from gpuslice.node.errors import AgentError, UnknownGrant
@@ -45,7 +46,7 @@ from gpuslice.node.monitor import Monitor, NodeView
 from gpuslice.node.paths import StateDir
 from gpuslice.node.records import Ask, GrantRecord
 from gpuslice.placement import NoFit
-from gpuslice.spec import Device, SpecError
+from gpuslice.spec import Device, SpecError, whole_number
 
 
 @dataclass
@@ -185,9 +186,7 @@ def _whole(data: dict[str, Any], key: str, low: int, *, default: int | None = No
     value = data.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise SpecError(key, value, f"a whole number at least {low}" + (" or null" if default is None else ""))
-    return value
+    return whole_number(key, value, low, allowed=f"a whole number at least {low}" + (" or null" if default is None else ""))
 
 
 def _flag(data: dict[str, Any], key: str) -> bool:
@@ -391,7 +390,7 @@ async def _announce(servers: list[_Server], tasks: list[asyncio.Task], config: A
     os.chmod(sock, 0o666)
     port = config.port
     info = {"pid": os.getpid(), "socket": str(sock), "dashboard": f"http://{config.host}:{port}/" if port >= 0 else ""}
-    config.state.agent_info.write_text(json.dumps(info))
+    write_atomic(config.state.agent_info, json.dumps(info))  # clients poll for it: never half a file
     print(f"gpuslice agent: socket {sock}; dashboard and /metrics on {info['dashboard'] or '(off)'}", flush=True)
     if ready is not None:
         ready.set()

@@ -57,7 +57,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from gpuslice.errors import GpusliceError, NoGpuError, SnapshotError
+from gpuslice.errors import NoGpuError, SnapshotError
 from gpuslice.spec import Device, MigInstance, SpecError
 
 log = logging.getLogger("gpuslice.devices")

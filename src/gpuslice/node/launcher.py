@@ -28,7 +28,7 @@ from gpuslice.errors import GpusliceError
 from gpuslice.node import procs
 from gpuslice.node.client import GrantService
 from gpuslice.node.errors import LaunchError
-from gpuslice.node.records import Ask, GrantRecord, Queued
+from gpuslice.node.records import Ask, GrantRecord
 from gpuslice.spec import Device, SpecError
 
 PR_SET_PDEATHSIG = 1

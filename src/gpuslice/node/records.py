@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.spec import ComputeMode, Priority, Request, Slice, SpecError
+from gpuslice.spec import ComputeMode, Priority, Request, Slice, SpecError, whole_number
 
 
 def request_to_json(request: Request) -> dict[str, Any]:
@@ -70,16 +70,10 @@ class Ask:
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise SpecError("devices", devices, "a list of device UUIDs")
         return cls(request=request_from_json(data.get("request", {})), owner=str(data["owner"]),
-                   holder_pid=_int("holder_pid", data["holder_pid"]),
-                   holder_start=_int("holder_start", data["holder_start"]), uid=_int("uid", data.get("uid", -1)),
+                   holder_pid=whole_number("holder_pid", data["holder_pid"]),
+                   holder_start=whole_number("holder_start", data["holder_start"]), uid=whole_number("uid", data.get("uid", -1)),
                    devices=tuple(devices), command=str(data.get("command", "")),
                    policy=str(data.get("policy", "binpack")))
-
-
-def _int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(name, value, "a whole number")
-    return value
 
 
 @dataclass(frozen=True)

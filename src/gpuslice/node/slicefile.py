@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gpuslice import spec
+from gpuslice.atomicfile import write_atomic
 from gpuslice.errors import GpusliceError
 
 VERSION = 1
@@ -126,13 +126,12 @@ class SliceConfig:
 
 
 def _check_bytes(key: str, v: object, allow_max: bool = True) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > U64_MAX or (not allow_max and v == U64_MAX):
-        raise SliceFileError(key, v, "a whole number of bytes from 0 to 2**64-1")
+    spec.whole_number(key, v, 0, U64_MAX if allow_max else U64_MAX - 1,
+                      allowed="a whole number of bytes from 0 to 2**64-1", error=SliceFileError)
 
 
 def _check_int(key: str, v: object, lo: int, hi: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise SliceFileError(key, v, f"a whole number from {lo} to {hi}")
+    spec.whole_number(key, v, lo, hi, allowed=f"a whole number from {lo} to {hi}", error=SliceFileError)
 
 
 def format_slice(cfg: SliceConfig) -> str:
@@ -166,19 +165,7 @@ def write_slice_file(path: str | os.PathLike[str], config: SliceConfig | None = 
         config = SliceConfig(**fields_)
     elif fields_:
         raise TypeError("pass either a SliceConfig or keyword fields, not both")
-    text = format_slice(config)
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".slice.", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, format_slice(config), 0o644, encoding="ascii")
     return config
 
 

@@ -794,7 +794,6 @@ def _need_text(fit: _Fit, i: int, j: int | None = None) -> str:
 
 def _why_not_node(fleet: Fleet, fit: _Fit, i: int) -> str:
     shape = fit.shape
-    node = fleet.names[i]
     if fleet.cpu_total[i] != UNTRACKED and fleet.cpu_total[i] - fleet.cpu_used[i] < shape.cpu_milli:
         return f"CPU: needs {shape.cpu_milli}m, {int(fleet.cpu_total[i] - fleet.cpu_used[i])}m free"
     if fleet.hm_total[i] != UNTRACKED and fleet.hm_total[i] - fleet.hm_used[i] < shape.host_memory:

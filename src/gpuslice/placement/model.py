@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 from gpuslice.errors import GpusliceError
-from gpuslice.spec import Device, MemoryAmount, Request, Slice, SpecError, human_bytes
+from gpuslice.spec import Device, MemoryAmount, Request, Slice, SpecError, human_bytes, whole_number
 
 POLICIES = ("binpack", "spread", "bestfit", "fgd", "random")
 DEFAULT_SPLIT_COUNT = 10  # HAMi's deviceSplitCount default: at most 10 slices share one device
@@ -48,9 +48,7 @@ class DeviceState:
             raise SpecError("uuid", self.uuid, "a device UUID like GPU-…")
         for name, low in (("memory_total", 1), ("split_count", 1), ("used_memory", 0),
                           ("used_compute", 0), ("slice_count", 0), ("sm_count", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise SpecError(name, value, f"a whole number at least {low}")
+            whole_number(name, getattr(self, name), low)
         if not isinstance(self.memory_scaling, (int, float)) or not 0 < self.memory_scaling <= 100:
             raise SpecError("memory_scaling", self.memory_scaling, "a number above 0 and at most 100")
         # A state that is already over-committed cannot be placed onto; refuse it at the edge.

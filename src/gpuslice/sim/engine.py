@@ -270,7 +270,6 @@ def run_timeline(tasks: Sequence[Task], specs: Sequence[NodeSpec], policy: Place
         timed = [replace(t, creation=t0 + int(((t.creation or 0) - t0) / config.speedup),
                          deletion=t0 + int(((t.creation or 0) - t0) / config.speedup)
                          + max(0, (t.deletion or 0) - (t.creation or 0))) for t in timed]
-    horizon = max(t.deletion or 0 for t in timed)
     # Every event is recorded (time, allocation, queue); fragmentation, dearer, every `stride` events.
     # (A uniform time grid would miss the busy stretch: one long task can stretch the horizon 1000×.)
     stride = max(1, 2 * len(timed) // samples)
