@@ -296,7 +296,7 @@ def chart_identities(control_plane: ControlPlane, chart_docs: list[dict[str, Any
               # the guard is test_kube_helm_apply's own business (it applies and deletes it)
               and not (d["kind"] in policies and d["metadata"]["name"].endswith("-guard"))]
     assert {d["metadata"]["name"] for d in wanted if d["kind"] == "ValidatingAdmissionPolicy"} == {
-        "gs-gpuslice-agent-nodes", "gs-gpuslice-agent-pods", "gs-gpuslice-extender-nodes"}
+        "gs-gpuslice-agent-nodes", "gs-gpuslice-agent-pods", "gs-gpuslice-extender-nodes", "gs-gpuslice-extender-pods"}
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHART_NAMESPACE}}
     manifest = yaml.safe_dump_all([ns, *wanted])
     if not KUBECTL.exists():

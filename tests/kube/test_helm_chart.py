@@ -421,7 +421,7 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
 
 
 def test_write_policies_narrow_the_roles_to_gpuslice_annotations(helm: Path) -> None:
-    """RBAC lets the agent patch any Node and Pod and the extender any Node (the roles cannot name an
+    """RBAC lets the agent patch any Node and Pod and the extender any Node and Pod (the roles cannot name an
     annotation or "my node"); the chart's ValidatingAdmissionPolicies narrow that. Their behaviour is
     tested live in tests/e2e/test_kube_helm_apply.py; here: the wiring."""
     objs = render(helm)
@@ -429,7 +429,8 @@ def test_write_policies_narrow_the_roles_to_gpuslice_annotations(helm: Path) -> 
     bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
     want = {"gs-gpuslice-agent-nodes": ("gs-gpuslice-agent", "nodes", ["gpuslice.io/devices", "gpuslice.io/allocating"]),
             "gs-gpuslice-agent-pods": ("gs-gpuslice-agent", "pods", ["gpuslice.io/allocated"]),
-            "gs-gpuslice-extender-nodes": ("gs-gpuslice-scheduler", "nodes", ["gpuslice.io/ledger", "gpuslice.io/allocating"])}
+            "gs-gpuslice-extender-nodes": ("gs-gpuslice-scheduler", "nodes", ["gpuslice.io/ledger", "gpuslice.io/allocating"]),
+            "gs-gpuslice-extender-pods": ("gs-gpuslice-scheduler", "pods", ["gpuslice.io/grant", "gpuslice.io/allocated"])}
     assert set(want) <= set(vaps)
     for name, (sa, resource, allowed) in want.items():
         spec = vaps[name]["spec"]
@@ -449,7 +450,7 @@ def test_write_policies_narrow_the_roles_to_gpuslice_annotations(helm: Path) -> 
     from gpuslice.kube import codec
 
     keys = {k for _, _, allowed in want.values() for k in allowed}
-    assert keys == {codec.NODE_DEVICES, codec.NODE_ALLOCATING, codec.POD_ALLOCATED, codec.NODE_LEDGER}
+    assert keys == {codec.NODE_DEVICES, codec.NODE_ALLOCATING, codec.POD_ALLOCATED, codec.NODE_LEDGER, codec.POD_GRANT}
     off = {o["metadata"]["name"] for o in render(helm, "rbac.writePolicies=false") if o["kind"] == "ValidatingAdmissionPolicy"}
     assert off == {"gs-gpuslice-guard"}
 
