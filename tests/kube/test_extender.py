@@ -16,7 +16,7 @@ from fakeapi import FakeAPI
 from kubefixtures import H100, node, pod
 
 from gpuslice.kube import codec
-from gpuslice.kube.extender import Extender, NodeCache, sum_grants
+from gpuslice.kube.extender import Extender, NodeCache, extender_scores, sum_grants
 from gpuslice.kube.server import make_app, start_in_thread
 from gpuslice.placement import PlacementPolicy
 from gpuslice.spec import GiB, MiB, Slice
@@ -243,6 +243,30 @@ def test_garbage_collection_frees_deleted_and_finished_pods():
     assert ext.collect_garbage() == 1
     ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0")
     assert list(ledger.entries) == [c["metadata"]["uid"]]
+
+
+def test_extender_priorities_give_10_to_placements_choice_alone():
+    got = {h["Host"]: h["Score"] for h in extender_scores({"a": 99.5, "b": 99.2, "c": 40.0, "d": 0.0}, "abcde")}
+    assert got == {"a": 10, "b": 9, "c": 4, "d": 0, "e": 0}  # e: not scored (did not fit)
+    tied = {h["Host"]: h["Score"] for h in extender_scores({"a": 70.0, "b": 70.0}, "ab")}
+    assert tied == {"a": 10, "b": 10}  # an exact tie stays kube-scheduler's to break
+    assert extender_scores({}, ["a"]) == [{"Host": "a", "Score": 0}]
+
+
+def test_fgd_prioritize_names_the_node_placement_picks_among_identical_idle_nodes():
+    """fgd's ties follow a fixed node order (it keeps other nodes whole for large tasks): the extender
+    must hand kube-scheduler that one node, not a draw among equals."""
+    from gpuslice.placement import place
+
+    ext = Extender(None, codec.KubeConfig(policy=PlacementPolicy.parse("fgd")))
+    nodes = [node(f"n{i}") for i in range(6)]
+    p = pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"})
+    scores = {h["Host"]: h["Score"] for h in ext.prioritize(args_with_nodes(p, nodes))}
+    top = [n for n, s in scores.items() if s == 10]
+    states = [codec.node_state(n["metadata"]["name"], codec.decode_node_devices(
+        n["metadata"]["annotations"][codec.NODE_DEVICES]), codec.Ledger({})) for n in nodes]
+    req = codec.pod_request(p, codec.KubeConfig()).containers[0].request
+    assert top == [place(req, states, PlacementPolicy.parse("fgd")).node]
 
 
 def test_policy_can_be_set_for_the_cluster():

@@ -237,7 +237,7 @@ def test_fgd_score_prefers_the_node_whose_fragmentation_grows_least():
     fresh = _node("fresh", [10, 10])
     workload = Workload.from_shapes([TaskShape(memory=MemoryAmount(percent=60.0))] * 5)
     scores = score_nodes(_req(pct=50), [half, fresh], PlacementPolicy.parse("fgd"), workload=workload)
-    assert scores["half"] == 100.0 and scores["fresh"] < 100.0
+    assert scores["half"] > scores["fresh"]
 
 
 def test_random_is_reproducible_with_a_seed_and_varies_with_state():

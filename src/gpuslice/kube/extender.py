@@ -346,6 +346,26 @@ class NodeCache:
                 self._stop.wait(min(self.poll_interval, 1.0))
 
 
+def extender_scores(scores: Mapping[str, float], names: Iterable[str]) -> list[dict[str, Any]]:
+    """Placement's 0..100 node scores as kube-scheduler's 0..10 extender priorities: the placement
+    core's own choice (the highest score; all of them if several tie exactly) alone gets 10, the others
+    at most 9. Rounding alone would give 10 to every node within 5 points of the best, and kube-scheduler
+    breaks ties at random — which undoes ``fgd``'s fixed tie order, the thing that keeps whole nodes
+    free for large tasks (gpuslice.placement docs). Nodes placement did not score get 0."""
+    top = max(scores.values(), default=None)
+    out = []
+    for n in names:
+        s = scores.get(n)
+        if s is None:
+            points = 0
+        elif s == top:
+            points = MAX_EXTENDER_PRIORITY
+        else:
+            points = min(MAX_EXTENDER_PRIORITY - 1, int(round(s * (MAX_EXTENDER_PRIORITY - 1) / 100)))
+        out.append({"Host": n, "Score": points})
+    return out
+
+
 # ---------------------------------------------------------------------------------------- extender
 class Extender:
     """filter / prioritize / bind. ``api`` may be ``None`` for a filter-and-prioritize-only extender fed
@@ -553,8 +573,7 @@ class Extender:
             states = {v.name: self._state_for(v, req) for v in views if v.name in set(fitting)}
             if fitting:
                 scores = score_nodes(first, [states[n] for n in fitting], self._policy(req))
-        return [{"Host": n, "Score": int(round(scores.get(n, 0.0) * MAX_EXTENDER_PRIORITY / 100))}
-                for n in args.node_names]
+        return extender_scores(scores, args.node_names)
 
     # ------------------------------------------------------------------------------------ bind
     def _lock(self, node: str) -> threading.Lock:

@@ -50,11 +50,12 @@ GPU level (which device inside a node; for ``count`` shared slices the ``count``
   ``bestfit`` least absolute memory left (then compute), ``fgd`` least fragmentation increase (below),
   ``random`` any fitting device. For whole devices: ``bestfit`` the smallest that holds the request,
   ``fgd`` the devices whose loss raises fragmentation least, others in index order.
-Node level (score 0..100, the highest wins; ties go to the earliest node in the caller's order):
+Node level (score 0..100, the highest wins; ties go to the earliest node in the caller's order, except
+``fgd``, which breaks its own ties):
   ``binpack`` = 100 × node GPU allocation after placing, ``spread`` = 100 − that,
   ``bestfit`` = 100 × (1 − remaining), remaining = mean of free device share (normalised by the widest
   node) and free CPU (normalised by the largest node) — the FGD paper's Best-fit,
-  ``fgd`` = the node whose fragmentation rises least (linearly mapped to 0..100 over the candidates),
+  ``fgd`` = ⌊100 · σ(−ΔF)⌋ (the FGD authors' integer score, below) + 0.5 × the node's fixed rank,
   ``random`` uniform.
 Topology (``count > 1``): a topology score — 100 when every pair is NVLink-connected, else
 40 × (share of linked pairs) + 60 if all on one NUMA node — blends into the node score as
@@ -79,15 +80,17 @@ whatever the node's CPU (frag.go's XL / XR cases): the same for every candidate 
 it steers nothing and only dilutes the GPU shapes' popularity, as in the paper.
 
 Over the workload — shapes with popularity ``p_m`` (:class:`Workload`; the 32 most frequent) — the
-expected fragmentation is ``F_n = Σ_m p_m · F_n(m)``. Popularity counts tasks, except that a
-whole-device shape counts once per device it needs (``TaskShape.demand_weight``; the paper counts tasks
-only), so rare 8-GPU tasks stay in the typical set and whole nodes are kept for them. ``fgd`` places a request where ``ΔF_n = F_n(after) − F_n(before)``
-is smallest: it keeps devices able to take the shapes that will come, instead of leaving slivers nobody
-can use. The GPU level takes the device of least ΔF; the node level the node of least ΔF, equal ΔF
-(common: many idle nodes) going to the node whose GPUs are fullest after placing — by GPU share only:
-a tie-break that also counts free CPU steers GPU tasks to CPU-short nodes and strands their GPUs
-(−0.4 points of allocation on openb gpushare100), a random one loses 1.6 points there. A CPU-only task (:func:`place_host`) changes
-``F_n`` only through the CPU it takes (ties: least GPU + CPU left). Unlike the paper, which counts GPU
+expected fragmentation is ``F_n = Σ_m p_m · F_n(m)``. Popularity counts tasks, each once
+(``TaskShape.demand_weight``, as the paper). ``fgd`` places a request where ``ΔF_n = F_n(after) −
+F_n(before)`` is smallest: it keeps devices able to take the shapes that will come, instead of leaving
+slivers nobody can use. As in the authors' score plugin, ΔF (devices' worth) is scored as the integer
+``⌊100 · σ(−ΔF)⌋``, so changes within ≈ 0.04 of a device, and all large increases, tie. The GPU level
+takes the device of most points (ties: lowest index); the node level the node of most points, ties going
+to the node ranked first in a fixed pseudo-random order (a hash of ``policy.seed`` and the node name):
+equal-score tasks pile onto the same nodes and the others stay whole for large tasks. On openb this
+reproduces the authors' published FGD allocation; exact ΔF with a fullest-node tie-break fell 0.3–0.6
+points short, and random ties lose ~5 points on the default trace (8-GPU tasks find no whole node).
+A CPU-only task (:func:`place_host`) changes ``F_n`` only through the CPU it takes (scored alike). Unlike the paper, which counts GPU
 milli only, a device here fits a shape only when memory, compute *and* a split slot are free; ``f_g``
 is measured in memory share because memory is the hard limit (compute is time-shared). Where the
 workload comes from is the caller's: the simulator learns it from the arrivals, as a scheduler would

@@ -5,6 +5,7 @@ See the package docstring (``gpuslice.placement``) for the rules and the fragmen
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass
 from typing import Sequence
@@ -499,11 +500,27 @@ def _rng(policy: PlacementPolicy, fleet: Fleet, rng: np.random.Generator | None)
     return np.random.default_rng([policy.seed, *digest])
 
 
-def _normalise_low_is_good(values: np.ndarray) -> np.ndarray:
-    low, high = float(values.min()), float(values.max())
-    if high - low < 1e-12:
-        return np.full(values.shape, 100.0)
-    return 100.0 * (high - values) / (high - low)
+def _fgd_points(delta: np.ndarray) -> np.ndarray:
+    """FGD's 0..99 integer score of a fragmentation change ``delta`` (devices' worth; > 0 = more
+    fragmentation): ⌊100 · σ(−ΔF)⌋, the scale of the FGD authors' score plugin (kube-scheduler scores
+    are integers). Changes within one step (≈ 0.04 of a device near 0) tie, and so do all large
+    increases; ties are then broken by :func:`_node_order`, which consolidates load. Exact ΔF with a
+    fullest-node tie-break lost 0.3–0.6 points of allocation on openb against this."""
+    return np.floor(100.0 / (1.0 + np.exp(np.clip(delta, -50.0, 50.0))))
+
+
+def _node_order(fleet: Fleet, rows: np.ndarray, seed: int) -> np.ndarray:
+    """[C] a stable pseudo-random rank in [0, 1) of each node (hash of the seed and the node's name):
+    FGD's ties go to the node ranked highest, the same node every time, so equal-score placements
+    pile onto the same nodes (first fit in a fixed random order) and leave the others whole. Stateless,
+    so a scheduler extender or agent ranks a node alike on every call."""
+    def make() -> np.ndarray:
+        out = np.empty(len(fleet))
+        for i, name in enumerate(fleet.names):
+            digest = hashlib.blake2b(f"{seed}\0{name}".encode(), digest_size=8).digest()
+            out[i] = int.from_bytes(digest, "big") / 2.0 ** 64
+        return out
+    return _static(fleet, ("fgd-order", seed), make)[rows]
 
 
 def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Workload | None,
@@ -552,7 +569,7 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
         elif policy.gpu == "bestfit":  # least absolute memory left, then least compute left
             pref = -((cap - mem_used - need) + (100 - take(fleet.comp_used) - shape.compute) * 1e-3)
         elif policy.gpu == "fgd":
-            pref = -frag
+            pref = _fgd_points(frag)  # equal points: the lowest device index, as the authors' plugin
         else:
             assert generator is not None
             pref = generator.random(dev_ok.shape)
@@ -630,20 +647,16 @@ def _score(request: Request, fleet: Fleet, policy: PlacementPolicy, workload: Wo
             score = 100.0 * (1.0 - remaining)
         else:
             assert delta is not None
-            # Equal fragmentation increases are common (e.g. many idle nodes): break those ties towards
-            # the node whose GPUs are fullest after placing, with a weight far below one step of Δ. GPU
-            # share only, not the CPU-weighted best-fit score above: that one steers GPU tasks to nodes
-            # short of CPU, whose remaining GPUs then strand (−0.4 points of allocation on gpushare100,
-            # bench/results/2026-11-23-cpu-sim-openb.md); random ties cost 1.6 points there.
-            score = delta - 1e-6 * after / np.maximum(devices, 1)  # normalised below, over reported rows
+            # Integer points of ΔF (ties within ≈ 0.04 device), then the node's fixed rank: equal scores
+            # go to the same nodes every time. Random ties instead cost ~5 points on openb's default
+            # trace (8-GPU tasks find no whole node); the fullest-node tie-break used before, 0.3–0.6.
+            score = _fgd_points(delta) + 0.5 * _node_order(fleet, rows, policy.seed)
     else:
         assert generator is not None
         score = 100.0 * generator.random(fitting.size)
     if everything:
         chosen, score = chosen[keep], (score if policy.node == "random" else score[keep])
         topo = None if topo is None else topo[keep]
-    if policy.node == "fgd":
-        score = _normalise_low_is_good(score)
     if topo is not None:
         score = (1 - policy.topology_weight) * score + policy.topology_weight * topo
     return fit, _Scored(fitting, chosen, np.clip(score, 0.0, 100.0))
@@ -747,7 +760,7 @@ def place_host(nodes: Nodes, policy: PlacementPolicy | None = None, *, cpu_milli
             hm_a = (hm_free[rows] - host_memory)[:, None]
             host_a = (terms.count[rows] >= t.count) & (cpu_a >= t.cpu) & (hm_a >= t.hm)
             after = np.where(host_a, terms.lost_node[rows], terms.share[rows].sum(axis=1)[:, None])
-            score = -_weigh(after - terms.frag[rows], p) - 1e-6 * (gpu_left + cpu_left) / 2  # ties: best fit
+            score = _fgd_points(_weigh(after - terms.frag[rows], p)) + 0.5 * _node_order(fleet, rows, policy.seed)
     else:
         score = _rng(policy, fleet, rng).random(rows.size)
     return fleet.names[int(rows[int(np.argmax(score))])]

@@ -323,16 +323,12 @@ class TaskShape:
 
     @property
     def demand_weight(self) -> float:
-        """How much one task of this shape counts in a :class:`Workload`: the number of whole devices
-        for whole-device shapes, else 1.
-
-        Counting tasks alone (the FGD paper's ``gpuResWeight=0``) lets rare 8-GPU tasks drop out of the
-        typical set, nothing then keeps whole nodes free for them, and FGD loses 0.6 points of
-        allocation on openb's default trace. Per device it over-protects idle nodes where multi-GPU tasks
-        are common (the multigpu traces would gain 0.3–0.4 points from task counts), but √devices, tried
-        as a compromise, lost 0.1–0.3 points on five of the seven other openb traces
-        (bench/results/2026-11-23-cpu-sim-openb.md)."""
-        return float(self.count) if self.whole else 1.0
+        """How much one task of this shape counts in a :class:`Workload`: 1, every task alike (the FGD
+        authors' ``gpuResWeight=0``). Rare 8-GPU shapes then fall out of the typical set; what keeps
+        whole nodes free for them is FGD's tie-break (equal scores go to the same nodes, see
+        ``core._node_order``), not their weight. Counting whole-device shapes once per device
+        over-protected idle nodes: −0.5 points of allocation on openb's multigpu30 trace."""
+        return 1.0
 
     def describe(self) -> str:
         mem = "whole memory" if self.memory is None else str(self.memory)

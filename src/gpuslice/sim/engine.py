@@ -15,10 +15,12 @@ cluster under 1 % busy, so a meaningful queueing study needs it); a task
 that does not fit waits in a FIFO queue and every release retries the queue in order (a later task that
 fits may start before an earlier one that does not — backfill). Queueing delay = start − creation.
 
-FGD's workload ("the request shapes seen so far") is the arrived tasks' shapes, each counted with its
-``TaskShape.demand_weight`` (whole-device tasks count once per device), refreshed into the
-typical set (most frequent shapes covering 95 %, at most 32 — the paper's popularity threshold) at 1, 2,
-4, … arrivals and then every ``typical_refresh`` (1,024) arrivals; weights are current at every arrival.
+FGD's workload ("the request shapes seen so far") is the arrived tasks' shapes, each task counted once
+(``TaskShape.demand_weight``), refreshed into the typical set (most frequent shapes covering 95 %, at most
+``FGD_MAX_SHAPES`` — the paper's popularity threshold) at 1, 2, 4, … arrivals and then every
+``typical_refresh`` (1,024) arrivals; weights are current at every arrival. (The FGD authors' simulator
+fixes the typical set up front from the whole trace, which a scheduler does not have; on openb the
+learnt set gives the same allocation within noise.)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 from gpuslice.placement import (
     Fleet, NoFit, PlacementPolicy, TaskShape, Workload, node_fragmentation, place, place_host,
 )
+from gpuslice.placement.core import FGD_MAX_SHAPES
 from gpuslice.sim.trace import NodeSpec, Task, build_nodes
 from gpuslice.spec import SpecError
 
@@ -88,7 +91,7 @@ class _Mix:
         # learnt, rarely once it is known (each change of the set re-derives FGD's cached terms).
         seen = self.seen
         if (seen & (seen - 1)) == 0 and seen < self.refresh or seen % self.refresh == 0:
-            chosen = Workload(tuple(self.counts.items())).typical(0.95, 32)
+            chosen = Workload(tuple(self.counts.items())).typical(0.95, FGD_MAX_SHAPES)
             typical = tuple(s for s, _ in chosen.counts)
             # The shapes tuple keys placement's fragmentation caches: keep the same tuple (same order)
             # while the membership is unchanged, so only a real change of the mix costs a recompute.
