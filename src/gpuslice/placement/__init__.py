@@ -88,8 +88,9 @@ slivers nobody can use. As in the authors' score plugin, ΔF (devices' worth) is
 takes the device of most points (ties: lowest index); the node level the node of most points, ties going
 to the node ranked first in a fixed pseudo-random order (a hash of ``policy.seed`` and the node name):
 equal-score tasks pile onto the same nodes and the others stay whole for large tasks. On openb this
-reproduces the authors' published FGD allocation; exact ΔF with a fullest-node tie-break fell 0.3–0.6
-points short, and random ties lose ~5 points on the default trace (8-GPU tasks find no whole node).
+comes within 0.3 points of the authors' published FGD gain on every trace (meets it on three); exact
+ΔF with a fullest-node tie-break fell 0.3–0.6 points short on five, and random ties lose ~5 points on
+the default trace (8-GPU tasks find no whole node).
 A CPU-only task (:func:`place_host`) changes ``F_n`` only through the CPU it takes (scored alike). Unlike the paper, which counts GPU
 milli only, a device here fits a shape only when memory, compute *and* a split slot are free; ``f_g``
 is measured in memory share because memory is the hard limit (compute is time-shared). Where the

@@ -308,8 +308,9 @@ per model: P100/T4/V100M16 16 GiB, V100M32 32 GiB, A10 24 GiB; undisclosed G1/G2
 (requests are shares, so sizes do not change results). Node CPU and host memory are enforced.</p>
 <p><b>fgd</b> places each task where the expected fragmentation of the node, over the task shapes seen so
 far (typical set covering 95 %), rises least (the FGD paper's measure; CPU-only shapes count all free GPU
-as lost, as in the authors' frag.go); whole-device shapes count once per device, and equal increases go
-to the node whose GPUs are fullest. See <code>gpuslice.placement</code>'s docstring for the formula.</p>
+as lost, as in the authors' frag.go); each task counts once, the increase is scored as the authors'
+integer points ⌊100·σ(−ΔF)⌋ and equal points go to the first node in a fixed pseudo-random order. See
+<code>gpuslice.placement</code>'s docstring for the formula.</p>
 """
 
 
