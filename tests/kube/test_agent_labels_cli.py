@@ -8,6 +8,7 @@ import ssl
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,20 @@ from gpuslice.node.devices import load_snapshot
 from gpuslice.node.metrics import ViewCollector
 from gpuslice.node.monitor import Monitor
 
+
+
+def _wait_healthy(proc: Any, url: str, what: str, **httpx_args: Any) -> None:
+    """Poll ``url`` until it answers "ok"; fail with the process's stderr if it exits, after 20 s if not."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(url, timeout=1, **httpx_args).text == "ok":
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, f"{what} did not come up"
+        time.sleep(0.1)
 
 def test_unique_devices_rename_consistently_per_node():
     base = load_snapshot("h100-80gb")
@@ -103,16 +118,7 @@ def test_scheduler_verb_serves_extender_and_tls_webhook(tmp_path):
                              "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--policy", "spread",
                              "--log-level", "error"], env=env, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).text == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "scheduler did not come up"
-            time.sleep(0.1)
+        _wait_healthy(proc, f"http://127.0.0.1:{port}/healthz", "scheduler")
         body = {"Pod": pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}),
                 "Nodes": {"items": [node("a"), node("b", memory=512 * 1024**2)]}}
         out = httpx.post(f"http://127.0.0.1:{port}/filter", json=body, timeout=10).json()
@@ -160,16 +166,7 @@ def test_scheduler_port_0_serves_the_webhook_only(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     ctx = ssl.create_default_context(cafile=str(tls.ca))
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"https://127.0.0.1:{wport}/healthz", verify=ctx, timeout=1).text == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "webhook did not come up"
-            time.sleep(0.1)
+        _wait_healthy(proc, f"https://127.0.0.1:{wport}/healthz", "webhook", verify=ctx)
         assert httpx.post(f"https://127.0.0.1:{wport}/filter", json={}, verify=ctx, timeout=5).status_code == 404
         with socket.create_connection(("127.0.0.1", wport)):
             pass

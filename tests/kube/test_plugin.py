@@ -3,6 +3,7 @@ kubelet Registration server (registration, and registration again after a kubele
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -90,6 +91,19 @@ def stub(plugin):
     return channel, pb_grpc.DevicePluginStub(channel)
 
 
+@contextlib.contextmanager
+def serving(plugin):
+    """The plugin serving its socket and a client on it; stopped and shut down afterwards."""
+    plugin.serve()
+    try:
+        channel, client = stub(plugin)
+        with channel:
+            yield client
+    finally:
+        plugin.stop()
+        plugin.shutdown()
+
+
 def test_registers_and_registers_again_after_kubelet_restart(folder):
     plugin = make_plugin(folder)
     kubelet = FakeKubelet(folder / "dp")
@@ -116,36 +130,30 @@ def test_registers_and_registers_again_after_kubelet_restart(folder):
 
 def test_list_and_watch_advertises_split_devices_and_health_changes(folder):
     plugin = make_plugin(folder)
-    plugin.serve()
-    try:
-        channel, client = stub(plugin)
-        with channel:
-            stream = client.ListAndWatch(pb.Empty())
-            first = next(stream)
-            ids = [d.ID for d in first.devices]
-            uuids = [d.uuid for d in devices("n0", 2)]
-            assert ids == [device_id(u, k) for u in uuids for k in range(4)]
-            assert all(d.health == "Healthy" and d.topology.nodes[0].ID == 0 for d in first.devices)
-            plugin.set_health(uuids[1], False, "XID 79")
-            second = next(stream)
-            health = {d.ID: d.health for d in second.devices}
-            assert all(health[device_id(uuids[1], k)] == "Unhealthy" for k in range(4))
-            assert all(health[device_id(uuids[0], k)] == "Healthy" for k in range(4))
-            # GPU 1 vanished from discovery: it stays listed, Unhealthy (it already is: no new message)
-            assert plugin.set_devices(devices("n0", 1)) is False
-            assert [d.uuid for d in plugin.devices()] == uuids and plugin.health[uuids[1]] == "Unhealthy"
-            # a later discovery finds it again, and a third GPU: all advertised; GPU 1 stays Unhealthy
-            # while the health source has not cleared its XID, the new one is Healthy
-            assert plugin.set_devices(devices("n0", 3)) is True
-            third = {d.ID: d.health for d in next(stream).devices}
-            assert len(third) == 12 and third[device_id(uuids[1], 0)] == "Unhealthy"
-            assert third[device_id(devices("n0", 3)[2].uuid, 0)] == "Healthy"
-            plugin.set_health(uuids[1], True, "recovered")
-            assert {d.health for d in next(stream).devices} == {"Healthy"}
-            stream.cancel()
-    finally:
-        plugin.stop()
-        plugin.shutdown()
+    with serving(plugin) as client:
+        stream = client.ListAndWatch(pb.Empty())
+        first = next(stream)
+        ids = [d.ID for d in first.devices]
+        uuids = [d.uuid for d in devices("n0", 2)]
+        assert ids == [device_id(u, k) for u in uuids for k in range(4)]
+        assert all(d.health == "Healthy" and d.topology.nodes[0].ID == 0 for d in first.devices)
+        plugin.set_health(uuids[1], False, "XID 79")
+        second = next(stream)
+        health = {d.ID: d.health for d in second.devices}
+        assert all(health[device_id(uuids[1], k)] == "Unhealthy" for k in range(4))
+        assert all(health[device_id(uuids[0], k)] == "Healthy" for k in range(4))
+        # GPU 1 vanished from discovery: it stays listed, Unhealthy (it already is: no new message)
+        assert plugin.set_devices(devices("n0", 1)) is False
+        assert [d.uuid for d in plugin.devices()] == uuids and plugin.health[uuids[1]] == "Unhealthy"
+        # a later discovery finds it again, and a third GPU: all advertised; GPU 1 stays Unhealthy
+        # while the health source has not cleared its XID, the new one is Healthy
+        assert plugin.set_devices(devices("n0", 3)) is True
+        third = {d.ID: d.health for d in next(stream).devices}
+        assert len(third) == 12 and third[device_id(uuids[1], 0)] == "Unhealthy"
+        assert third[device_id(devices("n0", 3)[2].uuid, 0)] == "Healthy"
+        plugin.set_health(uuids[1], True, "recovered")
+        assert {d.health for d in next(stream).devices} == {"Healthy"}
+        stream.cancel()
 
 
 def bound_cluster(names_limits, allocation_timeout=300.0):
@@ -166,62 +174,56 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
                                           "nvidia.com/gpucores": "30"})])
     grant = codec.decode_pod_grant(p["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
     plugin = make_plugin(folder, api)
-    plugin.serve()
-    try:
-        channel, client = stub(plugin)
-        with channel:
-            available = [device_id(u, k) for u in reversed([d.uuid for d in devices("n0", 2)]) for k in range(4)]
-            pref = client.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[
-                pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=1)]), timeout=5)
-            (chosen,) = pref.container_responses[0].deviceIDs
-            assert chosen.split("::")[0] == grant.uuids[0]
-            resp = client.Allocate(pb.AllocateRequest(container_requests=[
+    with serving(plugin) as client:
+        available = [device_id(u, k) for u in reversed([d.uuid for d in devices("n0", 2)]) for k in range(4)]
+        pref = client.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[
+            pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=1)]), timeout=5)
+        (chosen,) = pref.container_responses[0].deviceIDs
+        assert chosen.split("::")[0] == grant.uuids[0]
+        resp = client.Allocate(pb.AllocateRequest(container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=[chosen])]), timeout=5)
+        c = resp.container_responses[0]
+        assert c.envs["NVIDIA_VISIBLE_DEVICES"] == grant.uuids[0]
+        assert c.envs["GPUSLICE_SLICE"] == "/etc/gpuslice/slice" and c.envs["GPUSLICE_GRANT"] == grant.grant_id
+        mounts = {m.container_path: (m.host_path, m.read_only) for m in c.mounts}
+        slice_host, ro = mounts["/etc/gpuslice/slice"]
+        assert ro and mounts["/etc/ld.so.preload"][1] and mounts["/usr/local/gpuslice/lib/libgpuslice.so"] == (
+            "/opt/gpuslice/libgpuslice.so", True)
+        assert mounts["/var/run/gpuslice/region"][1] is False
+        # The container sees its own region and devices only: the region folder is this grant's, the
+        # device-state folder is this grant's (empty), with the node-wide pacing file of the granted
+        # device mounted into it — never the node's whole <state>/devices folder.
+        state = folder / "state"
+        dev_file = f"/var/run/gpuslice/devices/{grant.uuids[0]}.dev"
+        assert mounts == {
+            "/etc/gpuslice/slice": (str(state / "kube" / "grants" / grant.grant_id / "slice"), True),
+            "/var/run/gpuslice/region": (str(state / "kube" / "regions" / grant.grant_id), False),
+            "/var/run/gpuslice/devices": (str(state / "kube" / "grants" / grant.grant_id / "devices"), False),
+            dev_file: (str(state / "devices" / f"{grant.uuids[0]}.dev"), False),
+            "/usr/local/gpuslice/lib/libgpuslice.so": ("/opt/gpuslice/libgpuslice.so", True),
+            "/etc/ld.so.preload": (str(state / "kube" / "ld.so.preload"), True),
+        }
+        assert [m.container_path for m in c.mounts].index("/var/run/gpuslice/devices") < \
+            [m.container_path for m in c.mounts].index(dev_file)  # parent before child
+        assert Path(mounts[dev_file][0]).stat().st_size == 0  # exists for the bind mount; the enforcer sizes it
+        assert oct(Path(mounts[dev_file][0]).stat().st_mode & 0o777) == "0o666"
+        assert not any(host == str(state / "devices") for host, _ in mounts.values())
+        written = read_slice_file(slice_host)  # the enforcer's own parsing rules
+        assert written.memory_limit == 10000 * 1024**2 and written.compute == 30
+        assert written.devices == grant.uuids and written.grant == grant.grant_id
+        assert written.region == "/var/run/gpuslice/region/region" and not written.fail_open
+        assert oct(Path(slice_host).stat().st_mode & 0o777) == "0o644"
+        assert Path(mounts["/etc/ld.so.preload"][0]).read_text() == "/usr/local/gpuslice/lib/libgpuslice.so\n"
+        index = [d.uuid for d in devices("n0", 2)].index(grant.uuids[0])
+        assert [d.container_path for d in c.devices] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
+                                                         "/dev/nvidia-uvm-tools", f"/dev/nvidia{index}"]
+        marked = api.get_pod("default", "train")["metadata"]["annotations"][codec.POD_ALLOCATED]
+        assert codec.decode_allocated(marked) == {"main"}
+        with pytest.raises(grpc.RpcError) as exc:  # nothing left to allocate for this pod
+            client.Allocate(pb.AllocateRequest(container_requests=[
                 pb.ContainerAllocateRequest(devices_ids=[chosen])]), timeout=5)
-            c = resp.container_responses[0]
-            assert c.envs["NVIDIA_VISIBLE_DEVICES"] == grant.uuids[0]
-            assert c.envs["GPUSLICE_SLICE"] == "/etc/gpuslice/slice" and c.envs["GPUSLICE_GRANT"] == grant.grant_id
-            mounts = {m.container_path: (m.host_path, m.read_only) for m in c.mounts}
-            slice_host, ro = mounts["/etc/gpuslice/slice"]
-            assert ro and mounts["/etc/ld.so.preload"][1] and mounts["/usr/local/gpuslice/lib/libgpuslice.so"] == (
-                "/opt/gpuslice/libgpuslice.so", True)
-            assert mounts["/var/run/gpuslice/region"][1] is False
-            # The container sees its own region and devices only: the region folder is this grant's, the
-            # device-state folder is this grant's (empty), with the node-wide pacing file of the granted
-            # device mounted into it — never the node's whole <state>/devices folder.
-            state = folder / "state"
-            dev_file = f"/var/run/gpuslice/devices/{grant.uuids[0]}.dev"
-            assert mounts == {
-                "/etc/gpuslice/slice": (str(state / "kube" / "grants" / grant.grant_id / "slice"), True),
-                "/var/run/gpuslice/region": (str(state / "kube" / "regions" / grant.grant_id), False),
-                "/var/run/gpuslice/devices": (str(state / "kube" / "grants" / grant.grant_id / "devices"), False),
-                dev_file: (str(state / "devices" / f"{grant.uuids[0]}.dev"), False),
-                "/usr/local/gpuslice/lib/libgpuslice.so": ("/opt/gpuslice/libgpuslice.so", True),
-                "/etc/ld.so.preload": (str(state / "kube" / "ld.so.preload"), True),
-            }
-            assert [m.container_path for m in c.mounts].index("/var/run/gpuslice/devices") < \
-                [m.container_path for m in c.mounts].index(dev_file)  # parent before child
-            assert Path(mounts[dev_file][0]).stat().st_size == 0  # exists for the bind mount; the enforcer sizes it
-            assert oct(Path(mounts[dev_file][0]).stat().st_mode & 0o777) == "0o666"
-            assert not any(host == str(state / "devices") for host, _ in mounts.values())
-            written = read_slice_file(slice_host)  # the enforcer's own parsing rules
-            assert written.memory_limit == 10000 * 1024**2 and written.compute == 30
-            assert written.devices == grant.uuids and written.grant == grant.grant_id
-            assert written.region == "/var/run/gpuslice/region/region" and not written.fail_open
-            assert oct(Path(slice_host).stat().st_mode & 0o777) == "0o644"
-            assert Path(mounts["/etc/ld.so.preload"][0]).read_text() == "/usr/local/gpuslice/lib/libgpuslice.so\n"
-            index = [d.uuid for d in devices("n0", 2)].index(grant.uuids[0])
-            assert [d.container_path for d in c.devices] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
-                                                             "/dev/nvidia-uvm-tools", f"/dev/nvidia{index}"]
-            marked = api.get_pod("default", "train")["metadata"]["annotations"][codec.POD_ALLOCATED]
-            assert codec.decode_allocated(marked) == {"main"}
-            with pytest.raises(grpc.RpcError) as exc:  # nothing left to allocate for this pod
-                client.Allocate(pb.AllocateRequest(container_requests=[
-                    pb.ContainerAllocateRequest(devices_ids=[chosen])]), timeout=5)
-            assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "no gpuslice grant" in exc.value.details()
-    finally:
-        plugin.stop()
-        plugin.shutdown()
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no gpuslice grant" in exc.value.details()
 
 
 def allocate(client, ids):
@@ -240,23 +242,17 @@ def test_two_pods_waiting_for_the_same_device_count_are_refused_not_guessed(fold
     gb = codec.decode_pod_grant(b["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
     assert ga.uuids != gb.uuids
     plugin = make_plugin(folder, api)
-    plugin.serve()
-    try:
-        channel, client = stub(plugin)
-        with channel:
-            for uuid in (ga.uuids[0], gb.uuids[0]):
-                with pytest.raises(grpc.RpcError) as exc:
-                    allocate(client, [device_id(uuid, 3)])
-                assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-                assert "default/a, default/b" in exc.value.details() and "cannot tell" in exc.value.details()
-            assert codec.POD_ALLOCATED not in api.get_pod("default", "a")["metadata"]["annotations"]
-            # a 2-device request is not ambiguous with them: no candidate at all
+    with serving(plugin) as client:
+        for uuid in (ga.uuids[0], gb.uuids[0]):
             with pytest.raises(grpc.RpcError) as exc:
-                allocate(client, [device_id(ga.uuids[0], 0), device_id(gb.uuids[0], 0)])
-            assert "no gpuslice grant" in exc.value.details()
-    finally:
-        plugin.stop()
-        plugin.shutdown()
+                allocate(client, [device_id(uuid, 3)])
+            assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "default/a, default/b" in exc.value.details() and "cannot tell" in exc.value.details()
+        assert codec.POD_ALLOCATED not in api.get_pod("default", "a")["metadata"]["annotations"]
+        # a 2-device request is not ambiguous with them: no candidate at all
+        with pytest.raises(grpc.RpcError) as exc:
+            allocate(client, [device_id(ga.uuids[0], 0), device_id(gb.uuids[0], 0)])
+        assert "no gpuslice grant" in exc.value.details()
 
 
 def test_allocation_lock_gives_allocate_exactly_one_candidate(folder):
@@ -271,23 +267,17 @@ def test_allocation_lock_gives_allocate_exactly_one_candidate(folder):
     assert "waiting for the kubelet to allocate pod default/a" in ext.bind(body)["Error"]
     ga = codec.decode_pod_grant(a["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
     plugin = make_plugin(folder, api)
-    plugin.serve()
-    try:
-        channel, client = stub(plugin)
-        with channel:
-            assert allocate(client, [device_id(ga.uuids[0], 1)]).envs["GPUSLICE_GRANT"] == ga.grant_id
-            holders = api.get_node("n0")["metadata"]["annotations"].get(codec.NODE_ALLOCATING)
-            assert codec.decode_allocating(holders) == frozenset()  # released by the plugin
-            assert ext.bind(body)["Error"] == ""
-            gb = codec.decode_pod_grant(api.get_pod("default", "b")["metadata"]["annotations"][codec.POD_GRANT])
-            gb = gb.containers[0]
-            assert gb.uuids != ga.uuids
-            resp = allocate(client, [device_id(ga.uuids[0], 2)])  # IDs on a's GPU: still b's grant
-            assert resp.envs["GPUSLICE_GRANT"] == gb.grant_id
-            assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == gb.uuids[0]
-    finally:
-        plugin.stop()
-        plugin.shutdown()
+    with serving(plugin) as client:
+        assert allocate(client, [device_id(ga.uuids[0], 1)]).envs["GPUSLICE_GRANT"] == ga.grant_id
+        holders = api.get_node("n0")["metadata"]["annotations"].get(codec.NODE_ALLOCATING)
+        assert codec.decode_allocating(holders) == frozenset()  # released by the plugin
+        assert ext.bind(body)["Error"] == ""
+        gb = codec.decode_pod_grant(api.get_pod("default", "b")["metadata"]["annotations"][codec.POD_GRANT])
+        gb = gb.containers[0]
+        assert gb.uuids != ga.uuids
+        resp = allocate(client, [device_id(ga.uuids[0], 2)])  # IDs on a's GPU: still b's grant
+        assert resp.envs["GPUSLICE_GRANT"] == gb.grant_id
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == gb.uuids[0]
 
 
 def test_lock_is_released_only_when_every_container_of_the_pod_is_allocated(folder):
@@ -299,44 +289,32 @@ def test_lock_is_released_only_when_every_container_of_the_pod_is_allocated(fold
     assert Extender(api).bind({"PodName": "two", "PodNamespace": "default", "PodUID": p["metadata"]["uid"],
                                 "Node": "n0"})["Error"] == ""
     plugin = make_plugin(folder, api)
-    plugin.serve()
     uid = p["metadata"]["uid"]
-    try:
-        channel, client = stub(plugin)
-        with channel:
-            g = codec.decode_pod_grant(api.get_pod("default", "two")["metadata"]["annotations"][codec.POD_GRANT])
-            first = allocate(client, [device_id(g.containers[0].uuids[0], 0)])
-            assert first.envs["GPUSLICE_GRANT"] == g.containers[0].grant_id
-            node_anns = api.get_node("n0")["metadata"]["annotations"]
-            assert codec.decode_allocating(node_anns[codec.NODE_ALLOCATING]) == {uid}  # c1 still to come
-            second = allocate(client, [device_id(g.containers[1].uuids[0], 0)])
-            assert second.envs["GPUSLICE_GRANT"] == g.containers[1].grant_id
-            assert codec.NODE_ALLOCATING not in api.get_node("n0")["metadata"]["annotations"]
-    finally:
-        plugin.stop()
-        plugin.shutdown()
+    with serving(plugin) as client:
+        g = codec.decode_pod_grant(api.get_pod("default", "two")["metadata"]["annotations"][codec.POD_GRANT])
+        first = allocate(client, [device_id(g.containers[0].uuids[0], 0)])
+        assert first.envs["GPUSLICE_GRANT"] == g.containers[0].grant_id
+        node_anns = api.get_node("n0")["metadata"]["annotations"]
+        assert codec.decode_allocating(node_anns[codec.NODE_ALLOCATING]) == {uid}  # c1 still to come
+        second = allocate(client, [device_id(g.containers[1].uuids[0], 0)])
+        assert second.envs["GPUSLICE_GRANT"] == g.containers[1].grant_id
+        assert codec.NODE_ALLOCATING not in api.get_node("n0")["metadata"]["annotations"]
 
 
 def test_allocate_refuses_unhealthy_devices_and_missing_grants(folder):
     api, _ = bound_cluster([])
     plugin = make_plugin(folder, api)
-    plugin.serve()
     uuid = devices("n0", 2)[0].uuid
-    try:
-        channel, client = stub(plugin)
-        with channel:
-            with pytest.raises(grpc.RpcError) as exc:
-                client.Allocate(pb.AllocateRequest(container_requests=[
-                    pb.ContainerAllocateRequest(devices_ids=[device_id(uuid, 0)])]), timeout=5)
-            assert "must be scheduled by the gpuslice scheduler" in exc.value.details()
-            plugin.set_health(uuid, False)
-            with pytest.raises(grpc.RpcError) as exc:
-                client.Allocate(pb.AllocateRequest(container_requests=[
-                    pb.ContainerAllocateRequest(devices_ids=[device_id(uuid, 0)])]), timeout=5)
-            assert "unhealthy" in exc.value.details()
-    finally:
-        plugin.stop()
-        plugin.shutdown()
+    with serving(plugin) as client:
+        with pytest.raises(grpc.RpcError) as exc:
+            client.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[device_id(uuid, 0)])]), timeout=5)
+        assert "must be scheduled by the gpuslice scheduler" in exc.value.details()
+        plugin.set_health(uuid, False)
+        with pytest.raises(grpc.RpcError) as exc:
+            client.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[device_id(uuid, 0)])]), timeout=5)
+        assert "unhealthy" in exc.value.details()
 
 
 def test_pacing_file_names_follow_the_enforcer():
