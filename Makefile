@@ -29,7 +29,9 @@ native-test:
 hack:
 	$(MAKE) -C hack
 
+# lint-imports: the layer contracts in .importlinter (cli > kube | local | sim > host > placement | enforcer > spec).
 test: $(STAMP) native native-test hack
+	$(VENV)/bin/lint-imports --config .importlinter
 	$(PY) -m pytest
 
 # Bounded fuzzing of the enforcer's config parser.

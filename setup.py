@@ -5,7 +5,7 @@
   time.
 * A wheel carries the enforcer: ``make -C native build/libgpuslice.so`` (plain cc, no CUDA toolkit; the one
   set of compiler flags lives in native/Makefile) is copied to ``gpuslice/lib/libgpuslice.so``, where
-  ``gpuslice.node.enforcer`` looks for it. A missing cc or make fails the build, naming what to install. Such
+  ``gpuslice.enforcer.library`` looks for it. A missing cc or make fails the build, naming what to install. Such
   a wheel is tagged for the platform (``py3-none-linux_x86_64``): the library does not use Python's ABI.
   An editable install builds nothing here: it finds the checkout's ``native/build/`` (``make -C native``).
   A source tree without ``native/`` (a copy of ``src/`` only) gives a pure-Python wheel without the

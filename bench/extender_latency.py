@@ -30,12 +30,12 @@ from pathlib import Path
 
 import httpx
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats
 from gpuslice.kube.agent import unique_devices
 from gpuslice.kube.extender import Extender, ViewCache
 from gpuslice.kube.server import make_app, start_in_thread
-from gpuslice.node.devices import load_snapshot
-from gpuslice.spec import MiB, Slice
+from gpuslice.host.devices import load_snapshot
+from gpuslice.spec import Grant, MiB, Slice
 
 
 class StaticCache:
@@ -49,19 +49,19 @@ class StaticCache:
 
 def make_node(name: str, rv: int, rng: random.Random, base) -> dict:
     devs = unique_devices(base, name)
-    ledger = codec.Ledger({})
+    ledger = formats.Ledger({})
     for k, d in enumerate(devs):
         share = rng.choice([0, 0, 0.1, 0.25, 0.4, 0.6])
         if share:
             mem = int(d.memory_total * share) // MiB * MiB
             uid = f"{name}-{k}"
-            ledger = ledger.with_entry(codec.PodGrant(name, uid, "bench", f"p-{uid}", (codec.ContainerGrant(
-                "main", codec.grant_id_for(uid, "main"), (Slice(d.uuid, mem, 20),)),), 1.0))
+            ledger = ledger.with_entry(formats.PodGrant(name, uid, "bench", f"p-{uid}", (formats.ContainerGrant(
+                "main", Grant(formats.grant_id_for(uid, "main"), (Slice(d.uuid, mem, 20),))),), 1.0))
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "resourceVersion": str(rv), "uid": f"uid-{name}",
                          "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "H100"},
-                         "annotations": {codec.NODE_DEVICES: codec.encode_node_devices(devs),
-                                         codec.NODE_LEDGER: codec.encode_ledger(ledger)}},
+                         "annotations": {formats.NODE_DEVICES: formats.encode_node_devices(devs),
+                                         formats.NODE_LEDGER: formats.encode_ledger(ledger)}},
             "spec": {"podCIDR": "10.0.0.0/24"},
             "status": {"capacity": {"cpu": "128", "memory": "2Ti", "nvidia.com/gpu": "80", "pods": "110"},
                        "allocatable": {"cpu": "126", "memory": "2000Gi", "nvidia.com/gpu": "80", "pods": "110"},
@@ -71,7 +71,7 @@ def make_node(name: str, rv: int, rng: random.Random, base) -> dict:
 
 POD = {"apiVersion": "v1", "kind": "Pod",
        "metadata": {"name": "bench", "namespace": "default", "uid": "uid-bench",
-                    "annotations": {codec.POD_REQUEST: "{}"}},
+                    "annotations": {}},
        "spec": {"schedulerName": "gpuslice-scheduler",
                 "containers": [{"name": "main", "image": "pytorch",
                                 "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000",

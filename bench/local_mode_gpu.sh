@@ -10,11 +10,11 @@ export PYTHONPATH=${PYTHONPATH:-$PWD/src}
 export PYTHONUNBUFFERED=1
 [ -f native/build/libgpuslice.so ] || make -C native build/libgpuslice.so >"$OUT/local-build.log" 2>&1
 
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/node/test_gpu_local.py >"$OUT/local-pytest.log" 2>&1
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/local/test_gpu_local.py >"$OUT/local-pytest.log" 2>&1
 PYTEST_RC=$?
 python3 - >"$OUT/local-demo.log" 2>&1 <<'PY'
 import json, os
-from gpuslice.node.demo import run_gpu_demo
+from gpuslice.local.demo import run_gpu_demo
 results = run_gpu_demo(seconds=20)
 open(os.path.join(os.environ["OUT"], "local-demo.json"), "w").write(json.dumps(results, indent=1))
 PY

@@ -4,13 +4,20 @@ They are *skipped* only when the machine has no GPU or no NVIDIA driver (NVML ca
 device). Anything else — ``pynvml`` (nvidia-ml-py) or gpuslice failing to import, NVML failing in an
 unexpected way — *fails* them, so a broken install cannot pass as "no GPU". With ``GPUSLICE_REQUIRE_GPU=1``
 (GPU boxes and their scripts) a missing GPU fails them too.
+
+Test helpers shared across folders (``tests/support/``: the local-mode agent process, a region-file
+writer) are put on ``sys.path`` here, once.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 REQUIRE_ENV = "GPUSLICE_REQUIRE_GPU"
 _GATE = pytest.StashKey[str]()
@@ -23,8 +30,8 @@ def gpu_status() -> tuple[str, str]:
     except Exception as exc:  # an install problem, not "no GPU"
         return "broken", f"pynvml (nvidia-ml-py) cannot be imported: {exc!r}"
     try:
-        from gpuslice.errors import NoGpuError
-        from gpuslice.node.devices import discover_nvml
+        from gpuslice.host.errors import NoGpuError
+        from gpuslice.host.devices import discover_nvml
     except Exception as exc:
         return "broken", f"gpuslice's device discovery cannot be imported: {exc!r}"
     try:

@@ -11,7 +11,7 @@ kinds:
            per-request latency (the high-priority "online" loop)
 
 Phases: --schedule "50:5,30:5" runs 5 s at share 50 then 5 s at share 30. The share is set live in
-the per-device state (gpuslice.node.compute.set_share) when the process runs under the enforcer
+the per-device state (gpuslice.enforcer.devstate.set_share) when the process runs under the enforcer
 with a paced slice; "x" leaves it alone. All processes of a group start their first phase together
 through a file barrier (--barrier DIR --peers N), after their warm-up.
 
@@ -64,7 +64,7 @@ def enforcer_view(state_dir: str | None, grant: str | None) -> list:
     if not state_dir or not grant:
         return [None] * 4
     try:
-        from gpuslice.node import compute
+        from gpuslice.enforcer import devstate as compute
 
         for dev in compute.read_all(state_dir):
             for s in dev.slices:
@@ -78,7 +78,7 @@ def enforcer_view(state_dir: str | None, grant: str | None) -> list:
 def set_share(state_dir: str | None, grant: str | None, share: str) -> None:
     if share == "x" or not state_dir or not grant:
         return
-    from gpuslice.node import compute
+    from gpuslice.enforcer import devstate as compute
 
     hit = False
     for p in Path(state_dir).glob("*.dev"):

@@ -3,7 +3,7 @@
 Runs from *outside* any slice. For each scenario it writes a slice file and starts one or more
 bench/gpu/mem_probe.py processes inside the slice (LD_PRELOAD=native/build/libgpuslice.so,
 GPUSLICE_SLICE=...), lets them allocate until the framework reports OOM, then, while they hold
-their memory, reads the region (gpuslice.node.region) and asks nvidia-smi *from outside* what the
+their memory, reads the region (gpuslice.enforcer.region) and asks nvidia-smi *from outside* what the
 processes really hold on the card. Judged per scenario:
   - refused: every process saw its framework's OOM;
   - accounted peak <= limit (the enforcer's own books: 0 bytes over);
@@ -30,8 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
-from gpuslice.node.region import read_region  # noqa: E402
-from gpuslice.node.slicefile import SliceConfig, write_slice_file  # noqa: E402
+from gpuslice.enforcer.region import read_region  # noqa: E402
+from gpuslice.enforcer.slicefile import SliceConfig, write_slice_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import call_cost as call_cost_probe  # noqa: E402

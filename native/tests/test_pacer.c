@@ -138,7 +138,7 @@ static int scenario(const char *dir, int share)
     }
     CHECK(found, "slice record present while running");
     if (share > 0 && share < 100) {
-        /* a live share change (what gpuslice.node.compute.set_share and the benchmark do): the
+        /* a live share change (what gpuslice.enforcer.devstate.set_share and the benchmark do): the
          * pacer must follow it within its recompute interval */
         for (int i = 0; i < GS_DS_MAX_SLICES; i++)
             if ((ds.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(ds.slices[i].grant, "pacer-test"))
@@ -218,6 +218,57 @@ static void ptsz_child(const char *dir)
     gsdouble_capture_stream = (void *)-1;
 }
 
+/* the unpaced path's cost per launch (before + after), which is what a 100 % slice pays */
+static void check_unpaced_cost(const char *dir)
+{
+    char text[512], err[256];
+    struct gs_config cfg;
+    snprintf(text, sizeof text, "version=1\ncompute=100\ngrant=cost\npriority=0\ndevice_state_dir=%s\n", dir);
+    if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) == 0 && gs_pacer_init(&cfg) == 0) {
+        gs_pacer_before_launch(0, NULL); /* set-up */
+        gs_pacer_after_launch(0, NULL, 0);
+        enum { N = 1000000 };
+        double t0 = now_s();
+        for (int i = 0; i < N; i++) {
+            gs_pacer_before_launch(0, NULL);
+            gs_pacer_after_launch(0, NULL, 0);
+        }
+        double ns = (now_s() - t0) / N * 1e9;
+        printf("  unpaced path: %.0f ns per launch (this build)\n", ns);
+        /* generous for sanitizer builds; a plain -O2 build measures ~20-40 ns */
+        CHECK(ns < 1500, "unpaced launch path costs %.0f ns", ns);
+        gs_pacer_shutdown();
+    } else {
+        CHECK(0, "config for the cost check: %s", err);
+    }
+}
+
+/* the measured path's own cost per launch (before + after: lock, events, capture check, harvest),
+ * what a paced slice pays on the CPU; the double's events cost ~20 ns, a real cuEventRecord
+ * ~1-2 us more each. 99 % so the gate is never what is measured. */
+static void check_measured_cost(const char *dir)
+{
+    char text[512], err[256];
+    struct gs_config cfg;
+    snprintf(text, sizeof text, "version=1\ncompute=99\ngrant=cost-paced\npriority=0\ndevice_state_dir=%s\n", dir);
+    if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) == 0 && gs_pacer_init(&cfg) == 0) {
+        gs_pacer_before_launch(0, NULL);
+        gs_pacer_after_launch(0, NULL, 0);
+        enum { N = 200000 };
+        double t0 = now_s();
+        for (int i = 0; i < N; i++) {
+            gs_pacer_before_launch(0, NULL);
+            gs_pacer_after_launch(0, NULL, 0);
+        }
+        double ns = (now_s() - t0) / N * 1e9;
+        printf("  measured path: %.0f ns per launch (this build, the double's events)\n", ns);
+        CHECK(ns < 20000, "measured launch path costs %.0f ns", ns);
+        gs_pacer_shutdown();
+    } else {
+        CHECK(0, "config for the measured cost check: %s", err);
+    }
+}
+
 int main(void)
 {
     char dir[128];
@@ -247,53 +298,8 @@ int main(void)
     scenario(dir, 30);
     scenario(dir, 70);
     scenario(dir, 100);
-    /* the unpaced path's cost per launch (before + after), which is what a 100 % slice pays */
-    {
-        char text[512], err[256];
-        struct gs_config cfg;
-        snprintf(text, sizeof text, "version=1\ncompute=100\ngrant=cost\npriority=0\ndevice_state_dir=%s\n", dir);
-        if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) == 0 && gs_pacer_init(&cfg) == 0) {
-            gs_pacer_before_launch(0, NULL); /* set-up */
-            gs_pacer_after_launch(0, NULL, 0);
-            enum { N = 1000000 };
-            double t0 = now_s();
-            for (int i = 0; i < N; i++) {
-                gs_pacer_before_launch(0, NULL);
-                gs_pacer_after_launch(0, NULL, 0);
-            }
-            double ns = (now_s() - t0) / N * 1e9;
-            printf("  unpaced path: %.0f ns per launch (this build)\n", ns);
-            /* generous for sanitizer builds; a plain -O2 build measures ~20-40 ns */
-            CHECK(ns < 1500, "unpaced launch path costs %.0f ns", ns);
-            gs_pacer_shutdown();
-        } else {
-            CHECK(0, "config for the cost check: %s", err);
-        }
-    }
-    /* the measured path's own cost per launch (before + after: lock, events, capture check, harvest),
-     * what a paced slice pays on the CPU; the double's events cost ~20 ns, a real cuEventRecord
-     * ~1-2 us more each. 99 % so the gate is never what is measured. */
-    {
-        char text[512], err[256];
-        struct gs_config cfg;
-        snprintf(text, sizeof text, "version=1\ncompute=99\ngrant=cost-paced\npriority=0\ndevice_state_dir=%s\n", dir);
-        if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) == 0 && gs_pacer_init(&cfg) == 0) {
-            gs_pacer_before_launch(0, NULL);
-            gs_pacer_after_launch(0, NULL, 0);
-            enum { N = 200000 };
-            double t0 = now_s();
-            for (int i = 0; i < N; i++) {
-                gs_pacer_before_launch(0, NULL);
-                gs_pacer_after_launch(0, NULL, 0);
-            }
-            double ns = (now_s() - t0) / N * 1e9;
-            printf("  measured path: %.0f ns per launch (this build, the double's events)\n", ns);
-            CHECK(ns < 20000, "measured launch path costs %.0f ns", ns);
-            gs_pacer_shutdown();
-        } else {
-            CHECK(0, "config for the measured cost check: %s", err);
-        }
-    }
+    check_unpaced_cost(dir);
+    check_measured_cost(dir);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", dir);

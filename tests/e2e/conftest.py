@@ -96,7 +96,7 @@ class ControlPlane:
 def scheduler_config_yaml(extender_port: int) -> str:
     """The same extender wiring the Helm chart renders (deploy/helm/gpuslice/templates/configmap.yaml):
     every resource name the extender reads, only the advertised count checked by kube-scheduler."""
-    from gpuslice.kube.codec import ResourceNames
+    from gpuslice.kube.resources import ResourceNames
 
     resources = list(ResourceNames().all())
     managed = "\n".join(
@@ -552,12 +552,12 @@ def fake_devices(node: str) -> list[Any]:
 def create_fake_node(core: Any, name: str, labels: dict[str, str] | None = None) -> None:
     """A plain Node object (no kubelet) with our devices annotation, published the way our agent
     publishes it, and nvidia.com/gpu = devices × split count in its status."""
-    from gpuslice.kube import codec
+    from gpuslice.kube import formats
 
-    ann = codec.encode_node_devices(fake_devices(name), split_count=SPLIT_COUNT)
+    ann = formats.encode_node_devices(fake_devices(name), split_count=SPLIT_COUNT)
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(DEVICES_PER_NODE * SPLIT_COUNT)}
     core.create_node({"metadata": {"name": name, "labels": {"gpu": "on", "kubernetes.io/hostname": name, **(labels or {})},
-                                   "annotations": {codec.NODE_DEVICES: ann}}})
+                                   "annotations": {formats.NODE_DEVICES: ann}}})
     # Status is its own subresource: capacity and a Ready condition, as a kubelet would report.
     core.patch_node_status(name, {"status": {
         "capacity": capacity, "allocatable": capacity,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,12 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
-
 from nodekit import AgentProcess  # noqa: E402
 from regionfile import DeviceRecord, ProcRecord, write_region  # noqa: E402
 
-from gpuslice.node import procs  # noqa: E402
+from gpuslice.host import procs  # noqa: E402
 from gpuslice.spec import GiB, MiB  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -60,11 +57,11 @@ class Feeder(threading.Thread):
             elapsed = time.monotonic() - start
             for k, (grant, share) in enumerate(zip(self.grants, self.shares)):
                 s = grant["slices"][0]
-                used = int(min(s["memory_limit"], (1 + k) * GiB * (0.3 + 0.2 * elapsed)))
+                used = int(min(s["memory"], (1 + k) * GiB * (0.3 + 0.2 * elapsed)))
                 used -= used % MiB
                 proc = ProcRecord(pid=me[0], start_time=me[1], used={0: used}, busy_ns={0: int(elapsed * share * 1e9)})
                 write_region(Path(grant["region_file"]),
-                             [DeviceRecord(s["device_uuid"], s["memory_limit"], used=used, peak=used)], [proc])
+                             [DeviceRecord(s["uuid"], s["memory"], used=used, peak=used)], [proc])
             time.sleep(0.1)
 
 
@@ -101,8 +98,8 @@ def test_dashboard_plots_live_data(state_env, tmp_path):
             me = {"owner": "alice", "holder_pid": os.getpid(), "holder_start": procs.start_time(os.getpid())}
             grants = [http.post("/v1/grants", json={**me, "request": {"memory": m, "compute": c}}).json()
                       for m, c in (("8GiB", 30), ("16GiB", 60))]
-        assert all("grant_id" in g for g in grants), grants
-        assert {g["slices"][0]["device_uuid"] for g in grants} == {grants[0]["slices"][0]["device_uuid"]}  # binpack
+        assert all("grant" in g for g in grants), grants
+        assert {g["slices"][0]["uuid"] for g in grants} == {grants[0]["slices"][0]["uuid"]}  # binpack
         feeder = Feeder(grants, [0.3, 0.6])
         feeder.start()
         time.sleep(2.0)  # a few seconds of history before the page opens

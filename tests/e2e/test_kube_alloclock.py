@@ -53,9 +53,9 @@ def test_one_pod_per_device_count_waits_for_allocate_on_a_node(
         agent_identity: Any, tmp_path: Path) -> None:
     from kubernetes import client
 
-    from gpuslice.kube import codec
+    from gpuslice.kube import formats
     from gpuslice.kube.api import connect
-    from gpuslice.kube.plugin import ID_SEP, Allocator, PluginConfig
+    from gpuslice.kube.allocator import ID_SEP, Allocator, PluginConfig
 
     v1 = client.CoreV1Api(control_plane.api())
     node_maker(NODE)
@@ -74,22 +74,22 @@ def test_one_pod_per_device_count_waits_for_allocate_on_a_node(
     assert f"{NS}/lock-a" in message
     assert not _read(v1, "lock-b")["spec"].get("nodeName"), "lock-b was bound while lock-a waited for Allocate"
     node = v1.api_client.sanitize_for_serialization(v1.read_node(NODE))
-    assert codec.decode_allocating(node["metadata"]["annotations"].get(codec.NODE_ALLOCATING)) == {a["metadata"]["uid"]}
+    assert formats.decode_allocating(node["metadata"]["annotations"].get(formats.NODE_ALLOCATING)) == {a["metadata"]["uid"]}
 
     # The device plugin's Allocator, as the chart's agent on this node (the kubelet admitting lock-a).
     allocator = Allocator(connect(agent_identity(NODE)),
                           PluginConfig(node=NODE, host_state_dir=tmp_path, device_nodes="none"), lambda: devices_of(NODE))
-    ga = codec.decode_pod_grant(a["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    ga = formats.decode_pod_grant(a["metadata"]["annotations"][formats.POD_GRANT]).containers[0]
     match, resp = allocator.allocate([f"{ga.uuids[0]}{ID_SEP}0"])
     assert match.entry.pod_uid == a["metadata"]["uid"] and resp["envs"]["GPUSLICE_GRANT"] == ga.grant_id
     node = v1.api_client.sanitize_for_serialization(v1.read_node(NODE))
-    assert codec.NODE_ALLOCATING not in node["metadata"]["annotations"], "Allocate did not release the lock"
+    assert formats.NODE_ALLOCATING not in node["metadata"]["annotations"], "Allocate did not release the lock"
 
     # The release is a Node change: kube-scheduler retries lock-b, which now binds to the same node.
     b = _wait(lambda: (p := _read(v1, "lock-b"))["spec"].get("nodeName") and p, 60,
               "lock-b was not bound after the lock was released")
     assert b["spec"]["nodeName"] == NODE
-    gb = codec.decode_pod_grant(b["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    gb = formats.decode_pod_grant(b["metadata"]["annotations"][formats.POD_GRANT]).containers[0]
     assert gb.uuids != ga.uuids
     # The kubelet may hand out any free IDs (here some on lock-a's GPU): still lock-b's grant.
     match, resp = allocator.allocate([f"{ga.uuids[0]}{ID_SEP}5"])

@@ -117,9 +117,9 @@ def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", web
                                              tmp_path: Path) -> None:
     from kubernetes import client
 
-    from gpuslice.kube import codec
-    from gpuslice.node.devices import snapshot_json
-    from gpuslice.node.slicefile import parse_slice_text
+    from gpuslice.kube import formats
+    from gpuslice.host.devices import snapshot_json
+    from gpuslice.enforcer.slicefile import parse_slice_text
 
     v1 = client.CoreV1Api(control_plane.api())
     node_maker(NODE)
@@ -141,7 +141,7 @@ def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", web
             break
         time.sleep(0.3)
     assert got.spec.node_name == NODE, got.status.conditions
-    grant = codec.decode_pod_grant(got.metadata.annotations[codec.POD_GRANT])
+    grant = formats.decode_pod_grant(got.metadata.annotations[formats.POD_GRANT])
     (cg,) = grant.containers
     granted = {s.device_uuid for s in cg.slices}
     assert len(granted) == 2
@@ -220,8 +220,8 @@ def test_allocate_returns_what_the_grant_says(control_plane: "ControlPlane", web
     # The same devices asked for again: that grant is used up, so Allocate refuses instead of
     # handing one slice to two containers.
     assert out["second"] != "OK"
-    marked = v1.read_namespaced_pod("alloc-me", NS).metadata.annotations.get(codec.POD_ALLOCATED, "")
-    assert codec.decode_allocated(marked) == {"train"}
+    marked = v1.read_namespaced_pod("alloc-me", NS).metadata.annotations.get(formats.POD_ALLOCATED, "")
+    assert formats.decode_allocated(marked) == {"train"}
     # After a kubelet restart (sockets wiped, kubelet.sock recreated) the plugin registered again
     # and serves the same devices.
     again = out["reregistered"]

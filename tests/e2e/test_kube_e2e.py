@@ -27,7 +27,7 @@ SCHEDULER = "gpuslice-scheduler"
 GiB, MiB = 1024**3, 1024**2
 DEVICE_MEMORY = 80 * GiB
 SPLIT_COUNT = 10
-POD_GRANT_KEY = "gpuslice.io/grant"  # codec.POD_GRANT, spelled out: the wire name is the contract
+POD_GRANT_KEY = "gpuslice.io/grant"  # formats.POD_GRANT, spelled out: the wire name is the contract
 
 
 def hami_pod(name: str, limits: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -65,11 +65,11 @@ def wait_bound(v1: Any, names: list[str], timeout: float) -> dict[str, dict[str,
 
 
 def grant_of(pod: dict[str, Any]) -> Any:
-    from gpuslice.kube import codec
+    from gpuslice.kube import formats
 
     anns = pod["metadata"].get("annotations") or {}
-    assert codec.POD_GRANT in anns, f"pod {pod['metadata']['name']} bound without a grant annotation"
-    return codec.decode_pod_grant(anns[codec.POD_GRANT])
+    assert formats.POD_GRANT in anns, f"pod {pod['metadata']['name']} bound without a grant annotation"
+    return formats.decode_pod_grant(anns[formats.POD_GRANT])
 
 
 # ------------------------------------------------------------------------------- one HAMi pod
@@ -80,7 +80,7 @@ def test_hami_pod_is_mutated_scheduled_and_granted(control_plane: "ControlPlane"
                                                                 "nvidia.com/gpucores": 30}))
     # Mutated on the way in by our webhook, through the real API server.
     assert created.spec.scheduler_name == SCHEDULER
-    assert "gpuslice.io/request" in created.metadata.annotations
+    assert "gpuslice.io/request" not in (created.metadata.annotations or {})  # the extender reads the limits
     pod = wait_bound(v1, ["hami-one"], 60)["hami-one"]
     g = grant_of(pod)
     assert g.node == pod["spec"]["nodeName"] and g.pod_uid == pod["metadata"]["uid"]
@@ -155,7 +155,7 @@ class FakeKubelets:
         from concurrent.futures import ThreadPoolExecutor as Pool
 
         from gpuslice.kube.api import connect
-        from gpuslice.kube.plugin import Allocator, PluginConfig
+        from gpuslice.kube.allocator import Allocator, PluginConfig
 
         with Pool(8) as pool:
             apis = dict(zip(nodes, pool.map(lambda n: connect(agent_identity(n)), nodes)))
@@ -192,7 +192,7 @@ class FakeKubelets:
                         pool.submit(self._admit, pod)
 
     def _admit(self, pod: dict[str, Any]) -> None:
-        from gpuslice.kube.plugin import ID_SEP
+        from gpuslice.kube.allocator import ID_SEP
 
         name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         try:
@@ -208,7 +208,7 @@ class FakeKubelets:
 def test_500_concurrent_pods_never_overcommit_even_across_extender_restarts(
         control_plane: "ControlPlane", webhook: Any, extender: "ExtenderProcess", load_pool: list[str],
         agent_identity: Any, devices_of: Any, tmp_path: Any) -> None:
-    from gpuslice.kube import codec
+    from gpuslice.kube import formats
 
     rng = random.Random(7)
     specs: dict[str, dict[str, Any]] = {}
@@ -317,7 +317,7 @@ def test_500_concurrent_pods_never_overcommit_even_across_extender_restarts(
     uid_to_pod = {p["metadata"]["uid"]: p for p in pods.values()}
     for n in nodes:
         name = n["metadata"]["name"]
-        ledger = codec.decode_ledger((n["metadata"].get("annotations") or {}).get(codec.NODE_LEDGER), name)
+        ledger = formats.decode_ledger((n["metadata"].get("annotations") or {}).get(formats.NODE_LEDGER), name)
         for uid, g in ledger.entries.items():
             assert uid not in seen, f"pod {uid} is in the ledgers of both {seen[uid]} and {name}"
             seen[uid] = name
@@ -331,7 +331,7 @@ def test_500_concurrent_pods_never_overcommit_even_across_extender_restarts(
     # Every pod was allocated, and so no node of the pool still holds the allocation lock.
     for n in nodes:
         if n["metadata"]["name"] in load_pool:
-            held = codec.decode_allocating((n["metadata"].get("annotations") or {}).get(codec.NODE_ALLOCATING))
+            held = formats.decode_allocating((n["metadata"].get("annotations") or {}).get(formats.NODE_ALLOCATING))
             assert not held & set(uid_to_pod), f"{n['metadata']['name']} still waits for Allocate of {held}"
 
 
@@ -421,12 +421,12 @@ def test_hami_readme_example_works_unchanged(control_plane: "ControlPlane", webh
 
 
 def _ledger_uids(v1: Any) -> dict[str, str]:
-    from gpuslice.kube import codec
+    from gpuslice.kube import formats
 
     out = {}
     for n in v1.api_client.sanitize_for_serialization(v1.list_node().items):
         name = n["metadata"]["name"]
-        for uid in codec.decode_ledger((n["metadata"].get("annotations") or {}).get(codec.NODE_LEDGER), name).entries:
+        for uid in formats.decode_ledger((n["metadata"].get("annotations") or {}).get(formats.NODE_LEDGER), name).entries:
             out[uid] = name
     return out
 

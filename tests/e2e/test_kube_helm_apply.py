@@ -177,7 +177,7 @@ def test_write_policies_keep_each_account_to_its_own_annotations(control_plane: 
     allocated of pods (its account is kube-scheduler's too, whose pod writes go through subresources)."""
     from kubernetes import client
 
-    from gpuslice.kube import codec
+    from gpuslice.kube import formats
     from gpuslice.kube.api import KubeError, connect
 
     core = client.CoreV1Api(control_plane.api())
@@ -201,12 +201,12 @@ def test_write_policies_keep_each_account_to_its_own_annotations(control_plane: 
         return lambda: api._call("PATCH", f"/api/v1/nodes/{node}", body, api.MERGE)
 
     # Valid values where a write is allowed: the session's extender reads these nodes too.
-    devices = codec.encode_node_devices(devices_of("policy-a"), split_count=10)
+    devices = formats.encode_node_devices(devices_of("policy-a"), split_count=10)
     allowed = [
         lambda: agent.patch_node_annotations("policy-a", {"gpuslice.io/devices": devices, "gpuslice.io/allocating": None}),
-        lambda: agent.patch_pod_annotations("default", "on-a", {"gpuslice.io/allocated": codec.encode_allocated([])}),
-        lambda: extender.patch_node_annotations("policy-b", {"gpuslice.io/ledger": codec.encode_ledger(codec.Ledger({})),
-                                                             "gpuslice.io/allocating": codec.encode_allocating(["x"])}),
+        lambda: agent.patch_pod_annotations("default", "on-a", {"gpuslice.io/allocated": formats.encode_allocated([])}),
+        lambda: extender.patch_node_annotations("policy-b", {"gpuslice.io/ledger": formats.encode_ledger(formats.Ledger({})),
+                                                             "gpuslice.io/allocating": formats.encode_allocating(["x"])}),
         lambda: extender.patch_node_annotations("policy-b", {"gpuslice.io/allocating": None}),
         lambda: extender.patch_pod_annotations("default", "on-b", {"gpuslice.io/grant": "g", "gpuslice.io/allocated": None}),
     ]

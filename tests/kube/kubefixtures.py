@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid as uuidlib
 from typing import Any
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats
 from gpuslice.spec import Device
 
 H100 = 81559 * 1024**2  # H100 80GB HBM3 memory as NVML reports it (81559 MiB)
@@ -25,9 +25,9 @@ def devices(node: str, count: int = 2, memory: int = H100, model: str = "H100-80
 
 def node(name: str, count: int = 2, memory: int = H100, split: int = 10, rv: str = "1",
          ledger: str | None = None, model: str = "H100-80GB-HBM3") -> dict[str, Any]:
-    anns = {codec.NODE_DEVICES: codec.encode_node_devices(devices(name, count, memory, model), split_count=split)}
+    anns = {formats.NODE_DEVICES: formats.encode_node_devices(devices(name, count, memory, model), split_count=split)}
     if ledger is not None:
-        anns[codec.NODE_LEDGER] = ledger
+        anns[formats.NODE_LEDGER] = ledger
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": rv, "annotations": anns,
                          "labels": {"kubernetes.io/hostname": name}},

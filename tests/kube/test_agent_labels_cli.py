@@ -18,14 +18,14 @@ from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats
 from gpuslice.kube.agent import NodePublisher, unique_devices
 from gpuslice.kube.certs import write_self_signed
 from gpuslice.kube.extender import Extender
-from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, grant_labels, grant_records
-from gpuslice.node.devices import load_snapshot
-from gpuslice.node.metrics import ViewCollector
-from gpuslice.node.monitor import Monitor
+from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, grant_labels, watched_grants
+from gpuslice.host.devices import load_snapshot
+from gpuslice.host.metrics import ViewCollector
+from gpuslice.host.monitor import Monitor
 
 
 
@@ -54,7 +54,7 @@ def test_unique_devices_rename_consistently_per_node():
 
 def test_publisher_writes_devices_and_keeps_the_ledger():
     api = FakeAPI()
-    api.add_node("n0", {codec.NODE_LEDGER: codec.encode_ledger(codec.Ledger({}))})
+    api.add_node("n0", {formats.NODE_LEDGER: formats.encode_ledger(formats.Ledger({}))})
     devs = devices("n0", 2)
     pub = NodePublisher(api, "n0", devs, split_count=7, memory_scaling=1.2, interval=0.05)
     pub.start()
@@ -62,11 +62,11 @@ def test_publisher_writes_devices_and_keeps_the_ledger():
         deadline = time.monotonic() + 5
         while pub.published < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        pub.health_changed({devs[1].uuid: codec.UNHEALTHY})
+        pub.health_changed({devs[1].uuid: formats.UNHEALTHY})
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             anns = api.get_node("n0")["metadata"]["annotations"]
-            nd = codec.decode_node_devices(anns[codec.NODE_DEVICES])
+            nd = formats.decode_node_devices(anns[formats.NODE_DEVICES])
             if not nd.healthy(devs[1].uuid):
                 break
             time.sleep(0.01)
@@ -74,7 +74,7 @@ def test_publisher_writes_devices_and_keeps_the_ledger():
         pub.stop()
     assert [d.uuid for d in nd.devices] == [d.uuid for d in devs] and nd.split_count == 7
     assert nd.memory_scaling == 1.2 and not nd.healthy(devs[1].uuid) and nd.healthy(devs[0].uuid)
-    assert codec.NODE_LEDGER in anns  # a merge patch of one key
+    assert formats.NODE_LEDGER in anns  # a merge patch of one key
 
 
 def test_metrics_get_namespace_pod_container_from_the_ledger(tmp_path):
@@ -87,7 +87,7 @@ def test_metrics_get_namespace_pod_container_from_the_ledger(tmp_path):
     ledger = labels.ledger()
     (gid, found), = grant_labels(ledger).items()
     assert found.namespace == "ml" and found.pod == "train" and found.container == "main"
-    records = grant_records(ledger, tmp_path)
+    records = watched_grants(ledger, tmp_path)
     assert records[0].region_file == str(tmp_path / "kube" / "regions" / gid / "region")
     monitor = Monitor(devices("n0", 2), "n0")
     registry = CollectorRegistry()

@@ -15,11 +15,11 @@ httpx = pytest.importorskip("httpx")  # pinned in pyproject; absent only on bare
 from fakeapi import FakeAPI
 from kubefixtures import H100, node, pod
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats, nodestate, podrequest, resources
 from gpuslice.kube.extender import Extender, NodeCache, extender_scores, sum_grants
 from gpuslice.kube.server import make_app, start_in_thread
 from gpuslice.placement import PlacementPolicy
-from gpuslice.spec import GiB, MiB, Slice
+from gpuslice.spec import GiB, Grant, MiB, Slice, SpecError
 
 
 def serve(extender):
@@ -41,7 +41,7 @@ def args_with_nodes(p, nodes):
 
 def test_filter_with_full_nodes(plain):
     bare = node("bare")
-    del bare["metadata"]["annotations"][codec.NODE_DEVICES]
+    del bare["metadata"]["annotations"][formats.NODE_DEVICES]
     small = node("small", memory=16 * GiB)
     big = node("big")
     p = pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30000"})
@@ -64,10 +64,10 @@ def test_filter_passes_non_gpu_pods_and_reports_bad_requests(plain):
 
 
 def test_prioritize_follows_the_pod_policy(plain):
-    used = codec.Ledger({}).with_entry(codec.PodGrant("busy", "u0", "ns", "x", (codec.ContainerGrant(
-        "main", "k-u0-main", (codec.Slice(codec.decode_node_devices(node("busy")["metadata"]["annotations"][
-            codec.NODE_DEVICES]).devices[0].uuid, 40 * GiB, 50),)),)))
-    nodes = [node("idle"), node("busy", ledger=codec.encode_ledger(used))]
+    used = formats.Ledger({}).with_entry(formats.PodGrant("busy", "u0", "ns", "x", (formats.ContainerGrant(
+        "main", Grant("k-u0-main", (Slice(formats.decode_node_devices(node("busy")["metadata"]["annotations"][
+            formats.NODE_DEVICES]).devices[0].uuid, 40 * GiB, 50),))),)))
+    nodes = [node("idle"), node("busy", ledger=formats.encode_ledger(used))]
     base = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"}
     binpack = plain.post("/prioritize", json=args_with_nodes(pod("p", base), nodes)).json()
     spread = plain.post("/prioritize", json=args_with_nodes(
@@ -137,13 +137,13 @@ def test_bind_writes_ledger_grant_and_binding():
         running.stop()
     stored = api.get_pod("default", "train")
     assert stored["spec"]["nodeName"] == "n0"
-    grant = codec.decode_pod_grant(stored["metadata"]["annotations"][codec.POD_GRANT])
+    grant = formats.decode_pod_grant(stored["metadata"]["annotations"][formats.POD_GRANT])
     (c,) = grant.containers
     assert c.container == "main" and c.slices[0].memory_limit == 10000 * MiB and c.slices[0].compute == 30
-    ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0")
+    ledger = formats.decode_ledger(api.get_node("n0")["metadata"]["annotations"][formats.NODE_LEDGER], "n0")
     assert ledger.entries[p["metadata"]["uid"]] == grant
     # binding again (a retry after a lost answer): same node, same pod -> nothing changes
-    api.patch_pod_annotations("default", "train", {codec.POD_ALLOCATED: codec.encode_allocated(["main"])})
+    api.patch_pod_annotations("default", "train", {formats.POD_ALLOCATED: formats.encode_allocated(["main"])})
     calls = len(api.calls)
     assert Extender(api).bind(bind_body(p, "n0"))["Error"] == ""
     assert api.calls[calls:] == []  # no write at all: the allocated mark and the binding stay
@@ -171,7 +171,7 @@ def test_concurrent_binds_never_overcommit_across_replicas():
     totals = sum_grants(api.list_nodes()[0])
     assert len(totals) == 2 and all(t["memory"] <= H100 and t["slices"] == 2 for t in totals.values())
     bound = [p for p in api.list_pods() if p["spec"].get("nodeName") == "n0"]
-    assert len(bound) == 4 and all(codec.POD_GRANT in p["metadata"]["annotations"] for p in bound)
+    assert len(bound) == 4 and all(formats.POD_GRANT in p["metadata"]["annotations"] for p in bound)
 
 
 def test_restarted_extender_rebuilds_state_from_the_api_server():
@@ -179,7 +179,7 @@ def test_restarted_extender_rebuilds_state_from_the_api_server():
     first = Extender(api)
     a = api.add_pod(pod("a", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "60"}))
     assert first.bind(bind_body(a, "n0"))["Error"] == ""
-    api.patch_pod_annotations("default", "a", {codec.POD_ALLOCATED: codec.encode_allocated(["main"])})
+    api.patch_pod_annotations("default", "a", {formats.POD_ALLOCATED: formats.encode_allocated(["main"])})
     # a brand-new extender (restart) with a node cache listing from the API server
     cache = NodeCache(api)
     cache.refresh()
@@ -198,7 +198,7 @@ def test_failed_binding_takes_the_grant_back():
     api.fail_bind.add("doomed")
     out = Extender(api).bind(bind_body(p, "n0"))
     assert "taken back" in out["Error"]
-    ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"].get(codec.NODE_LEDGER), "n0")
+    ledger = formats.decode_ledger(api.get_node("n0")["metadata"]["annotations"].get(formats.NODE_LEDGER), "n0")
     assert ledger.entries == {}
 
 
@@ -218,7 +218,7 @@ def test_multi_container_pod_gets_one_grant_per_container():
     out = ext.filter({"Pod": p, "NodeNames": ["n0"]})
     assert out["NodeNames"] == ["n0"]
     assert ext.bind(bind_body(p, "n0"))["Error"] == ""
-    g = codec.decode_pod_grant(api.get_pod("default", "two")["metadata"]["annotations"][codec.POD_GRANT])
+    g = formats.decode_pod_grant(api.get_pod("default", "two")["metadata"]["annotations"][formats.POD_GRANT])
     assert [c.container for c in g.containers] == ["c0", "c1"]
     assert g.containers[0].uuids != g.containers[1].uuids  # 50000 MiB twice does not fit one 80 GB GPU
     three = api.add_pod(pod("three", containers=cs + [dict(cs[0], name="c2")]))
@@ -241,7 +241,7 @@ def test_garbage_collection_frees_deleted_and_finished_pods():
     assert ext.collect_garbage() == 1  # b finished; a's deletion is too recent to trust a list
     now[0] += 120
     assert ext.collect_garbage() == 1
-    ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0")
+    ledger = formats.decode_ledger(api.get_node("n0")["metadata"]["annotations"][formats.NODE_LEDGER], "n0")
     assert list(ledger.entries) == [c["metadata"]["uid"]]
 
 
@@ -258,23 +258,23 @@ def test_fgd_prioritize_names_the_node_placement_picks_among_identical_idle_node
     must hand kube-scheduler that one node, not a draw among equals."""
     from gpuslice.placement import place
 
-    ext = Extender(None, codec.KubeConfig(policy=PlacementPolicy.parse("fgd")))
+    ext = Extender(None, resources.KubeConfig(policy=PlacementPolicy.parse("fgd")))
     nodes = [node(f"n{i}") for i in range(6)]
     p = pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"})
     scores = {h["Host"]: h["Score"] for h in ext.prioritize(args_with_nodes(p, nodes))}
     top = [n for n, s in scores.items() if s == 10]
-    states = [codec.node_state(n["metadata"]["name"], codec.decode_node_devices(
-        n["metadata"]["annotations"][codec.NODE_DEVICES]), codec.Ledger({})) for n in nodes]
-    req = codec.pod_request(p, codec.KubeConfig()).containers[0].request
+    states = [nodestate.node_state(n["metadata"]["name"], formats.decode_node_devices(
+        n["metadata"]["annotations"][formats.NODE_DEVICES]), formats.Ledger({})) for n in nodes]
+    req = podrequest.pod_request(p, resources.KubeConfig()).containers[0].request
     assert top == [place(req, states, PlacementPolicy.parse("fgd")).node]
 
 
 def test_policy_can_be_set_for_the_cluster():
-    ext = Extender(None, codec.KubeConfig(policy=PlacementPolicy.parse("spread")))
-    used = codec.Ledger({}).with_entry(codec.PodGrant("busy", "u0", "ns", "x", (codec.ContainerGrant(
-        "main", "k-u0-main", (codec.Slice(codec.decode_node_devices(node("busy")["metadata"]["annotations"][
-            codec.NODE_DEVICES]).devices[0].uuid, 40 * GiB, 50),)),)))
-    nodes = [node("busy", ledger=codec.encode_ledger(used)), node("idle")]
+    ext = Extender(None, resources.KubeConfig(policy=PlacementPolicy.parse("spread")))
+    used = formats.Ledger({}).with_entry(formats.PodGrant("busy", "u0", "ns", "x", (formats.ContainerGrant(
+        "main", Grant("k-u0-main", (Slice(formats.decode_node_devices(node("busy")["metadata"]["annotations"][
+            formats.NODE_DEVICES]).devices[0].uuid, 40 * GiB, 50),))),)))
+    nodes = [node("busy", ledger=formats.encode_ledger(used)), node("idle")]
     scores = {h["Host"]: h["Score"] for h in ext.prioritize(args_with_nodes(pod("p", {"nvidia.com/gpu": "1",
                                                                                       "nvidia.com/gpumem": "1000"}), nodes))}
     assert scores["idle"] > scores["busy"]
@@ -288,17 +288,17 @@ def test_fleet_index_follows_ledger_changes_like_a_fresh_build():
 
     rng = random.Random(3)
     names = [f"n{i}" for i in range(12)]
-    uuids = {n: [d.uuid for d in codec.decode_node_devices(node(n, 2)["metadata"]["annotations"][
-        codec.NODE_DEVICES]).devices] for n in names}
-    ledgers = {n: codec.Ledger({}) for n in names}
+    uuids = {n: [d.uuid for d in formats.decode_node_devices(node(n, 2)["metadata"]["annotations"][
+        formats.NODE_DEVICES]).devices] for n in names}
+    ledgers = {n: formats.Ledger({}) for n in names}
     health = {n: {} for n in names}
     rv = [1]
 
     def current(n):
         rv[0] += 1
-        doc = node(n, 2, rv=str(rv[0]), ledger=codec.encode_ledger(ledgers[n]))
+        doc = node(n, 2, rv=str(rv[0]), ledger=formats.encode_ledger(ledgers[n]))
         from kubefixtures import devices as devs
-        doc["metadata"]["annotations"][codec.NODE_DEVICES] = codec.encode_node_devices(devs(n, 2), health=health[n])
+        doc["metadata"]["annotations"][formats.NODE_DEVICES] = formats.encode_node_devices(devs(n, 2), health=health[n])
         return doc
 
     views = ViewCache()
@@ -312,19 +312,19 @@ def test_fleet_index_follows_ledger_changes_like_a_fresh_build():
         n = rng.choice(names)
         if step % 17 == 16:  # a device turns unhealthy / healthy again: rebuild path
             u = uuids[n][1]
-            health[n] = {} if health[n] else {u: codec.UNHEALTHY}
+            health[n] = {} if health[n] else {u: formats.UNHEALTHY}
         elif ledgers[n].entries and rng.random() < 0.4:
             ledgers[n] = ledgers[n].without([rng.choice(list(ledgers[n].entries))])
         else:
             mem = rng.choice([4000, 10000, 30000]) * MiB
             u = rng.choice(uuids[n])
-            trial = ledgers[n].with_entry(codec.PodGrant(n, f"u{step}", "ns", f"p{step}", (codec.ContainerGrant(
-                "main", f"k-u{step}-main", (codec.Slice(u, mem, rng.choice([0, 10, 30])),)),)))
+            trial = ledgers[n].with_entry(formats.PodGrant(n, f"u{step}", "ns", f"p{step}", (formats.ContainerGrant(
+                "main", Grant(f"k-u{step}-main", (Slice(u, mem, rng.choice([0, 10, 30])),))),)))
             try:
-                codec.node_state(n, codec.decode_node_devices(current(n)["metadata"]["annotations"][
-                    codec.NODE_DEVICES]), trial)
+                nodestate.node_state(n, formats.decode_node_devices(current(n)["metadata"]["annotations"][
+                    formats.NODE_DEVICES]), trial)
                 ledgers[n] = trial
-            except codec.SpecError:
+            except SpecError:
                 pass  # would over-commit: the extender never writes that
         views.view(current(n))
         p = pod("p", rng.choice(shapes), annotations={"gpuslice.io/policy": rng.choice(["binpack", "spread"])})
@@ -361,9 +361,9 @@ def test_node_cache_follows_the_api_server_without_a_watch():
 
 def test_nodes_whose_agent_went_quiet_are_skipped_when_ageing_is_on():
     fresh, quiet = node("fresh"), node("quiet")
-    now = codec.decode_node_devices(fresh["metadata"]["annotations"][codec.NODE_DEVICES]).updated
-    quiet["metadata"]["annotations"][codec.NODE_DEVICES] = codec.encode_node_devices(
-        codec.decode_node_devices(quiet["metadata"]["annotations"][codec.NODE_DEVICES]).devices, now=now - 600)
+    now = formats.decode_node_devices(fresh["metadata"]["annotations"][formats.NODE_DEVICES]).updated
+    quiet["metadata"]["annotations"][formats.NODE_DEVICES] = formats.encode_node_devices(
+        formats.decode_node_devices(quiet["metadata"]["annotations"][formats.NODE_DEVICES]).devices, now=now - 600)
     p = pod("p", {"nvidia.com/gpu": "1"})
     ext = Extender(None, stale_after=300, clock=lambda: now + 1)
     out = ext.filter(args_with_nodes(p, [fresh, quiet]))
@@ -406,12 +406,12 @@ def test_use_gputype_matches_a_substring_of_the_card_type_through_filter_priorit
 
 # ------------------------------------------------------------------------------ the allocation lock
 def holders(api, name="n0"):
-    return codec.decode_allocating(api.get_node(name)["metadata"]["annotations"].get(codec.NODE_ALLOCATING))
+    return formats.decode_allocating(api.get_node(name)["metadata"]["annotations"].get(formats.NODE_ALLOCATING))
 
 
 def allocated(api, p, containers=("main",)):
     api.patch_pod_annotations(p["metadata"]["namespace"], p["metadata"]["name"],
-                              {codec.POD_ALLOCATED: codec.encode_allocated(containers)})
+                              {formats.POD_ALLOCATED: formats.encode_allocated(containers)})
 
 
 def test_allocation_lock_admits_one_pod_per_device_count_until_it_is_allocated():
@@ -431,7 +431,7 @@ def test_allocation_lock_admits_one_pod_per_device_count_until_it_is_allocated()
     err = ext.bind(bind_body(b, "n0"))["Error"]
     assert "waiting for the kubelet to allocate pod default/a" in err
     assert api.get_pod("default", "b")["spec"].get("nodeName") is None
-    assert set(codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0").entries) \
+    assert set(formats.decode_ledger(api.get_node("n0")["metadata"]["annotations"][formats.NODE_LEDGER], "n0").entries) \
         == {a["metadata"]["uid"]}
     assert ext.bind(bind_body(two, "n0"))["Error"] == ""  # Allocate can tell 2 IDs from 1: no wait
     assert holders(api) == {a["metadata"]["uid"], two["metadata"]["uid"]}
@@ -467,7 +467,7 @@ def test_taking_back_a_failed_binding_releases_its_lock():
     api.fail_bind.add("doomed")
     assert "taken back" in Extender(api).bind(bind_body(p, "n0"))["Error"]
     assert holders(api) == frozenset()
-    assert codec.NODE_ALLOCATING not in api.get_node("n0")["metadata"]["annotations"]  # no empty leftovers
+    assert formats.NODE_ALLOCATING not in api.get_node("n0")["metadata"]["annotations"]  # no empty leftovers
 
 
 def test_garbage_collection_drops_lock_holders_that_no_longer_hold_it():
@@ -496,7 +496,7 @@ def test_garbage_collection_drops_lock_holders_that_no_longer_hold_it():
 
 def test_a_malformed_lock_annotation_makes_the_node_unreadable_not_the_extender():
     api = cluster(2, 1)
-    api.patch_node_annotations("n0", {codec.NODE_ALLOCATING: '{"version": 1, "pods": "uid-1"}'})
+    api.patch_node_annotations("n0", {formats.NODE_ALLOCATING: '{"version": 1, "pods": "uid-1"}'})
     cache = NodeCache(api)
     cache.refresh()
     out = Extender(api, cache=cache).filter({"Pod": pod("p", {"nvidia.com/gpu": "1"}), "NodeNames": ["n0", "n1"]})
@@ -508,9 +508,9 @@ def test_a_node_whose_ledger_names_a_lost_gpu_still_takes_pods_on_its_other_gpus
     """A GPU vanished from gpuslice.io/devices while a pod still holds a slice on it: the node is not
     'unreadable'; filter (shared fleet and per-request build alike) and bind use its other GPUs."""
     api = cluster(1, 2)
-    ghost = codec.PodGrant("n0", "uid-old", "default", "old", (codec.ContainerGrant(
-        "main", "k-uid-old-main", (Slice("GPU-lost", 40 * GiB, 50),)),), bound_at=1.0)
-    api.patch_node_annotations("n0", {codec.NODE_LEDGER: codec.encode_ledger(codec.Ledger({}).with_entry(ghost))})
+    ghost = formats.PodGrant("n0", "uid-old", "default", "old", (formats.ContainerGrant(
+        "main", Grant("k-uid-old-main", (Slice("GPU-lost", 40 * GiB, 50),))),), bound_at=1.0)
+    api.patch_node_annotations("n0", {formats.NODE_LEDGER: formats.encode_ledger(formats.Ledger({}).with_entry(ghost))})
     api.add_pod(pod("old", {"nvidia.com/gpu": "1"}, uid="uid-old"))
     cache = NodeCache(api)
     cache.refresh()
@@ -521,9 +521,9 @@ def test_a_node_whose_ledger_names_a_lost_gpu_still_takes_pods_on_its_other_gpus
     three = api.add_pod(pod("three", {"nvidia.com/gpu": "3", "nvidia.com/gpumem": "1000"}))
     assert Extender(api, cache=cache).filter({"Pod": three, "NodeNames": ["n0"]})["NodeNames"] == []  # not on it
     assert Extender(api).bind(bind_body(p, "n0"))["Error"] == ""
-    g = codec.decode_pod_grant(api.get_pod("default", "new")["metadata"]["annotations"][codec.POD_GRANT])
+    g = formats.decode_pod_grant(api.get_pod("default", "new")["metadata"]["annotations"][formats.POD_GRANT])
     assert "GPU-lost" not in g.containers[0].uuids
-    ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0")
+    ledger = formats.decode_ledger(api.get_node("n0")["metadata"]["annotations"][formats.NODE_LEDGER], "n0")
     assert set(ledger.entries) == {"uid-old", p["metadata"]["uid"]}  # the lost GPU's grant is kept
 
 
@@ -567,9 +567,9 @@ def test_a_losing_bind_never_leaves_its_grant_on_a_pod_bound_elsewhere():
     assert "bound to n0 meanwhile" in err and "taken back" in err
     stored = api.get_pod("default", "twice")
     assert stored["spec"]["nodeName"] == "n0"
-    grant = codec.decode_pod_grant(_anns(api, "twice")[codec.POD_GRANT])
+    grant = formats.decode_pod_grant(_anns(api, "twice")[formats.POD_GRANT])
     assert grant.node == "n0"
-    ledgers = {n: codec.decode_ledger(api.get_node(n)["metadata"]["annotations"].get(codec.NODE_LEDGER), n)
+    ledgers = {n: formats.decode_ledger(api.get_node(n)["metadata"]["annotations"].get(formats.NODE_LEDGER), n)
                for n in ("n0", "n1")}
     assert ledgers["n0"].entries[p["metadata"]["uid"]] == grant and ledgers["n1"].entries == {}
 
@@ -580,9 +580,9 @@ def test_a_binding_whose_answer_was_lost_keeps_its_grant():
     p = api.add_pod(pod("lost", {"nvidia.com/gpu": "1"}))
     api.lost_answer.add("lost")
     assert Extender(api).bind(bind_body(p, "n0"))["Error"] == ""  # it is bound: not a failure
-    ledger = codec.decode_ledger(api.get_node("n0")["metadata"]["annotations"][codec.NODE_LEDGER], "n0")
+    ledger = formats.decode_ledger(api.get_node("n0")["metadata"]["annotations"][formats.NODE_LEDGER], "n0")
     assert set(ledger.entries) == {p["metadata"]["uid"]}  # not taken back under a running pod
-    assert codec.decode_pod_grant(_anns(api, "lost")[codec.POD_GRANT]).node == "n0"
+    assert formats.decode_pod_grant(_anns(api, "lost")[formats.POD_GRANT]).node == "n0"
 
 
 def test_a_failed_binding_removes_its_grant_annotation():
@@ -590,7 +590,7 @@ def test_a_failed_binding_removes_its_grant_annotation():
     p = api.add_pod(pod("doomed", {"nvidia.com/gpu": "1"}))
     api.fail_bind.add("doomed")
     assert "taken back" in Extender(api).bind(bind_body(p, "n0"))["Error"]
-    assert codec.POD_GRANT not in _anns(api, "doomed")
+    assert formats.POD_GRANT not in _anns(api, "doomed")
 
 
 def test_a_lock_released_before_the_watch_says_so_is_read_fresh():
@@ -604,7 +604,7 @@ def test_a_lock_released_before_the_watch_says_so_is_read_fresh():
     assert ext.bind(bind_body(a, "n0"))["Error"] == ""
     cache.refresh()  # the watch has seen the lock taken
     assert ext.filter({"Pod": b, "NodeNames": ["n0"]})["NodeNames"] == []
-    api.patch_node_annotations("n0", {codec.NODE_ALLOCATING: None})  # the device plugin releases it ...
+    api.patch_node_annotations("n0", {formats.NODE_ALLOCATING: None})  # the device plugin releases it ...
     stale = cache.views.get("n0")
     assert stale is not None and stale.allocating == {a["metadata"]["uid"]}  # ... unseen by the watch
     assert ext.filter({"Pod": b, "NodeNames": ["n0"]})["NodeNames"] == ["n0"]

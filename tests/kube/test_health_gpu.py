@@ -16,7 +16,7 @@ def test_application_xids_are_not_device_faults():
 
 @pytest.mark.gpu
 def test_nvml_health_reports_no_false_alarm_on_healthy_gpus():
-    from gpuslice.node.devices import discover_nvml
+    from gpuslice.host.devices import discover_nvml
 
     devs = discover_nvml()
     reports: list[tuple] = []
@@ -33,7 +33,7 @@ def test_nvml_health_reports_no_false_alarm_on_healthy_gpus():
 def test_nvml_health_reports_a_device_nvml_cannot_find():
     from dataclasses import replace
 
-    from gpuslice.node.devices import discover_nvml
+    from gpuslice.host.devices import discover_nvml
 
     real = discover_nvml()[0]
     ghost = replace(real, uuid="GPU-00000000-0000-0000-0000-000000000000", index=99)

@@ -17,11 +17,12 @@ from fakeapi import FakeAPI
 from kubefixtures import devices
 from nvmldouble import NvmlDouble
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats
 from gpuslice.kube.agent import NodePublisher, Rediscovery
 from gpuslice.kube.deviceplugin import load
 from gpuslice.kube.health import APPLICATION_XIDS, NvmlHealth
-from gpuslice.kube.plugin import DevicePlugin, PluginConfig, device_id
+from gpuslice.kube.allocator import PluginConfig, device_id
+from gpuslice.kube.plugin import DevicePlugin
 
 pb, pb_grpc = load()
 
@@ -143,8 +144,8 @@ def test_critical_xid_marks_the_device_unhealthy_in_list_and_watch_and_it_comes_
 
 
 # ------------------------------------------------------------------------------ rediscovery
-def _annotation(api: FakeAPI) -> codec.NodeDevices:
-    return codec.decode_node_devices(api.get_node("n0")["metadata"]["annotations"][codec.NODE_DEVICES])
+def _annotation(api: FakeAPI) -> formats.NodeDevices:
+    return formats.decode_node_devices(api.get_node("n0")["metadata"]["annotations"][formats.NODE_DEVICES])
 
 
 def test_rediscovery_updates_list_and_watch_and_the_node_annotation(folder):
@@ -163,7 +164,7 @@ def test_rediscovery_updates_list_and_watch_and_the_node_annotation(folder):
     rediscovery = Rediscovery(discover, plugin.set_devices, interval=30)
     plugin.serve()
     try:
-        assert wait_for(lambda: codec.NODE_DEVICES in api.get_node("n0")["metadata"]["annotations"])
+        assert wait_for(lambda: formats.NODE_DEVICES in api.get_node("n0")["metadata"]["annotations"])
         channel = grpc.insecure_channel(f"unix://{plugin.cfg.socket_path}")
         with channel:
             stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty(), timeout=30)

@@ -193,7 +193,7 @@ def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> N
     assert "--no-node-cache" not in ext_args
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
     # Every name the extender reads, so a pod naming any of them reaches it.
-    from gpuslice.kube.codec import ResourceNames
+    from gpuslice.kube.resources import ResourceNames
 
     assert set(managed) == set(ResourceNames().all()) and HAMI_NAMES <= set(managed)
     # Only the advertised count exists on nodes; kube-scheduler can judge nothing else.
@@ -244,7 +244,7 @@ FLAGS = {"resourceName": "--resource-name", "resourceMem": "--resource-mem",
 def test_resource_names_reach_agent_extender_webhook_scheduler_and_guard(helm: Path) -> None:
     """All five names are configurable (HAMi's chart keys); each reaches every component that reads it,
     and the codec built from the extender's flags reads exactly what kube-scheduler routes to it."""
-    from gpuslice.kube.codec import ResourceNames
+    from gpuslice.kube.resources import ResourceNames
 
     objs = render(helm, *(f"{k}={v}" for k, v in RENAMED.items()))
     assert flag(args_of(objs, "DaemonSet", "agent"), "--resource-name") == "example.com/vgpu"
@@ -447,10 +447,10 @@ def test_write_policies_narrow_the_roles_to_gpuslice_annotations(helm: Path) -> 
             assert "authentication.kubernetes.io/node-name" in variables["node"]
         assert bindings[name]["spec"] == {"policyName": name, "validationActions": ["Deny"]}
     # The annotation keys are the codec's.
-    from gpuslice.kube import codec
+    from gpuslice.kube import formats
 
     keys = {k for _, _, allowed in want.values() for k in allowed}
-    assert keys == {codec.NODE_DEVICES, codec.NODE_ALLOCATING, codec.POD_ALLOCATED, codec.NODE_LEDGER, codec.POD_GRANT}
+    assert keys == {formats.NODE_DEVICES, formats.NODE_ALLOCATING, formats.POD_ALLOCATED, formats.NODE_LEDGER, formats.POD_GRANT}
     off = {o["metadata"]["name"] for o in render(helm, "rbac.writePolicies=false") if o["kind"] == "ValidatingAdmissionPolicy"}
     assert off == {"gs-gpuslice-guard"}
 

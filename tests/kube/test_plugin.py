@@ -17,11 +17,12 @@ grpc = pytest.importorskip("grpc")  # pinned in pyproject; absent only on bare G
 from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats
 from gpuslice.kube.deviceplugin import load
 from gpuslice.kube.extender import Extender
-from gpuslice.kube.plugin import DevicePlugin, PluginConfig, device_id
-from gpuslice.node.slicefile import read_slice_file
+from gpuslice.kube.allocator import PluginConfig, device_id
+from gpuslice.kube.plugin import DevicePlugin
+from gpuslice.enforcer.slicefile import read_slice_file
 
 pb, pb_grpc = load()
 
@@ -172,7 +173,7 @@ def bound_cluster(names_limits, allocation_timeout=300.0):
 def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
     api, (p,) = bound_cluster([("train", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000",
                                           "nvidia.com/gpucores": "30"})])
-    grant = codec.decode_pod_grant(p["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    grant = formats.decode_pod_grant(p["metadata"]["annotations"][formats.POD_GRANT]).containers[0]
     plugin = make_plugin(folder, api)
     with serving(plugin) as client:
         available = [device_id(u, k) for u in reversed([d.uuid for d in devices("n0", 2)]) for k in range(4)]
@@ -217,8 +218,8 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
         index = [d.uuid for d in devices("n0", 2)].index(grant.uuids[0])
         assert [d.container_path for d in c.devices] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
                                                          "/dev/nvidia-uvm-tools", f"/dev/nvidia{index}"]
-        marked = api.get_pod("default", "train")["metadata"]["annotations"][codec.POD_ALLOCATED]
-        assert codec.decode_allocated(marked) == {"main"}
+        marked = api.get_pod("default", "train")["metadata"]["annotations"][formats.POD_ALLOCATED]
+        assert formats.decode_allocated(marked) == {"main"}
         with pytest.raises(grpc.RpcError) as exc:  # nothing left to allocate for this pod
             client.Allocate(pb.AllocateRequest(container_requests=[
                 pb.ContainerAllocateRequest(devices_ids=[chosen])]), timeout=5)
@@ -238,8 +239,8 @@ def test_two_pods_waiting_for_the_same_device_count_are_refused_not_guessed(fold
     # 50 GiB each: the two pods land on different GPUs
     api, (a, b) = bound_cluster([("a", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"}),
                                  ("b", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"})], allocation_timeout=0)
-    ga = codec.decode_pod_grant(a["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
-    gb = codec.decode_pod_grant(b["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    ga = formats.decode_pod_grant(a["metadata"]["annotations"][formats.POD_GRANT]).containers[0]
+    gb = formats.decode_pod_grant(b["metadata"]["annotations"][formats.POD_GRANT]).containers[0]
     assert ga.uuids != gb.uuids
     plugin = make_plugin(folder, api)
     with serving(plugin) as client:
@@ -248,7 +249,7 @@ def test_two_pods_waiting_for_the_same_device_count_are_refused_not_guessed(fold
                 allocate(client, [device_id(uuid, 3)])
             assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "default/a, default/b" in exc.value.details() and "cannot tell" in exc.value.details()
-        assert codec.POD_ALLOCATED not in api.get_pod("default", "a")["metadata"]["annotations"]
+        assert formats.POD_ALLOCATED not in api.get_pod("default", "a")["metadata"]["annotations"]
         # a 2-device request is not ambiguous with them: no candidate at all
         with pytest.raises(grpc.RpcError) as exc:
             allocate(client, [device_id(ga.uuids[0], 0), device_id(gb.uuids[0], 0)])
@@ -265,14 +266,14 @@ def test_allocation_lock_gives_allocate_exactly_one_candidate(folder):
     b = api.add_pod(pod("b", big))
     body = {"PodName": "b", "PodNamespace": "default", "PodUID": b["metadata"]["uid"], "Node": "n0"}
     assert "waiting for the kubelet to allocate pod default/a" in ext.bind(body)["Error"]
-    ga = codec.decode_pod_grant(a["metadata"]["annotations"][codec.POD_GRANT]).containers[0]
+    ga = formats.decode_pod_grant(a["metadata"]["annotations"][formats.POD_GRANT]).containers[0]
     plugin = make_plugin(folder, api)
     with serving(plugin) as client:
         assert allocate(client, [device_id(ga.uuids[0], 1)]).envs["GPUSLICE_GRANT"] == ga.grant_id
-        holders = api.get_node("n0")["metadata"]["annotations"].get(codec.NODE_ALLOCATING)
-        assert codec.decode_allocating(holders) == frozenset()  # released by the plugin
+        holders = api.get_node("n0")["metadata"]["annotations"].get(formats.NODE_ALLOCATING)
+        assert formats.decode_allocating(holders) == frozenset()  # released by the plugin
         assert ext.bind(body)["Error"] == ""
-        gb = codec.decode_pod_grant(api.get_pod("default", "b")["metadata"]["annotations"][codec.POD_GRANT])
+        gb = formats.decode_pod_grant(api.get_pod("default", "b")["metadata"]["annotations"][formats.POD_GRANT])
         gb = gb.containers[0]
         assert gb.uuids != ga.uuids
         resp = allocate(client, [device_id(ga.uuids[0], 2)])  # IDs on a's GPU: still b's grant
@@ -291,14 +292,14 @@ def test_lock_is_released_only_when_every_container_of_the_pod_is_allocated(fold
     plugin = make_plugin(folder, api)
     uid = p["metadata"]["uid"]
     with serving(plugin) as client:
-        g = codec.decode_pod_grant(api.get_pod("default", "two")["metadata"]["annotations"][codec.POD_GRANT])
+        g = formats.decode_pod_grant(api.get_pod("default", "two")["metadata"]["annotations"][formats.POD_GRANT])
         first = allocate(client, [device_id(g.containers[0].uuids[0], 0)])
         assert first.envs["GPUSLICE_GRANT"] == g.containers[0].grant_id
         node_anns = api.get_node("n0")["metadata"]["annotations"]
-        assert codec.decode_allocating(node_anns[codec.NODE_ALLOCATING]) == {uid}  # c1 still to come
+        assert formats.decode_allocating(node_anns[formats.NODE_ALLOCATING]) == {uid}  # c1 still to come
         second = allocate(client, [device_id(g.containers[1].uuids[0], 0)])
         assert second.envs["GPUSLICE_GRANT"] == g.containers[1].grant_id
-        assert codec.NODE_ALLOCATING not in api.get_node("n0")["metadata"]["annotations"]
+        assert formats.NODE_ALLOCATING not in api.get_node("n0")["metadata"]["annotations"]
 
 
 def test_allocate_refuses_unhealthy_devices_and_missing_grants(folder):
@@ -319,9 +320,9 @@ def test_allocate_refuses_unhealthy_devices_and_missing_grants(folder):
 
 def test_pacing_file_names_follow_the_enforcer():
     """The pacer opens <dir>/<cuDeviceGetUuid_v2 as GPU-hex>.dev: a MIG instance's own UUID with GPU-."""
-    from gpuslice.kube.plugin import Allocator
-    from gpuslice.spec import Slice
+    from gpuslice.kube.allocator import Allocator
+    from gpuslice.spec import Grant, Slice
 
     mig = "MIG-0b0c7a3e-1f2d-5a6b-9c8d-7e6f5a4b3c2d"
-    g = codec.ContainerGrant("c", "k-1-c", (Slice("GPU-aaaa", 1), Slice(mig, 1), Slice("GPU-aaaa", 1)))
+    g = formats.ContainerGrant("c", Grant("k-1-c", (Slice("GPU-aaaa", 1), Slice(mig, 1))))
     assert Allocator.state_files(g) == ["GPU-aaaa", "GPU-0b0c7a3e-1f2d-5a6b-9c8d-7e6f5a4b3c2d"]

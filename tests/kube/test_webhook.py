@@ -12,11 +12,11 @@ httpx = pytest.importorskip("httpx")  # pinned in pyproject; absent only on bare
 pytest.importorskip("cryptography")
 from kubefixtures import pod
 
-from gpuslice.kube import codec, webhook
+from gpuslice.kube import formats, podrequest, resources, webhook
 from gpuslice.kube.certs import write_self_signed
 from gpuslice.kube.server import make_app, start_in_thread
 
-CFG = codec.KubeConfig(default_gpu_num=1, default_cores=10)
+CFG = resources.KubeConfig(default_gpu_num=1, default_cores=10)
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +55,15 @@ def patched(obj, response):
 
 
 def test_hami_pod_gets_scheduler_defaults_and_request(https):
-    p = pod("train", {"nvidia.com/gpumem-percentage": "50"}, annotations={codec.POD_GRANT: "forged"})
+    p = pod("train", {"nvidia.com/gpumem-percentage": "50"}, annotations={formats.POD_GRANT: "forged"})
     out = patched(p, answer(https, review(p)))
     assert out["spec"]["schedulerName"] == "gpuslice-scheduler"
     res = out["spec"]["containers"][0]["resources"]
     assert res["limits"]["nvidia.com/gpu"] == "1" and res["requests"]["nvidia.com/gpu"] == "1"  # defaultGPUNum
-    assert codec.POD_GRANT not in out["metadata"]["annotations"]  # a pod cannot bring its own grant
-    (name, req), = codec.decode_pod_request(out["metadata"]["annotations"][codec.POD_REQUEST])
+    assert formats.POD_GRANT not in out["metadata"]["annotations"]  # a pod cannot bring its own grant
+    assert "gpuslice.io/request" not in out["metadata"]["annotations"]  # no second copy of the request
+    (c,) = podrequest.pod_request(out, CFG).containers  # what the extender reads from the admitted pod
+    name, req = c.name, c.request
     assert name == "main" and str(req.memory) == "50%" and req.compute == 10  # defaultCores
 
 
@@ -69,7 +71,7 @@ def test_pod_without_annotations_or_resources_block(https):
     p = pod("a", {"nvidia.com/gpu": "2"})
     del p["metadata"]["uid"]
     out = patched(p, answer(https, review(p)))
-    assert json.loads(out["metadata"]["annotations"][codec.POD_REQUEST])["containers"][0]["count"] == 2
+    assert podrequest.pod_request(out, CFG).containers[0].request.count == 2
     c = {"name": "x", "image": "busybox"}
     p = pod("b", containers=[c, {"name": "y", "image": "busybox", "resources": {"limits": {"nvidia.com/gpucores": "20"}}}])
     out = patched(p, answer(https, review(p)))
@@ -159,8 +161,8 @@ def test_count_given_as_gpuslice_gpu_gets_the_advertised_name_too():
 
 
 def test_configured_resource_names_reach_the_webhook():
-    names = codec.ResourceNames.configured(count="example.com/vgpu", memory="example.com/vmem")
-    cfg = codec.KubeConfig(names=names, default_gpu_num=1)
+    names = resources.ResourceNames.configured(count="example.com/vgpu", memory="example.com/vmem")
+    cfg = resources.KubeConfig(names=names, default_gpu_num=1)
     p = pod("renamed", {"example.com/vmem": "2048"})
     out = patched(p, webhook.mutate(review(p), cfg)["response"])
     assert out["spec"]["schedulerName"] == "gpuslice-scheduler"
@@ -170,7 +172,7 @@ def test_configured_resource_names_reach_the_webhook():
 
 
 def test_what_hami_ignores_is_allowed_with_a_warning():
-    cfg = codec.KubeConfig(default_gpu_num=0)
+    cfg = resources.KubeConfig(default_gpu_num=0)
     p = pod("no-count", {"nvidia.com/gpumem": "2000"})
     response = webhook.mutate(review(p), cfg)["response"]
     assert response["allowed"] and "patch" not in response

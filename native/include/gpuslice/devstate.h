@@ -1,5 +1,5 @@
 /* gpuslice per-device shared state: how the slices (and their processes) on one device see each
- * other, for the compute pacer and for `gpuslice ps` (Python reader: gpuslice.node.compute).
+ * other, for the compute pacer and for `gpuslice ps` (Python reader: gpuslice.enforcer.devstate).
  *
  * One file per device: <device_state_dir>/<device-uuid>.dev, mmap'd MAP_SHARED by every paced
  * process on the node. Fixed little-endian layout (x86-64/aarch64 native), version 2:

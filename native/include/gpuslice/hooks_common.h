@@ -1,4 +1,5 @@
-/* Shared prologue of the hooks: decide once whether the enforcer is active, and what to do if not. */
+/* Shared prologue of the hooks: decide once whether the enforcer is active, and what to do if not;
+ * the accounting macros every hook file uses; and what hook files offer each other. */
 #ifndef GPUSLICE_HOOKS_COMMON_H
 #define GPUSLICE_HOOKS_COMMON_H
 #include "gpuslice/hook.h"
@@ -13,6 +14,19 @@
         if (gs_st_ == GS_STATE_BROKEN) return CUDA_ERROR_NOT_INITIALIZED;      \
         if (gs_st_ != GS_STATE_ACTIVE) return (passthrough_call);              \
     } while (0)
+
+/* Define hook `name` with `params`: its real function, the prologue, then `what(real args)` -- a
+ * statement (a macro of the hook file) that sees `real` and the parameters and returns. A hook
+ * file's X-macro table of rows X(name, parameters, arguments, what) defines all its hooks with
+ * TABLE(GS_HOOK_DEFINE) and its part of the dispatch table with TABLE(GS_HOOK_ROW), so the versions
+ * of one function are one row each, never copies. */
+#define GS_HOOK_DEFINE(name, params, args, what)                               \
+    GS_EXPORT CUresult name params                                             \
+    {                                                                          \
+        __typeof__(&name) real = GS_REAL(name);                                \
+        GS_PROLOGUE(real args);                                                \
+        what(real args);                                                       \
+    }
 
 /* An allocation with no current context fails in the driver; account it on no device. */
 #define ORD_OR_PASS(call)                  \
@@ -46,15 +60,11 @@
         return gs_fr_;                                                         \
     } while (0)
 
-/* Pitched allocation shared by cuMemAllocPitch_v2 and the legacy cuMemAllocPitch: reserve the
- * estimate, `call(args, &ptr, &pitch)`, settle to pitch x height (`fr(args, ptr)` frees on refusal). */
-CUresult gs_pitched(int ord, uint64_t width, uint64_t height, CUresult (*call)(void *, uint64_t *, uint64_t *),
-                    void *args, CUresult (*fr)(void *, uint64_t));
-/* Memory queries: clamp the driver's answer for the current device / device dev to the slice. */
-void gs_clamp_mem_info(uint64_t *free_b, uint64_t *total_b);
-void gs_clamp_total_mem(int dev, uint64_t *bytes);
-/* Bytes of an array from its descriptor fields (element size x channels x extent; mip levels). */
-uint64_t gs_array_bytes(size_t w, size_t h, size_t d, int format, unsigned channels);
-uint64_t gs_mipmapped_bytes(size_t w, size_t h, size_t d, int format, unsigned channels, unsigned flags,
-                            unsigned levels);
+/* Stream-ordered pools (src/hooks/cuda_pool.c), for the other hooks. gs_pool_free_sync frees ptr
+ * with the real cuMemFree-like `real` if ptr is a pool allocation we track (cudaFree of
+ * cudaMallocAsync memory), else returns GS_POOL_NOT_MINE. gs_pool_forget_device gives back and
+ * forgets the pools of a device whose primary context went. */
+#define GS_POOL_NOT_MINE (-2)
+CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
+void gs_pool_forget_device(int ordinal);
 #endif

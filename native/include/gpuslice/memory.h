@@ -1,6 +1,7 @@
-/* Memory accounting: reserve against the slice's limit in the region before the driver allocates,
- * give back on failure or free; and the per-process table of live allocations (pointer/handle ->
- * size, device) so frees know what to give back. */
+/* Memory accounting (src/accounting/): reserve against the slice's limit in the region before the
+ * driver allocates, give back on failure or free; and the per-process table of live allocations
+ * (pointer/handle -> size, device) so frees know what to give back. Called by the hooks; calls only
+ * start-up's state (state.h), the region, the config and the real driver functions. */
 #ifndef GPUSLICE_MEMORY_H
 #define GPUSLICE_MEMORY_H
 #include <stdint.h>
@@ -37,7 +38,7 @@ void gs_mem_release(int ordinal, uint64_t bytes);
 CUresult gs_mem_ctx_add(int ordinal);
 void gs_mem_ctx_remove(int ordinal);
 
-/* Live allocations of this process (track.c). */
+/* Live allocations of this process (src/accounting/track.c). */
 void gs_track_add(int kind, uint64_t key, int ordinal, uint64_t bytes);
 /* 1 and fills ordinal/bytes if found (and removes it), else 0. */
 int gs_track_take(int kind, uint64_t key, int *ordinal, uint64_t *bytes);
@@ -58,23 +59,11 @@ struct gs_slice_proc {
 };
 int gs_mem_slice_procs(const char *uuid, struct gs_slice_proc *out, int max);
 
-/* Stream-ordered pools (cuda_pool.c). gs_pool_free_sync frees ptr with the real cuMemFree-like
- * `real` if ptr is a pool allocation we track (cudaFree of cudaMallocAsync memory), else returns
- * GS_POOL_NOT_MINE. gs_pool_make_room trims this process's pools on ordinal down to what is in use
- * and returns the bytes that left the slice's books (called before refusing another allocation).
- * gs_pool_forget_device gives back and forgets the pools of a device whose primary context went. */
-#define GS_POOL_NOT_MINE (-2)
-CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
-uint64_t gs_pool_make_room(int ordinal);
-void gs_pool_forget_device(int ordinal);
-
-/* Called from gs_init / fork child. */
-int gs_mem_init(void);
-void gs_mem_after_fork_child(void);
-void gs_track_after_fork_child(void);
-void gs_vmm_after_fork_child(void);
-void gs_pool_after_fork_child(void);
-void gs_ctx_after_fork_child(void);
+/* Who can give memory back before a refusal is final: a refused reservation calls `fn(ordinal)`
+ * (it returns the bytes that left the slice's books) and tries once more. The stream-ordered pools
+ * (src/hooks/cuda_pool.c) register their trim when they first track a pool; accounting knows no
+ * pool, so it never calls up into the hooks. */
+void gs_mem_set_make_room(uint64_t (*fn)(int ordinal));
 /* Format a CUuuid as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
 void gs_format_uuid(const CUuuid *u, char out[64]);
 #endif

@@ -1,5 +1,5 @@
 /* The region: one file per slice, mmap'ed MAP_SHARED by every process of the slice and read by the
- * node's monitor (src/gpuslice/node/region.py). This header IS the ABI; a layout change bumps
+ * node's monitor (src/gpuslice/enforcer/region.py). This header IS the ABI; a layout change bumps
  * GS_REGION_VERSION. All integers little-endian (the only hosts are x86_64 / aarch64 Linux).
  *
  * Layout, version 1 (offsets in bytes; sizes are also recorded in the header so readers can check):

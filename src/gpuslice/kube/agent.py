@@ -19,7 +19,7 @@ import uuid as uuidlib
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats
 from gpuslice.kube.api import KubeAPI, KubeError
 from gpuslice.spec import Device
 
@@ -53,17 +53,17 @@ class NodePublisher:
         self.split_count = split_count
         self.memory_scaling = memory_scaling
         self.interval = interval
-        self._health: dict[str, str] = {d.uuid: codec.HEALTHY for d in devices}
+        self._health: dict[str, str] = {d.uuid: formats.HEALTHY for d in devices}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.published = 0
 
     def value(self) -> str:
-        return codec.encode_node_devices(self.devices, health=self._health, split_count=self.split_count,
+        return formats.encode_node_devices(self.devices, health=self._health, split_count=self.split_count,
                                          memory_scaling=self.memory_scaling)
 
     def publish(self) -> None:
-        self.api.patch_node_annotations(self.node, {codec.NODE_DEVICES: self.value()})
+        self.api.patch_node_annotations(self.node, {formats.NODE_DEVICES: self.value()})
         self.published += 1
 
     def health_changed(self, health: Mapping[str, str]) -> None:

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats
+from gpuslice.spec import SpecError
 
 DEFAULT_TIMEOUT = 300.0  # seconds; HAMi releases its node lock after 5 minutes
 
 
-def blockers(ledger: codec.Ledger, allocating: frozenset[str], pod_uid: str, counts: frozenset[int],
-             now: float, timeout: float) -> list[codec.PodGrant]:
+def blockers(ledger: formats.Ledger, allocating: frozenset[str], pod_uid: str, counts: frozenset[int],
+             now: float, timeout: float) -> list[formats.PodGrant]:
     """Ledger entries of the other pods that hold the lock against a pod with containers of ``counts``
     devices: in ``allocating``, in the ledger, bound less than ``timeout`` s ago, sharing a count.
     Oldest first; empty when the lock is off (``timeout`` 0)."""
@@ -39,19 +40,19 @@ def blockers(ledger: codec.Ledger, allocating: frozenset[str], pod_uid: str, cou
         entry = ledger.entries.get(uid)
         if uid == pod_uid or entry is None or entry.bound_at < now - timeout:
             continue
-        if codec.device_counts(entry) & counts:
+        if formats.device_counts(entry) & counts:
             out.append(entry)
     return sorted(out, key=lambda e: (e.bound_at, e.pod_uid))
 
 
-def live_holders(ledger: codec.Ledger, allocating: frozenset[str], now: float, timeout: float) -> frozenset[str]:
+def live_holders(ledger: formats.Ledger, allocating: frozenset[str], now: float, timeout: float) -> frozenset[str]:
     """The holders worth keeping: in the ledger and not timed out (the rest no longer count)."""
     if timeout <= 0:
         return frozenset()
     return frozenset(u for u in allocating if u in ledger.entries and ledger.entries[u].bound_at >= now - timeout)
 
 
-def released(pod: Mapping[str, Any] | None, entry: codec.PodGrant) -> str:
+def released(pod: Mapping[str, Any] | None, entry: formats.PodGrant) -> str:
     """Why ``pod`` (as the API server returns it, ``None`` if gone) no longer waits for Allocate on the
     node of ``entry``; '' while it still does."""
     if pod is None:
@@ -68,18 +69,18 @@ def released(pod: Mapping[str, Any] | None, entry: codec.PodGrant) -> str:
     if bound and bound != entry.node:
         return f"the pod is bound to {bound}"
     try:
-        done = codec.decode_allocated((meta.get("annotations") or {}).get(codec.POD_ALLOCATED))
-    except codec.SpecError:
+        done = formats.decode_allocated((meta.get("annotations") or {}).get(formats.POD_ALLOCATED))
+    except SpecError:
         done = set()  # unreadable mark: not proof of allocation, keep the lock (it times out)
     if {c.container for c in entry.containers} <= done:
         return "the device plugin allocated it"
     return ""
 
 
-def reason(entry: codec.PodGrant, now: float) -> str:
+def reason(entry: formats.PodGrant, now: float) -> str:
     """What ``filter`` / ``bind`` tell the scheduler about a node held by ``entry``."""
-    counts = ", ".join(str(n) for n in sorted(codec.device_counts(entry)))
+    counts = ", ".join(str(n) for n in sorted(formats.device_counts(entry)))
     return (f"waiting for the kubelet to allocate pod {entry.namespace}/{entry.pod} (bound "
             f"{max(0.0, now - entry.bound_at):.0f} s ago, containers of {counts} device(s)): gpuslice binds one pod "
             f"per device count at a time on a node, so that the device plugin can tell pods apart "
-            f"({codec.NODE_ALLOCATING})")
+            f"({formats.NODE_ALLOCATING})")

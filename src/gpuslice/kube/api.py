@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Iterator, Mapping, Protocol
 from urllib.parse import quote
 
-from gpuslice.errors import GpusliceError
+from gpuslice.spec.errors import GpusliceError
 
 
 class KubeError(GpusliceError):

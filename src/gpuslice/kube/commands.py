@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from gpuslice.errors import GpusliceError
+from gpuslice.spec.errors import GpusliceError
 
 
 def _say(text: str) -> None:
@@ -27,7 +27,7 @@ def _logging(level: str) -> None:
 
 def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
             mode: str, names: dict[str, str] | None = None):
-    from gpuslice.kube.codec import KubeConfig, ResourceNames
+    from gpuslice.kube.resources import KubeConfig, ResourceNames
     from gpuslice.placement import PlacementPolicy
     from gpuslice.spec import ComputeMode
 
@@ -185,9 +185,11 @@ def kube_agent(
     `gpuslice agent --kubernetes` (the same command under the local agent's name)."""
     from gpuslice.kube.agent import NodePublisher, Rediscovery, unique_devices
     from gpuslice.kube.api import connect
-    from gpuslice.kube.codec import check_resource_name
-    from gpuslice.kube.plugin import DevicePlugin, NvmlHealth, PluginConfig, StaticHealth
-    from gpuslice.node.devices import discover, load_snapshot
+    from gpuslice.kube.resources import check_resource_name
+    from gpuslice.kube.allocator import PluginConfig
+    from gpuslice.kube.health import NvmlHealth
+    from gpuslice.kube.plugin import DevicePlugin, StaticHealth
+    from gpuslice.host.devices import discover, load_snapshot
     from gpuslice.spec import SpecError
 
     _logging(log_level)
@@ -239,15 +241,15 @@ def kube_agent(
 def _serve_metrics(api, node: str, devices, state_dir: Path, port: int) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, grant_records
-    from gpuslice.node.metrics import ViewCollector
-    from gpuslice.node.monitor import Monitor
+    from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, watched_grants
+    from gpuslice.host.metrics import ViewCollector
+    from gpuslice.host.monitor import Monitor
 
     monitor = Monitor(devices, node)
     labels = LedgerLabels(api, node)
     registry = CollectorRegistry()
     registry.register(KubeLabelCollector(
-        ViewCollector(lambda: monitor.sample(grant_records(labels.ledger(), state_dir))), labels))
+        ViewCollector(lambda: monitor.sample(watched_grants(labels.ledger(), state_dir))), labels))
     start_http_server(port, registry=registry)
     _say(f"metrics on :{port}/metrics")
 

@@ -1,15 +1,15 @@
 """Kubernetes labels (namespace, pod, container) for the node exporter's slice metrics.
 
-The exporter (``gpuslice.node.metrics``) labels every slice series with ``grant``; in local mode its
+The exporter (``gpuslice.host.metrics``) labels every slice series with ``grant``; in local mode its
 ``namespace``/``pod``/``container`` labels are empty. In Kubernetes a grant id is
 ``k-<pod uid>-<container>`` and the node's ledger (``gpuslice.io/ledger``) maps it to the pod:
 
 * :func:`grant_labels` — ``{grant id: KubeLabels}`` from a ledger;
 * :class:`LedgerLabels` — a resolver ``grant_id -> KubeLabels | None`` reading the node's ledger through
   the API server at most every ``ttl`` seconds (one GET of the Node, no pod list);
-* :func:`grant_records` — the ledger's grants as the node monitor's ``GrantRecord`` s (region files at
-  ``<state>/kube/regions/<id>/region``, where the device plugin mounts them), so ``Monitor.sample``
-  reads Kubernetes slices exactly like local ones;
+* :func:`watched_grants` — the ledger's container grants as the node monitor's neutral
+  :class:`~gpuslice.host.usage.Watched` grants (region files at ``<state>/kube/regions/<id>/region``,
+  where the device plugin mounts them), so ``Monitor.sample`` reads Kubernetes slices exactly like local ones;
 * :class:`KubeLabelCollector` — wraps any prometheus collector (``ViewCollector``) and fills the empty
   ``namespace``/``pod``/``container`` labels of series that carry a ``grant`` label.
 """
@@ -24,9 +24,10 @@ from typing import Callable, Iterator
 
 from prometheus_client.registry import Collector
 
-from gpuslice.kube import codec
+from gpuslice.kube import formats
 from gpuslice.kube.api import KubeAPI, KubeError
-from gpuslice.spec import Request
+from gpuslice.host.usage import Watched
+from gpuslice.spec import SpecError
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class KubeLabels:
     container: str
 
 
-def grant_labels(ledger: codec.Ledger) -> dict[str, KubeLabels]:
+def grant_labels(ledger: formats.Ledger) -> dict[str, KubeLabels]:
     return {c.grant_id: KubeLabels(g.namespace, g.pod, c.container)
             for g in ledger.entries.values() for c in g.containers}
 
@@ -50,19 +51,19 @@ class LedgerLabels:
         self.ttl = ttl
         self.clock = clock
         self._table: dict[str, KubeLabels] = {}
-        self._ledger = codec.Ledger({})
+        self._ledger = formats.Ledger({})
         self._at = float("-inf")
         self._lock = threading.Lock()
 
-    def ledger(self) -> codec.Ledger:
+    def ledger(self) -> formats.Ledger:
         with self._lock:
             if self.clock() - self._at >= self.ttl:
                 try:
                     node = self.api.get_node(self.node)
                     anns = (node.get("metadata") or {}).get("annotations") or {}
-                    self._ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), self.node)
+                    self._ledger = formats.decode_ledger(anns.get(formats.NODE_LEDGER), self.node)
                     self._table = grant_labels(self._ledger)
-                except (KubeError, codec.SpecError):
+                except (KubeError, SpecError):
                     pass  # keep the last good table; the next scrape tries again
                 self._at = self.clock()
             return self._ledger
@@ -72,23 +73,12 @@ class LedgerLabels:
         return self._table.get(grant_id)
 
 
-def grant_records(ledger: codec.Ledger, state_dir: Path) -> list:
-    """The ledger's container grants as ``gpuslice.node.records.GrantRecord`` for ``Monitor.sample``."""
-    from gpuslice.node.records import GrantRecord
-
-    out = []
-    for g in ledger.entries.values():
-        for c in g.containers:
-            first = c.slices[0]
-            request = Request(count=len(c.slices), compute=first.compute, priority=first.priority,
-                              mode=first.mode, weight=first.weight, exclusive=c.exclusive)
-            out.append(GrantRecord(
-                grant_id=c.grant_id, owner=f"{g.namespace}/{g.pod}/{c.container}", slices=c.slices,
-                request=request, created=g.bound_at, holder_pid=0, holder_start=0, exclusive=c.exclusive,
-                command=f"pod {g.namespace}/{g.pod} container {c.container}",
-                slice_file=str(state_dir / "kube" / "grants" / c.grant_id / "slice"),
-                region_file=str(state_dir / "kube" / "regions" / c.grant_id / "region")))
-    return out
+def watched_grants(ledger: formats.Ledger, state_dir: Path) -> list[Watched]:
+    """The ledger's container grants as the node monitor watches them (``Monitor.sample``)."""
+    return [Watched(grant=c.grant, owner=f"{g.namespace}/{g.pod}/{c.container}",
+                    region_file=str(state_dir / "kube" / "regions" / c.grant_id / "region"), created=g.bound_at,
+                    command=f"pod {g.namespace}/{g.pod} container {c.container}")
+            for g in ledger.entries.values() for c in g.containers]
 
 
 class KubeLabelCollector(Collector):

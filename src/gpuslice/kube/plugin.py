@@ -18,111 +18,27 @@
 * Registers with the kubelet (``kubelet.sock``) and registers again when the kubelet restarts (it deletes
   every socket in the device-plugin folder, ours included, and recreates its own).
 
-Finding the grant: the kubelet names device IDs only, never the pod. Candidates are the pending pods
-bound to this node whose ledger entry (the Node's ``gpuslice.io/ledger``, written only by the extender)
-has a container not yet marked in the pod's ``gpuslice.io/allocated``, whose device count equals the
-number of IDs asked for. The candidates must all belong to **one** pod: the extender's allocation lock
-(:mod:`gpuslice.kube.alloclock`) binds at most one pod per device count at a time on a node, and if two
-pods wait anyway (the lock timed out or is off) Allocate refuses rather than guess — handing one pod
-another's grant would over-commit the device once either ends. Within the pod, the kubelet allocates
-containers in spec order: the container whose granted UUIDs equal the IDs' UUIDs (GetPreferredAllocation
-steers to them), else the first in spec order. Once every container of the pod is allocated, the pod is
-removed from the Node's ``gpuslice.io/allocating`` (the lock is released). The ledger is the truth; a
-pod annotation that disagrees is ignored and logged.
+The allocation itself (finding the grant, its files, the answer) is :mod:`gpuslice.kube.allocator`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import re
 import threading
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import grpc
 
-from gpuslice.atomicfile import write_atomic
-from gpuslice.errors import GpusliceError
-from gpuslice.kube import codec
-from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
+from gpuslice.enforcer.slicefile import SliceFileError
+from gpuslice.kube import formats
+from gpuslice.kube.allocator import API_VERSION, AllocateError, Allocator, PluginConfig, device_id, uuid_of
+from gpuslice.kube.api import KubeAPI, KubeError
 from gpuslice.kube.deviceplugin import load
-from gpuslice.kube.health import APPLICATION_XIDS, NvmlHealth  # noqa: F401  (re-exported)
-from gpuslice.node.slicefile import SliceConfig, SliceFileError, write_slice_file
-from gpuslice.spec import Device
+from gpuslice.spec import Device, GpusliceError, SpecError
 
 log = logging.getLogger("gpuslice.deviceplugin")
-
-API_VERSION = "v1beta1"
-DEVICE_PLUGIN_PATH = Path("/var/lib/kubelet/device-plugins")
-KUBELET_SOCKET = "kubelet.sock"
-ID_SEP = "::"
-
-# Container-side paths (the slice file names them, so they are fixed for every pod).
-CONTAINER_SLICE = "/etc/gpuslice/slice"
-CONTAINER_REGION_DIR = "/var/run/gpuslice/region"
-CONTAINER_DEVICE_STATE = "/var/run/gpuslice/devices"
-CONTAINER_LIB = "/usr/local/gpuslice/lib/libgpuslice.so"
-CONTAINER_PRELOAD = "/etc/ld.so.preload"
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-class AllocateError(GpusliceError):
-    """Allocate cannot answer (no grant found, unreadable ledger); the kubelet fails the pod with this."""
-
-
-# ---------------------------------------------------------------------------------------- config
-@dataclass(frozen=True)
-class PluginConfig:
-    node: str
-    resource_name: str = "nvidia.com/gpu"
-    split_count: int = 10
-    memory_scaling: float = 1.0
-    plugin_dir: Path = DEVICE_PLUGIN_PATH
-    socket_name: str = "gpuslice.sock"
-    host_state_dir: Path = Path("/var/lib/gpuslice")  # as the host sees it (the kubelet mounts host paths)
-    local_state_dir: Path | None = None               # where this process sees it (defaults to the same)
-    host_library: Path = Path("/usr/local/gpuslice/lib/libgpuslice.so")
-    device_nodes: str = "auto"                        # auto: the ones that exist; always; none
-    dev_root: Path = Path("/")
-    oom_policy: str = "return"
-    log_level: str = "warn"                           # the enforcer's: error, warn, info, debug
-    fail_open: bool = False
-    watch_interval: float = 1.0                       # how often the kubelet socket is checked
-
-    def __post_init__(self) -> None:
-        if self.device_nodes not in ("auto", "always", "none"):
-            raise codec.SpecError("device_nodes", self.device_nodes, "auto, always or none")
-        if self.oom_policy not in ("return", "kill"):
-            raise codec.SpecError("oom_policy", self.oom_policy, "return or kill")
-        if self.log_level not in ("error", "warn", "info", "debug"):
-            raise codec.SpecError("log_level", self.log_level, "error, warn, info or debug (the enforcer's)")
-        if not isinstance(self.fail_open, bool):
-            raise codec.SpecError("fail_open", self.fail_open, "true or false")
-        if not 1 <= self.split_count <= 1000:
-            raise codec.SpecError("split_count", self.split_count, "a whole number from 1 to 1000")
-
-    @property
-    def local_state(self) -> Path:
-        return self.local_state_dir or self.host_state_dir
-
-    @property
-    def socket_path(self) -> Path:
-        return self.plugin_dir / self.socket_name
-
-    @property
-    def kubelet_socket(self) -> Path:
-        return self.plugin_dir / KUBELET_SOCKET
-
-
-def device_id(uuid: str, k: int) -> str:
-    return f"{uuid}{ID_SEP}{k}"
-
-
-def uuid_of(device_id_: str) -> str:
-    return device_id_.split(ID_SEP, 1)[0]
 
 
 # ---------------------------------------------------------------------------------------- health
@@ -142,236 +58,6 @@ class StaticHealth:
         stop.wait()
 
 
-# ---------------------------------------------------------------------------------------- allocation
-@dataclass(frozen=True)
-class Match:
-    pod: dict[str, Any]
-    entry: codec.PodGrant
-    grant: codec.ContainerGrant
-
-
-class Allocator:
-    """Finds the grant behind an Allocate / GetPreferredAllocation call and prepares its files."""
-
-    def __init__(self, api: KubeAPI, cfg: PluginConfig, devices: Callable[[], Sequence[Device]]):
-        self.api = api
-        self.cfg = cfg
-        self.devices = devices
-        self._lock = threading.Lock()
-
-    # ------------------------------------------------------------------------------------ finding
-    def candidates(self, count: int) -> list[Match]:
-        node = self.api.get_node(self.cfg.node)
-        anns = (node.get("metadata") or {}).get("annotations") or {}
-        ledger = codec.decode_ledger(anns.get(codec.NODE_LEDGER), self.cfg.node)
-        pods = self.api.list_pods(field_selector=f"spec.nodeName={self.cfg.node}")
-        out = []
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            entry = ledger.entries.get(meta.get("uid", ""))
-            phase = (pod.get("status") or {}).get("phase", "Pending")
-            if entry is None or phase not in ("Pending", "") or meta.get("deletionTimestamp"):
-                continue
-            pod_anns = meta.get("annotations") or {}
-            try:
-                done = codec.decode_allocated(pod_anns.get(codec.POD_ALLOCATED))
-            except codec.SpecError as exc:
-                log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
-                done = set()
-            if codec.POD_GRANT in pod_anns:
-                try:
-                    shown = codec.decode_pod_grant(pod_anns[codec.POD_GRANT])
-                    if shown.containers != entry.containers:
-                        log.warning("pod %s/%s: its %s differs from the node ledger; using the ledger",
-                                    meta.get("namespace"), meta.get("name"), codec.POD_GRANT)
-                except codec.SpecError as exc:
-                    log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
-            order = {c.get("name"): i for i, c in enumerate((pod.get("spec") or {}).get("containers") or [])}
-            for g in sorted(entry.containers, key=lambda c: order.get(c.container, 1 << 30)):
-                if g.container not in done and len(g.slices) == count:
-                    out.append(Match(pod, entry, g))
-        out.sort(key=lambda m: m.entry.bound_at)  # stable: container order within a pod
-        return out
-
-    def find(self, ids: Sequence[str]) -> Match:
-        uuids = {uuid_of(i) for i in ids}
-        found = self.one_pod(self.candidates(len(ids)), len(ids))
-        for m in found:
-            if set(m.grant.uuids) == uuids:
-                return m
-        if found:
-            return found[0]
-        raise AllocateError(
-            f"no gpuslice grant on node {self.cfg.node} waits for a container with {len(ids)} device(s); pods asking "
-            f"for {self.cfg.resource_name} must be scheduled by the gpuslice scheduler (check the pod's "
-            f"spec.schedulerName and its {codec.POD_GRANT} annotation)")
-
-    def one_pod(self, found: list[Match], count: int) -> list[Match]:
-        """``found`` when every candidate belongs to one pod; else :class:`AllocateError` (ambiguous)."""
-        pods = {m.entry.pod_uid: m.entry for m in found}
-        if len(pods) <= 1:
-            return found
-        names = ", ".join(f"{e.namespace}/{e.pod}" for e in sorted(pods.values(), key=lambda e: e.bound_at))
-        raise AllocateError(
-            f"cannot tell which pod the kubelet is admitting: pods {names} on node {self.cfg.node} all wait for "
-            f"a container of {count} device(s) (the kubelet names devices, not pods); refusing rather than "
-            f"handing one pod another's grant. The scheduler's allocation lock ({codec.NODE_ALLOCATING}) "
-            f"prevents this unless it timed out or is off (gpuslice scheduler --allocation-timeout)")
-
-    def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
-        chosen: list[str] = list(must)[:size]
-        try:
-            found = self.one_pod(self.candidates(size), size)
-        except (KubeError, codec.SpecError, AllocateError) as exc:
-            log.warning("GetPreferredAllocation: %s", exc)
-            found = []
-        want = found[0].grant.uuids if found else ()
-        for uuid in want:
-            if len(chosen) >= size:
-                break
-            if any(uuid_of(c) == uuid for c in chosen):
-                continue
-            for i in available:
-                if uuid_of(i) == uuid and i not in chosen:
-                    chosen.append(i)
-                    break
-        for i in available:  # fill up (no grant known, or its IDs are taken): distinct devices first
-            if len(chosen) >= size:
-                break
-            if i not in chosen and all(uuid_of(c) != uuid_of(i) for c in chosen):
-                chosen.append(i)
-        for i in available:
-            if len(chosen) >= size:
-                break
-            if i not in chosen:
-                chosen.append(i)
-        return chosen[:size]
-
-    # ------------------------------------------------------------------------------------ files
-    def slice_config(self, grant: codec.ContainerGrant) -> "SliceConfig":
-        """The grant as the enforcer's slice file (paths as the container sees them)."""
-        first = grant.slices[0]
-        return SliceConfig(
-            devices=grant.uuids, memory_limit=first.memory_limit,
-            memory_limits={s.device_uuid: s.memory_limit for s in grant.slices}, grant=grant.grant_id,
-            compute=first.compute, mode=first.mode.value, weight=first.weight, priority=int(first.priority),
-            region=f"{CONTAINER_REGION_DIR}/region", device_state_dir=CONTAINER_DEVICE_STATE,
-            oom_policy=self.cfg.oom_policy, log_level=self.cfg.log_level, fail_open=self.cfg.fail_open)
-
-    def paths(self, grant_id: str, local: bool) -> dict[str, Path]:
-        state = self.cfg.local_state if local else self.cfg.host_state_dir
-        root = state / "kube"
-        return {"slice": root / "grants" / grant_id / "slice", "region": root / "regions" / grant_id,
-                "devstate": root / "grants" / grant_id / "devices", "devices": state / "devices",
-                "preload": root / "ld.so.preload"}
-
-    @staticmethod
-    def state_files(grant: codec.ContainerGrant) -> list[str]:
-        """Names of the pacing files (``<name>.dev`` in the device-state folder) the enforcer opens for the
-        grant's devices: the pacer names them after ``cuDeviceGetUuid_v2`` printed as ``GPU-<hex>``, which
-        for a MIG instance is its own UUID (``MIG-<hex>`` in NVML)."""
-        out = []
-        for uuid in grant.uuids:
-            name = "GPU-" + uuid[4:] if re.fullmatch(r"MIG-[0-9a-fA-F-]{36}", uuid) else uuid
-            if name not in out and "/" not in name:
-                out.append(name)
-        return out
-
-    def write_files(self, grant: codec.ContainerGrant) -> None:
-        local = self.paths(grant.grant_id, local=True)
-        local["slice"].parent.mkdir(parents=True, exist_ok=True)
-        write_slice_file(local["slice"], self.slice_config(grant))
-        for folder in (local["region"], local["devstate"], local["devices"]):
-            folder.mkdir(parents=True, exist_ok=True)
-            os.chmod(folder, 0o1777)  # the container's processes may run as any user
-        for name in self.state_files(grant):
-            # Shared by every slice on the device; the enforcer sizes and initialises an empty one. It
-            # must exist before the kubelet bind-mounts it, and is never replaced (the mount holds the inode).
-            path = local["devices"] / f"{name}.dev"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            try:
-                os.fchmod(fd, 0o666)
-            finally:
-                os.close(fd)
-        text = CONTAINER_LIB + "\n"
-        if not local["preload"].exists() or local["preload"].read_text() != text:
-            write_atomic(local["preload"], text, 0o644)
-
-    def response(self, grant: codec.ContainerGrant) -> dict[str, Any]:
-        """The ContainerAllocateResponse as plain data (envs, mounts, devices). Mounts, in order (the
-        container runtime mounts parents before children):
-
-        * the slice file, read-only — what configures the enforcer;
-        * this grant's region folder, read-write — the enforcer's shared memory accounting of this slice;
-        * this grant's own device-state folder, read-write (empty; the pacer checks it is writable), and in
-          it the node-wide pacing file of each granted device, read-write — not the node's whole folder, so
-          a container sees no other device's pacing state;
-        * the enforcer library and ``/etc/ld.so.preload``, read-only.
-        """
-        host = self.paths(grant.grant_id, local=False)
-        mounts = [
-            (CONTAINER_SLICE, str(host["slice"]), True),
-            (CONTAINER_REGION_DIR, str(host["region"]), False),
-            (CONTAINER_DEVICE_STATE, str(host["devstate"]), False),
-            *[(f"{CONTAINER_DEVICE_STATE}/{name}.dev", str(host["devices"] / f"{name}.dev"), False)
-              for name in self.state_files(grant)],
-            (CONTAINER_LIB, str(self.cfg.host_library), True),
-            (CONTAINER_PRELOAD, str(host["preload"]), True),
-        ]
-        envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(grant.uuids), "GPUSLICE_SLICE": CONTAINER_SLICE,
-                "GPUSLICE_GRANT": grant.grant_id}
-        return {"envs": envs, "mounts": mounts, "devices": self.device_nodes(grant)}
-
-    def device_nodes(self, grant: codec.ContainerGrant) -> list[str]:
-        if self.cfg.device_nodes == "none":
-            return []
-        by_uuid: dict[str, Device] = {}
-        for d in self.devices():
-            by_uuid[d.uuid] = d
-            for m in d.mig_instances:
-                by_uuid[m.uuid] = d
-        nodes = list(CONTROL_DEVICES)
-        for uuid in grant.uuids:
-            d = by_uuid.get(uuid)
-            if d is not None:
-                minor = d.extra.get("minor", d.index) if isinstance(d.extra, dict) else d.index
-                nodes.append(f"/dev/nvidia{minor}")
-        if self.cfg.device_nodes == "always":
-            return nodes
-        root = self.cfg.dev_root
-        return [n for n in nodes if (root / n.lstrip("/")).exists()]
-
-    def allocate(self, ids: Sequence[str]) -> tuple[Match, dict[str, Any]]:
-        with self._lock:  # one Allocate at a time: the "allocated" marks must not interleave
-            match = self.find(ids)
-            self.write_files(match.grant)
-            meta = match.pod["metadata"]
-            done = codec.decode_allocated(((meta.get("annotations") or {}).get(codec.POD_ALLOCATED)))
-            done.add(match.grant.container)
-            self.api.patch_pod_annotations(meta["namespace"], meta["name"],
-                                           {codec.POD_ALLOCATED: codec.encode_allocated(done)}, uid=meta["uid"])
-            if {c.container for c in match.entry.containers} <= done:
-                self.release_lock(match.entry.pod_uid)
-            return match, self.response(match.grant)
-
-    def release_lock(self, pod_uid: str, attempts: int = 8) -> bool:
-        """Remove the pod from the Node's ``gpuslice.io/allocating`` (resourceVersion-conditioned, retried on
-        conflicts). A failure is logged, not raised: the Allocate answer stands, and the extender drops
-        holders whose pod is allocated (at its next bind on this node, or garbage collection)."""
-        def drop(anns: Mapping[str, str]) -> dict[str, str | None]:
-            holders = codec.decode_allocating(anns.get(codec.NODE_ALLOCATING))
-            return {codec.NODE_ALLOCATING: codec.encode_allocating(holders - {pod_uid})} if pod_uid in holders else {}
-
-        try:
-            update_node_annotations(self.api, self.cfg.node, drop, attempts)
-            return True
-        except Conflict:
-            log.warning("releasing the allocation lock of pod %s on %s: the node kept changing", pod_uid, self.cfg.node)
-        except (KubeError, codec.SpecError) as exc:
-            log.warning("releasing the allocation lock of pod %s on %s: %s", pod_uid, self.cfg.node, exc)
-        return False
-
-
 # ---------------------------------------------------------------------------------------- gRPC
 class DevicePlugin:
     """The plugin's state and its gRPC server; :meth:`run` keeps it registered until ``stop()``."""
@@ -387,7 +73,7 @@ class DevicePlugin:
         self.on_devices = on_devices  # called with (devices, health) after a discovery changed the list
         self._vanished: set[str] = set()  # listed devices the last discovery did not find
         self._faulty: set[str] = set()    # devices the health source reported unhealthy
-        self._health = {d.uuid: codec.HEALTHY for d in devices}
+        self._health = {d.uuid: formats.HEALTHY for d in devices}
         self._cond = threading.Condition()
         self._version = 0
         self._stop = threading.Event()
@@ -404,7 +90,7 @@ class DevicePlugin:
             return dict(self._health)
 
     def _state(self, uuid: str) -> str:
-        return codec.UNHEALTHY if uuid in self._faulty or uuid in self._vanished else codec.HEALTHY
+        return formats.UNHEALTHY if uuid in self._faulty or uuid in self._vanished else formats.HEALTHY
 
     def set_health(self, uuid: str, healthy: bool, reason: str = "") -> None:
         """What the health source says about a device. A device is Unhealthy while the health source says
@@ -449,7 +135,7 @@ class DevicePlugin:
             snapshot = (list(self._devices), dict(self._health))
         if changed:
             log.warning("devices changed: %d listed, unhealthy: %s", len(snapshot[0]),
-                        sorted(u for u, h in snapshot[1].items() if h != codec.HEALTHY) or "none")
+                        sorted(u for u, h in snapshot[1].items() if h != formats.HEALTHY) or "none")
             if self.on_devices:
                 self.on_devices(*snapshot)
         return changed
@@ -499,13 +185,13 @@ class DevicePlugin:
                 responses = []
                 for c in request.container_requests:
                     ids = list(c.devices_ids)
-                    unhealthy = [i for i in ids if plugin.health.get(uuid_of(i)) != codec.HEALTHY]
+                    unhealthy = [i for i in ids if plugin.health.get(uuid_of(i)) != formats.HEALTHY]
                     if unhealthy:
                         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                       f"gpuslice: devices {unhealthy} are unhealthy or unknown on {plugin.cfg.node}")
                     try:
                         match, resp = plugin.allocator.allocate(ids)
-                    except (AllocateError, KubeError, codec.SpecError, SliceFileError, OSError) as exc:
+                    except (AllocateError, KubeError, SpecError, SliceFileError, OSError) as exc:
                         log.error("Allocate %s: %s", ids, exc)
                         context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"gpuslice: {exc}")
                     except Exception as exc:  # a bug must still answer the kubelet with a reason

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from gpuslice.kube import codec, webhook
+from gpuslice.kube import resources, webhook
 from gpuslice.kube.extender import BadRequest, Extender
 from gpuslice.kube.tlsreload import ReloadingTLS
 
@@ -70,10 +70,10 @@ def _endpoint(handler: Callable[[Any], Any], bad: tuple[type[Exception], ...]):
     return endpoint
 
 
-def make_app(extender: Extender | None = None, cfg: codec.KubeConfig | None = None, *,
+def make_app(extender: Extender | None = None, cfg: resources.KubeConfig | None = None, *,
              webhook_enabled: bool = True) -> Starlette:
     """The Starlette app: extender routes when ``extender`` is given, ``/mutate`` when ``webhook_enabled``."""
-    cfg = cfg or (extender.cfg if extender else codec.KubeConfig())
+    cfg = cfg or (extender.cfg if extender else resources.KubeConfig())
     routes = [Route("/healthz", lambda r: PlainTextResponse("ok"), methods=["GET"])]
     if extender is not None:
         routes += [Route("/filter", _endpoint(extender.filter, (BadRequest,)), methods=["POST"]),

@@ -4,15 +4,18 @@ For a Pod CREATE whose containers ask for GPU slices (HAMi's resource names or o
 JSONPatch:
 
 * sets ``spec.schedulerName`` to the gpuslice scheduler (the kube-scheduler profile that calls our extender);
-* fills HAMi's defaults: a container with GPU memory / cores / memory percent but no GPU count gets
-  ``defaultGPUNum`` devices (limits and requests), memory and cores defaults are recorded in the request;
-  the advertised count (``nvidia.com/gpu``) is added when the count was given only as ``gpuslice.io/gpu``
+* fills HAMi's default count: a container with GPU memory / cores / memory percent but no GPU count gets
+  ``defaultGPUNum`` devices (limits and requests; the memory and cores defaults need no field: the
+  extender applies them when it parses the pod's limits, as here); the advertised count (``nvidia.com/gpu``) is added when the count was given only as ``gpuslice.io/gpu``
   (the kubelet asks the device plugin only for the advertised resource);
 * returns what HAMi's rules ignore (a priority without a GPU, memory/cores without a count when
   ``defaultGPUNum`` is 0) as admission ``warnings``, which kubectl prints;
-* records the normalised request (``gpuslice.io/request``; ``nvidia.com/gpumem-percentage`` becomes a
-  percent of device memory, ``gpumem`` MiB become bytes) and drops any ``gpuslice.io/grant`` /
-  ``gpuslice.io/allocated`` the pod was created with (only the extender and the device plugin write those).
+* drops any ``gpuslice.io/grant`` / ``gpuslice.io/allocated`` the pod was created with (only the extender
+  and the device plugin write those).
+
+It writes no normalised request: the extender parses every pod from its resource limits, which are
+immutable and are what the kubelet allocates by (an annotation could say something else, and a pod
+admitted while the webhook was down would have none).
 
 Contradictory requests are refused with ``allowed: false`` and a message naming the field. A payload that
 is not an AdmissionReview is answered with HTTP 400 by the server (:mod:`gpuslice.kube.server`).
@@ -24,8 +27,8 @@ import base64
 import json
 from typing import Any, Mapping
 
-from gpuslice.errors import GpusliceError
-from gpuslice.kube import codec
+from gpuslice.spec.errors import GpusliceError
+from gpuslice.kube import formats, podrequest, resources
 from gpuslice.spec import SpecError
 
 ADMISSION_VERSION = "admission.k8s.io/v1"
@@ -71,7 +74,7 @@ def parse_review(body: Any) -> tuple[str, Mapping[str, Any]]:
     return uid, request
 
 
-def mutate(body: Any, cfg: codec.KubeConfig) -> dict[str, Any]:
+def mutate(body: Any, cfg: resources.KubeConfig) -> dict[str, Any]:
     """Answer one AdmissionReview. Raises :class:`BadReview` for malformed payloads (HTTP 400)."""
     uid, request = parse_review(body)
     kind = request.get("kind") or {}
@@ -82,11 +85,11 @@ def mutate(body: Any, cfg: codec.KubeConfig) -> dict[str, Any]:
     pod = request.get("object")
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
         raise BadReview("AdmissionReview.request.object must be a Pod with a spec")
-    problem = codec.pod_shape_problem(pod)
+    problem = podrequest.pod_shape_problem(pod)
     if problem:
         raise BadReview(f"AdmissionReview.request.object {problem}")
     try:
-        req = codec.pod_request(pod, cfg)
+        req = podrequest.pod_request(pod, cfg)
     except SpecError as exc:
         return _review(uid, False, message=f"gpuslice: {exc}")
     if req.empty:
@@ -107,32 +110,25 @@ def mutate(body: Any, cfg: codec.KubeConfig) -> dict[str, Any]:
     containers = spec.get("containers") or []
     for c in req.containers:
         container = containers[c.index]
-        resources = container.get("resources")
-        given = resources.get("limits") if isinstance(resources, dict) else None
+        res = container.get("resources")
+        given = res.get("limits") if isinstance(res, dict) else None
         if isinstance(given, dict) and count_name in given:
             continue
         value = str(c.request.count)
         base = f"/spec/containers/{c.index}/resources"
-        if not isinstance(resources, dict):
+        if not isinstance(res, dict):
             patch.append({"op": "add", "path": base, "value": {"limits": {count_name: value},
                                                                 "requests": {count_name: value}}})
             continue
         for part in ("limits", "requests"):
-            if isinstance(resources.get(part), dict):
+            if isinstance(res.get(part), dict):
                 patch.append({"op": "add", "path": f"{base}/{part}/{_escape(count_name)}", "value": value})
             else:
                 patch.append({"op": "add", "path": f"{base}/{part}", "value": {count_name: value}})
-    meta = pod.get("metadata") or {}
-    anns = meta.get("annotations")
-    normalised = codec.encode_pod_request(req)
-    if not isinstance(anns, dict):
-        patch.append({"op": "add", "path": "/metadata/annotations", "value": {codec.POD_REQUEST: normalised}})
-    else:
-        patch.append({"op": "add", "path": f"/metadata/annotations/{_escape(codec.POD_REQUEST)}",
-                      "value": normalised})
-        for forged in (codec.POD_GRANT, codec.POD_ALLOCATED):
-            if forged in anns:
-                patch.append({"op": "remove", "path": f"/metadata/annotations/{_escape(forged)}"})
+    anns = (pod.get("metadata") or {}).get("annotations")
+    for forged in (formats.POD_GRANT, formats.POD_ALLOCATED):  # only the extender and the plugin write these
+        if isinstance(anns, dict) and forged in anns:
+            patch.append({"op": "remove", "path": f"/metadata/annotations/{_escape(forged)}"})
     return _review(uid, True, patch, warnings=req.notes)
 
 

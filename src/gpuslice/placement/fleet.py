@@ -50,13 +50,35 @@ class Fleet:
         self.hm_total = np.full(n, UNTRACKED, np.int64)
         self.hm_used = np.zeros(n, np.int64)
         self.kinds: list[DeviceState] = []  # one representative per (model, profile): for model matching
-        kind_ids: dict[tuple[str, str], int] = {}
         self.pos: dict[str, tuple[int, int]] = {}
         self.has_topology = np.zeros(n, bool)
         # MIG instances of one card share its memory system: a multi-device request takes at most one
         # instance per card. parent[i, j] numbers the card of a MIG instance (-1: a whole GPU).
         self.parent = np.full((n, g), -1, np.int32)
         self.has_mig = np.zeros(n, bool)
+        self._fill(nodes, shape)
+        self.name_array = np.array(names, dtype=object)  # fancy-indexable names for result dicts
+        self.n_devices = self.valid.sum(axis=1)
+        self._used_sum: np.ndarray | None = None  # per node Σ used share, kept current by _change
+        # Nodes whose devices are not all of one kind (model, MIG profile): only there does the choice
+        # among idle devices matter for whole-device requests.
+        masked_kind = np.where(self.valid, self.kind, -1)
+        first = masked_kind.max(axis=1, initial=-1)[:, None] if n else np.zeros((0, 1), np.int32)
+        self.mixed = ((masked_kind != first) & self.valid).any(axis=1) if n else np.zeros(0, bool)
+        self.version = 0  # bumped on every change: mixes into the seed of the random policy
+        # Per-row change counters: cached fragmentation terms are recomputed only for rows that changed.
+        self.row_version = np.zeros(n, np.int64)
+        self._type_cache: dict = {}
+        self._static_cache: dict = {}  # per memory amount / model list: arrays that never change
+        self._frag_cache: dict = {}
+        # Topology choice of multi-device requests, memoised per node layout (topology.best_set).
+        self._topology_rows: dict[int, int] = {}
+        self._topology_ids: dict[tuple, int] = {}
+        self._topology_memo: dict = {}
+
+    def _fill(self, nodes: Sequence[NodeState], shape: tuple[int, int]) -> None:
+        """Load every node's devices into the columns (and the per-node lookups: kinds, pos, parents)."""
+        kind_ids: dict[tuple[str, str], int] = {}
         parent_ids: dict[str, int] = {}
         # Built as flat Python lists, then converted once: per-element numpy stores cost ~10x more.
         cells: list[tuple] = []
@@ -83,7 +105,7 @@ class Fleet:
                 if d.parent_uuid:
                     self.parent[i, j] = parent_ids.setdefault(d.parent_uuid, len(parent_ids))
                     self.has_mig[i] = True
-            cells.extend([pad] * (g - len(node.devices)))
+            cells.extend([pad] * (shape[1] - len(node.devices)))
         if cells:
             columns = list(zip(*cells))
             for name, column, dtype in zip(
@@ -91,24 +113,6 @@ class Fleet:
                      "kind", "numa"), columns,
                     (bool, np.int64, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int32, np.int32)):
                 setattr(self, name, np.array(column, dtype).reshape(shape))
-        self.name_array = np.array(names, dtype=object)  # fancy-indexable names for result dicts
-        self.n_devices = self.valid.sum(axis=1)
-        self._used_sum: np.ndarray | None = None  # per node Σ used share, kept current by _change
-        # Nodes whose devices are not all of one kind (model, MIG profile): only there does the choice
-        # among idle devices matter for whole-device requests.
-        masked_kind = np.where(self.valid, self.kind, -1)
-        first = masked_kind.max(axis=1, initial=-1)[:, None] if n else np.zeros((0, 1), np.int32)
-        self.mixed = ((masked_kind != first) & self.valid).any(axis=1) if n else np.zeros(0, bool)
-        self.version = 0  # bumped on every change: mixes into the seed of the random policy
-        # Per-row change counters: cached fragmentation terms are recomputed only for rows that changed.
-        self.row_version = np.zeros(n, np.int64)
-        self._type_cache: dict = {}
-        self._static_cache: dict = {}  # per memory amount / model list: arrays that never change
-        self._frag_cache: dict = {}
-        # Topology choice of multi-device requests, memoised per node layout (core._topology_sets).
-        self._topology_rows: dict[int, int] = {}
-        self._topology_ids: dict[tuple, int] = {}
-        self._topology_memo: dict = {}
 
     def __len__(self) -> int:
         return len(self.names)

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
-from gpuslice.errors import GpusliceError
+from gpuslice.spec.errors import GpusliceError
 from gpuslice.spec import Device, MemoryAmount, Request, Slice, SpecError, human_bytes, whole_number
 
 POLICIES = ("binpack", "spread", "bestfit", "fgd", "random")
@@ -326,7 +326,7 @@ class TaskShape:
         """How much one task of this shape counts in a :class:`Workload`: 1, every task alike (the FGD
         authors' ``gpuResWeight=0``). Rare 8-GPU shapes then fall out of the typical set; what keeps
         whole nodes free for them is FGD's tie-break (equal scores go to the same nodes, see
-        ``core._node_order``), not their weight. Counting whole-device shapes once per device
+        ``scorers.fgd.node_order``), not their weight. Counting whole-device shapes once per device
         over-protected idle nodes: −0.5 points of allocation on openb's multigpu30 trace."""
         return 1.0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gpuslice.console import stdout_console
+from gpuslice.host.console import stdout_console
 from gpuslice.sim.engine import SimConfig
 from gpuslice.sim.report import rich_table, summarise, write_all
 from gpuslice.sim.runner import MODES, Outcome, job_size, parse_policies, plan, run_jobs

@@ -16,7 +16,7 @@ import hashlib
 from pathlib import Path
 from types import ModuleType
 
-from gpuslice.errors import GpusliceError
+from gpuslice.spec.errors import GpusliceError
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE / "api.proto"

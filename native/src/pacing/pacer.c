@@ -1,0 +1,365 @@
+/* gpuslice compute pacer: the glue between the launch hooks (src/hooks/launch.c), the CUDA driver
+ * (events, through gs_real) and the pacer engine (pacer_core.c: measurement, turns, priority) driven
+ * by the controller (controller.c). Design and constants: native/README-compute.md. Started by
+ * start-up (gs_pacer_init), called by the launch hooks; calls only down (base, config).
+ *
+ * Per device ordinal, lazily on the first launch: open the per-device state file
+ * <device_state_dir>/<GPU-uuid>.dev, create GS_ENG_RING event pairs in the current context, join
+ * the slice. A background poller harvests completed events every GS_CTL_POLL_NS while work is
+ * outstanding, so neighbours see an accurate "busy" flag even while this program sits in a
+ * synchronize. Launch hooks sleep here (nanosleep) when the engine says wait. */
+#define _GNU_SOURCE
+#include "gpuslice/pacer.h"
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "gpuslice/config.h"
+#include "gpuslice/cuda_types.h"
+#include "gpuslice/fork.h"
+#include "gpuslice/log.h"
+#include "gpuslice/pacer_core.h"
+#include "gpuslice/real.h"
+
+#define GS_DEFAULT_DEVSTATE_DIR "/tmp/gpuslice-devstate"
+#define CU_OK 0
+#define CU_NOT_READY 600
+#define CU_EVENT_DEFAULT 0
+#define CU_EVENT_DISABLE_TIMING 2
+
+typedef void *CUev;
+typedef CUresult (*fn_ctx_get_current)(CUcontext *);
+typedef CUresult (*fn_ctx_set_current)(CUcontext);
+typedef CUresult (*fn_dev_uuid)(CUuuid *, CUdevice);
+typedef CUresult (*fn_ev_create)(CUev *, unsigned);
+typedef CUresult (*fn_ev_record)(CUev, CUstream);
+typedef CUresult (*fn_ev_query)(CUev);
+typedef CUresult (*fn_ev_elapsed)(float *, CUev, CUev);
+typedef CUresult (*fn_stream_capturing)(CUstream, int *);
+
+static struct {
+    fn_ctx_get_current ctx_get;
+    fn_ctx_set_current ctx_set;
+    fn_dev_uuid uuid;
+    fn_ev_create ev_create;
+    fn_ev_record ev_record;
+    fn_ev_query ev_query;
+    fn_ev_elapsed ev_elapsed;
+    fn_stream_capturing capturing;
+} cu;
+
+struct gs_pdev {
+    int state;            /* 0 not yet, 1 ready, -1 not paced (failed or not in the slice) */
+    CUcontext ctx, events_ctx;
+    CUev start[GS_ENG_RING], end[GS_ENG_RING];
+    CUev drain;           /* re-recorded after each launch of a light high-priority process */
+    struct gs_devstate ds;
+    struct gs_engine eng;
+};
+
+static struct {
+    int enabled;
+    pid_t pid;
+    int mode, weight, priority, fail_open;
+    int share_pct[GS_MAX_DEVICES];
+    char grant[128];
+    char dir[GS_PATH_LEN];
+    pthread_mutex_t mu;   /* device set-up */
+    pthread_t poller;
+    int poller_running, stop;
+    struct gs_pdev dev[GS_MAX_DEVICES];
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local int tl_slot = -1;
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static _Thread_local int tl_slack_set;
+
+static void sleep_ns(int64_t ns)
+{
+    /* Linux oversleeps by the timer slack (50 us by default) - as long as our shortest wait. Only
+     * threads that actually wait here get 1 us slack, so a hand-over does not idle the GPU. */
+    if (!tl_slack_set) {
+        prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+        tl_slack_set = 1;
+    }
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* ---- the engine's GPU operations, on CUDA events ---- */
+/* The stream a launch names is handed through as is. A _ptsz launch on stream 0 means the calling
+ * thread's per-thread default stream: launch.c passes CU_STREAM_PER_THREAD for it (pacer.h), so the
+ * events and the capture check below name that stream too, not the legacy one (an event on the
+ * legacy stream would wait for every blocking stream, and a capture on the per-thread stream would
+ * go unseen and be invalidated by our record on the legacy stream). */
+static int op_record_start(void *c, int i, void *stream)
+{
+    struct gs_pdev *d = c;
+    return cu.ev_record(d->start[i], (CUstream)stream) == CU_OK ? 0 : -1;
+}
+static int op_record_end(void *c, int i, void *stream)
+{
+    struct gs_pdev *d = c;
+    return cu.ev_record(d->end[i], (CUstream)stream) == CU_OK ? 0 : -1;
+}
+static int op_query_end(void *c, int i)
+{
+    struct gs_pdev *d = c;
+    CUresult r = cu.ev_query(d->end[i]);
+    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+}
+static int64_t op_elapsed(void *c, int i)
+{
+    struct gs_pdev *d = c;
+    float ms = 0;
+    if (cu.ev_elapsed(&ms, d->start[i], d->end[i]) != CU_OK || ms < 0) return -1;
+    return (int64_t)((double)ms * 1e6);
+}
+static int op_capturing(void *c, void *stream)
+{
+    (void)c;
+    int st = 0;
+    if (!cu.capturing) return 0;
+    return cu.capturing((CUstream)stream, &st) != CU_OK || st != 0;
+}
+static int op_record_drain(void *c, void *stream)
+{
+    struct gs_pdev *d = c;
+    return cu.ev_record(d->drain, (CUstream)stream) == CU_OK ? 0 : -1;
+}
+static int op_query_drain(void *c)
+{
+    struct gs_pdev *d = c;
+    CUresult r = cu.ev_query(d->drain);
+    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+}
+static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed, op_capturing,
+                                           op_record_drain, op_query_drain};
+
+static int load_driver(void)
+{
+    cu.ctx_get = (fn_ctx_get_current)gs_real("cuCtxGetCurrent");
+    cu.ctx_set = (fn_ctx_set_current)gs_real("cuCtxSetCurrent");
+    cu.uuid = (fn_dev_uuid)gs_real("cuDeviceGetUuid_v2");
+    if (!cu.uuid) cu.uuid = (fn_dev_uuid)gs_real("cuDeviceGetUuid");
+    cu.ev_create = (fn_ev_create)gs_real("cuEventCreate");
+    cu.ev_record = (fn_ev_record)gs_real("cuEventRecord");
+    cu.ev_query = (fn_ev_query)gs_real("cuEventQuery");
+    cu.ev_elapsed = (fn_ev_elapsed)gs_real("cuEventElapsedTime");
+    cu.capturing = (fn_stream_capturing)gs_real("cuStreamIsCapturing"); /* optional */
+    return cu.ctx_get && cu.ctx_set && cu.uuid && cu.ev_create && cu.ev_record && cu.ev_query && cu.ev_elapsed ? 0 : -1;
+}
+
+static void format_uuid(const CUuuid *u, char *out, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+static void *poller_main(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {
+        int64_t next = GS_CTL_IDLE_POLL_NS;
+        for (int i = 0; i < GS_MAX_DEVICES; i++) {
+            struct gs_pdev *d = &g.dev[i];
+            if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) continue;
+            /* events belong to the application's context; make it current in this thread (a light
+             * engine with nothing outstanding only refreshes its heartbeat: no CUDA call) */
+            if (!d->eng.light || d->eng.outstanding > 0 || __atomic_load_n(&d->eng.drain_pending, __ATOMIC_ACQUIRE))
+                cu.ctx_set(d->ctx);
+            int64_t now = mono_ns();
+            gs_engine_poll(&d->eng, now);
+            /* fast while work is queued or was just launched beside neighbours (their hand-overs
+             * and priority read our busy flag, which only a poll clears), slow otherwise */
+            int64_t w = gs_engine_poll_delay(&d->eng, now);
+            if (w < next) next = w;
+        }
+        sleep_ns(next);
+    }
+    return NULL;
+}
+
+static void stop_poller(void)
+{
+    if (!g.poller_running || g.pid != getpid()) return;
+    __atomic_store_n(&g.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(g.poller, NULL);
+    g.poller_running = 0;
+}
+
+/* In the fork-child list (fork.h): it runs in the child of every active enforcer, paced or not (for
+ * a pacer never enabled it only resets what is already unset). */
+static void after_fork_child(void)
+{
+    /* The child has no poller and its CUDA state is not the parent's: forget the devices without
+     * touching the parent's records; they are set up again on the child's first launch. */
+    pthread_mutex_init(&g.mu, NULL);
+    g.poller_running = 0;
+    g.stop = 0;
+    g.pid = getpid();
+    for (int i = 0; i < GS_MAX_DEVICES; i++) {
+        g.dev[i].state = 0;
+        g.dev[i].ds.map = NULL;
+    }
+}
+GS_ON_FORK_CHILD(after_fork_child);
+
+int gs_pacer_init(const struct gs_config *cfg)
+{
+    if (g.enabled) gs_pacer_shutdown(); /* a second init (tests, re-exec) starts clean */
+    g.enabled = 0;
+    g.pid = getpid();
+    for (int i = 0; i < GS_MAX_DEVICES; i++) g.dev[i].state = 0; /* set up again on first launch */
+    if (!cfg) return -1;
+    g.mode = cfg->mode == GS_MODE_SOFT ? GS_CTL_SOFT : cfg->mode == GS_MODE_OFF ? GS_CTL_OFF : GS_CTL_HARD;
+    g.weight = cfg->weight < 1 ? 1 : cfg->weight > 16 ? 16 : cfg->weight;
+    g.priority = cfg->priority ? 1 : 0;
+    g.fail_open = cfg->fail_open;
+    int any = 0;
+    for (int i = 0; i < GS_MAX_DEVICES; i++) {
+        int pct = cfg->compute_per_ordinal[i] >= 0 ? cfg->compute_per_ordinal[i] : cfg->compute;
+        g.share_pct[i] = pct < 0 ? 0 : pct > 100 ? 100 : pct;
+        any |= g.share_pct[i] > 0 && g.share_pct[i] < 100;
+    }
+    if (cfg->grant[0]) snprintf(g.grant, sizeof g.grant, "%s", cfg->grant);
+    else snprintf(g.grant, sizeof g.grant, "pid-%d", (int)g.pid); /* no grant: a slice of its own */
+    snprintf(g.dir, sizeof g.dir, "%s", cfg->device_state_dir[0] ? cfg->device_state_dir : GS_DEFAULT_DEVSTATE_DIR);
+    if (g.mode == GS_CTL_OFF) return 0; /* compute not enforced at all */
+    /* Low priority and shares need neighbours to coordinate with; a slice at 100 % and high
+     * priority still takes part (it publishes activity for low-priority neighbours). */
+    if (load_driver() != 0) {
+        GS_ERROR("compute: the driver lacks the event functions the pacer needs");
+        return any ? -1 : 0;
+    }
+    /* Refuse at start, not at the first launch, when the coordination directory is unusable. */
+    if (mkdir(g.dir, 01777) == 0) chmod(g.dir, 01777);
+    if (access(g.dir, W_OK | X_OK) != 0) {
+        GS_ERROR("compute: device_state_dir %s is not writable: %s", g.dir, strerror(errno));
+        return -1;
+    }
+    g.enabled = 1;
+    return 0;
+}
+
+/* Set up device `dev` (under g.mu). */
+static void setup_device(int dev, struct gs_pdev *d)
+{
+    char err[256], uuid[64];
+    CUuuid u;
+    d->state = -1;
+    if (cu.ctx_get(&d->ctx) != CU_OK || !d->ctx) return; /* no context: nothing can launch */
+    if (cu.uuid(&u, (CUdevice)dev) != CU_OK) {
+        GS_ERROR("compute: cannot read the uuid of device %d; not paced", dev);
+        return;
+    }
+    format_uuid(&u, uuid, sizeof uuid);
+    /* events of an earlier set-up in the same context are reused (they are never destroyed: at
+     * exit the driver may already be going away) */
+    if (d->events_ctx != d->ctx) {
+        for (int i = 0; i < GS_ENG_RING; i++)
+            if (cu.ev_create(&d->start[i], CU_EVENT_DEFAULT) != CU_OK || cu.ev_create(&d->end[i], CU_EVENT_DEFAULT) != CU_OK) {
+                GS_ERROR("compute: cannot create timing events on device %d; not paced", dev);
+                return;
+            }
+        /* no timing needed: a drain record only says "done or not" (cheaper to record) */
+        if (cu.ev_create(&d->drain, CU_EVENT_DISABLE_TIMING) != CU_OK) {
+            GS_ERROR("compute: cannot create an event on device %d; not paced", dev);
+            return;
+        }
+        d->events_ctx = d->ctx;
+    }
+    if (gs_devstate_open(&d->ds, g.dir, uuid, err, sizeof err) != 0) {
+        GS_ERROR("compute: %s; device %d not paced", err, dev);
+        return;
+    }
+    int pct = g.share_pct[dev];
+    if (gs_engine_init(&d->eng, &d->ds, g.grant, (uint32_t)pct * 100u, g.mode, g.weight, g.priority, (int32_t)getpid(),
+                       (uint32_t)dev, &CUDA_OPS, d, mono_ns()) != 0) {
+        GS_ERROR("compute: device state %s/%s.dev is full or locked; device %d not paced", g.dir, uuid, dev);
+        gs_devstate_close(&d->ds);
+        return;
+    }
+    GS_INFO("compute: device %d (%s) share %d%% mode %s weight %d priority %d, state %s/%s.dev", dev, uuid, pct,
+            g.mode == GS_CTL_SOFT ? "soft" : "hard", g.weight, g.priority, g.dir, uuid);
+    if (!g.poller_running) {
+        g.stop = 0;
+        if (pthread_create(&g.poller, NULL, poller_main, NULL) == 0) g.poller_running = 1;
+        else GS_WARN("compute: no poller thread; events are harvested at launches only");
+    }
+    __atomic_store_n(&d->state, 1, __ATOMIC_RELEASE);
+}
+
+static struct gs_pdev *device(int dev)
+{
+    if (dev < 0 || dev >= GS_MAX_DEVICES) return NULL;
+    struct gs_pdev *d = &g.dev[dev];
+    int st = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE);
+    if (st == 0) {
+        pthread_mutex_lock(&g.mu);
+        if (d->state == 0) setup_device(dev, d);
+        pthread_mutex_unlock(&g.mu);
+        st = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE);
+    }
+    return st == 1 ? d : NULL;
+}
+
+void gs_pacer_before_launch(int dev, void *stream)
+{
+    tl_slot = -1;
+    if (!g.enabled) return;
+    struct gs_pdev *d = device(dev);
+    if (!d) return;
+    int64_t slept = 0;
+    for (;;) {
+        int64_t t0 = mono_ns();
+        int slot;
+        int64_t w = gs_engine_before(&d->eng, t0, stream, slept, &slot);
+        if (w <= 0) {
+            tl_slot = slot;
+            return;
+        }
+        sleep_ns(w);
+        slept = mono_ns() - t0;
+    }
+}
+
+void gs_pacer_after_launch(int dev, void *stream, int cu_result)
+{
+    int slot = tl_slot;
+    tl_slot = -1;
+    if (!g.enabled || dev < 0 || dev >= GS_MAX_DEVICES) return;  /* slot < 0: the engine may record a drain */
+    struct gs_pdev *d = &g.dev[dev];
+    if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) return;
+    gs_engine_after(&d->eng, stream, slot, cu_result == CU_OK);
+}
+
+void gs_pacer_shutdown(void)
+{
+    if (!g.enabled) return;
+    stop_poller();
+    if (g.pid != getpid()) return;
+    for (int i = 0; i < GS_MAX_DEVICES; i++) {
+        struct gs_pdev *d = &g.dev[i];
+        if (d->state != 1) continue;
+        d->state = -1;
+        /* give the records back now; the events die with the context (the driver may already be
+         * tearing down at exit, so they are not destroyed here) */
+        gs_engine_fini(&d->eng);
+        gs_devstate_close(&d->ds);
+    }
+    g.enabled = 0;
+}

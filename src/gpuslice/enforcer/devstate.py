@@ -1,0 +1,226 @@
+"""Reader of the enforcer's per-device compute state: set vs achieved share per slice.
+
+The native pacer (``native/src/pacing/``, layout in ``native/include/gpuslice/devstate.h`` and
+``native/README-compute.md``) keeps one file per device, ``<device_state_dir>/<GPU-uuid>.dev``,
+mmap'd by every paced process on the node. This module reads it for ``gpuslice ps`` / the monitor
+and refuses versions it does not know with :class:`UnknownDeviceStateVersion`.
+
+Version 2 (this reader) added to every process record its PID namespace (the inode of
+``/proc/<pid>/ns/pid``) and a heartbeat: pids are only meaningful inside their own namespace, so the
+enforcers of different pods on one node judge each other's liveness by the heartbeat. The reader
+reports both; ``ProcessCompute.pid`` is the pid *in that namespace*.
+
+Reads take no lock (the writers hold a process-shared pthread mutex Python cannot join); the
+header's ``updates`` counter is read before and after the copy and the copy is retried when it
+moved, so a reader never reports half of one update.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuslice.spec.errors import GpusliceError
+
+MAGIC = 0x0054535645445347  # "GSDEVST\0"
+VERSION = 2
+HEADER_SIZE = 256
+SLICE_SIZE = 256
+PROC_SIZE = 128
+MAX_SLICES = 32
+MAX_PROCS = 128
+SLICE_OFF = HEADER_SIZE
+PROC_OFF = SLICE_OFF + MAX_SLICES * SLICE_SIZE
+FILE_SIZE = PROC_OFF + MAX_PROCS * PROC_SIZE
+
+_HEADER = struct.Struct("<QIIIIIIIIqqQ64s")  # up to the uuid; the mutex follows at 128
+_SLICE = struct.Struct("<IIBBBBI128sqqqQQQqqqiiq")
+_PROC = struct.Struct("<iIiIqqqQqqqQq")  # v2: + heartbeat_ns, pidns, joined_ns (then padding to 128)
+_MODES = {0: "hard", 1: "soft", 2: "off"}
+_SLICE_IN_USE = 1
+_PROC_IN_USE, _PROC_BUSY, _PROC_LIGHT = 1, 2, 4
+_SHARE_OFFSET = 4  # share_bp inside a slice record
+
+
+class DeviceStateError(GpusliceError):
+    """A per-device compute state file is missing, truncated or not ours."""
+
+
+class UnknownDeviceStateVersion(DeviceStateError):
+    """The file has a layout version (or size) this gpuslice does not know."""
+
+
+@dataclass(frozen=True)
+class ProcessCompute:
+    pid: int  # inside its own PID namespace (see pid_namespace)
+    busy: bool  # has GPU work outstanding right now (measured with events)
+    measured: bool  # False: unpaced and alone, only its launch activity is published
+    busy_total_s: float
+    pid_namespace: int = 0  # inode of the process's PID namespace; 0 = unknown
+    heartbeat_s: float = 0.0  # CLOCK_MONOTONIC seconds (time.monotonic() on Linux) of its last heartbeat
+
+    def heartbeat_age(self, now_monotonic: float | None = None) -> float:
+        """Seconds since the process last proved alive (stale after 5 s: the native side frees it)."""
+        import time
+
+        return (time.monotonic() if now_monotonic is None else now_monotonic) - self.heartbeat_s
+
+
+@dataclass(frozen=True)
+class SliceCompute:
+    grant: str
+    set_share: float  # percent of the device; 0 or 100 = not paced
+    achieved_share: float | None  # percent over the last complete 1-s window; None = none yet
+    rate: float  # percent the controller allots right now (weights, soft, contention)
+    throttled_share: float  # percent of the last window a launch was held back
+    busy_total_s: float
+    throttled_total_s: float
+    launches: int
+    mode: str  # hard | soft | off
+    weight: int
+    priority: int  # 0 high, 1 low
+    paced: bool
+    processes: tuple[ProcessCompute, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class DeviceCompute:
+    uuid: str
+    path: Path
+    slices: tuple[SliceCompute, ...]
+
+
+def _cstr(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _check_header(buf: bytes, path: Path) -> str:
+    if len(buf) < HEADER_SIZE:
+        raise DeviceStateError(f"{path}: {len(buf)} bytes, too short for a device state header")
+    magic, version, size, max_slices, max_procs, slice_off, slice_size, proc_off, proc_size, _c, _r, _u, uuid = (
+        _HEADER.unpack_from(buf, 0)
+    )
+    if magic != MAGIC:
+        raise DeviceStateError(f"{path}: not a gpuslice device state file (magic {magic:#x})")
+    layout = (size, max_slices, max_procs, slice_off, slice_size, proc_off, proc_size)
+    if version != VERSION or layout != (FILE_SIZE, MAX_SLICES, MAX_PROCS, SLICE_OFF, SLICE_SIZE, PROC_OFF, PROC_SIZE):
+        raise UnknownDeviceStateVersion(
+            f"{path}: device state version {version} (size {size}) is not known; this gpuslice reads version "
+            f"{VERSION} (size {FILE_SIZE}); update gpuslice or the enforcer so both agree"
+        )
+    if len(buf) != FILE_SIZE:
+        raise DeviceStateError(f"{path}: {len(buf)} bytes, expected {FILE_SIZE}")
+    return _cstr(uuid)
+
+
+def parse_device_state(buf: bytes, path: Path | str = "<bytes>") -> DeviceCompute:
+    """Parse one state file's bytes (raises DeviceStateError / UnknownDeviceStateVersion)."""
+    path = Path(path)
+    uuid = _check_header(buf, path)
+    procs_by_slice: dict[int, list[ProcessCompute]] = {}
+    for i in range(MAX_PROCS):
+        pid, flags, slice_idx, _id, _since, _last, _seen, busy_total, _expect, _want, beat, pidns, _joined = (
+            _PROC.unpack_from(buf, PROC_OFF + i * PROC_SIZE)
+        )
+        if not flags & _PROC_IN_USE:
+            continue
+        procs_by_slice.setdefault(slice_idx, []).append(
+            ProcessCompute(
+                pid=pid,
+                busy=bool(flags & _PROC_BUSY),
+                measured=not flags & _PROC_LIGHT or bool(flags & _PROC_BUSY),
+                busy_total_s=busy_total / 1e9,
+                pid_namespace=pidns,
+                heartbeat_s=beat / 1e9,
+            )
+        )
+    slices = []
+    for i in range(MAX_SLICES):
+        (flags, share_bp, mode, weight, priority, paced, rate_bp, grant, _credit, _credit_last, _active, busy_total,
+         throttled_total, launches, _ws, _wb, _wt, achieved_bp, throttled_bp, _updated) = _SLICE.unpack_from(
+            buf, SLICE_OFF + i * SLICE_SIZE
+        )
+        if not flags & _SLICE_IN_USE:
+            continue
+        slices.append(
+            SliceCompute(
+                grant=_cstr(grant),
+                set_share=share_bp / 100.0,
+                achieved_share=None if achieved_bp < 0 else achieved_bp / 100.0,
+                rate=rate_bp / 100.0,
+                throttled_share=max(throttled_bp, 0) / 100.0,
+                busy_total_s=busy_total / 1e9,
+                throttled_total_s=throttled_total / 1e9,
+                launches=launches,
+                mode=_MODES.get(mode, f"unknown({mode})"),
+                weight=weight,
+                priority=priority,
+                paced=bool(paced),
+                processes=tuple(procs_by_slice.get(i, ())),
+            )
+        )
+    return DeviceCompute(uuid=uuid, path=path, slices=tuple(slices))
+
+
+def _updates(buf: bytes) -> int:
+    return struct.unpack_from("<Q", buf, 56)[0]
+
+
+def read_device_state(path: Path | str, retries: int = 5) -> DeviceCompute:
+    """Read one ``<uuid>.dev`` file consistently (see the module docstring)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            for _ in range(retries):
+                first = f.read(FILE_SIZE)
+                f.seek(0)
+                if len(first) < 64:
+                    break
+                again = f.read(64)
+                f.seek(0)
+                if _updates(first) == _updates(again):
+                    return parse_device_state(first, path)
+            return parse_device_state(first, path)  # busy writers: the latest copy, still validated
+    except FileNotFoundError as e:
+        raise DeviceStateError(f"{path}: no such device state file") from e
+    except OSError as e:
+        raise DeviceStateError(f"{path}: {e.strerror}") from e
+
+
+def read_all(directory: Path | str) -> list[DeviceCompute]:
+    """Every device state in ``directory`` (empty when the directory does not exist)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return [read_device_state(p) for p in sorted(d.glob("*.dev"))]
+
+
+def set_share(path: Path | str, grant: str, percent: float) -> bool:
+    """Change a running slice's set share live (basis-point resolution); True if the grant was found.
+
+    The pacers re-read the share on every poll, so the new share applies within a millisecond.
+    Only shares strictly between 0 and 100 on an already paced slice can be set this way: pacing
+    on/off is decided at process start. The store is one aligned 4-byte write, atomic for the
+    readers (the native side reads it under its lock, which a single store cannot tear).
+    """
+    if not 0 < percent < 100:
+        raise ValueError(f"percent: {percent} not allowed; expected 0 < percent < 100")
+    path = Path(path)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        import mmap
+
+        with mmap.mmap(fd, FILE_SIZE) as m:
+            _check_header(bytes(m[:HEADER_SIZE]) + bytes(FILE_SIZE - HEADER_SIZE), path)
+            for i in range(MAX_SLICES):
+                off = SLICE_OFF + i * SLICE_SIZE
+                flags = struct.unpack_from("<I", m, off)[0]
+                name = _cstr(bytes(m[off + 16 : off + 144]))
+                if flags & _SLICE_IN_USE and name == grant:
+                    struct.pack_into("<I", m, off + _SHARE_OFFSET, int(round(percent * 100)))
+                    return True
+    finally:
+        os.close(fd)
+    return False

@@ -1,0 +1,200 @@
+"""The node view: devices, grants and live usage joined into one plain structure, sampled over time.
+
+``Monitor.sample()`` reads the ledger's grants, every grant's region (memory) and the per-device compute
+state the pacer keeps in ``<state>/devices/<uuid>.dev`` (:mod:`gpuslice.enforcer.devstate`). Compute
+*achieved* is the pacer's own measurement over its last 1-s window when it has one; otherwise the
+slice's busy time over wall time across the samples of the last ``RATE_WINDOW_S`` seconds (at least
+two samples; none on a slice's first sample) — a window, not the last interval, so that fast sampling
+(the dashboard's 0.2 s) does not turn the step-wise busy counters into a jumpy line. ``ps``, ``top``,
+the metrics and the dashboard all render a :class:`NodeView`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from gpuslice.enforcer import devstate as compute_state
+from gpuslice.host import procs
+from gpuslice.host.usage import GrantUsage, Watched, read_grant_usage
+from gpuslice.spec import Device, Priority
+
+UsageReader = Callable[[Watched], GrantUsage]
+RATE_WINDOW_S = 2.0  # busy-time rates average over about this long
+
+
+class Waiting(Protocol):
+    """A queued request as the monitor shows it (local mode's waiters)."""
+
+    enqueued: float
+    devices: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SliceView:
+    grant_id: str
+    owner: str
+    device_uuid: str
+    device_index: int
+    memory_limit: int
+    memory_used: int
+    memory_peak: int
+    compute_set: int
+    compute_achieved: float | None
+    throttled_seconds: float
+    oom_refusals: int
+    priority: str
+    mode: str
+    pids: tuple[int, ...]
+    age_seconds: float
+    command: str
+    exclusive: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    uuid: str
+    index: int
+    name: str
+    memory_total: int
+    memory_granted: int
+    memory_used: int
+    compute_granted: int
+    compute_achieved: float | None
+    slices: int
+    held_whole: bool = False  # given whole to one grant: all of its memory and compute are held
+
+
+@dataclass(frozen=True)
+class NodeView:
+    time: float
+    node: str
+    devices: tuple[DeviceView, ...]
+    slices: tuple[SliceView, ...]
+    waiters: tuple[dict[str, Any], ...] = ()
+    errors: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Monitor:
+    """Turns (devices, grants, regions) into NodeViews; keeps the last busy counters for rates."""
+
+    def __init__(self, devices: Sequence[Device], node: str, read_usage: UsageReader = read_grant_usage,
+                 device_state_dir: Path | None = None):
+        self.devices = list(devices)
+        self.node = node
+        self.read_usage = read_usage
+        self.device_state_dir = device_state_dir
+        # device (or MIG instance) UUID -> the card's index
+        self._index = {u: d.index for d in self.devices for u in (d.uuid, *(m.uuid for m in d.mig_instances))}
+        self._last: dict[tuple[str, str], deque[tuple[float, int]]] = {}  # (grant, device) -> [(t, busy_ns)]
+
+    def sample(self, grants: Sequence[Watched], waiters: Sequence[Waiting] = (),
+               now: float | None = None) -> NodeView:
+        now = time.time() if now is None else now
+        slices: list[SliceView] = []
+        errors: list[str] = []
+        seen: set[tuple[str, str]] = set()
+        paced = self._compute(errors)
+        stats = procs.all_stats() if grants else []
+        for watched in grants:
+            slices += self._slices(watched, paced, stats, now, errors, seen)
+        self._last = {k: v for k, v in self._last.items() if k in seen}
+        return NodeView(time=now, node=self.node, devices=tuple(self._devices(slices)), slices=tuple(slices),
+                        waiters=tuple(self._waiters(waiters, now)), errors=tuple(errors))
+
+    def _slices(self, watched: Watched, paced: dict[tuple[str, str], compute_state.SliceCompute],
+                stats: list[procs.ProcStat], now: float, errors: list[str],
+                seen: set[tuple[str, str]]) -> list[SliceView]:
+        """The views of one watched grant's slices (one per device)."""
+        grant, usage = watched.grant, self.read_usage(watched)
+        # GPU processes from the region, plus the launched process group (processes not on the GPU yet)
+        pids = tuple(sorted(set(usage.pids) | set(procs.group_members(*watched.group, stats))))
+        if usage.error:
+            errors.append(f"{grant.grant_id}: {usage.error}")
+        out = []
+        for s in grant.slices:
+            u = usage.slices.get(s.device_uuid)
+            key = (grant.grant_id, s.device_uuid)
+            seen.add(key)
+            pc = paced.get(key)
+            busy = max(u.busy_ns if u else 0, int(pc.busy_total_s * 1e9) if pc else 0)
+            rate = self._rate(key, now, busy) if usage.readable or pc else None
+            achieved = pc.achieved_share if pc and pc.achieved_share is not None else rate
+            throttled = max((u.throttled_ns if u else 0) / 1e9, pc.throttled_total_s if pc else 0.0)
+            out.append(SliceView(
+                grant_id=grant.grant_id, owner=watched.owner, device_uuid=s.device_uuid,
+                device_index=self._index.get(s.device_uuid, -1), memory_limit=s.memory_limit,
+                memory_used=u.used if u else 0, memory_peak=u.peak if u else 0, compute_set=s.compute,
+                compute_achieved=achieved, throttled_seconds=throttled,
+                oom_refusals=u.oom_refusals if u else 0, priority=Priority(s.priority).name.lower(),
+                mode=s.mode.value, pids=pids, age_seconds=max(0.0, now - watched.created),
+                command=watched.command, exclusive=grant.exclusive))
+        return out
+
+    def _waiters(self, waiters: Sequence[Waiting], now: float) -> list[dict[str, Any]]:
+        """The queue in order (priority, then arrival) with each request's place and age."""
+        return [{**w.to_json(), "position": i, "age_seconds": max(0.0, now - w.enqueued),
+                 "device_indexes": [self._index.get(u, -1) for u in w.devices]}
+                for i, w in enumerate(waiters, 1)]
+
+    def _compute(self, errors: list[str]) -> dict[tuple[str, str], compute_state.SliceCompute]:
+        """The pacer's per-slice compute state, keyed (grant, device UUID); empty without state files."""
+        if self.device_state_dir is None:
+            return {}
+        found = {}
+        for d in self.devices:
+            path = self.device_state_dir / f"{d.uuid}.dev"
+            if not path.exists():
+                continue
+            try:
+                state = compute_state.read_device_state(path)
+            except compute_state.DeviceStateError as exc:
+                errors.append(str(exc))
+                continue
+            found.update({(s.grant, d.uuid): s for s in state.slices})
+        return found
+
+    def _rate(self, key: tuple[str, str], now: float, busy_ns: int) -> float | None:
+        """Busy time over wall time since the newest sample at least RATE_WINDOW_S old (or the oldest)."""
+        ring = self._last.setdefault(key, deque())
+        if ring and now <= ring[-1][0]:
+            return None
+        if ring and busy_ns < ring[-1][1]:  # the counter went back (a new region): start again
+            ring.clear()
+        ring.append((now, busy_ns))
+        while len(ring) > 2 and now - ring[1][0] >= RATE_WINDOW_S:
+            ring.popleft()
+        if len(ring) < 2:
+            return None
+        t0, busy0 = ring[0]
+        return min(100.0, (busy_ns - busy0) / ((now - t0) * 1e9) * 100.0)
+
+    def _devices(self, slices: list[SliceView]) -> list[DeviceView]:
+        out = []
+        for d in self.devices:
+            mine = [s for s in slices if s.device_index == d.index]
+            rates = [s.compute_achieved for s in mine if s.compute_achieved is not None]
+            whole = any(s.exclusive for s in mine)
+            out.append(DeviceView(
+                uuid=d.uuid, index=d.index, name=d.name, memory_total=d.memory_total,
+                memory_granted=sum(s.memory_limit for s in mine), memory_used=sum(s.memory_used for s in mine),
+                compute_granted=100 if whole else min(100, sum(s.compute_set for s in mine)),
+                compute_achieved=min(100.0, sum(rates)) if rates else None, slices=len(mine), held_whole=whole))
+        return out
+
+
+def view_from_json(data: dict[str, Any]) -> NodeView:
+    """Inverse of NodeView.to_json (for ``ps`` reading the agent's /v1/status)."""
+    return NodeView(
+        time=data["time"], node=data["node"],
+        devices=tuple(DeviceView(**d) for d in data["devices"]),
+        slices=tuple(SliceView(**{**s, "pids": tuple(s["pids"])}) for s in data["slices"]),
+        waiters=tuple(data.get("waiters", ())), errors=tuple(data.get("errors", ())))

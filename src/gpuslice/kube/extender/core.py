@@ -1,0 +1,226 @@
+"""The extender's filter and prioritize over the placement core; bind and garbage collection are mixed in
+from :mod:`~gpuslice.kube.extender.bind` and :mod:`~gpuslice.kube.extender.gc`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from gpuslice.kube import alloclock, formats, nodestate, podrequest, resources
+from gpuslice.kube.api import KubeAPI, KubeError
+from gpuslice.kube.extender.bind import BindTransaction
+from gpuslice.kube.extender.cache import FleetIndex, NodeCache, NodeView, ViewCache
+from gpuslice.kube.extender.gc import GarbageCollection
+from gpuslice.kube.extender.wire import ExtenderArgs, extender_scores
+from gpuslice.placement import NodeState, NoFit, PlacementPolicy, apply, filter_nodes, place, score_nodes
+from gpuslice.spec import SpecError
+
+
+class Extender(BindTransaction, GarbageCollection):
+    """filter / prioritize / bind. ``api`` may be ``None`` for a filter-and-prioritize-only extender fed
+    full Node objects (benchmarks, dry runs); ``bind`` and ``NodeNames`` need it."""
+
+    def __init__(self, api: KubeAPI | None, cfg: resources.KubeConfig | None = None, *,
+                 cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0, use_index: bool = True,
+                 stale_after: float = 0.0, allocation_timeout: float = alloclock.DEFAULT_TIMEOUT,
+                 clock: Callable[[], float] = time.time):
+        self.api = api
+        self.cfg = cfg or resources.KubeConfig()
+        self.cache = cache
+        self.views = cache.views if cache else ViewCache()
+        self.index = FleetIndex(self.views)
+        self.use_index = use_index
+        self.stale_after = stale_after  # seconds without a devices publication before a node is skipped (0: never)
+        if allocation_timeout < 0:
+            raise SpecError("allocation_timeout", allocation_timeout, "seconds, 0 (no allocation lock) or more")
+        self.allocation_timeout = allocation_timeout  # see gpuslice.kube.alloclock (0: lock off)
+        self.bind_retries = bind_retries
+        self.gc_grace = gc_grace
+        self.clock = clock
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+        self._kinds: tuple[int, frozenset[tuple[str, str]]] = (-1, frozenset())
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _views_for(self, args: ExtenderArgs) -> list[NodeView]:
+        if args.nodes is not None:
+            return [self.views.view(n) for n in args.nodes]
+        out = []
+        for name, v in zip(args.node_names, self.views.get_many(args.node_names)):
+            if v is None and self.api is not None:
+                try:
+                    v = self.views.view(self.api.get_node(name))
+                except KubeError as exc:
+                    v = NodeView(name, "", None, formats.Ledger({}), None, f"cannot read node: {exc}")
+            if v is None:
+                v = NodeView(name, "", None, formats.Ledger({}), None, "node unknown to the extender's cache")
+            out.append(v)
+        return out
+
+    def _gpu_kinds(self) -> frozenset[tuple[str, str]]:
+        """(model, name) of every device kind the extender knows, for HAMi's use-gputype substrings."""
+        version, views = self.views.snapshot()
+        if self._kinds[0] != version:
+            kinds: set[tuple[str, str]] = set()
+            for v in views.values():
+                if v.devices is not None:
+                    kinds |= podrequest.device_kinds(v.devices.devices)
+            self._kinds = (version, frozenset(kinds))
+        return self._kinds[1]
+
+    def _policy(self, req: podrequest.PodRequest) -> PlacementPolicy:
+        return req.policy or self.cfg.policy
+
+    @staticmethod
+    def _state_for(view: NodeView, req: podrequest.PodRequest) -> NodeState:
+        assert view.state is not None and view.devices is not None
+        if not (req.avoid_models or req.avoid_uuids or req.use_uuids):
+            return view.state
+        blocked = podrequest.blocked_devices(view.devices, req)
+        return nodestate.node_state(view.name, view.devices, view.ledger, blocked=blocked)
+
+    def _fit(self, req: podrequest.PodRequest, views: list[NodeView],
+             pod_uid: str = "") -> tuple[list[str], dict[str, str], dict[str, NodeState]]:
+        """(fitting names in the caller's order, {name: why not}, {name: state} of the fitting ones)."""
+        failed: dict[str, str] = {v.name: v.problem for v in views if v.state is None}
+        live = [v for v in views if v.state is not None]
+        if not live:
+            return [], failed, {}
+        first = req.containers[0].request
+        states: dict[str, NodeState] = {}
+        if self._indexed(req):
+            with self.index.lock:
+                fleet = self.index.current()
+                ok, why = filter_nodes(first, fleet)
+                wanted = {v.name for v in live}
+                failed.update({n: r for n, r in why.items() if n in wanted})
+                ok_set = set(ok) & wanted
+                if len(req.containers) > 1:
+                    states = {n: fleet.node_state(n) for n in ok_set}
+        else:
+            for v in live:
+                try:
+                    states[v.name] = self._state_for(v, req)
+                except SpecError as exc:
+                    failed[v.name] = f"node annotations are unreadable: {exc}"
+            ok, why = filter_nodes(first, list(states.values()))
+            failed.update(why)
+            ok_set = set(ok)
+        for v in live:
+            # A stale device list outranks any other reason; the lock only matters where the pod fits.
+            stale = self._stale_devices(v) or (self._still_locked(v, req, pod_uid) if v.name in ok_set else "")
+            if stale:
+                ok_set.discard(v.name)
+                failed[v.name] = stale
+        if len(req.containers) > 1:  # every container must fit, each after the ones before it
+            for name in list(ok_set):
+                try:
+                    self._place_all(req, states[name])
+                except NoFit as exc:
+                    ok_set.discard(name)
+                    failed[name] = exc.reason
+        fitting = [v.name for v in views if v.name in ok_set]
+        return fitting, failed, {n: states[n] for n in fitting if n in states}
+
+    def _stale_devices(self, view: NodeView) -> str:
+        """Why the node's device list is too old to trust ('' when fresh or when ageing is off)."""
+        if not self.stale_after or view.devices is None:
+            return ""
+        age = self.clock() - view.devices.updated
+        if age <= self.stale_after:
+            return ""
+        return (f"the gpuslice agent has not published {formats.NODE_DEVICES} for {age:.0f} s "
+                f"(more than {self.stale_after:g} s); is it running?")
+
+    def _locked(self, view: NodeView, req: podrequest.PodRequest, pod_uid: str) -> str:
+        """Why the node's allocation lock keeps this pod away ('' when it does not)."""
+        if not view.allocating or not self.allocation_timeout:
+            return ""
+        now = self.clock()
+        held = alloclock.blockers(view.ledger, view.allocating, pod_uid, req.device_counts, now,
+                                  self.allocation_timeout)
+        return alloclock.reason(held[0], now) if held else ""
+
+    def _still_locked(self, view: NodeView, req: podrequest.PodRequest, pod_uid: str) -> str:
+        """The lock's reason, confirmed by a fresh read of the Node when the watch-fed view says locked.
+
+        The device plugin releases the lock by a Node update; kube-scheduler retries the waiting pod
+        on that event, possibly before this extender's own watch has delivered it. Refusing on the
+        stale view would leave the pod waiting for some later Node event, so a blocking lock is
+        checked against the API server (a quorum read). Locks last from bind to Allocate, so this
+        read happens for few nodes and only while a lock is held."""
+        why = self._locked(view, req, pod_uid)
+        if not why or self.api is None:
+            return why
+        try:
+            fresh = self.views.view(self.api.get_node(view.name))
+        except KubeError:
+            return why  # keep the cached answer: refusing is the safe side of a lock
+        return self._locked(fresh, req, pod_uid) if fresh.state is not None else why
+
+    def _indexed(self, req: podrequest.PodRequest) -> bool:
+        """The shared fleet serves pods without per-pod device exclusions."""
+        return self.use_index and not (req.avoid_models or req.avoid_uuids or req.use_uuids)
+
+    def _place_all(self, req: podrequest.PodRequest, state: NodeState) -> list[tuple[podrequest.ContainerRequest, Any]]:
+        policy = self._policy(req)
+        out = []
+        for c in req.containers:
+            try:
+                p = place(c.request, [state], policy)
+            except NoFit as exc:
+                raise NoFit(f"container {c.name}: {exc.reason}", exc.per_node) from None
+            state = apply(state, p.slices, exclusive=p.exclusive)
+            out.append((c, p))
+        return out
+
+    # ------------------------------------------------------------------------------------ filter
+    def filter(self, body: Any) -> dict[str, Any]:
+        args = ExtenderArgs.parse(body)
+        try:
+            req = podrequest.pod_request(args.pod, self.cfg)
+        except SpecError as exc:
+            return self._filter_result(args, [], {}, error=f"gpuslice: {exc}")
+        if req.empty:  # not a GPU-slice pod: nothing to say
+            return self._filter_result(args, list(args.node_names), {})
+        views = self._views_for(args)
+        req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
+        fitting, failed, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
+        return self._filter_result(args, fitting, failed)
+
+    @staticmethod
+    def _filter_result(args: ExtenderArgs, fitting: list[str], failed: Mapping[str, str],
+                       error: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {"FailedNodes": dict(failed), "FailedAndUnresolvableNodes": {}, "Error": error}
+        if args.nodes is not None:
+            keep = set(fitting)
+            out["Nodes"] = {"metadata": {}, "items": [n for n in args.nodes if n["metadata"]["name"] in keep]}
+            out["NodeNames"] = None
+        else:
+            out["NodeNames"] = list(fitting)
+            out["Nodes"] = None
+        return out
+
+    # ------------------------------------------------------------------------------------ prioritize
+    def prioritize(self, body: Any) -> list[dict[str, Any]]:
+        args = ExtenderArgs.parse(body)
+        try:
+            req = podrequest.pod_request(args.pod, self.cfg)
+        except SpecError:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        if req.empty:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        views = self._views_for(args)
+        req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
+        scores: dict[str, float] = {}
+        first = req.containers[0].request
+        if self._indexed(req) and len(req.containers) == 1:
+            with self.index.lock:
+                scores = score_nodes(first, self.index.current(), self._policy(req))
+        else:
+            fitting, _, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
+            states = {v.name: self._state_for(v, req) for v in views if v.name in set(fitting)}
+            if fitting:
+                scores = score_nodes(first, [states[n] for n in fitting], self._policy(req))
+        return extender_scores(scores, args.node_names)

@@ -1,0 +1,358 @@
+"""The annotation formats of gpuslice on Kubernetes objects: what the agent, the extender and the device
+plugin write on Nodes and Pods, and how each is read back.
+
+Every format is versioned (``"version": 1``) JSON in one annotation value and documented in
+``src/gpuslice/kube/README.md``; slices and grants inside are spelled by :mod:`gpuslice.spec.codec`, as
+on every other wire. Decoders refuse what they do not understand with :class:`SpecError` naming the
+annotation and the path of the bad value; nothing here talks to the API server.
+
+Objects are plain dicts as the API server serialises them (camelCase: ``metadata.annotations``,
+``spec.containers[].resources.limits``) — the extender and the webhook receive exactly that, and the
+API wrapper (:mod:`gpuslice.kube.api`) returns the same.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from gpuslice.placement import DEFAULT_SPLIT_COUNT
+from gpuslice.spec import (
+    Device, Grant, HoldsGrant, MigInstance, Slice, SpecError, grant_from_json, grant_to_json, whole_number,
+)
+
+FORMAT_VERSION = 1
+
+# ------------------------------------------------------------------------------------- annotation keys
+NODE_DEVICES = "gpuslice.io/devices"          # written by the agent (kube-agent): what the node has
+NODE_LEDGER = "gpuslice.io/ledger"            # written by the extender's bind: grants on the node (CAS)
+NODE_ALLOCATING = "gpuslice.io/allocating"    # the allocation lock: pods bound here, Allocate not done (CAS)
+POD_GRANT = "gpuslice.io/grant"               # written by the extender's bind: the pod's slices
+POD_ALLOCATED = "gpuslice.io/allocated"       # written by the device plugin: containers allocated
+POD_POLICY = "gpuslice.io/policy"             # per pod: "fgd" or "node=spread,gpu=binpack"
+POD_NODE_POLICY = "gpuslice.io/node-policy"   # per pod, node level only
+POD_GPU_POLICY = "gpuslice.io/gpu-policy"     # per pod, GPU level only
+POD_COMPUTE_MODE = "gpuslice.io/compute-mode"  # per pod: hard | soft | off
+HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"
+HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
+HAMI_USE_TYPE = "nvidia.com/use-gputype"
+HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
+HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+HAMI_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+# ------------------------------------------------------------------------------------- small helpers
+def annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    meta = obj.get("metadata") or {}
+    return dict(meta.get("annotations") or {})
+
+
+def _load(key: str, text: Any) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise SpecError(key, text, "a JSON object in a string (annotation value)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(key, text[:80], f"JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(data, dict):
+        raise SpecError(key, text[:80], "a JSON object")
+    version = data.get("version")
+    if version != FORMAT_VERSION:
+        raise SpecError(f"{key}.version", version, f"{FORMAT_VERSION} (this gpuslice reads version {FORMAT_VERSION})")
+    return data
+
+
+def _dump(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def _str(key: str, value: Any, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise SpecError(key, value, "a string" if allow_empty else "a non-empty string")
+    return value
+
+
+# ------------------------------------------------------------------------------------- node devices
+@dataclass(frozen=True)
+class NodeDevices:
+    """What the node's agent published: devices, their health, and the node's sharing knobs."""
+
+    devices: tuple[Device, ...]
+    health: Mapping[str, str] = field(default_factory=dict)  # uuid -> Healthy | Unhealthy
+    split_count: int = DEFAULT_SPLIT_COUNT
+    memory_scaling: float = 1.0
+    updated: float = 0.0  # unix seconds of the agent's last publication
+
+    def healthy(self, uuid: str) -> bool:
+        return self.health.get(uuid, HEALTHY) == HEALTHY
+
+
+def encode_node_devices(devices: Sequence[Device], *, health: Mapping[str, str] | None = None,
+                        split_count: int = DEFAULT_SPLIT_COUNT, memory_scaling: float = 1.0,
+                        now: float | None = None) -> str:
+    """The value of ``gpuslice.io/devices`` for a node with ``devices``."""
+    whole_number("split_count", split_count, 1, 1000)
+    if not isinstance(memory_scaling, (int, float)) or not 0 < memory_scaling <= 100:
+        raise SpecError("memory_scaling", memory_scaling, "a number above 0 and at most 100")
+    health = dict(health or {})
+    items = []
+    for d in devices:
+        item: dict[str, Any] = {
+            "uuid": d.uuid, "index": d.index, "name": d.name, "model": d.model or d.name,
+            "memory": d.memory_total, "sms": d.sm_count, "numa": d.numa_node,
+            "nvlink": list(d.nvlink_peers), "health": health.get(d.uuid, HEALTHY),
+        }
+        if d.pci_bus_id:
+            item["pci"] = d.pci_bus_id
+        minor = d.extra.get("minor") if isinstance(d.extra, dict) else None
+        if isinstance(minor, int):
+            item["minor"] = minor
+        if d.mig_enabled:
+            item["mig"] = [{"uuid": m.uuid, "profile": m.profile, "memory": m.memory_total, "sms": m.sm_count}
+                           for m in d.mig_instances]
+        items.append(item)
+    return _dump({"version": FORMAT_VERSION, "splitCount": split_count, "memoryScaling": memory_scaling,
+                  "updated": round(time.time() if now is None else now, 3), "devices": items})
+
+
+def decode_node_devices(text: Any) -> NodeDevices:
+    """Parse ``gpuslice.io/devices``; errors name the field as ``gpuslice.io/devices.devices[2].memory``."""
+    key = NODE_DEVICES
+    data = _load(key, text)
+    raw = data.get("devices")
+    if not isinstance(raw, list):
+        raise SpecError(f"{key}.devices", raw, "a list of devices")
+    split = whole_number(f"{key}.splitCount", data.get("splitCount", DEFAULT_SPLIT_COUNT), 1, 1000)
+    scaling = data.get("memoryScaling", 1.0)
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not 0 < scaling <= 100:
+        raise SpecError(f"{key}.memoryScaling", scaling, "a number above 0 and at most 100")
+    updated = data.get("updated", 0.0)
+    if isinstance(updated, bool) or not isinstance(updated, (int, float)):
+        raise SpecError(f"{key}.updated", updated, "unix seconds")
+    devices, health = [], {}
+    for n, item in enumerate(raw):
+        where = f"{key}.devices[{n}]"
+        if not isinstance(item, dict):
+            raise SpecError(where, item, "an object")
+        uuid = _str(f"{where}.uuid", item.get("uuid"))
+        numa = item.get("numa")
+        if numa is not None:
+            whole_number(f"{where}.numa", numa, 0)
+        nvlink = item.get("nvlink", [])
+        if not isinstance(nvlink, list) or not all(isinstance(p, str) for p in nvlink):
+            raise SpecError(f"{where}.nvlink", nvlink, "a list of peer UUIDs")
+        state = item.get("health", HEALTHY)
+        if state not in (HEALTHY, UNHEALTHY):
+            raise SpecError(f"{where}.health", state, f"{HEALTHY} or {UNHEALTHY}")
+        migs = []
+        mig_raw = item.get("mig")
+        if mig_raw is not None:
+            if not isinstance(mig_raw, list):
+                raise SpecError(f"{where}.mig", mig_raw, "a list of MIG instances")
+            for k, m in enumerate(mig_raw):
+                mw = f"{where}.mig[{k}]"
+                if not isinstance(m, dict):
+                    raise SpecError(mw, m, "an object")
+                migs.append(MigInstance(uuid=_str(f"{mw}.uuid", m.get("uuid")),
+                                        profile=_str(f"{mw}.profile", m.get("profile")),
+                                        memory_total=whole_number(f"{mw}.memory", m.get("memory"), 1),
+                                        sm_count=whole_number(f"{mw}.sms", m.get("sms", 0), 0)))
+        extra = {}
+        if isinstance(item.get("minor"), int) and not isinstance(item.get("minor"), bool):
+            extra["minor"] = item["minor"]
+        devices.append(Device(
+            uuid=uuid, index=whole_number(f"{where}.index", item.get("index", n), 0),
+            name=_str(f"{where}.name", item.get("name", item.get("model", "")), allow_empty=True),
+            memory_total=whole_number(f"{where}.memory", item.get("memory"), 1),
+            sm_count=whole_number(f"{where}.sms", item.get("sms", 0), 0),
+            model=_str(f"{where}.model", item.get("model", ""), allow_empty=True),
+            numa_node=numa, nvlink_peers=tuple(nvlink), mig_enabled=mig_raw is not None,
+            mig_instances=tuple(migs), pci_bus_id=str(item.get("pci", "")), extra=extra))
+        health[uuid] = state
+    uuids = [d.uuid for d in devices]
+    if len(set(uuids)) != len(uuids):
+        raise SpecError(f"{key}.devices", uuids, "devices with distinct UUIDs")
+    return NodeDevices(tuple(devices), health, split, float(scaling), float(updated))
+
+
+# ------------------------------------------------------------------------------------- grants
+@dataclass(frozen=True)
+class ContainerGrant(HoldsGrant):
+    """The grant of one container: its name and the :class:`Grant` (id ``k-<pod uid>-<container>``)."""
+
+    container: str
+    grant: Grant
+
+
+@dataclass(frozen=True)
+class PodGrant:
+    """Everything granted to one pod on one node (the pod's ``gpuslice.io/grant`` and its ledger entry)."""
+
+    node: str
+    pod_uid: str
+    namespace: str
+    pod: str
+    containers: tuple[ContainerGrant, ...]
+    bound_at: float = 0.0  # unix seconds when the extender committed it
+
+    def container(self, name: str) -> ContainerGrant | None:
+        for c in self.containers:
+            if c.container == name:
+                return c
+        return None
+
+    def slices(self) -> list[Slice]:
+        return [s for c in self.containers for s in c.slices]
+
+
+def grant_id_for(pod_uid: str, container: str) -> str:
+    """A grant id unique per pod and container: ``k-<pod uid>-<container>`` (≤ 128 characters)."""
+    text = re.sub(r"[^A-Za-z0-9._-]", "-", f"k-{pod_uid}-{container}")
+    return text[:128]
+
+
+def _containers_json(containers: Iterable[ContainerGrant]) -> list[dict[str, Any]]:
+    return [{"name": c.container, **grant_to_json(c.grant)} for c in containers]
+
+
+def _containers_from(where: str, raw: Any) -> tuple[ContainerGrant, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise SpecError(where, raw, "a non-empty list of containers")
+    out = []
+    for n, item in enumerate(raw):
+        cw = f"{where}[{n}]"
+        if not isinstance(item, dict):
+            raise SpecError(cw, item, "an object with name, grant, exclusive, slices")
+        out.append(ContainerGrant(container=_str(f"{cw}.name", item.get("name")), grant=grant_from_json(item, cw)))
+    return tuple(out)
+
+
+def encode_pod_grant(grant: PodGrant) -> str:
+    """The value of the pod annotation ``gpuslice.io/grant``."""
+    return _dump({"version": FORMAT_VERSION, "node": grant.node, "uid": grant.pod_uid,
+                  "namespace": grant.namespace, "pod": grant.pod, "boundAt": round(grant.bound_at, 3),
+                  "containers": _containers_json(grant.containers)})
+
+
+def decode_pod_grant(text: Any) -> PodGrant:
+    key = POD_GRANT
+    data = _load(key, text)
+    bound = data.get("boundAt", 0.0)
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        raise SpecError(f"{key}.boundAt", bound, "unix seconds")
+    return PodGrant(node=_str(f"{key}.node", data.get("node")), pod_uid=_str(f"{key}.uid", data.get("uid")),
+                    namespace=_str(f"{key}.namespace", data.get("namespace", ""), allow_empty=True),
+                    pod=_str(f"{key}.pod", data.get("pod", ""), allow_empty=True),
+                    containers=_containers_from(f"{key}.containers", data.get("containers")),
+                    bound_at=float(bound))
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The node's ledger (``gpuslice.io/ledger``): pod UID -> grant. The extender changes it only with a
+    resourceVersion-conditioned update of the Node, so two binds can never both take the same capacity."""
+
+    entries: Mapping[str, PodGrant] = field(default_factory=dict)
+
+    def with_entry(self, grant: PodGrant) -> "Ledger":
+        table = dict(self.entries)
+        table[grant.pod_uid] = grant
+        return Ledger(table)
+
+    def without(self, pod_uids: Iterable[str]) -> "Ledger":
+        drop = set(pod_uids)
+        return Ledger({k: v for k, v in self.entries.items() if k not in drop})
+
+    def slices(self) -> tuple[list[Slice], set[str]]:
+        """All granted slices and the UUIDs held whole."""
+        shared, exclusive = [], set()
+        for g in self.entries.values():
+            for c in g.containers:
+                shared.extend(c.slices)
+                if c.exclusive:
+                    exclusive.update(c.uuids)
+        return shared, exclusive
+
+    def by_grant_id(self) -> dict[str, tuple[PodGrant, ContainerGrant]]:
+        return {c.grant_id: (g, c) for g in self.entries.values() for c in g.containers}
+
+
+def encode_ledger(ledger: Ledger) -> str:
+    entries = {}
+    for uid, g in sorted(ledger.entries.items()):
+        entries[uid] = {"namespace": g.namespace, "pod": g.pod, "boundAt": round(g.bound_at, 3),
+                        "containers": _containers_json(g.containers)}
+    return _dump({"version": FORMAT_VERSION, "entries": entries})
+
+
+def decode_ledger(text: Any, node: str) -> Ledger:
+    """Parse ``gpuslice.io/ledger``; a missing annotation is an empty ledger (pass ``None``)."""
+    if text is None or text == "":
+        return Ledger({})
+    key = NODE_LEDGER
+    data = _load(key, text)
+    raw = data.get("entries")
+    if not isinstance(raw, dict):
+        raise SpecError(f"{key}.entries", raw, "an object of pod UID -> grant")
+    out = {}
+    for uid, item in raw.items():
+        where = f"{key}.entries[{uid}]"
+        if not isinstance(item, dict):
+            raise SpecError(where, item, "an object")
+        bound = item.get("boundAt", 0.0)
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+            raise SpecError(f"{where}.boundAt", bound, "unix seconds")
+        out[uid] = PodGrant(node=node, pod_uid=uid,
+                            namespace=_str(f"{where}.namespace", item.get("namespace", ""), allow_empty=True),
+                            pod=_str(f"{where}.pod", item.get("pod", ""), allow_empty=True),
+                            containers=_containers_from(f"{where}.containers", item.get("containers")),
+                            bound_at=float(bound))
+    return Ledger(out)
+
+
+# ------------------------------------------------------------------------------------- allocation lock
+def decode_allocating(text: Any) -> frozenset[str]:
+    """``gpuslice.io/allocating`` on a Node: ``{"version": 1, "pods": ["<uid>", ...]}`` — pods the extender
+    bound to the node whose containers the device plugin has not all allocated yet (missing = none).
+    The details of each (its containers, when it was bound) are its ledger entry."""
+    if text is None or text == "":
+        return frozenset()
+    data = _load(NODE_ALLOCATING, text)
+    raw = data.get("pods")
+    if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
+        raise SpecError(f"{NODE_ALLOCATING}.pods", raw, "a list of pod UIDs")
+    return frozenset(raw)
+
+
+def encode_allocating(uids: Iterable[str]) -> str | None:
+    """The annotation value, or ``None`` (delete the key) when no pod holds the lock."""
+    uids = sorted(set(uids))
+    return _dump({"version": FORMAT_VERSION, "pods": uids}) if uids else None
+
+
+def device_counts(grant: PodGrant) -> frozenset[int]:
+    """The device counts of the grant's containers: what the kubelet's Allocate calls will carry (IDs)."""
+    return frozenset(len(c.slices) for c in grant.containers)
+
+
+# ------------------------------------------------------------------------------------- allocation marks
+def decode_allocated(text: Any) -> set[str]:
+    """``gpuslice.io/allocated``: ``{"version": 1, "containers": ["a", "b"]}`` — containers the device
+    plugin already answered Allocate for (missing annotation = none)."""
+    if text is None or text == "":
+        return set()
+    data = _load(POD_ALLOCATED, text)
+    raw = data.get("containers")
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise SpecError(f"{POD_ALLOCATED}.containers", raw, "a list of container names")
+    return set(raw)
+
+
+def encode_allocated(containers: Iterable[str]) -> str:
+    return _dump({"version": FORMAT_VERSION, "containers": sorted(set(containers))})

@@ -1,0 +1,97 @@
+"""Who may be placed now: requests that can never fit, and which waiters hold a request back.
+
+Pure functions over placement's plain data (no ledger, no clock), used by :class:`~gpuslice.local.ledger.Ledger`.
+
+*Never fits*: a request that does not fit even on this node with nothing granted (more devices than the
+node has, or than its ``--device`` restriction allows; more memory than any device holds) is refused at
+once with a :class:`~gpuslice.spec.SpecError` naming the field, instead of waiting forever.
+
+*Who may use a device*: a request's *candidate devices* are the devices (within its restriction) that could
+hold one of its parts if they were empty. The queue rule (see local/README.md): a request is placed only on
+devices that no waiter ahead of it could use. Devices a waiter ahead of it could use are *reserved* for the
+queue; a newcomer for other devices (another GPU, or a card too small for the waiter) goes ahead at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable, Sequence
+
+from gpuslice.placement import NodeState, fits
+from gpuslice.placement.model import DeviceState, TaskShape
+from gpuslice.spec import Request, SpecError, human_bytes
+
+
+def restrict(node: NodeState, keep: Iterable[str] | None = None, drop: Iterable[str] = ()) -> NodeState:
+    """``node`` with only the devices in ``keep`` (a card's UUID keeps its MIG instances; None = all) and
+    none of ``drop`` (placeable device UUIDs)."""
+    keep = None if keep is None else set(keep)
+    drop = set(drop)
+    devices = tuple(d for d in node.devices
+                    if (keep is None or d.uuid in keep or (d.parent_uuid and d.parent_uuid in keep))
+                    and d.uuid not in drop)
+    return replace(node, devices=devices)
+
+
+def _part(request: Request) -> Request:
+    """One device's part of ``request``: a whole-device request stays whole (exclusive)."""
+    whole = TaskShape.of(request).whole
+    return replace(request, count=1, exclusive=whole)
+
+
+def candidate_devices(request: Request, empty: NodeState) -> frozenset[str]:
+    """The devices of ``empty`` (a node with nothing granted, already restricted to the request's
+    ``--device`` list) that could hold one device's part of ``request``."""
+    part = _part(request)
+    return frozenset(d.uuid for d in empty.devices if fits(part, replace(empty, devices=(d,))))
+
+
+def _share_below_one_byte(request: Request, empty: NodeState) -> SpecError | None:
+    """A memory share so small that it gives 0 bytes of some device (``0.0000000001%``): refused as the
+    ``memory`` field, not left for the slice to fail on a limit of 0 (a percent rounds down to bytes)."""
+    memory = request.memory
+    if memory is None or memory.percent is None or not empty.devices:
+        return None
+    smallest = min(d.memory_total for d in empty.devices)
+    if memory.resolve(smallest) >= 1:
+        return None
+    return SpecError("memory", str(memory), f"a share that gives at least 1 byte of every device (the smallest "
+                     f"here holds {smallest} bytes), or a size like 4GiB")
+
+
+def _cards(devices: Sequence[DeviceState]) -> int:
+    """Devices a multi-device request can count: one MIG instance per card."""
+    return len({d.parent_uuid or d.uuid for d in devices})
+
+
+def never_fits(request: Request, empty: NodeState, *, restricted: bool = False) -> SpecError | None:
+    """Why ``request`` cannot fit on ``empty`` (the node with nothing granted, restricted to the request's
+    devices when ``restricted``), as a SpecError naming the field; None when it could fit."""
+    tiny = _share_below_one_byte(request, empty)
+    if tiny is not None:
+        return tiny
+    if fits(request, empty):
+        return None
+    has = "--device allows" if restricted else "this node has"
+    total = _cards(empty.devices)
+    if request.count > total:
+        return SpecError("count", request.count, f"at most {total} ({has} {total} device(s))")
+    matching = [d for d in empty.devices if d.matches(request.models)]
+    if request.models and not matching:
+        present = ", ".join(sorted({d.model for d in empty.devices})) or "none"
+        return SpecError("models", "|".join(request.models), f"a model that {has}: {present}")
+    if request.count > _cards(matching):
+        return SpecError("count", request.count, f"at most {_cards(matching)} ({has} {_cards(matching)} "
+                         f"device(s) of model {'|'.join(request.models)})")
+    whole = TaskShape.of(request).whole
+    if request.memory is not None and request.memory.bytes is not None:
+        caps = sorted(((d.whole_capacity if whole else d.memory_capacity) for d in matching), reverse=True)
+        cap = caps[min(request.count, len(caps)) - 1]
+        if request.memory.bytes > cap:
+            per = "on one device" if request.count == 1 else f"on each of {request.count} devices"
+            where = " allowed by --device" if restricted else " of this node"
+            return SpecError("memory", str(request.memory),
+                             f"at most {human_bytes(cap)} {per} (the largest device{where} holds "
+                             f"{human_bytes(caps[0])})")
+    where = "the devices allowed by --device" if restricted else "this node"
+    return SpecError("request", TaskShape.of(request).describe(), f"a request {where} can hold when nothing runs")

@@ -1,0 +1,138 @@
+"""Talking to the agent over its Unix socket (JSON over HTTP), and choosing agent or ledger.
+
+Socket API (all JSON; errors are ``{"error": kind, "message": text}`` with 4xx/5xx: 400 ``spec`` (with
+``field``/``value``/``allowed``: a body that is not a JSON object names ``body``, a field of the wrong type
+names that field), 403 ``forbidden`` (another user's grant or process), 404 ``unknown_grant`` (with ``grant``),
+409 ``nofit``). A GrantRecord is the grant in the one spelling of :mod:`gpuslice.spec.codec` (``grant``,
+``exclusive``, ``slices`` of ``uuid``/``memory``/…) beside the record's own keys (``owner``, ``request``,
+``created``, ``holder_pid``, ``holder_start``, ``child_pid``, ``child_start``, ``uid``, ``command``,
+``slice_file``, ``region_file``, ``ending_since``).
+The agent knows the caller from the kernel (``SO_PEERCRED``): a non-root caller's ``owner``/``uid`` are its
+own whatever the body says, and ``holder_pid`` and ``child_pid`` must be its own processes (the reclaimer
+ends the ``child_pid`` group once the holder is gone).
+
+=======  ========================  ==========================================================
+POST     /v1/grants                body: Ask (+ ``"wait": bool, "ticket": int >= 1|null``) →
+                                   201 GrantRecord, 202 Queued, 409 ``{"error": "nofit"}``
+PATCH    /v1/grants/{id}           body ``{"child_pid": int >= 1, "child_start": int >= 0}`` → 200 GrantRecord
+DELETE   /v1/grants/{id}           → 200 ``{"released": bool}``
+DELETE   /v1/queue/{ticket}        → 200 ``{"cancelled": true}``
+GET      /v1/devices               → the node's devices (a devices snapshot document)
+GET      /v1/ping                  → ``{"ok": true}``
+GET      /v1/grants                → ``{"grants": [GrantRecord], "waiters": [...]}``
+GET      /v1/status                → the node view (devices, slices, usage) as ``gpuslice ps --json``
+GET      /v1/history?since=<s>     → ``{"t": [...], "slices": {...}, "devices": {...}}`` samples after ``since``
+                                   (seconds since the epoch, default 0)
+GET      /metrics                  → Prometheus text exposition
+GET      /                         → the dashboard page
+=======  ========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from gpuslice.local.errors import AgentError, UnknownGrant
+from gpuslice.local.paths import SYSTEM_STATE_DIR, StateDir
+from gpuslice.local.records import Ask, GrantRecord, Queued
+from gpuslice.placement import NoFit
+from gpuslice.spec import Device
+
+TIMEOUT_S = 30.0
+
+
+class GrantService(Protocol):
+    """What ``gpuslice run`` needs: the agent client and the local ledger both provide it."""
+
+    def acquire(self, ask: Ask, *, wait: bool = False, ticket: int | None = None) -> GrantRecord | Queued: ...
+    def set_child(self, grant_id: str, child_pid: int, child_start: int) -> GrantRecord: ...
+    def release(self, grant_id: str) -> bool: ...
+    def cancel(self, ticket: int) -> None: ...
+
+
+def find_agent_socket(state: StateDir) -> Path | None:
+    """The socket of a running agent: this state dir's, else the system one (agent running as root)."""
+    candidates = [state.socket]
+    if not os.environ.get("GPUSLICE_STATE_DIR"):
+        candidates.append(StateDir(SYSTEM_STATE_DIR).socket)
+    for path in candidates:
+        if path.exists() and _answers(path):
+            return path
+    return None
+
+
+def _answers(path: Path) -> bool:
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=2.0) as http:
+            return http.get("http://agent/v1/ping").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class AgentClient:
+    """The socket API as Python calls; raises the same errors as the ledger."""
+
+    def __init__(self, socket_path: Path):
+        self.socket_path = socket_path
+        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)),
+                                  base_url="http://agent", timeout=TIMEOUT_S)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        try:
+            reply = self._http.request(method, url, json=body)
+        except httpx.HTTPError as exc:
+            raise AgentError(f"agent at {self.socket_path} did not answer {method} {url}: {exc}") from None
+        try:
+            data = reply.json()
+        except ValueError:
+            raise AgentError(f"agent answered {method} {url} with {reply.status_code}: {reply.text[:200]}") from None
+        if reply.status_code >= 400:
+            _raise(reply.status_code, data, f"{method} {url}")
+        return reply.status_code, data
+
+    def acquire(self, ask: Ask, *, wait: bool = False, ticket: int | None = None) -> GrantRecord | Queued:
+        code, data = self._call("POST", "/v1/grants", {**ask.to_json(), "wait": wait, "ticket": ticket})
+        return Queued.from_json(data) if code == 202 else GrantRecord.from_json(data)
+
+    def set_child(self, grant_id: str, child_pid: int, child_start: int) -> GrantRecord:
+        _, data = self._call("PATCH", f"/v1/grants/{grant_id}", {"child_pid": child_pid, "child_start": child_start})
+        return GrantRecord.from_json(data)
+
+    def release(self, grant_id: str) -> bool:
+        _, data = self._call("DELETE", f"/v1/grants/{grant_id}")
+        return bool(data.get("released"))
+
+    def cancel(self, ticket: int) -> None:
+        self._call("DELETE", f"/v1/queue/{ticket}")
+
+    def devices(self) -> list[Device]:
+        from gpuslice.host.devices import parse_snapshot
+
+        return parse_snapshot(self._call("GET", "/v1/devices")[1], "agent /v1/devices")
+
+    def status(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/status")[1]
+
+    def grants(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/grants")[1]
+
+
+def _raise(code: int, data: Any, what: str) -> None:
+    kind = data.get("error") if isinstance(data, dict) else None
+    message = data.get("message", str(data)) if isinstance(data, dict) else str(data)
+    if kind == "nofit":
+        raise NoFit(message)
+    if kind == "unknown_grant":
+        raise UnknownGrant(data.get("grant", "?"))
+    if kind == "spec":
+        from gpuslice.spec import SpecError
+
+        raise SpecError(data.get("field", "request"), data.get("value"), data.get("allowed", message))
+    raise AgentError(f"agent refused {what} ({code}): {message}")

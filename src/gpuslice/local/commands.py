@@ -1,0 +1,186 @@
+"""Local-mode verbs: ``run``, ``ps``, ``top``, ``agent``. ``register(app)`` adds them; another module's
+``register`` may add more verbs to the same app (``devices`` lives in ``device_commands``)."""
+
+from __future__ import annotations
+
+import getpass
+import math
+import os
+import sys
+from typing import Callable, List, Optional
+
+import typer
+
+from gpuslice.local.paths import StateDir
+
+VERBS: dict[str, Callable[..., None]] = {}
+MAX_HISTORY_POINTS = 1_000_000  # samples per ring the agent keeps in memory (dozens of bytes each, per slice)
+
+
+def verb(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def add(fn: Callable[..., None]) -> Callable[..., None]:
+        VERBS[name] = fn
+        return fn
+    return add
+
+
+def _say(text: str) -> None:
+    print(f"gpuslice: {text}", file=sys.stderr, flush=True)
+
+
+# Option names of `run` for the fields of a request: errors name what the user typed.
+RUN_OPTIONS = {"count": "gpus", "memory": "memory", "compute": "compute", "priority": "priority", "mode": "mode",
+               "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device"}
+
+
+def cli_spec_error(exc: "SpecError") -> "SpecError":
+    """The same error with the field named as the ``run`` option (``count`` -> ``gpus``)."""
+    from gpuslice.spec import SpecError
+
+    name = RUN_OPTIONS.get(exc.field, exc.field)
+    return exc if name == exc.field else SpecError(name, exc.value, exc.allowed)
+
+
+def _usage_error(exc: "SpecError") -> typer.BadParameter:
+    """A bad option value (whatever the node): click's usage error, exit code 2, naming the option."""
+    exc = cli_spec_error(exc)
+    return typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}", param_hint=f"'--{exc.field}'")
+
+
+def _positive(value: float, option: str, unit: str, example: str) -> float:
+    """An option that must be a finite number above 0 (nan and inf too are refused): else a usage error."""
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(f"{value!r} is not allowed; expected {unit} above 0, like {example}",
+                                 param_hint=f"'{option}'")
+    return value
+
+
+@verb("run")
+def run(
+    cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice, after --."),
+    gpus: int = typer.Option(1, "--gpus", help="How many devices. With --memory: a slice of that size on each of "
+                             "GPUS distinct devices, which others may share; without --memory (or with "
+                             "--exclusive): GPUS whole idle devices."),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Memory limit per device: 4GiB, 4096Mi, 50%. "
+                                         "Default: the whole device."),
+    compute: str = typer.Option("0", "--compute", help="Compute share of each device in percent (0 = not paced)."),
+    priority: str = typer.Option("low", "--priority", help="high or low."),
+    mode: str = typer.Option("hard", "--mode", help="Compute sharing mode: hard, soft or off."),
+    exclusive: bool = typer.Option(False, "--exclusive", help="Whole idle devices, shared with nobody."),
+    device: Optional[str] = typer.Option(None, "--device", help="Restrict to these devices: index or UUID, "
+                                         "comma separated."),
+    wait: bool = typer.Option(False, "--wait", help="Queue until the request fits instead of failing "
+                              "(a request that cannot fit even on an empty node is refused at once)."),
+    policy: str = typer.Option("binpack", "--policy", help="Placement policy: binpack, spread, bestfit, fgd, "
+                               "random, or node=<policy>,gpu=<policy>."),
+) -> None:
+    """Run CMD in a slice: grant, enforcer preloaded, output streamed, grant released at the end.
+
+    Exit codes: the command's own; 2 for a bad option value; 1 when this node cannot grant the request
+    (e.g. more devices or memory than it has; it names the option) or gpuslice itself fails."""
+    from gpuslice.local.service import open_service, private_ledger_warning
+    from gpuslice.local import launcher
+    from gpuslice.host import procs
+    from gpuslice.enforcer.library import find_enforcer
+    from gpuslice.local.ledger import parse_policy
+    from gpuslice.local.records import Ask
+    from gpuslice.spec import Request, SpecError
+
+    try:  # values wrong whatever the node: usage errors
+        request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
+                                        "priority": priority, "mode": mode, "exclusive": exclusive})
+        parse_policy(policy)
+    except SpecError as exc:
+        raise _usage_error(exc) from None
+    try:  # this node cannot do it: runtime errors (exit 1), named as the options
+        enforcer = str(find_enforcer())
+        state = StateDir.default()
+        service, devices = open_service(state)
+        warning = private_ledger_warning(service, state)
+        if warning:
+            _say(warning)
+        ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
+                  holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
+                  devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
+                  policy=policy)
+        code = launcher.run_command(service, ask, cmd, wait=wait, enforcer=enforcer, say=_say)
+    except SpecError as exc:
+        raise cli_spec_error(exc) from None
+    raise typer.Exit(code)
+
+
+@verb("ps")
+def ps(as_json: bool = typer.Option(False, "--json", help="Print the node view as JSON.")) -> None:
+    """Show devices, slices (memory limit/used, compute set/achieved, processes, priority, age) and the queue."""
+    import json
+
+    from gpuslice.host.console import stdout_console
+    from gpuslice.host.tables import view_renderable
+    from gpuslice.local.viewsource import ViewSource
+
+    view = ViewSource(StateDir.default()).view()
+    if as_json:
+        typer.echo(json.dumps(view.to_json(), indent=1))
+        return
+    stdout_console().print(view_renderable(view))
+
+
+@verb("top")
+def top(
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes."),
+    count: int = typer.Option(0, "--count", help="Stop after this many refreshes (0 = until Ctrl-C)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON line per refresh instead of the table."),
+) -> None:
+    """Live view of the slices of this node (refreshing)."""
+    from gpuslice.local.top import run_top
+
+    _positive(interval, "--interval", "seconds", "1 or 0.5")
+    if count < 0:
+        raise typer.BadParameter(f"{count} is not allowed; expected a number of refreshes, 0 (until Ctrl-C) or more",
+                                 param_hint="'--count'")
+    run_top(StateDir.default(), interval, count, as_json)
+
+
+@verb("agent")
+def agent(
+    port: int = typer.Option(9477, "--port", help="HTTP port of the dashboard and /metrics (0 = any free, -1 = off)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="HTTP address (localhost by default)."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between usage samples."),
+    history_minutes: float = typer.Option(10.0, "--history", help="Minutes of history the dashboard shows."),
+    reclaim_interval: float = typer.Option(5.0, "--reclaim-interval",
+                                           help="Seconds between checks for grants whose processes are gone."),
+    kubernetes: bool = typer.Option(False, "--kubernetes", help="Run as the Kubernetes node agent instead "
+                                    "(device plugin, node registration, metrics with pod labels): the same as "
+                                    "`gpuslice kube-agent`, whose options then apply (see its --help)."),
+) -> None:
+    """Run the node agent: ledger over a Unix socket, stale-grant reclaim, Prometheus metrics, dashboard."""
+    import asyncio
+
+    from gpuslice.local.agent import AgentConfig, serve
+    from gpuslice.host.devices import discover
+    from gpuslice.spec import SpecError
+
+    if kubernetes:  # gpuslice.cli.main resolves the alias before parsing; only a direct call lands here
+        raise SpecError("kubernetes", True, "the `gpuslice kube-agent` verb (or `gpuslice agent --kubernetes` from the CLI)")
+    _positive(interval, "--interval", "seconds", "1 or 0.5")
+    _positive(history_minutes, "--history", "minutes", "10")
+    _positive(reclaim_interval, "--reclaim-interval", "seconds", "5")
+    if not -1 <= port <= 65535:
+        raise typer.BadParameter(f"{port} is not allowed; expected a TCP port from 1 to 65535, 0 for any free one, "
+                                 "or -1 for no HTTP", param_hint="'--port'")
+    points = max(2, int(history_minutes * 60 / interval))
+    if points > MAX_HISTORY_POINTS:
+        raise typer.BadParameter(f"{history_minutes!r} minutes at one sample per {interval!r} s is {points} samples; "
+                                 f"expected at most {MAX_HISTORY_POINTS} (a longer --interval or a shorter --history)",
+                                 param_hint="'--history'")
+    config = AgentConfig(state=StateDir.default().ensure(), host=host, port=port, interval=interval,
+                         reclaim_every=reclaim_interval, history_points=points)
+    asyncio.run(serve(config, discover()))
+
+
+def register(app: typer.Typer) -> None:
+    for name, fn in VERBS.items():
+        if name == "run":
+            app.command(name, context_settings={"allow_interspersed_args": False})(fn)
+        else:
+            app.command(name)(fn)

@@ -1,0 +1,373 @@
+"""The local ledger: grants and the wait queue of one node, in SQLite (WAL) under the state dir.
+
+Every change runs in one ``BEGIN IMMEDIATE`` transaction, which takes SQLite's write lock on the file
+before reading: two ``gpuslice run`` processes (or a run and the agent) can never both see the same free
+memory, so over-commit is impossible. Inside that transaction the ledger first reclaims stale grants, then
+asks the placement core.
+
+Reclaim: a grant lives while its holder (pid + start time) lives. Once the holder is gone, the grant's
+processes are ended — SIGTERM (and SIGCONT, for a stopped job), then SIGKILL on the first pass at least
+``$GPUSLICE_KILL_GRACE`` seconds later (the time of the SIGTERM is kept in the record) — and the grant is
+freed when none is left (:func:`slice_processes` says which processes are provably the grant's). A pass
+never waits the grace out inside the transaction: it signals, waits a moment, and leaves the rest to the
+next pass (any ``run``/``ps``, or the agent every few seconds).
+
+A request that cannot fit even on an empty node (more devices than there are, more memory than any device
+holds) is refused at once (:func:`gpuslice.local.admission.never_fits`), never queued.
+
+The wait queue is ordered by priority (high first), then arrival. A request is placed only on devices that
+no live waiter ahead of it could use (:func:`gpuslice.local.admission.candidate_devices`): a big waiting
+request is not starved by a stream of small ones that compete for its devices, and requests for other
+devices do not wait behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Sequence
+
+from gpuslice.host import procs
+from gpuslice.host.usage import region_pids
+from gpuslice.local import ledgerdb
+from gpuslice.local.admission import candidate_devices, never_fits, restrict
+from gpuslice.local.errors import LedgerError, UnknownGrant
+from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
+from gpuslice.local.paths import StateDir
+from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
+from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place
+from gpuslice.placement.model import describe_free
+from gpuslice.spec import Device, Grant, SpecError, request_from_json, request_to_json
+
+SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
+
+# Extra liveness evidence, e.g. pids the enforcer recorded in the slice's region: grant -> live pids.
+RegionPids = Callable[[GrantRecord], list[int]]
+
+
+def _no_region_pids(grant: GrantRecord) -> list[int]:
+    return []
+
+
+def recorded_pids(grant: GrantRecord) -> list[int]:
+    """The live pids the enforcer recorded in the grant's region: what the agent and ``run``/``ps`` pass as
+    ``region_pids``."""
+    return region_pids(grant.watched())
+
+
+class Ledger:
+    """Grants of one node. ``devices`` are the node's GPUs (NVML or a snapshot)."""
+
+    def __init__(self, state: StateDir, devices: Sequence[Device], *, node_name: str | None = None,
+                 region_pids: RegionPids = _no_region_pids, kill_grace: float | None = None):
+        self.kill_grace = procs.grace_seconds() if kill_grace is None else kill_grace  # a bad env: error now
+        self.state = state.ensure()
+        self.devices = list(devices)
+        self.node_name = node_name or socket.gethostname() or "local"
+        self.region_pids = region_pids
+        self._candidate_cache: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+        self._db = ledgerdb.connect(self.state.ledger)
+
+    # -------------------------------------------------------------------------------------- storage
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            with ledgerdb.immediate(self._db) as db:
+                yield db
+        except sqlite3.OperationalError as exc:
+            raise LedgerError(f"ledger {self.state.ledger}: {exc}") from None
+
+    # -------------------------------------------------------------------------------------- queries
+    def grants(self) -> list[GrantRecord]:
+        return self._grants(self._db)
+
+    def grant(self, grant_id: str) -> GrantRecord:
+        return self._get(self._db, grant_id)
+
+    def waiters(self) -> list[Waiter]:
+        return self._waiters(self._db)
+
+    def _waiters(self, db: sqlite3.Connection) -> list[Waiter]:
+        rows = db.execute(
+            "SELECT ticket, priority, enqueued, pid, pid_start, owner, request, devices FROM waiters "
+            "ORDER BY priority, ticket").fetchall()
+        return [Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r)), tuple(json.loads(d or "[]")))
+                for t, p, e, pid, ps, o, r, d in rows]
+
+    def node_state(self, grants: Sequence[GrantRecord] | None = None, only: Sequence[str] = ()) -> NodeState:
+        """The node as placement sees it: all devices (or ``only`` these UUIDs: a card, or one MIG
+        instance; a card's UUID covers its instances) with the slices granted on them."""
+        grants = self.grants() if grants is None else grants
+        slices = [s for g in grants for s in g.slices]
+        held = [s.device_uuid for g in grants if g.exclusive for s in g.slices]
+        node = NodeState.from_devices(self.node_name, self.devices, slices, exclusive=held)
+        if not only:
+            return node
+        return replace(node, devices=tuple(d for d in node.devices if d.uuid in only or d.parent_uuid in only))
+
+    # -------------------------------------------------------------------------------------- changes
+    def acquire(self, ask: Ask, *, wait: bool = False, ticket: int | None = None) -> GrantRecord | Queued:
+        """Grant ``ask`` now, or (``wait``) queue it and say where it stands.
+
+        Raises :class:`SpecError` (naming the field) for a request that cannot fit even on an empty node,
+        and :class:`NoFit` when it does not fit now and ``wait`` is false."""
+        policy = parse_policy(ask.policy)
+        empty = self.empty_node(ask.devices)
+        refusal = never_fits(ask.request, empty, restricted=bool(ask.devices))
+        if refusal is not None:
+            raise refusal
+        mine = candidate_devices(ask.request, empty)
+        with self._tx() as db:
+            self._reclaim(db)
+            if wait and ticket is None:
+                ticket = self._enqueue(db, ask)
+            ahead = self._competing(db, ask, ticket if wait else None, mine)
+            reserved = frozenset().union(*ahead.values()) if ahead else frozenset()
+            node = self.node_state(self._grants(db), ask.devices)
+            try:
+                placed = place(ask.request, [restrict(node, drop=reserved)], policy)
+            except NoFit as exc:
+                reason = self._why_waiting(ask, node, policy, exc, len(ahead))
+                if not wait:
+                    hint = "; use --wait to queue behind them" if ahead else ""
+                    raise NoFit(reason + hint, exc.per_node) from None
+                return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)
+            grant_id = new_grant_id()
+            record = GrantRecord(
+                grant=Grant(grant_id, placed.slices, placed.exclusive), owner=ask.owner, request=ask.request,
+                created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=ask.uid,
+                command=ask.command, slice_file=str(self.state.slice_file(grant_id)),
+                region_file=str(self.state.region_file(grant_id)))
+            db.execute("INSERT INTO grants (id, record) VALUES (?, ?)",
+                       (record.grant_id, json.dumps(record.to_json())))
+            if ticket is not None:
+                db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
+            try:  # inside the transaction: a failure rolls the grant back, nothing half-applied
+                write_grant_files(record, self.state)
+            except BaseException:
+                remove_grant_files(record.grant_id, self.state)
+                raise
+            return record
+
+    def empty_node(self, only: Sequence[str] = ()) -> NodeState:
+        """The node with nothing granted (restricted to ``only`` when given): what could ever fit."""
+        node = NodeState.from_devices(self.node_name, self.devices)
+        return restrict(node, only) if only else node
+
+    def _why_waiting(self, ask: Ask, node: NodeState, policy: PlacementPolicy, exc: NoFit, ahead: int) -> str:
+        """The reason a request is not placed now: waiters ahead of it, or what is free."""
+        try:
+            place(ask.request, [node], policy)
+        except NoFit as plain:  # it does not fit even ignoring the queue: say what is free
+            text = f"{plain.reason}; free now: {describe_free(node)}"
+            return text + (f"; and {ahead} request(s) ahead in the queue want these devices" if ahead else "")
+        return (f"{ahead} request(s) wait ahead in the queue for the devices this one could use "
+                f"(it fits now only on devices they wait for)")
+
+    def cancel(self, ticket: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
+
+    def set_child(self, grant_id: str, child_pid: int, child_start: int) -> GrantRecord:
+        """Record the launched process (its process group holds the grant too)."""
+        with self._tx() as db:
+            record = replace(self._get(db, grant_id), child_pid=child_pid, child_start=child_start)
+            db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record.to_json()), grant_id))
+            return record
+
+    def release(self, grant_id: str) -> bool:
+        """End a grant; False if it was already gone."""
+        with self._tx() as db:
+            gone = db.execute("DELETE FROM grants WHERE id = ?", (grant_id,)).rowcount
+        remove_grant_files(grant_id, self.state)
+        return bool(gone)
+
+    def reclaim(self) -> list[str]:
+        """Release grants (and forget waiters) whose processes are all gone; the ids released."""
+        with self._tx() as db:
+            return self._reclaim(db)
+
+    # -------------------------------------------------------------------------------------- helpers
+    def _grants(self, db: sqlite3.Connection) -> list[GrantRecord]:
+        rows = db.execute("SELECT record FROM grants ORDER BY rowid").fetchall()
+        return [GrantRecord.from_json(json.loads(r[0])) for r in rows]
+
+    def _get(self, db: sqlite3.Connection, grant_id: str) -> GrantRecord:
+        row = db.execute("SELECT record FROM grants WHERE id = ?", (grant_id,)).fetchone()
+        if row is None:
+            raise UnknownGrant(grant_id)
+        return GrantRecord.from_json(json.loads(row[0]))
+
+    def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
+        cur = db.execute(
+            "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request, devices) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (int(ask.request.priority), time.time(), ask.holder_pid, ask.holder_start, ask.owner,
+             json.dumps(request_to_json(ask.request)), json.dumps(list(ask.devices))))
+        return int(cur.lastrowid or 0)
+
+    def _competing(self, db: sqlite3.Connection, ask: Ask, ticket: int | None,
+                   mine: frozenset[str]) -> dict[int, frozenset[str]]:
+        """Live waiters ahead of this request (a queued ticket, or a newcomer) that could use a device it
+        could use: ticket -> the devices that waiter could use (reserved for the queue)."""
+        prio = int(ask.request.priority)
+        found: dict[int, frozenset[str]] = {}
+        for w in self._waiters(db):
+            if ticket is None:
+                if w.priority > prio:
+                    continue
+            elif w.ticket == ticket or w.priority > prio or (w.priority == prio and w.ticket > ticket):
+                continue
+            theirs = self._candidates(w)
+            if theirs & mine:
+                found[w.ticket] = theirs
+        return found
+
+    def _candidates(self, waiter: Waiter) -> frozenset[str]:
+        key = (json.dumps(request_to_json(waiter.request), sort_keys=True), waiter.devices)
+        cached = self._candidate_cache.get(key)
+        if cached is None:
+            if len(self._candidate_cache) > 256:
+                self._candidate_cache.clear()
+            cached = self._candidate_cache[key] = candidate_devices(waiter.request, self.empty_node(waiter.devices))
+        return cached
+
+    def _reclaim(self, db: sqlite3.Connection) -> list[str]:
+        stats = procs.all_stats()
+        live = {(s.pid, s.start) for s in stats}
+        released = []
+        for grant in self._grants(db):
+            if (grant.holder_pid, grant.holder_start) in live:
+                continue
+            if self._end_processes(db, grant, stats):
+                db.execute("DELETE FROM grants WHERE id = ?", (grant.grant_id,))
+                remove_grant_files(grant.grant_id, self.state)
+                released.append(grant.grant_id)
+        for ticket, pid, start in db.execute("SELECT ticket, pid, pid_start FROM waiters").fetchall():
+            if (pid, start) not in live:
+                db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
+        return released
+
+    def _end_processes(self, db: sqlite3.Connection, grant: GrantRecord, stats: list[procs.ProcStat]) -> bool:
+        """The holder of ``grant`` is gone: signal what is left of its processes; True when none is left."""
+        found = slice_processes(grant, stats, self.region_pids)
+        if found.empty:
+            return True
+        now = time.time()
+        since = grant.ending_since or now
+        if now - since >= self.kill_grace:
+            signals: tuple[int, ...] = (signal.SIGKILL,)
+        else:  # SIGCONT: a stopped job (Ctrl-Z, then the launcher was killed) must run to see the SIGTERM
+            signals = (signal.SIGTERM, signal.SIGCONT)
+        for s in found.ours:
+            for signum in signals:
+                procs.signal_exact(s.pid, s.start, signum)
+        if not grant.ending_since:
+            record = replace(grant, ending_since=now)
+            db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record.to_json()), grant.grant_id))
+        if found.unsure or not _settled(found.ours):
+            return False
+        # They are gone; one of them may have forked just before: look once more.
+        return slice_processes(grant, procs.all_stats(), self.region_pids).empty
+
+
+@dataclass(frozen=True)
+class SliceProcesses:
+    """The live processes of a grant whose holder is gone."""
+
+    ours: tuple[procs.ProcStat, ...] = ()  # provably the grant's: the reclaimer ends them
+    unsure: int = 0  # group members whose environment cannot be read: they keep the grant, unsignalled
+
+    @property
+    def empty(self) -> bool:
+        return not self.ours and not self.unsure
+
+
+def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat],
+                    region_pids: RegionPids = _no_region_pids) -> SliceProcesses:
+    """Which live processes are ``grant``'s, proven so that a stranger that reused a pid is never signalled:
+
+    * the launched process group (``child_pid``, members started at or after ``child_start``) while its
+      leader is still the launched process (same start time: the pgid cannot have been reused);
+    * once the leader is gone, the members carrying the grant's marker (``GPUSLICE_SLICE=<its slice
+      file>``) in their environment; a member whose environment cannot be read is ``unsure``;
+    * if the leader's pid now names another process, none of the group: a pid is reused only after its
+      group has emptied;
+    * processes started since the holder that carry the marker (they left the group with ``setsid``, or the
+      launcher died before it recorded ``child_pid``);
+    * the live processes the enforcer recorded in the grant's region (pid + start time).
+
+    Of a non-root user's grant (``uid`` > 0), a process of another user is never signalled (``unsure``: it
+    keeps the grant): a user writes their own region file and could name anyone's pid in it.
+    """
+    by_pid = {s.pid: s for s in stats}
+    ours: dict[int, procs.ProcStat] = {}
+    unsure = 0
+    if grant.child_pid > 0:
+        members = [s for s in stats if s.pgrp == grant.child_pid and s.start >= grant.child_start]
+        leader = by_pid.get(grant.child_pid)
+        if leader is not None and leader.start == grant.child_start:
+            ours.update((s.pid, s) for s in members)
+        elif leader is None:
+            for s in members:
+                marked = procs.environ_has(s.pid, grant.marker) if grant.marker else None
+                if marked:
+                    ours[s.pid] = s
+                elif marked is None:
+                    unsure += 1
+    if grant.marker:
+        me = os.getpid()
+        for s in stats:
+            if (s.pid not in ours and s.pid != me and s.start >= grant.holder_start
+                    and procs.environ_has(s.pid, grant.marker)):
+                ours[s.pid] = s
+    for pid in region_pids(grant):
+        if pid in by_pid and pid != os.getpid():
+            ours.setdefault(pid, by_pid[pid])
+    if grant.uid > 0:  # a user's grant: never signal another user's process (a region file is the user's to write)
+        strangers = [pid for pid in ours if procs.uid_of(pid) not in (grant.uid, None)]
+        for pid in strangers:
+            del ours[pid]
+        unsure += len(strangers)
+    return SliceProcesses(tuple(ours.values()), unsure)
+
+
+def grant_alive(grant: GrantRecord, stats: list[procs.ProcStat], region_pids: RegionPids = _no_region_pids) -> bool:
+    """A grant lives while its holder lives, or (until the reclaimer has ended them) any of its processes."""
+    if (grant.holder_pid, grant.holder_start) in {(s.pid, s.start) for s in stats}:
+        return True
+    return not slice_processes(grant, stats, region_pids).empty
+
+
+def _settled(signalled: Sequence[procs.ProcStat], wait: float = SETTLE_S) -> bool:
+    """Whether the signalled processes are gone (zombies count as gone), waiting up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while any(procs.alive(s.pid, s.start) for s in signalled):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def parse_policy(text: str) -> PlacementPolicy:
+    """``binpack`` or ``node=spread,gpu=binpack``; a bad one is refused naming the field ``policy``."""
+    from gpuslice.placement import POLICIES
+
+    try:
+        return PlacementPolicy.parse(text)
+    except SpecError:
+        raise SpecError("policy", text, "one of " + ", ".join(POLICIES) + ", or node=<policy>,gpu=<policy>") from None
+
+
+def new_grant_id() -> str:
+    return "g-" + secrets.token_hex(4)

@@ -1,0 +1,140 @@
+"""The ledger's SQLite file: connection, transactions, schema and its versions.
+
+The schema version is SQLite's ``user_version``. Every release reads the versions it knows and migrates
+an older file on open, inside one ``BEGIN IMMEDIATE`` transaction (a failed migration leaves the file as
+it was); a file of a newer version is refused, never guessed at.
+
+=======  =========================================================================================
+version  what changed
+=======  =========================================================================================
+1        gpuslice 0.1.0 (``user_version`` 0 on disk): grant records spelled ``grant_id`` and slices
+         ``device_uuid``/``memory_limit``; waiters without a ``devices`` column in the earliest files
+2        grant records in the one JSON spelling of :mod:`gpuslice.spec.codec` (``grant``, ``uuid``,
+         ``memory``), beside the record's own keys
+=======  =========================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from gpuslice.local.errors import LedgerError
+
+SCHEMA_VERSION = 2
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS grants (
+    id TEXT PRIMARY KEY,
+    record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS waiters (
+    ticket INTEGER PRIMARY KEY AUTOINCREMENT,
+    priority INTEGER NOT NULL,
+    enqueued REAL NOT NULL,
+    pid INTEGER NOT NULL,
+    pid_start INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    request TEXT NOT NULL,
+    devices TEXT NOT NULL DEFAULT '[]'
+);
+"""
+BUSY_TIMEOUT_S = 30.0
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open (creating or migrating) the ledger at ``path``; :class:`LedgerError` naming the file if it cannot."""
+    try:
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        try:
+            _refuse_newer(db, path)  # before switching to WAL: a newer release's file is left as it is
+            _wal(db)
+            db.execute("PRAGMA synchronous=NORMAL")
+            with immediate(db):
+                _upgrade(db, path)
+        except BaseException:
+            db.close()
+            raise
+    except sqlite3.Error as exc:
+        raise LedgerError(f"cannot open the ledger {path}: {exc}") from None
+    return db
+
+
+def _wal(db: sqlite3.Connection) -> None:
+    """Switch to WAL; that needs a moment of exclusive access while others may hold the file."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextmanager
+def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One transaction holding SQLite's write lock from its start: nobody can read-then-write in between."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def schema_version(db: sqlite3.Connection) -> int:
+    """The file's version: its ``user_version``, or 1 for a 0.1.0 file (tables but ``user_version`` 0)."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version == 0:
+        tables = db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' "
+                            "AND name IN ('grants', 'waiters')").fetchone()
+        return 1 if tables[0] else 0
+    return version
+
+
+def _refuse_newer(db: sqlite3.Connection, path: Path) -> int:
+    version = schema_version(db)
+    if version > SCHEMA_VERSION:
+        raise LedgerError(f"the ledger {path} has schema version {version}, written by a newer gpuslice; this "
+                          f"release reads versions up to {SCHEMA_VERSION}. Run the newer release, or move the file "
+                          "away to start an empty ledger (its grants are then forgotten)")
+    return version
+
+
+def _upgrade(db: sqlite3.Connection, path: Path) -> None:
+    version = _refuse_newer(db, path)  # again inside the write lock: another release may have opened it since
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    if version == 1:
+        _from_v1(db)
+    if version != SCHEMA_VERSION:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _from_v1(db: sqlite3.Connection) -> None:
+    columns = {row[1] for row in db.execute("PRAGMA table_info(waiters)")}
+    if "devices" not in columns:  # the earliest files: waiters did not keep their --device list
+        db.execute("ALTER TABLE waiters ADD COLUMN devices TEXT NOT NULL DEFAULT '[]'")
+    for grant_id, text in db.execute("SELECT id, record FROM grants").fetchall():
+        try:
+            record = v1_record(json.loads(text))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # unreadable in any version: left as it is, for the reader to report
+        db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record), grant_id))
+
+
+def v1_record(old: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 grant record in version 2's spelling (every other key kept as it was)."""
+    record = {k: v for k, v in old.items() if k != "grant_id"}
+    record["grant"] = old["grant_id"]
+    record["slices"] = [{"uuid": s["device_uuid"], "memory": s["memory_limit"],
+                         **{k: v for k, v in s.items() if k not in ("device_uuid", "memory_limit")}}
+                        for s in old["slices"]]
+    return record

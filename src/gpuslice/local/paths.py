@@ -1,0 +1,98 @@
+"""Where local mode keeps its state, and the layout inside.
+
+``GPUSLICE_STATE_DIR`` wins; else ``/var/lib/gpuslice`` for root and ``$XDG_STATE_HOME/gpuslice``
+(``~/.local/state/gpuslice``) for everyone else. Layout::
+
+    <state>/ledger.db            SQLite (WAL) ledger: grants and the wait queue
+    <state>/agent.sock           the agent's Unix socket (JSON over HTTP) while an agent runs
+    <state>/agent.json           the agent's pid and dashboard address
+    <state>/grants/<id>/slice    the slice file of a grant (GPUSLICE_SLICE points here)
+    <state>/grants/<id>/region   the slice's region (created by the enforcer, read by the monitor)
+    <state>/devices/             per-device state shared by the enforcers (compute pacing)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.local.errors import StateDirError
+
+STATE_ENV = "GPUSLICE_STATE_DIR"
+SYSTEM_STATE_DIR = Path("/var/lib/gpuslice")
+
+
+def default_state_dir() -> Path:
+    """The state dir this process should use (see the module doc)."""
+    explicit = os.environ.get(STATE_ENV)
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    if os.geteuid() == 0:
+        return SYSTEM_STATE_DIR
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpuslice"
+
+
+@dataclass(frozen=True)
+class StateDir:
+    """The files of one state dir. Nothing is created until :meth:`ensure` is called."""
+
+    root: Path
+
+    @classmethod
+    def default(cls) -> "StateDir":
+        return cls(default_state_dir())
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.db"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "agent.sock"
+
+    @property
+    def agent_info(self) -> Path:
+        return self.root / "agent.json"
+
+    @property
+    def grants(self) -> Path:
+        return self.root / "grants"
+
+    @property
+    def device_state(self) -> Path:
+        return self.root / "devices"
+
+    def grant_dir(self, grant_id: str) -> Path:
+        return self.grants / grant_id
+
+    def slice_file(self, grant_id: str) -> Path:
+        return self.grant_dir(grant_id) / "slice"
+
+    def region_file(self, grant_id: str) -> Path:
+        return self.grant_dir(grant_id) / "region"
+
+    def ensure(self) -> "StateDir":
+        """Create the directories (mode 0755; the device-state dir is shared by every slice's processes).
+        Raises :class:`StateDirError` naming where the path came from when it cannot be used."""
+        try:
+            for folder in (self.root, self.grants):
+                folder.mkdir(parents=True, exist_ok=True)
+            self.device_state.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                os.chmod(self.device_state, 0o1777)
+        except OSError as exc:
+            raise StateDirError(_unusable(self.root, exc)) from None
+        return self
+
+
+def _unusable(root: Path, exc: OSError) -> str:
+    """One line naming where the path came from (the variable the user set, or the default) and the fix."""
+    reason = exc.strerror or str(exc)
+    explicit = os.environ.get(STATE_ENV)
+    if explicit and Path(explicit).expanduser().resolve() == root:
+        return (f"{STATE_ENV}={explicit}: cannot use it as the state dir ({reason}: {exc.filename or root}); "
+                "expected a directory that can be created and written")
+    return (f"state dir {root} (the default): cannot use it ({reason}); set {STATE_ENV} to a directory that "
+            "can be created and written")

@@ -1,0 +1,133 @@
+"""Plain records of local mode: what a caller asks the ledger for, a recorded grant, a queue ticket.
+
+They travel as JSON over the agent's socket and sit in the ledger; ``to_json``/``from_json`` are exact
+inverses, and the request, slices and grant inside are spelled by :mod:`gpuslice.spec.codec` as on every
+other wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuslice.host.usage import Watched
+from gpuslice.spec import (
+    Grant, HoldsGrant, Request, SpecError, grant_from_json, grant_to_json, request_from_json, request_to_json, whole_number,
+)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A request plus who asks: the holder process (pid + start time) keeps the grant alive."""
+
+    request: Request
+    owner: str
+    holder_pid: int
+    holder_start: int
+    uid: int = -1
+    devices: tuple[str, ...] = ()  # restrict placement to these device UUIDs (empty: any)
+    command: str = ""
+    policy: str = "binpack"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request": request_to_json(self.request), "owner": self.owner, "holder_pid": self.holder_pid,
+                "holder_start": self.holder_start, "uid": self.uid, "devices": list(self.devices),
+                "command": self.command, "policy": self.policy}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Ask":
+        if not isinstance(data, dict):
+            raise SpecError("ask", data, "an object with request, owner, holder_pid, holder_start")
+        for key in ("owner", "holder_pid", "holder_start"):
+            if key not in data:
+                raise SpecError(key, None, f"field {key} in the grant request")
+        devices = data.get("devices") or []
+        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+            raise SpecError("devices", devices, "a list of device UUIDs")
+        return cls(request=request_from_json(data.get("request", {})), owner=str(data["owner"]),
+                   holder_pid=whole_number("holder_pid", data["holder_pid"]),
+                   holder_start=whole_number("holder_start", data["holder_start"]), uid=whole_number("uid", data.get("uid", -1)),
+                   devices=tuple(devices), command=str(data.get("command", "")),
+                   policy=str(data.get("policy", "binpack")))
+
+
+@dataclass(frozen=True)
+class GrantRecord(HoldsGrant):
+    """One grant as the ledger holds it: the :class:`Grant` and who holds it, how, where its files are."""
+
+    grant: Grant
+    owner: str
+    request: Request
+    created: float
+    holder_pid: int
+    holder_start: int
+    child_pid: int = 0
+    child_start: int = 0
+    uid: int = -1
+    command: str = ""
+    slice_file: str = ""
+    region_file: str = ""
+    # When the reclaimer found the holder gone and sent SIGTERM to the slice's processes (0: not yet);
+    # SIGKILL follows once $GPUSLICE_KILL_GRACE has passed since then.
+    ending_since: float = 0.0
+
+    @property
+    def marker(self) -> str:
+        """The environment entry every process of the launched command carries (``GPUSLICE_SLICE=<path>``):
+        the slice file's path names the state dir and the grant, so it belongs to this grant alone."""
+        return f"GPUSLICE_SLICE={self.slice_file}" if self.slice_file else ""
+
+    def watched(self) -> Watched:
+        """The grant as the node monitor watches it."""
+        return Watched(grant=self.grant, owner=self.owner, region_file=self.region_file, created=self.created,
+                       command=self.command, group=(self.child_pid, self.child_start))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**grant_to_json(self.grant), "owner": self.owner, "request": request_to_json(self.request),
+                "created": self.created, "holder_pid": self.holder_pid, "holder_start": self.holder_start,
+                "child_pid": self.child_pid, "child_start": self.child_start, "uid": self.uid,
+                "command": self.command, "slice_file": self.slice_file, "region_file": self.region_file,
+                "ending_since": self.ending_since}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "GrantRecord":
+        if not isinstance(data, dict):
+            raise SpecError("grant record", data, "an object")
+        return cls(grant=grant_from_json(data), owner=str(data["owner"]), request=request_from_json(data["request"]),
+                   created=float(data["created"]), holder_pid=int(data["holder_pid"]),
+                   holder_start=int(data["holder_start"]), child_pid=int(data.get("child_pid", 0)),
+                   child_start=int(data.get("child_start", 0)), uid=int(data.get("uid", -1)),
+                   command=data.get("command", ""), slice_file=data.get("slice_file", ""),
+                   region_file=data.get("region_file", ""), ending_since=float(data.get("ending_since", 0.0)))
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A waiting request: its ticket, its place in the queue (1 = next) and why it does not fit now."""
+
+    ticket: int
+    position: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ticket": self.ticket, "position": self.position, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Queued":
+        return cls(ticket=int(data["ticket"]), position=int(data["position"]), reason=str(data["reason"]))
+
+
+@dataclass(frozen=True)
+class Waiter:
+    ticket: int
+    priority: int
+    enqueued: float
+    pid: int
+    pid_start: int
+    owner: str
+    request: Request = field(compare=False)
+    devices: tuple[str, ...] = ()  # its --device restriction (empty: any)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ticket": self.ticket, "priority": self.priority, "enqueued": self.enqueued, "pid": self.pid,
+                "owner": self.owner, "request": request_to_json(self.request), "devices": list(self.devices)}

@@ -1,0 +1,42 @@
+"""``gpuslice top``: the node view, refreshed in place (rich Live), or one JSON line per refresh."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rich.live import Live
+
+from gpuslice.host.console import stdout_console
+from gpuslice.local.paths import StateDir
+from gpuslice.host.tables import view_renderable
+from gpuslice.local.viewsource import ViewSource
+
+
+def run_top(state: StateDir, interval: float, count: int, as_json: bool) -> None:
+    source = ViewSource(state)
+    shown = 0
+    if as_json:
+        while count == 0 or shown < count:
+            print(json.dumps(source.view().to_json()), flush=True)
+            shown += 1
+            if count == 0 or shown < count:
+                time.sleep(interval)
+        return
+    console = stdout_console()
+    if not console.is_terminal:  # a pipe or a log: one table per refresh, nothing redrawn
+        while count == 0 or shown < count:
+            console.print(view_renderable(source.view()))
+            shown += 1
+            if count == 0 or shown < count:
+                time.sleep(interval)
+        return
+    try:
+        with Live(view_renderable(source.view()), console=console, auto_refresh=False) as live:
+            shown = 1
+            while count == 0 or shown < count:
+                time.sleep(interval)
+                live.update(view_renderable(source.view()), refresh=True)
+                shown += 1
+    except KeyboardInterrupt:
+        pass

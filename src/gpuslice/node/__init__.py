@@ -1,1 +1,0 @@
-"""gpuslice node part."""

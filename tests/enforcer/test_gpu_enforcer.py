@@ -1,0 +1,47 @@
+"""On a real GPU (skipped elsewhere): one PyTorch process in a 2 GiB slice, enforcer preloaded,
+allocates until OOM; the enforcer's books never pass the limit and torch sees the slice.
+The full matrix (expandable segments, cudaMallocAsync, JAX, CuPy, 2/4 processes, SIGKILL) is
+bench/gpu_acceptance.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuslice.enforcer.region import read_region
+from gpuslice.enforcer.slicefile import write_slice_file
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.gpu
+GiB = 1 << 30
+
+
+def _uuid() -> str:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True)
+    return out.stdout.split()[0]
+
+
+def test_torch_fills_exactly_to_the_slice(tmp_path: Path, native_build: Path) -> None:
+    pytest.importorskip("torch")
+    uuid = _uuid()
+    region = tmp_path / "slice.region"
+    write_slice_file(tmp_path / "slice.conf", devices=(uuid,), memory_limit=2 * GiB, region=str(region))
+    env = dict(os.environ, LD_PRELOAD=str(native_build / "libgpuslice.so"), GPUSLICE_SLICE=str(tmp_path / "slice.conf"))
+    report = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "mem_probe.py"), "torch", str(report)],
+                       env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(report.read_text())
+    assert rep["oom"], rep
+    assert rep["query_before"]["total"] == 2 * GiB
+    assert rep["smi_inside"].get("total_mib") == 2048
+    snap = read_region(region)
+    dev = snap.device(uuid)
+    assert dev.peak <= 2 * GiB and dev.oom_refusals >= 1
+    assert dev.used == 0 and snap.processes == ()  # the probe exited normally: its record is gone

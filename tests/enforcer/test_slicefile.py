@@ -1,0 +1,159 @@
+"""The slice file: Python writer/reader round trip, and agreement with the enforcer's C parser
+(native/build/gpuslice-config-check prints what the enforcer would run with)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuslice.enforcer.slicefile import (SliceConfig, SliceFileError, parse_bytes, parse_slice_text, read_slice_file,
+                                     write_slice_file)
+
+GiB = 1 << 30
+A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+
+
+def c_parse(native_build: Path, path: Path) -> tuple[int, dict[str, str], str]:
+    r = subprocess.run([str(native_build / "gpuslice-config-check"), str(path)], capture_output=True, text=True)
+    fields = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    return r.returncode, fields, r.stderr
+
+
+def assert_same_as_c(cfg: SliceConfig, c: dict[str, str]) -> None:
+    assert c["source"] == "slice_file"
+    assert c["devices"] == ",".join(cfg.devices)
+    assert c["memory_limit"] == ("unlimited" if cfg.memory_limit is None else str(cfg.memory_limit))
+    for u in cfg.devices:
+        lim = cfg.limit_for(u)
+        assert c[f"memory_limit.{u}"] == ("unlimited" if lim is None else str(lim))
+    for key in ("compute", "weight", "priority"):
+        assert c[key] == str(getattr(cfg, key))
+    for key in ("grant", "mode", "region", "device_state_dir", "oom_policy", "log_level"):
+        assert c[key] == getattr(cfg, key), key
+    assert c["fail_open"] == str(int(cfg.fail_open))
+    assert c["context_overhead"] == ("default" if cfg.context_overhead is None else str(cfg.context_overhead))
+
+
+def test_round_trip_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
+    cfg = SliceConfig(devices=(A, B), memory_limit=4 * GiB, memory_limits={B: 3000 << 20}, grant="g-1", compute=30,
+                      mode="soft", weight=4, priority=0, region="/run/gpuslice/g-1.region",
+                      device_state_dir="/run/gpuslice/dev", oom_policy="kill", log_level="debug", fail_open=True,
+                      context_overhead=512 << 20)
+    p = tmp_path / "slice.conf"
+    write_slice_file(p, cfg)
+    assert read_slice_file(p) == cfg
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)
+
+
+def test_keyword_form_and_limits(tmp_path: Path) -> None:
+    cfg = write_slice_file(tmp_path / "s", devices=(A,), memory_limit=GiB)
+    assert cfg.limit_for(A) == GiB
+    assert read_slice_file(tmp_path / "s").limit_for(A) == GiB
+    assert SliceConfig(devices=(A,)).limit_for(A) is None
+
+
+@pytest.mark.parametrize("text", ["4294967296", "4g", "4G", "4Gi", "4GiB", "4096Mi", "4096m", "4194304k", "4Ti"])
+def test_byte_units(text: str) -> None:
+    assert parse_bytes(text) in (4 * GiB, 4 << 40)
+
+
+def test_human_written_file(tmp_path: Path, native_build: Path) -> None:
+    p = tmp_path / "s"
+    p.write_text(f"# written by hand\n  version = 1   # trailing comment\n\ndevices={A} , {B}\nmemory_limit=3000m\n"
+                 f"memory_limit.{A}=1Gi\npriority=high\nmode=force\n")
+    cfg = read_slice_file(p)
+    assert cfg.memory_limit == 3000 << 20 and cfg.limit_for(A) == GiB and cfg.priority == 0 and cfg.mode == "hard"
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)
+
+
+BAD = [
+    ("version=2\n", "version"),
+    ("memory_limit=1g\n", "version"),
+    ("version=1\nmemory_limt=1g\n", "memory_limt"),
+    ("version=1\nmemory_limit=lots\n", "memory_limit"),
+    ("version=1\nmemory_limit=1g\nmemory_limit=2g\n", "memory_limit"),
+    ("version=1\ncompute=101\n", "compute"),
+    ("version=1\nweight=0\n", "weight"),
+    ("version=1\npriority=2\n", "priority"),
+    ("version=1\nmode=fast\n", "mode"),
+    ("version=1\nregion=relative/path\n", "region"),
+    ("version=1\noom_policy=panic\n", "oom_policy"),
+    ("version=1\nlog_level=loud\n", "log_level"),
+    ("version=1\nfail_open=yes\n", "fail_open"),
+    (f"version=1\ndevices={A}\nmemory_limit.{B}=1g\n", "memory_limit." + B),
+    ("version=1\ndevices=not-a-uuid\n", "devices"),
+    (f"version=1\ndevices={A},{A}\n", "devices"),
+    ("version=1\njust some words\n", "line"),
+    ("version=1\nmemory_limit=99999999999999999999\n", "memory_limit"),
+]
+
+
+@pytest.mark.parametrize("text,key", BAD)
+def test_bad_files_refused_by_both_naming_the_key(tmp_path: Path, native_build: Path, text: str, key: str) -> None:
+    p = tmp_path / "s"
+    p.write_text(text)
+    with pytest.raises(SliceFileError) as e:
+        read_slice_file(p)
+    assert e.value.key == key
+    rc, _, err = c_parse(native_build, p)
+    assert rc == 2 and err.startswith("error: ")
+    if key != "line":
+        assert key.split(".")[0] in err, err
+
+
+def test_overrides_equal_to_the_default_are_dropped() -> None:
+    cfg = SliceConfig(devices=(A, B), memory_limit=GiB, memory_limits={A: GiB, B: 2 * GiB})
+    assert cfg.memory_limits == {B: 2 * GiB}
+    assert SliceConfig(devices=(A,), memory_limits={A: None}).limit_for(A) is None
+    with pytest.raises(SliceFileError, match="memory_limit"):
+        SliceConfig(devices=(A,), memory_limit=GiB, memory_limits={A: None})
+
+
+def test_writer_refuses_what_the_parser_would(tmp_path: Path) -> None:
+    with pytest.raises(SliceFileError, match="memory_limit"):
+        SliceConfig(devices=(A,), memory_limits={B: GiB})
+    with pytest.raises(SliceFileError, match="compute"):
+        SliceConfig(compute=150)
+    with pytest.raises(SliceFileError, match="region"):
+        SliceConfig(region="/tmp/has#hash")
+    with pytest.raises(SliceFileError, match="grant"):
+        write_slice_file(tmp_path / "s", grant="a\nb")
+    assert not (tmp_path / "s").exists()
+
+
+uuids = st.from_regex(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", fullmatch=True)
+sizes = st.integers(min_value=0, max_value=2**64 - 2)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> SliceConfig:
+    devs = tuple(draw(st.lists(uuids, max_size=4, unique=True)))
+    over = {u: draw(sizes) for u in devs if draw(st.booleans())}
+    return SliceConfig(devices=devs, memory_limit=draw(st.none() | sizes), memory_limits=over,
+                       grant=draw(st.from_regex(r"[a-z0-9-]{0,20}", fullmatch=True)),
+                       compute=draw(st.integers(0, 100)), mode=draw(st.sampled_from(["hard", "soft", "off"])),
+                       weight=draw(st.integers(1, 16)), priority=draw(st.integers(0, 1)),
+                       region=draw(st.sampled_from(["", "/run/g.region"])),
+                       oom_policy=draw(st.sampled_from(["return", "kill"])),
+                       log_level=draw(st.sampled_from(["error", "warn", "info", "debug"])),
+                       fail_open=draw(st.booleans()), context_overhead=draw(st.none() | st.integers(0, 2**40)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=configs())
+def test_random_configs_agree_with_c(tmp_path: Path, native_build: Path, cfg: SliceConfig) -> None:
+    p = tmp_path / "s"
+    write_slice_file(p, cfg)
+    assert parse_slice_text(p.read_text()) == cfg
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)

@@ -1,0 +1,182 @@
+"""A pod's GPU request from its resource limits and annotations, HAMi's rules and defaults."""
+
+from __future__ import annotations
+
+import pytest
+from kubefixtures import devices, node, pod
+
+from gpuslice.kube import formats, nodestate, podrequest, resources
+from gpuslice.placement import PlacementPolicy
+from gpuslice.spec import ComputeMode, Device, GiB, MemoryAmount, MiB, Priority, SpecError, request_from_json, request_to_json
+
+CFG = resources.KubeConfig()
+
+
+# ------------------------------------------------------------------------------ pod requests
+def _one(limits, cfg=CFG, **kw):
+    req = podrequest.pod_request(pod("p", limits, **kw), cfg)
+    assert len(req.containers) == 1
+    return req.containers[0].request
+
+
+def test_hami_names_parse():
+    r = _one({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30",
+              "nvidia.com/priority": "0"})
+    assert r.count == 1 and r.memory == MemoryAmount(bytes=3000 * MiB) and r.compute == 30
+    assert r.priority is Priority.HIGH and not r.exclusive
+    # the API server stores quantities canonically: 3000 arrives as "3k"
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3k"}).memory == MemoryAmount(bytes=3000 * MiB)
+
+
+def test_percentage_and_our_names():
+    r = _one({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"})
+    assert r.memory == MemoryAmount(percent=50.0)
+    r = _one({"gpuslice.io/gpu": "1", "gpuslice.io/gpu-memory": "4Gi", "gpuslice.io/gpu-compute": "25"})
+    assert r.memory == MemoryAmount(bytes=4 * GiB) and r.compute == 25
+
+
+def test_defaults_follow_hami():
+    # memory without a count: defaultGPUNum devices; no memory: the whole device; no cores: defaultCores
+    r = _one({"nvidia.com/gpumem": "2000"})
+    assert r.count == 1
+    assert _one({"nvidia.com/gpu": "1"}).memory is None
+    cfg = resources.KubeConfig(default_memory_mib=1024, default_cores=20, default_gpu_num=2)
+    r = _one({"nvidia.com/gpucores": "10"}, cfg)
+    assert r.count == 2 and r.memory == MemoryAmount(bytes=1024 * MiB) and r.compute == 10
+    assert _one({"nvidia.com/gpu": "1"}, cfg).compute == 20
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}).exclusive
+
+
+def test_default_gpu_num_zero_leaves_a_container_without_count_as_non_gpu():
+    """HAMi (mutateContainerResource): memory/cores but no count and defaultGPUNum 0 -> not a GPU
+    container; we say so in a note (the webhook's admission warning) instead of refusing the pod."""
+    cfg = resources.KubeConfig(default_gpu_num=0)
+    req = podrequest.pod_request(pod("p", {"nvidia.com/gpumem": "2000", "nvidia.com/gpucores": "20"}), cfg)
+    assert req.empty
+    (note,) = req.notes
+    assert "nvidia.com/gpumem" in note and "nvidia.com/gpucores" in note and "defaultGPUNum is 0" in note
+    assert note.startswith("spec.containers[0](main)")
+    # with a count the container is a GPU container as usual
+    assert not podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000"}), cfg).empty
+
+
+def test_priority_follows_hami():
+    """HAMi passes any whole number on (its test uses 5); HAMi-core knows 0 (high) and the rest (low)."""
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/priority": "0"}).priority is Priority.HIGH
+    for value in ("1", "5", "100"):
+        assert _one({"nvidia.com/gpu": "1", "nvidia.com/priority": value}).priority is Priority.LOW
+    assert _one({"nvidia.com/gpu": "1"}).priority is Priority.LOW  # HAMi's default: 1
+    # a priority without any GPU request: HAMi sets its env var on a container with no GPU; nothing to do
+    req = podrequest.pod_request(pod("p", {"nvidia.com/priority": "0", "cpu": "1"}), CFG)
+    assert req.empty and "nvidia.com/priority is ignored" in req.notes[0]
+
+
+def test_gpucores_100_takes_the_card_whole_even_with_a_memory_size():
+    """HAMi: "Coresreq=100 indicates it want this card exclusively" (the card must be unused, and nothing
+    fits after it) — also with gpumem given; the slice keeps the memory limit that was asked."""
+    r = _one({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "100"})
+    assert r.exclusive and r.memory == MemoryAmount(bytes=3000 * MiB) and r.compute == 100
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "99"}).exclusive is False
+    assert _one({"nvidia.com/gpu": "1"}, resources.KubeConfig(default_cores=100)).exclusive  # HAMi defaultCores: 100
+
+
+def test_no_gpu_is_empty():
+    assert podrequest.pod_request(pod("p", {"cpu": "1"}), CFG).empty
+    assert podrequest.pod_request(pod("p", {"nvidia.com/gpu": "0"}), CFG).empty
+
+
+@pytest.mark.parametrize("limits, needle", [
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpumem-percentage": "50"}, "not both"),
+    ({"nvidia.com/gpu": "1", "gpuslice.io/gpu": "2"}, "contradict"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}, "1 to 100"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"}, "0 to 100"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3Gi"}, "MiB"),
+    ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, "at least 1"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/priority": "-1"}, "0 = high priority, 1 or more = low"),
+    ({"nvidia.com/gpu": "lots"}, "Kubernetes quantity"),
+])
+def test_contradictions_name_the_field(limits, needle):
+    with pytest.raises(SpecError) as exc:
+        podrequest.pod_request(pod("p", limits), CFG)
+    assert needle in str(exc.value)
+    assert exc.value.field.startswith("spec.containers[0]")
+
+
+def test_pod_policy_annotations():
+    r = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"hami.io/node-scheduler-policy": "spread",
+                                                                       "gpuslice.io/gpu-policy": "fgd"}), CFG)
+    assert r.policy == PlacementPolicy(node="spread", gpu="fgd")
+    r = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"gpuslice.io/policy": "bestfit"}), CFG)
+    assert r.policy.node == "bestfit" and r.policy.gpu == "bestfit"
+    with pytest.raises(SpecError) as exc:
+        podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"gpuslice.io/node-policy": "closest"}), CFG)
+    assert exc.value.field == "metadata.annotations[gpuslice.io/node-policy]" and "binpack" in exc.value.allowed
+    r = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"gpuslice.io/compute-mode": "soft",
+                                                                       "nvidia.com/use-gputype": "A100|H100"}), CFG)
+    assert r.containers[0].request.mode is ComputeMode.SOFT and r.containers[0].request.models == ("A100", "H100")
+
+
+def test_init_containers_with_gpus_are_refused():
+    p = pod("p", {"nvidia.com/gpu": "1"})
+    p["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    with pytest.raises(SpecError) as exc:
+        podrequest.pod_request(p, CFG)
+    assert exc.value.field.startswith("spec.initContainers[0]")
+
+
+def test_request_json_round_trip():
+    """The request of a container survives the one JSON spelling (spec.codec) unchanged."""
+    req = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25"}), CFG)
+    back = request_from_json(request_to_json(req.containers[0].request))
+    assert [("main", back)] == [("main", req.containers[0].request)]
+
+
+def test_blocked_devices_from_hami_annotations():
+    nd = formats.decode_node_devices(node("n1", 2)["metadata"]["annotations"][formats.NODE_DEVICES])
+    uuids = [d.uuid for d in nd.devices]
+    req = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/use-gpuuuid": uuids[1]}), CFG)
+    assert podrequest.blocked_devices(nd, req) == {uuids[0]}
+    req = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/nouse-gpuuuid": uuids[1]}), CFG)
+    assert podrequest.blocked_devices(nd, req) == {uuids[1]}
+    req = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/nouse-gputype": "H100-80GB-HBM3"}), CFG)
+    assert podrequest.blocked_devices(nd, req) == set(uuids)
+
+
+@pytest.mark.parametrize("pattern, hit", [
+    ("H100", True), ("h100", True), ("80GB HBM3", True), ("H100-80GB", True), ("NVIDIA", True),
+    ("NVIDIA-NVIDIA H100", True), ("A100", False), ("H100 PCIe", False), ("A100,H100", True), ("V100|h100", True),
+])
+def test_gpu_type_annotations_match_a_substring_of_the_card_type_like_hami(pattern, hit):
+    """HAMi's checkGPUtype: upper-cased card type contains the upper-cased entry. Discovery names an H100
+    model H100-80GB-HBM3 (NVML name "NVIDIA H100 80GB HBM3"), so use-gputype: H100 must match it."""
+    devs = devices("n1", 2)  # model H100-80GB-HBM3, name NVIDIA H100 80GB HBM3
+    nd = formats.decode_node_devices(formats.encode_node_devices(devs))
+    use = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/use-gputype": pattern}), CFG)
+    resolved = podrequest.resolve_gpu_types(use, podrequest.device_kinds(nd.devices))
+    models = resolved.containers[0].request.models
+    assert (models == ("H100-80GB-HBM3",)) is hit
+    if not hit:  # nothing matches: the patterns stay, so placement finds nothing and names them
+        assert models == use.containers[0].request.models
+    avoid = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={"nvidia.com/nouse-gputype": pattern}), CFG)
+    assert podrequest.blocked_devices(nd, avoid) == ({d.uuid for d in devs} if hit else set())
+
+
+def test_use_gputype_picks_among_models_and_keeps_placement_exact():
+    """Two models on one node: "A100" allows only the A100 (placement keeps its exact models rule)."""
+    from gpuslice.placement import NoFit, place
+
+    a100 = Device(uuid="GPU-a", index=0, name="NVIDIA A100-SXM4-80GB", memory_total=80 * GiB, sm_count=108,
+                  model="A100-SXM4-80GB")
+    h100 = devices("n1", 1)[0]
+    nd = formats.decode_node_devices(formats.encode_node_devices([h100, a100]))
+    st = nodestate.node_state("n1", nd, formats.Ledger({}))
+    req = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"},
+                                annotations={"nvidia.com/use-gputype": "a100"}), CFG)
+    req = podrequest.resolve_gpu_types(req, podrequest.device_kinds(nd.devices))
+    assert req.containers[0].request.models == ("A100-SXM4-80GB",)
+    assert place(req.containers[0].request, [st]).slices[0].device_uuid == "GPU-a"
+    none = podrequest.resolve_gpu_types(podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1"}, annotations={
+        "nvidia.com/use-gputype": "V100"}), CFG), podrequest.device_kinds(nd.devices))
+    with pytest.raises(NoFit) as exc:
+        place(none.containers[0].request, [st])
+    assert "V100" in exc.value.reason

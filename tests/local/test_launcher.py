@@ -1,0 +1,28 @@
+"""The launcher's pure parts: --device resolution, the child's environment, shell exit codes."""
+
+from __future__ import annotations
+
+import pytest
+from .test_records import DEVICES, grant
+
+from gpuslice.local.launcher import child_environment, resolve_devices, shell_code
+from gpuslice.spec import SpecError
+
+
+def test_resolve_devices_by_index_and_uuid():
+    assert resolve_devices("1,0", DEVICES) == (DEVICES[1].uuid, DEVICES[0].uuid)
+    assert resolve_devices(DEVICES[3].uuid, DEVICES) == (DEVICES[3].uuid,)
+    assert resolve_devices(None, DEVICES) == ()
+    with pytest.raises(SpecError) as err:
+        resolve_devices("8", DEVICES)
+    assert err.value.field == "device" and "0, 1" in err.value.allowed
+
+
+def test_child_environment_prepends_the_enforcer(tmp_path):
+    env = child_environment(grant(tmp_path), "/lib/libgpuslice.so", {"LD_PRELOAD": "/other.so", "PATH": "/bin"})
+    assert env["LD_PRELOAD"] == "/lib/libgpuslice.so /other.so"
+    assert env["CUDA_VISIBLE_DEVICES"] == DEVICES[0].uuid and env["GPUSLICE_SLICE"] == str(tmp_path / "slice")
+
+
+def test_shell_codes():
+    assert shell_code(3) == 3 and shell_code(-15) == 143 and shell_code(-9) == 137

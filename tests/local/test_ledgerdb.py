@@ -1,0 +1,83 @@
+"""The ledger file's schema versions: a 0.1.0 ledger (committed, written by that release) is migrated on
+open and keeps every grant and waiter; a newer version is refused with a clear error; nothing is half done."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpuslice.host.devices import load_snapshot
+from gpuslice.local import ledgerdb
+from gpuslice.local.errors import LedgerError
+from gpuslice.local.ledger import Ledger
+from gpuslice.local.paths import StateDir
+from gpuslice.spec import GiB, ComputeMode, Priority
+
+DEVICES = load_snapshot("h100-80gb")
+# Written by gpuslice 0.1.0 (the release before schema versions): three grants (a 4 GiB high-priority soft
+# slice with a launched child, a 25 % slice on each of two devices, a whole device held exclusively) and one
+# waiter for that device. The holders' pids are long gone; nothing here reclaims before reading.
+V1 = Path(__file__).parent / "data" / "ledger-v1.db"
+
+
+def _state(tmp_path: Path) -> StateDir:
+    state = StateDir(tmp_path / "state").ensure()
+    shutil.copy(V1, state.ledger)
+    return state
+
+
+def _raw(state: StateDir) -> tuple[int, list[dict]]:
+    db = sqlite3.connect(state.ledger)
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        rows = [json.loads(r[0]) for r in db.execute("SELECT record FROM grants ORDER BY rowid")]
+    finally:
+        db.close()
+    return version, rows
+
+
+def test_a_0_1_0_ledger_is_migrated_on_open_and_keeps_every_grant_and_waiter(tmp_path):
+    state = _state(tmp_path)
+    assert ledgerdb.schema_version(sqlite3.connect(state.ledger)) == 1
+    ledger = Ledger(state, DEVICES, node_name="n1")
+    grants = {g.owner: g for g in ledger.grants()}
+    assert sorted(grants) == ["alice", "bob", "carol"]
+    alice = grants["alice"]
+    (s,) = alice.slices
+    assert (s.device_uuid, s.memory_limit, s.compute) == (DEVICES[0].uuid, 4 * GiB, 30)
+    assert (s.priority, s.mode, s.weight) == (Priority.HIGH, ComputeMode.SOFT, 2)
+    assert (alice.child_pid, alice.child_start, alice.uid, alice.command) == (424242, 99, 1000, "python train.py")
+    assert str(alice.request.memory) == "4GiB" and alice.request.compute == 30
+    assert len(grants["bob"].slices) == 2 and str(grants["bob"].request.memory) == "25%"
+    assert grants["carol"].exclusive and grants["carol"].slices[0].device_uuid == DEVICES[3].uuid
+    (waiter,) = ledger.waiters()
+    assert (waiter.owner, waiter.devices, waiter.request.exclusive) == ("dave", (DEVICES[3].uuid,), True)
+    ledger.close()
+    version, rows = _raw(state)
+    assert version == ledgerdb.SCHEMA_VERSION == 2
+    assert all("grant" in r and "grant_id" not in r for r in rows)  # the one spelling, written back
+    assert all(set(s) >= {"uuid", "memory"} and "device_uuid" not in s for r in rows for s in r["slices"])
+    again = Ledger(state, DEVICES, node_name="n1")  # a migrated ledger opens unchanged
+    assert {g.grant_id: g for g in again.grants()} == {g.grant_id: g for g in grants.values()}
+
+
+def test_a_ledger_of_a_newer_version_is_refused_and_left_alone(tmp_path):
+    state = _state(tmp_path)
+    db = sqlite3.connect(state.ledger)
+    db.execute("PRAGMA user_version = 7")
+    db.close()
+    before = state.ledger.read_bytes()
+    with pytest.raises(LedgerError, match="schema version 7, written by a newer gpuslice; this release reads "
+                                          "versions up to 2"):
+        Ledger(state, DEVICES, node_name="n1")
+    assert state.ledger.read_bytes() == before
+
+
+def test_a_new_ledger_starts_at_the_current_version(tmp_path):
+    ledger = Ledger(StateDir(tmp_path / "state"), DEVICES, node_name="n1")
+    ledger.close()
+    assert _raw(ledger.state) == (ledgerdb.SCHEMA_VERSION, [])
