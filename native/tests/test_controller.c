@@ -87,7 +87,7 @@ static void test_allocate(void)
 #define MAXP 12
 #define TIMESLICE 2000000LL
 
-enum { W_SAT, W_ITER, W_BURST, W_REQ };
+enum { W_SAT, W_ITER, W_BURST, W_REQ, W_LB };
 struct item { int64_t rem; int marker; uint64_t seq; };
 struct simev { uint64_t latest, done_seq; int64_t t_done; };
 struct sproc {
@@ -99,6 +99,8 @@ struct sproc {
     int nbig; int64_t kbig;     /* W_ITER: the first nbig kernels of an iteration last kbig (phases) */
     int64_t think, on, off, period, launch_cpu;
     int64_t delay;              /* first launch this long after the start */
+    int raw;                    /* 1: no enforcer at all (the baseline: plain time-slicing) */
+    int64_t iters;              /* iterations completed after the warm-up (W_ITER, W_LB) */
     /* plant state */
     struct item q[QMAX + 64]; int qh, qn;
     struct simev ev[2 * GS_ENG_RING + 1];   /* + the drain event */
@@ -124,6 +126,9 @@ static int64_t slice_left;
 static int MARKERS_WAIT = 1; /* see gpu_step */
 static int64_t GAP_FROM;    /* gaps are measured from here (the warm-up's end) */
 static int64_t CTX_SWITCH = 0, switch_left; /* GPU time lost per context switch: 0 = ideal plant; test_switch_cost sets 100 us */
+/* A switch away from a context whose queue ran empty (no kernel to save) may cost less than one that
+ * preempts a running kernel: < 0 = the same as CTX_SWITCH (see test_launch_bound) */
+static int64_t CTX_SWITCH_IDLE = -1;
 static int last_ctx = -1;
 static long n_switches, n_preempt; /* 100 us per context switch (see gpu_step) */
 static int sim_rec(struct sproc *p, int id)
@@ -184,7 +189,11 @@ static void gpu_step(void)
             /* a context switch costs the GPU CTX_SWITCH of nothing (measured on the H100: two
              * time-sliced matmul loops reach 92.5 % of one) */
             if (prev >= 0 && P[prev].qn > 0) n_preempt++;
-            if (last_ctx >= 0 && last_ctx != cur) { switch_left = CTX_SWITCH; n_switches++; } /* resuming the same context is free */
+            if (last_ctx >= 0 && last_ctx != cur) { /* resuming the same context is free */
+                int preempt = prev >= 0 && P[prev].qn > 0;
+                switch_left = preempt || CTX_SWITCH_IDLE < 0 ? CTX_SWITCH : CTX_SWITCH_IDLE;
+                n_switches++;
+            }
             last_ctx = cur;
         }
         if (switch_left > 0) break;  /* the context is still being loaded: its commands wait */
@@ -209,14 +218,21 @@ static void gpu_step(void)
 }
 
 static unsigned rnd(unsigned *s) { *s = *s * 1103515245u + 12345u; return (*s >> 8) & 0xffffff; }
-static int64_t kdur(struct sproc *p) { if (p->iter_k < p->nbig) return p->kbig; return p->kmin + (p->kmax > p->kmin ? (int64_t)(rnd(&p->rng) % (unsigned)(p->kmax - p->kmin)) : 0); }
+/* W_LB: kernel k of an iteration always has the same shape (its duration from a fixed pattern
+ * over [kmin, kmax], +-2 % jitter), as in an inference loop */
+static int64_t lb_dur(struct sproc *p, int64_t k)
+{
+    int64_t base = p->kmin + (p->kmax - p->kmin) * ((k * 7919 + 13) % 17) / 16;
+    return base + ((int64_t)(rnd(&p->rng) % 41) - 20) * base / 1000;
+}
+static int64_t kdur(struct sproc *p) { if (p->wl == W_LB) return lb_dur(p, p->iter_k); if (p->iter_k < p->nbig) return p->kbig; return p->kmin + (p->kmax > p->kmin ? (int64_t)(rnd(&p->rng) % (unsigned)(p->kmax - p->kmin)) : 0); }
 
 enum { S_LAUNCH, S_SYNC, S_THINK, S_IDLE };
 static void cpu_step(struct sproc *p)
 {
     /* the poller thread of pacer.c: poll, then sleep as long as the engine says (250 us while work
      * is queued or just launched beside neighbours, 5 ms otherwise); a launch does not wake it */
-    if (NOW >= p->next_poll) { gs_engine_poll(&p->eng, NOW); p->next_poll = NOW + gs_engine_poll_delay(&p->eng, NOW); }
+    if (!p->raw && NOW >= p->next_poll) { gs_engine_poll(&p->eng, NOW); p->next_poll = NOW + gs_engine_poll_delay(&p->eng, NOW); }
     if (p->wl == W_REQ && p->state == S_IDLE && NOW >= p->next_req) {
         p->state = S_LAUNCH; p->req_t = p->next_req; p->next_req += p->period; p->iter_k = 0;
     }
@@ -229,13 +245,13 @@ static void cpu_step(struct sproc *p)
     case S_THINK: p->state = S_LAUNCH; /* fallthrough */
     case S_LAUNCH: {
         if (p->qn >= QMAX) { p->next_t = NOW + DT; return; }
-        int slot;
-        int64_t w = gs_engine_before(&p->eng, NOW, NULL, p->slept, &slot);
+        int slot = -1;
+        int64_t w = p->raw ? 0 : gs_engine_before(&p->eng, NOW, NULL, p->slept, &slot);
         if (w > 0) { p->slept = w; p->next_t = NOW + w; return; }
         p->slept = 0;
         struct item *it = &p->q[(p->qh + p->qn) % (QMAX + 64)];
         it->rem = kdur(p); it->marker = -1; it->seq = 0; p->qn++;
-        gs_engine_after(&p->eng, NULL, slot, 1);
+        if (!p->raw) gs_engine_after(&p->eng, NULL, slot, 1);
         p->next_t = NOW + p->launch_cpu;
         if (p->kper && ++p->iter_k >= p->kper) { p->state = S_SYNC; p->iter_k = 0; }
         return;
@@ -247,6 +263,7 @@ static void cpu_step(struct sproc *p)
             p->state = S_IDLE;
             return;
         }
+        if (NOW >= GAP_FROM) p->iters++;
         p->state = S_THINK; p->next_t = NOW + p->think;
         return;
     case S_IDLE: return;
@@ -283,7 +300,7 @@ static void sim_run(double secs, double warm)
     NOW = T0;
     for (int i = 0; i < NP; i++) {
         struct sproc *p = &P[i];
-        if (gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, &SIM_OPS, p, NOW) != 0) {
+        if (!p->raw && gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, &SIM_OPS, p, NOW) != 0) {
             printf("FAIL engine init\n"); exit(1);
         }
         p->next_poll = NOW; p->next_req = NOW + 1000000 + i * 333000 + p->delay; p->state = p->wl == W_REQ ? S_IDLE : S_LAUNCH;
@@ -300,7 +317,7 @@ static void sim_run(double secs, double warm)
             wstart = NOW;
         }
     }
-    if (!getenv("GS_KEEP")) for (int i = 0; i < NP; i++) gs_engine_fini(&P[i].eng);
+    if (!getenv("GS_KEEP")) for (int i = 0; i < NP; i++) if (!P[i].raw) gs_engine_fini(&P[i].eng);
 }
 static void win_stats(const struct sproc *p, double *mean, double *lo, double *hi)
 {
@@ -563,6 +580,69 @@ static void test_switch_cost(void)
     CTX_SWITCH = 0;
 }
 
+
+/* ---------------- launch-bound services (issue 12) ----------------
+ * N copies of an inference loop whose CPU launches kernels more slowly than the GPU runs them (a
+ * ResNet-50 at batch 8 launches ~160 kernels of a few us each, ~25 us of CPU apart, then syncs):
+ * alone the GPU is busy ~40 % of the time, and plain time-slicing fills the gaps with the other
+ * copies' kernels. Every configuration runs beside the same copies without any enforcer (the
+ * baseline), and the aggregate is compared with it. */
+struct lb_kind { const char *name; int kper; int64_t kmin, kmax, cpu, think; };
+static const struct lb_kind LB_KINDS[] = {
+    {"resnet-like", 160, 3000, 17000, 30000, 200000},   /* ~37 % busy alone */
+    {"encoder-like", 120, 3000, 30000, 30000, 200000},  /* ~55 % busy alone */
+};
+enum { LB_RAW, LB_MEMONLY, LB_HARD, LB_SOFT, LB_NMODES };
+static const char *LB_MODE_NAMES[] = {"plain", "memory-only", "hard equal", "soft equal"};
+
+/* aggregate iterations/s of n copies in one mode; shares[i] (percent of device time, plant truth) */
+static double lb_run(const struct lb_kind *k, int n, int mode, double *shares)
+{
+    static const char *names[] = {"l0", "l1", "l2", "l3", "l4", "l5", "l6", "l7"};
+    sim_reset();
+    int share = mode == LB_HARD || mode == LB_SOFT ? 100 / n : 0;
+    for (int i = 0; i < n; i++) {
+        struct sproc *p = add(names[i], share, mode == LB_SOFT ? GS_CTL_SOFT : GS_CTL_HARD, 1, 1, W_LB, k->kmin, k->kmax);
+        p->kper = k->kper; p->launch_cpu = k->cpu; p->think = k->think; p->raw = mode == LB_RAW;
+        p->delay = i * 700000; /* not in lock step */
+        p->rng = 777u + (unsigned)i * 31u;
+    }
+    sim_run(4, 1);
+    double agg = 0;
+    for (int i = 0; i < n; i++) {
+        agg += P[i].iters / 3.0;
+        if (shares) { double m, lo, hi; win_stats(&P[i], &m, &lo, &hi); shares[i] = m; }
+    }
+    return agg;
+}
+
+static void test_launch_bound(void)
+{
+    int64_t save = CTX_SWITCH, save_idle = CTX_SWITCH_IDLE;
+    CTX_SWITCH = 50000; CTX_SWITCH_IDLE = 5000;
+    printf("  launch-bound services (%lld us preempting / %lld us idle switches): aggregate iterations/s\n",
+           (long long)(CTX_SWITCH / 1000), (long long)(CTX_SWITCH_IDLE / 1000));
+    printf("  %-13s %2s %8s | %8s | %-20s %-20s %-20s | share of device time (plant), min..max\n", "kind", "N",
+           "alone", "plain", "memory-only", "hard equal", "soft equal");
+    for (unsigned kk = 0; kk < sizeof LB_KINDS / sizeof *LB_KINDS; kk++) {
+        const struct lb_kind *k = &LB_KINDS[kk];
+        double alone_sh;
+        double alone = lb_run(k, 1, LB_RAW, &alone_sh);
+        for (int n = 2; n <= 8; n *= 2) {
+            double agg[LB_NMODES], sh[LB_NMODES][8];
+            for (int m = 0; m < LB_NMODES; m++) agg[m] = lb_run(k, n, m, sh[m]);
+            char cell[LB_NMODES][32];
+            for (int m = 1; m < LB_NMODES; m++) snprintf(cell[m], sizeof cell[m], "%8.1f (%.2fx)", agg[m], agg[m] / agg[LB_RAW]);
+            double lo = 1e9, hi = -1e9;
+            for (int i = 0; i < n; i++) { lo = fmin(lo, sh[LB_HARD][i]); hi = fmax(hi, sh[LB_HARD][i]); }
+            printf("  %-13s %2d %8.1f | %8.1f | %-20s %-20s %-20s | hard %d%%: %.1f..%.1f (alone %.1f)\n", k->name, n,
+                   alone, agg[LB_RAW], cell[LB_MEMONLY], cell[LB_HARD], cell[LB_SOFT], 100 / n, lo, hi, alone_sh);
+            (void)LB_MODE_NAMES;
+        }
+    }
+    CTX_SWITCH = save; CTX_SWITCH_IDLE = save_idle;
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -575,6 +655,7 @@ int main(void)
     test_resume_bounded();
     test_pessimistic_events();
     test_switch_cost();
+    test_launch_bound();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);
     if (DIR_[0] && system(cmd) != 0) printf("note: could not remove %s\n", DIR_);
