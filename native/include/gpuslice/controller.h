@@ -5,14 +5,15 @@
  * shares and rates are basis points (10000 = the whole device). See native/README-compute.md.
  *
  * The loop, per slice and per device:
- *   credit(t) = clamp( credit + rate * dt - busy , -GS_CTL_DEBT_MAX_NS, GS_CTL_BURST_NS )
- * "busy" is the slice's measured GPU time (events, see pacer_core.c). credit is the integral of the
- * error (allowed - used): the I term. A launch is let through when
- *   credit - predicted_inflight >= 0
- * where predicted_inflight is the GPU time already queued but not yet run (the P term: it acts on
- * the error that is coming, so the queue cannot run far ahead of the allowance and the 1-s windows
- * stay tight). The clamp at +BURST is the anti-windup: time a slice leaves unused is not banked
- * beyond one burst. */
+ *   credit(t) = clamp( credit + rate * dt - charged , -GS_CTL_DEBT_MAX_NS, GS_CTL_BURST_NS )
+ * "charged" is the GPU time of the slice's launches, charged when they are made at their kernel
+ * shape's learned cost and corrected by sampled event pairs (costmodel.h, pacer_core.c). credit is
+ * the integral of the error (allowed - used): the I term. A launch is let through when
+ *   credit + LOOKAHEAD >= 0
+ * and since queued work is charged already, this acts on the error that is coming (the P term of a
+ * design that charged at completion), so the queue cannot run far ahead of the allowance and the
+ * 1-s windows stay tight. The clamp at +BURST is the anti-windup: time a slice leaves unused is not
+ * banked beyond one burst. */
 #ifndef GPUSLICE_CONTROLLER_H
 #define GPUSLICE_CONTROLLER_H
 #include <stdint.h>
@@ -87,7 +88,7 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
 #define GS_CTL_WAIT_MAX_NS      250000LL
 /* The pacer's poller harvests events and refreshes the shared state this often while the process
  * has work queued: it bounds how stale a neighbour's "busy" flag is at a hand-over. With nothing
- * queued it sleeps IDLE_POLL, except while a measured process beside neighbours launched within
+ * queued it sleeps IDLE_POLL, except while a paced process beside neighbours launched within
  * POLL_ACTIVE: a launch made while the poller sleeps sets the busy flag, and only a poll (or the next
  * launch) clears it when the work is done. Sleeping 5 ms there left a finished high-priority
  * request "busy" for up to 5 ms, and a low-priority trainer beside a loop with 2 ms think times got
