@@ -120,7 +120,9 @@ class Ledger:
         """Grant ``ask`` now, or (``wait``) queue it and say where it stands.
 
         Raises :class:`SpecError` (naming the field) for a request that cannot fit even on an empty node,
-        and :class:`NoFit` when it does not fit now and ``wait`` is false."""
+        and :class:`NoFit` when it does not fit now and ``wait`` is false. A compute-only request is granted
+        the same fraction of each device's memory (:meth:`Request.with_default_memory`), and recorded so."""
+        ask = replace(ask, request=ask.request.with_default_memory())
         policy = parse_policy(ask.policy)
         empty = self.empty_node(ask.devices)
         refusal = never_fits(ask.request, empty, restricted=bool(ask.devices))
