@@ -96,6 +96,10 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  * cheaper than 4000 wake-ups a second of an idle process. */
 #define GS_CTL_POLL_NS          250000LL
 #define GS_CTL_IDLE_POLL_NS    5000000LL
+/* A process on the free path (README-compute.md, "Paths") is polled every ms while it launches: its
+ * poller publishes the sums, refills the credit and harvests sampled pairs; a throttled launch polls
+ * by itself. 250 us there cost a launch-bound service 4000 lock round trips a second for nothing. */
+#define GS_CTL_POLL_FREE_NS    1000000LL
 #define GS_CTL_POLL_ACTIVE_NS 1000000000LL
 #define GS_CTL_WINDOW_NS    1000000000LL
 /* Turns: a paced process opens a busy period only when no other process's queued work is predicted

@@ -360,11 +360,15 @@ void gs_engine_poll(struct gs_engine *e, int64_t now)
 
 int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now)
 {
-    if (e->outstanding > 0 || __atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return GS_CTL_POLL_NS;
-    if (__atomic_load_n(&e->path, __ATOMIC_RELAXED) != GS_DS_PATH_LIGHT && e->others > 0) {
-        int64_t last = __atomic_load_n(&e->ds->procs[e->proc].last_launch_ns, __ATOMIC_RELAXED);
-        if (last && now - last < GS_CTL_POLL_ACTIVE_NS) return GS_CTL_POLL_NS;
-    }
+    int path = __atomic_load_n(&e->path, __ATOMIC_RELAXED);
+    int64_t last = __atomic_load_n(&e->ds->procs[e->proc].last_launch_ns, __ATOMIC_RELAXED);
+    int active = last && now - last < GS_CTL_POLL_ACTIVE_NS;
+    if (__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return GS_CTL_POLL_NS;
+    /* the free path needs no fresh busy flag (nobody takes turns with it, and a stale flag only makes a
+     * neighbour's pair count as not clean): its poller publishes, refills and harvests every ms */
+    if (path == GS_DS_PATH_FREE) return e->outstanding > 0 || active ? GS_CTL_POLL_FREE_NS : GS_CTL_IDLE_POLL_NS;
+    if (e->outstanding > 0) return GS_CTL_POLL_NS;
+    if (path != GS_DS_PATH_LIGHT && e->others > 0 && active) return GS_CTL_POLL_NS;
     return GS_CTL_IDLE_POLL_NS;
 }
 
