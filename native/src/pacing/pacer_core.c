@@ -309,6 +309,15 @@ static int poll_locked(struct gs_engine *e, int64_t now)
         }
     }
     credit_refill(s, gs_ctl_accrue(&s->credit_last_ns, now, rate), wanting ? GS_CTL_WANT_CAP_NS : GS_CTL_BURST_NS);
+    if (rate >= GS_BP_FULL) {
+        /* allowed the whole device (a soft slice alone): nothing is held back, and no debt may pile up
+         * from costs charged a little above the wall time (two streams, a launch gap), or the slice
+         * would be starved for seconds once a neighbour arrives and its rate drops */
+        int64_t c = __atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED);
+        while (c < -GS_CTL_BURST_NS &&
+               !__atomic_compare_exchange_n(&s->credit_ns, &c, -GS_CTL_BURST_NS, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        }
+    }
     s->updated_ns = now;
     if (now - e->last_reap_ns > GS_REAP_EVERY_NS) {
         e->last_reap_ns = now;
