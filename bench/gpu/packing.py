@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -131,16 +132,16 @@ def _ready(k: Kind, names: list[str], deadline: float) -> None:
                 w.proc.kill()
 
 
-def start_kind(kind: str, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, str] | None) -> Kind:
-    """Every service process of one kind; returns when all are ready (or dropped). The MPS clients start
-    after the others have their contexts, so a plain context never waits on the MPS server's start."""
-    k = Kind(kind)
-    nmax = max(ns)
+def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, str] | None) -> None:
+    """Every service process of one kind, into k.sets as they start (so an interrupted start stops them
+    too); returns when all are ready (or dropped). The MPS clients start after the others have their
+    contexts, so a plain context never waits on the MPS server's start."""
+    kind, nmax = k.name, max(ns)
     base = {x: v for x, v in os.environ.items() if x not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
     base["PYTHONUNBUFFERED"] = "1"
     k.sets["plain"] = [start(kind, f"plain{i}", base, log) for i in range(nmax)]
     for mode, (slice_mode, paced) in GPUSLICE.items():
-        ws = []
+        ws = k.sets[mode] = []
         for i in range(nmax):
             grant = f"pk-{kind}-{mode}{i}"
             sf = tmp / f"{grant}.slice"
@@ -149,16 +150,16 @@ def start_kind(kind: str, ns: list[int], tmp: Path, log: Path, mps_env: dict[str
             w = start(kind, f"{mode}{i}", {**base, "LD_PRELOAD": str(LIB), "GPUSLICE_SLICE": str(sf)}, log)
             w.grant = grant
             ws.append(w)
-        k.sets[mode] = ws
     _ready(k, list(k.sets), time.time() + 240)
     if mps_env is None:
         k.skipped["mps"] = "no MPS daemon (PACK_MPS_PIPE unset or the daemon did not start)"
-        return k
+        return
     for n in ns:
         env = {**base, **mps_env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 // n)}
-        k.sets[f"mps{n}"] = [start(kind, f"mps{n}-{i}", env, log) for i in range(n)]
+        ws = k.sets[f"mps{n}"] = []
+        for i in range(n):
+            ws.append(start(kind, f"mps{n}-{i}", env, log))
     _ready(k, [f"mps{n}" for n in ns], time.time() + 120)
-    return k
 
 
 def stop_kind(k: Kind) -> None:
@@ -218,15 +219,23 @@ def run_phase(k: Kind, mode: str, n: int, seconds: float, state: Path) -> dict:
     return {"mode": mode, "n": n, "share": share, "t": [t0, tm, t1], "services": services}
 
 
-def run_kind(kind: str, args: argparse.Namespace, tmp: Path, log: Path, mps_env: dict[str, str] | None) -> dict:
-    t_start = time.time()
-    k = start_kind(kind, args.ns, tmp, log, mps_env)
-    print(f"[{time.strftime('%H:%M:%S')}] {kind}: {sum(len(w) for w in k.sets.values())} services ready in "
-          f"{time.time() - t_start:.0f} s" + (f"; skipped {k.skipped}" if k.skipped else ""), flush=True)
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run_kind(kind: str, args: argparse.Namespace, tmp: Path, log: Path, mps_env: dict[str, str] | None,
+             into: list[dict]) -> None:
+    """Every phase of one kind; its record is in `into` from the start, so a cut run keeps what it measured."""
+    k = Kind(kind)
     result: dict = {"kind": kind, "skipped": k.skipped, "phases": []}
+    into.append(result)
+    t_start = time.time()
     try:
+        start_kind(k, args.ns, tmp, log, mps_env)
+        print(f"[{time.strftime('%H:%M:%S')}] {kind}: {sum(len(w) for w in k.sets.values())} services ready in "
+              f"{time.time() - t_start:.0f} s" + (f"; skipped {k.skipped}" if k.skipped else ""), flush=True)
         if "plain" not in k.sets:
-            return result
+            return
         cal = k.sets["plain"][0]
         cal.send({"calibrate": 200})
         result["calibration"] = cal.recv(time.time() + 120)
@@ -240,7 +249,6 @@ def run_kind(kind: str, args: argparse.Namespace, tmp: Path, log: Path, mps_env:
             print(f"[{time.strftime('%H:%M:%S')}] {kind} {mode:8} N={n} rep {rep}: {agg:8.1f} samples/s", flush=True)
     finally:
         stop_kind(k)
-    return result
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -360,6 +368,8 @@ def report(raw: dict) -> str:
             "Device time of a service = its requests/s x the ruler; 'pacer' = the time gpuslice charged it."]
     if skipped:
         head.append(f"Skipped: {skipped}.")
+    if raw.get("interrupted"):
+        head.append(f"**Incomplete**: {raw['interrupted']}.")
     return "\n".join(head + [""] + lines + ["", "Goals (issue 12):"] + goals + ["", "Per mode (means over services and "
                       "repeats), to tell causes apart:", ""] + diagnostics(raw)) + "\n"
 
@@ -400,9 +410,15 @@ def main() -> None:
         sampler = subprocess.Popen([sys.executable, str(ROOT / "bench" / "compute" / "nvml_sampler.py"), "--out",
                                     str(nvml_file)], stderr=open(log / "nvml.err", "ab"))
     raw: dict = {"seconds": a.seconds, "reps": a.reps, "ns": a.ns, "batch": BATCH, "kinds": [], "started": time.time()}
+    # packing.sh cuts a run that outgrows its budget with SIGTERM: stop the services (run_kind's
+    # finally) and write what was measured, saying so
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         for kind in a.kinds:
-            raw["kinds"].append(run_kind(kind, a, tmp, log, mps_env))
+            run_kind(kind, a, tmp, log, mps_env, raw["kinds"])
+    except KeyboardInterrupt as exc:
+        raw["interrupted"] = f"stopped by {exc or 'SIGINT'} after {time.time() - raw['started']:.0f} s: later phases missing"
+        print(f"packing: {raw['interrupted']}", flush=True)
     finally:
         if sampler is not None:
             sampler.terminate()

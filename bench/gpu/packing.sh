@@ -9,7 +9,8 @@
 #   4. $OUT/<date>-<gpu>-packing.md (device named) and the short table, printed last
 # Usage: bash bench/gpu/packing.sh [--dry-run]      (from the repository root or anywhere)
 #   PACK_SECONDS (3.5: seconds per phase), PACK_REPS (2), PACK_KINDS (resnet50,encoder), PACK_NS (2,4,8),
-#   PACK_SWEEP (1; 0 = skip step 3), OUT (default: a new temp dir). --dry-run: no GPU needed: fake services
+#   PACK_SWEEP (1; 0 = skip step 3), PACK_BUDGET (570: seconds for everything; each step is cut to what is
+#   left, and what was measured is still written), OUT (default: a new temp dir). --dry-run: no GPU needed: fake services
 #   (sleeps), NVML off, the sweep with bench/compute/dry_workload.py; MPS only if nvidia-cuda-mps-control is
 #   on PATH. Every MPS daemon this script starts is stopped on exit, also on error or Ctrl-C.
 set -u
@@ -38,6 +39,8 @@ cleanup() { stop_mps; rm -rf "$RUN"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 T0=$(date +%s)
+BUDGET=${PACK_BUDGET:-570}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/packing.log"; }
 
 SWEEP_S=$([ "${PACK_SWEEP:-1}" = 1 ] && echo 75 || echo 0)
@@ -47,7 +50,7 @@ log "$PLAN"
 log "planned: about ${PLANNED} s in all (build ~20 s, packing, sweep ~${SWEEP_S} s); results in $OUT"
 
 log "build"
-make -s -C native build/libgpuslice.so >"$OUT/build.log" 2>&1 || { log "build failed, see $OUT/build.log"; exit 1; }
+make -s -j8 -C native build/libgpuslice.so >"$OUT/build.log" 2>&1 || { log "build failed, see $OUT/build.log"; exit 1; }
 
 if command -v nvidia-cuda-mps-control >/dev/null; then
   mkdir -p "$RUN/mps/pipe" "$RUN/mps/log"
@@ -62,19 +65,25 @@ else
   log "no nvidia-cuda-mps-control: no MPS rows"
 fi
 
-log "packing"
-timeout -k 10 $(( PLANNED + 120 )) $PY bench/gpu/packing.py --out "$OUT/packing" 2>>"$OUT/packing.log" | tee -a "$OUT/packing.log"
+PACK_LIMIT=$(( $(left) - SWEEP_S - 20 ))
+log "packing (cut at ${PACK_LIMIT} s)"
+# SIGTERM at the limit: packing.py stops its services and still writes what it measured
+timeout -k 20 "$PACK_LIMIT" $PY bench/gpu/packing.py --out "$OUT/packing" 2>>"$OUT/packing.log" | tee -a "$OUT/packing.log"
 PACK_RC=${PIPESTATUS[0]}
 [ "$MPS_UP" = 1 ] && cp -r "$RUN/mps/log" "$OUT/packing/mps-log" 2>/dev/null
 stop_mps
 log "packing rc=$PACK_RC"
 
 SWEEP_RC=skipped
-if [ "${PACK_SWEEP:-1}" = 1 ]; then
-  log "share-accuracy sweep (bench/compute, short)"
-  GS_COMPUTE_SHORT=1 timeout -k 10 240 bash bench/compute/run_compute_bench.sh >"$OUT/sweep.log" 2>&1
+SWEEP_LIMIT=$(( $(left) - 15 ))
+if [ "${PACK_SWEEP:-1}" = 1 ] && [ "$SWEEP_LIMIT" -ge 45 ]; then
+  log "share-accuracy sweep (bench/compute, short; cut at ${SWEEP_LIMIT} s)"
+  GS_COMPUTE_SHORT=1 timeout -k 10 "$SWEEP_LIMIT" bash bench/compute/run_compute_bench.sh >"$OUT/sweep.log" 2>&1
   SWEEP_RC=$?
   log "sweep rc=$SWEEP_RC"
+elif [ "${PACK_SWEEP:-1}" = 1 ]; then
+  SWEEP_RC="not run: ${SWEEP_LIMIT} s left of PACK_BUDGET=${BUDGET}"
+  log "sweep $SWEEP_RC"
 fi
 
 # the results file, named by the date and the GPU
