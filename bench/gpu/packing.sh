@@ -43,27 +43,28 @@ BUDGET=${PACK_BUDGET:-570}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/packing.log"; }
 
+# the MPS daemon first (a second, silently), so that the plan printed first counts its phases
+MPS_NOTE="no nvidia-cuda-mps-control: no MPS rows"
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  mkdir -p "$RUN/mps/pipe" "$RUN/mps/log"
+  if CUDA_MPS_PIPE_DIRECTORY="$RUN/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$RUN/mps/log" nvidia-cuda-mps-control -d \
+      >"$OUT/mps-start.log" 2>&1; then
+    MPS_UP=1
+    export PACK_MPS_PIPE="$RUN/mps/pipe" PACK_MPS_LOG="$RUN/mps/log"
+    MPS_NOTE="private MPS daemon started ($RUN/mps)"
+  else
+    MPS_NOTE="MPS daemon did not start (see mps-start.log): no MPS rows"
+  fi
+fi
 SWEEP_S=$([ "${PACK_SWEEP:-1}" = 1 ] && echo 75 || echo 0)
 PLAN=$($PY bench/gpu/packing.py --plan) || exit 2
 PLANNED=$(( $(sed -n 's/.*planned \([0-9]*\) s.*/\1/p' <<<"$PLAN") + SWEEP_S + 30 ))
 log "$PLAN"
-log "planned: about ${PLANNED} s in all (build ~20 s, packing, sweep ~${SWEEP_S} s); results in $OUT"
+log "planned: about ${PLANNED} s in all (build ~20 s, packing, sweep ~${SWEEP_S} s; cut at PACK_BUDGET=${BUDGET} s); results in $OUT"
+log "$MPS_NOTE"
 
 log "build"
 make -s -j8 -C native build/libgpuslice.so >"$OUT/build.log" 2>&1 || { log "build failed, see $OUT/build.log"; exit 1; }
-
-if command -v nvidia-cuda-mps-control >/dev/null; then
-  mkdir -p "$RUN/mps/pipe" "$RUN/mps/log"
-  if CUDA_MPS_PIPE_DIRECTORY="$RUN/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$RUN/mps/log" nvidia-cuda-mps-control -d; then
-    MPS_UP=1
-    export PACK_MPS_PIPE="$RUN/mps/pipe" PACK_MPS_LOG="$RUN/mps/log"
-    log "private MPS daemon started ($RUN/mps)"
-  else
-    log "MPS daemon did not start: no MPS rows"
-  fi
-else
-  log "no nvidia-cuda-mps-control: no MPS rows"
-fi
 
 PACK_LIMIT=$(( $(left) - SWEEP_S - 20 ))
 log "packing (cut at ${PACK_LIMIT} s)"
