@@ -667,7 +667,7 @@ static void test_launch_bound(void)
         const struct lb_kind *k = &LB_KINDS[kk];
         double alone_sh;
         double alone = lb_run(k, 1, LB_RAW, &alone_sh);
-        for (int n = 2; n <= 8; n *= 2) {
+        for (int n = 2; n <= 8; n++) {
             double agg[LB_NMODES], sh[LB_NMODES][8];
             int light = 1, free_path = 1;
             int64_t slept = 0;
