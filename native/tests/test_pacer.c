@@ -76,9 +76,18 @@ static double run(double kern, double secs, double *starved)
     return 100.0 * busy / wall;
 }
 
+/* Whether an achieved share holds the target: never more than 3 points over; at most 3 under, plus
+ * the part of the run this thread spent waiting for a CPU (a starved thread cannot use its share: its
+ * wake-ups come late and its allowance is capped at one burst, but no starvation excuses going over). */
+static int holds(double got, double target, double starved)
+{
+    return got < target + 3 && got > target - 3 - 100 * starved;
+}
+
 /* The achieved share over `secs` after a short settle, within +-3 points of `target`. A miss while
  * the thread waited for a CPU more than 2 % of the time is measured again, up to 4 times: a busy
- * test box must not fail the pacer, and a miss on a quiet one still does. */
+ * test box must not fail the pacer, and a miss on a quiet one still does. When every attempt was
+ * starved (a CI box 3x oversubscribed saw 60-80 %), the last is judged with holds(). */
 static double held_share(double target, double secs, const char *what)
 {
     double got = 0, starved = 0;
@@ -90,7 +99,9 @@ static double held_share(double target, double secs, const char *what)
                target, 100 * starved, attempt);
         if (starved <= 0.02) break;
     }
-    CHECK(0, "%s: achieved %.2f against %.0f (the last attempt waited for a CPU %.1f%% of the time)", what, got, target, 100 * starved);
+    CHECK(starved > 0.02 && holds(got, target, starved),
+          "%s: achieved %.2f against %.0f (the last attempt waited for a CPU %.1f%% of the time)", what, got, target,
+          100 * starved);
     return got;
 }
 
@@ -134,15 +145,16 @@ static int scenario(const char *dir, int share)
              * thread waited for a CPU (held_share measured again then): a window missed while
              * starved is run again, up to 4 times; a miss on a quiet box still fails */
             int32_t a = s->achieved_bp;
+            double starved = 0;
             for (int attempt = 1; attempt < 4 && !(a > (share - 3) * 100 && a < (share + 3) * 100); attempt++) {
-                double starved = 0;
                 run(0.0005, 1.1, &starved);
                 printf("  published achieved %d bp against %d%%, %.1f%% waiting for a CPU (attempt %d)\n", a, share,
                        100 * starved, attempt);
                 a = __atomic_load_n(&s->achieved_bp, __ATOMIC_RELAXED);
                 if (starved <= 0.02) break;
             }
-            CHECK(a > (share - 3) * 100 && a < (share + 3) * 100, "published achieved %d bp", a);
+            CHECK(holds(a / 100.0, share, starved > 0.02 ? starved : 0), "published achieved %d bp (%.1f%% starved)", a,
+                  100 * starved);
             CHECK(s->throttled_total_ns > 0, "throttled time counted");
         } else {
             CHECK(s->paced == 0, "100 %% is not paced");
@@ -234,6 +246,12 @@ static void ptsz_child(const char *dir)
     gsdouble_capture_stream = (void *)-1;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static int64_t mono_ns_now(void)
 {
     struct timespec ts;
@@ -262,19 +280,25 @@ static double launch_cost(const char *dir, const char *slice, int n, double cpu,
         gs_pacer_after_launch(0, NULL, 0);
     }
     unsigned long r0 = gsdouble_event_records;
-    double t0 = now_s();
-    for (int i = 0; i < n; i++) {
-        if (beside && i % 1000 == 0) __atomic_store_n(&beside->slices[hi_slice].last_active_ns, mono_ns_now(), __ATOMIC_RELAXED);
-        gs_pacer_before_launch(0, NULL, 7);
-        gs_pacer_after_launch(0, NULL, 0);
-        if (cpu > 0) spin(cpu);
+    /* the calls are timed themselves (the CPU work between them is not: subtracting a loop of it
+     * alone went negative on a loaded box); the median of 100 batches leaves out batches that waited
+     * for a CPU */
+    enum { BATCHES = 100 };
+    double per[BATCHES];
+    for (int b = 0; b < BATCHES; b++) {
+        double in_calls = 0;
+        for (int i = b * (n / BATCHES); i < (b + 1) * (n / BATCHES); i++) {
+            if (beside && i % 1000 == 0) __atomic_store_n(&beside->slices[hi_slice].last_active_ns, mono_ns_now(), __ATOMIC_RELAXED);
+            double t = now_s();
+            gs_pacer_before_launch(0, NULL, 7);
+            gs_pacer_after_launch(0, NULL, 0);
+            in_calls += now_s() - t;
+            if (cpu > 0) spin(cpu);
+        }
+        per[b] = in_calls / (n / BATCHES) * 1e9;
     }
-    double ns = (now_s() - t0) / n * 1e9;
-    if (cpu > 0) { /* the same loop without launches: what the CPU work itself took */
-        double t1 = now_s();
-        for (int i = 0; i < n; i++) spin(cpu);
-        ns -= (now_s() - t1) / n * 1e9;
-    }
+    qsort(per, BATCHES, sizeof per[0], cmp_double);
+    double ns = per[BATCHES / 2];
     if (pairs) *pairs = (double)(gsdouble_event_records - r0) / 2.0 / n;
     gs_pacer_shutdown();
     return ns;
