@@ -6,7 +6,9 @@
 #      daemon started here), gpuslice memory-only slices, equal hard shares, equal soft shares; ABBA order,
 #      2 repeats, spread stated; each service's share of the device's time
 #   3. the share-accuracy sweep of bench/compute in its short form (GS_COMPUTE_SHORT=1, about 1 minute)
-#   4. $OUT/<date>-<gpu>-packing.md (device named) and the short table, printed last
+#   4. $OUT/<date>-<gpu>-packing.md (device named) and the short table, printed last; everything else (logs,
+#      packing-raw.json, the sweep's raw data) in $OUT/<date>-<gpu>-packing-raw.tgz: two files come back
+#      from the device tool, whose limit is 8 (PACK_TAR=0 keeps the folder $OUT/packing-run instead)
 # Usage: bash bench/gpu/packing.sh [--dry-run]      (from the repository root or anywhere)
 #   PACK_SECONDS (3.5: seconds per phase), PACK_REPS (2), PACK_KINDS (resnet50,encoder), PACK_NS (2,4,8),
 #   PACK_SWEEP (1; 0 = skip step 3), PACK_BUDGET (570: seconds for everything; each step is cut to what is
@@ -19,8 +21,9 @@ ROOT=$PWD
 DRY=0
 [ "${1:-}" = --dry-run ] && DRY=1
 OUT=${OUT:-$(mktemp -d /tmp/gpuslice-packing.XXXXXX)}
-mkdir -p "$OUT"
-export OUT PYTHONUNBUFFERED=1
+W=$OUT/packing-run   # all but the results file; packed into one archive at the end
+mkdir -p "$W"
+export PYTHONUNBUFFERED=1
 export PYTHONPATH=$ROOT/src${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 if [ "$DRY" = 1 ]; then
@@ -41,14 +44,14 @@ trap 'exit 130' INT TERM
 T0=$(date +%s)
 BUDGET=${PACK_BUDGET:-570}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/packing.log"; }
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$W/packing.log"; }
 
 # the MPS daemon first (a second, silently), so that the plan printed first counts its phases
 MPS_NOTE="no nvidia-cuda-mps-control: no MPS rows"
 if command -v nvidia-cuda-mps-control >/dev/null; then
   mkdir -p "$RUN/mps/pipe" "$RUN/mps/log"
   if CUDA_MPS_PIPE_DIRECTORY="$RUN/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$RUN/mps/log" nvidia-cuda-mps-control -d \
-      >"$OUT/mps-start.log" 2>&1; then
+      >"$W/mps-start.log" 2>&1; then
     MPS_UP=1
     export PACK_MPS_PIPE="$RUN/mps/pipe" PACK_MPS_LOG="$RUN/mps/log"
     MPS_NOTE="private MPS daemon started ($RUN/mps)"
@@ -64,14 +67,14 @@ log "planned: about ${PLANNED} s in all (build ~20 s, packing, sweep ~${SWEEP_S}
 log "$MPS_NOTE"
 
 log "build"
-make -s -j8 -C native build/libgpuslice.so >"$OUT/build.log" 2>&1 || { log "build failed, see $OUT/build.log"; exit 1; }
+make -s -j8 -C native build/libgpuslice.so >"$W/build.log" 2>&1 || { log "build failed, see $W/build.log"; exit 1; }
 
 PACK_LIMIT=$(( $(left) - SWEEP_S - 20 ))
 log "packing (cut at ${PACK_LIMIT} s)"
 # SIGTERM at the limit: packing.py stops its services and still writes what it measured
-timeout -k 20 "$PACK_LIMIT" $PY bench/gpu/packing.py --out "$OUT/packing" 2>>"$OUT/packing.log" | tee -a "$OUT/packing.log"
+timeout -k 20 "$PACK_LIMIT" $PY bench/gpu/packing.py --out "$W/packing" 2>>"$W/packing.log" | tee -a "$W/packing.log"
 PACK_RC=${PIPESTATUS[0]}
-[ "$MPS_UP" = 1 ] && cp -r "$RUN/mps/log" "$OUT/packing/mps-log" 2>/dev/null
+[ "$MPS_UP" = 1 ] && cp -r "$RUN/mps/log" "$W/packing/mps-log" 2>/dev/null
 stop_mps
 log "packing rc=$PACK_RC"
 
@@ -79,7 +82,7 @@ SWEEP_RC=skipped
 SWEEP_LIMIT=$(( $(left) - 15 ))
 if [ "${PACK_SWEEP:-1}" = 1 ] && [ "$SWEEP_LIMIT" -ge 45 ]; then
   log "share-accuracy sweep (bench/compute, short; cut at ${SWEEP_LIMIT} s)"
-  GS_COMPUTE_SHORT=1 timeout -k 10 "$SWEEP_LIMIT" bash bench/compute/run_compute_bench.sh >"$OUT/sweep.log" 2>&1
+  GS_COMPUTE_SHORT=1 OUT=$W timeout -k 10 "$SWEEP_LIMIT" bash bench/compute/run_compute_bench.sh >"$W/sweep.log" 2>&1
   SWEEP_RC=$?
   log "sweep rc=$SWEEP_RC"
 elif [ "${PACK_SWEEP:-1}" = 1 ]; then
@@ -92,30 +95,32 @@ GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/nu
 [ -n "$GPU" ] || GPU="no GPU (dry run)"
 TAG=$(sed -E 's/.*(H100|H200|A100|L40S|L4|B200|GH200).*/\1/I; t; s/.*/gpu/' <<<"$GPU" | tr 'A-Z' 'a-z')
 [ "$DRY" = 1 ] && TAG=cpu-dry-run
-RES="$OUT/$(date -u +%F)-$TAG-packing.md"
+NAME="$(date -u +%F)-$TAG-packing"
+RES="$OUT/$NAME.md"
 {
   echo "# Packing benchmark (issue 12): $(date -u '+%F %H:%M UTC')"
   echo
   echo "- device: $GPU; $($PY -c 'import sys, torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {sys.version.split()[0]}")' 2>/dev/null || echo 'no torch')"
   echo "- code: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')"
   echo "- command: bash bench/gpu/packing.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); PACK_SECONDS=${PACK_SECONDS:-3.5} PACK_REPS=${PACK_REPS:-2}; $(( $(date +%s) - T0 )) s wall (planned ${PLANNED} s); packing rc=$PACK_RC, sweep rc=$SWEEP_RC"
-  echo "- raw: packing/packing-raw.json (every phase, service and NVML sample), packing/logs/, compute/raw.tgz"
+  echo "- raw: $NAME-raw.tgz: packing-run/packing/packing-raw.json (every phase, service and NVML sample), packing-run/packing/logs/, packing-run/compute/raw.tgz, the logs"
   echo
   echo "## Packing: launch-bound inference services"
   echo
-  cat "$OUT/packing/packing.md" 2>/dev/null || echo "(no packing results: see packing.log)"
+  cat "$W/packing/packing.md" 2>/dev/null || echo "(no packing results: see packing.log)"
   echo
   echo "## Share accuracy on long-kernel loops (bench/compute, short form)"
   echo
   echo '```'
-  cat "$OUT/compute/summary.txt" 2>/dev/null || echo "(not run)"
+  cat "$W/compute/summary.txt" 2>/dev/null || echo "(not run)"
   echo '```'
 } >"$RES"
 log "results: $RES"
 echo
 echo "== packing on $GPU ($(( $(date +%s) - T0 )) s)"
-sed -n '/^| kind/,/^$/p' "$OUT/packing/packing.md" 2>/dev/null
-grep -E "MISSED|met" "$OUT/packing/packing.md" 2>/dev/null | sed 's/^- /  /'
-grep -E "^(matmul|resnet) |gpuslice hard|time-slicing" "$OUT/compute/summary.txt" 2>/dev/null
+sed -n '/^| kind/,/^$/p' "$W/packing/packing.md" 2>/dev/null
+grep -E "MISSED|met" "$W/packing/packing.md" 2>/dev/null | sed 's/^- /  /'
+grep -E "^(matmul|resnet) |gpuslice hard|time-slicing" "$W/compute/summary.txt" 2>/dev/null
+if [ "${PACK_TAR:-1}" = 1 ] && tar czf "$OUT/$NAME-raw.tgz" -C "$OUT" packing-run; then rm -rf "$W"; fi
 [ "$PACK_RC" = 0 ] || exit 1
 exit 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,7 @@ def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
         env.pop(k)
     env.update(PATH=f"{stub}:{os.environ['PATH']}", OUT=str(out), PYTHON=os.sys.executable, PACK_KINDS="double",
                PACK_NS="2", PACK_REPS="2", PACK_SECONDS="1.2", PACK_LIB=str(native_build / "libgpuslice.so"))
+    env.pop("PACK_TAR", None)
     r = subprocess.run(["bash", str(ROOT / "bench/gpu/packing.sh"), "--dry-run"], env=env, capture_output=True,
                        text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -40,7 +42,13 @@ def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
     # the MPS daemon it started was told to quit, in the same private directory
     calls = (stub / "calls").read_text().split("\n")
     assert calls[0].startswith("start ") and calls[1] == "quit " + calls[0].split(" ", 1)[1], calls
-    raw = json.loads((out / "packing" / "packing-raw.json").read_text())
+    # two files come back from the device tool's $OUT: the results and one archive of everything else
+    assert sorted(p.name for p in out.iterdir()) == sorted([res.name for res in out.glob("*-packing.md")] +
+                                                           [res.name for res in out.glob("*-packing-raw.tgz")])
+    assert len(list(out.iterdir())) == 2
+    with tarfile.open(next(out.glob("*-packing-raw.tgz"))) as tf:
+        raw = json.load(tf.extractfile("packing-run/packing/packing-raw.json"))
+        assert "packing-run/compute/summary.txt" in tf.getnames()
     (kind,) = raw["kinds"]
     assert kind["skipped"] == {}, kind["skipped"]
     phases = kind["phases"]
