@@ -158,9 +158,9 @@ struct parse {
 
 static const char *keys[] = {"version", "grant", "devices", "memory_limit", "compute", "mode",
                              "weight", "priority", "region", "device_state_dir", "oom_policy",
-                             "log_level", "fail_open", "context_overhead"};
+                             "log_level", "fail_open", "context_overhead", "colocation", "tidal_schedule"};
 enum { K_VERSION, K_GRANT, K_DEVICES, K_MEMORY_LIMIT, K_COMPUTE, K_MODE, K_WEIGHT, K_PRIORITY, K_REGION,
-       K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD };
+       K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD, K_COLOCATION, K_TIDAL };
 
 /* memory_limit.<uuid>=<bytes> */
 static int parse_override(struct parse *p, const char *key, const char *val, int lineno, char *err, size_t errlen)
@@ -247,6 +247,14 @@ static int apply_key(struct parse *p, int k, const char *key, char *val, int lin
     case K_CONTEXT_OVERHEAD:
         if (gs_parse_bytes(val, &c->context_overhead) || c->context_overhead == GS_UNLIMITED) FAIL("slice file line %d: context_overhead: '%.40s' is not a byte size", lineno, val);
         break;
+    case K_COLOCATION:
+        if ((c->colocation = gs_coloc_parse(val)) < 0) FAIL("slice file line %d: colocation: '%.40s' is not allowed; expected preemptive, shared or tidal", lineno, val);
+        break;
+    case K_TIDAL: {
+        char why[160];
+        if (gs_tidal_parse(val, &c->tidal, why, sizeof why)) FAIL("slice file line %d: tidal_schedule: %s", lineno, why);
+        break;
+    }
     }
     return 0;
 }
@@ -266,7 +274,7 @@ static int parse_line(struct parse *p, char *line, int lineno, char *err, size_t
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
         if (!strcmp(key, keys[i])) k = i;
     if (k < 0 && !strncmp(key, "memory_limit.", 13)) return parse_override(p, key, val, lineno, err, errlen);
-    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead)", lineno, key);
+    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead colocation tidal_schedule)", lineno, key);
     if (p->seen & (1u << k)) FAIL("slice file line %d: duplicate key '%s'", lineno, key);
     p->seen |= 1u << k;
     return apply_key(p, k, key, val, lineno, err, errlen);
@@ -286,6 +294,9 @@ static int finish(struct parse *p, char *err, size_t errlen)
         if (!found) FAIL("slice file: memory_limit.%s: that device is not in devices=", p->ov[j].uuid);
     }
     if (p->nov && c->device_count == 0) FAIL("slice file: memory_limit.<uuid> given but devices= is missing");
+    /* a tidal share is held hard for a low-priority slice: soft would borrow back what the tide leaves */
+    if (c->tidal.n && c->colocation != GS_COLOC_TIDAL) FAIL("slice file: tidal_schedule: given but colocation is %s; expected colocation=tidal", gs_coloc_name(c->colocation));
+    if (c->colocation == GS_COLOC_TIDAL && (c->priority != 1 || c->mode != GS_MODE_HARD)) FAIL("slice file: colocation: tidal is for a low-priority slice with mode=hard (priority=1, mode=hard)");
     return 0;
 }
 
@@ -576,6 +587,9 @@ void gs_config_dump(const struct gs_config *c, char *buf, size_t len)
     if (c->process_limit == GS_UNLIMITED) p = cat(buf, len, p, "process_limit=unlimited\n");
     else p = cat(buf, len, p, "process_limit=%llu\n", (unsigned long long)c->process_limit);
     if (c->warning[0]) p = cat(buf, len, p, "warning=%s\n", c->warning);
-    if (c->context_overhead == GS_UNLIMITED) cat(buf, len, p, "context_overhead=default\n");
-    else cat(buf, len, p, "context_overhead=%llu\n", (unsigned long long)c->context_overhead);
+    if (c->context_overhead == GS_UNLIMITED) p = cat(buf, len, p, "context_overhead=default\n");
+    else p = cat(buf, len, p, "context_overhead=%llu\n", (unsigned long long)c->context_overhead);
+    char tide[160];
+    gs_tidal_format(&c->tidal, tide, sizeof tide);
+    cat(buf, len, p, "colocation=%s\ntidal_schedule=%s\n", gs_coloc_name(c->colocation), tide);
 }
