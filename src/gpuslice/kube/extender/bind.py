@@ -179,7 +179,8 @@ class BindTransaction:
             grant = formats.PodGrant(
                 node=args.node, pod_uid=args.pod_uid, namespace=args.pod_namespace, pod=args.pod_name,
                 containers=tuple(formats.ContainerGrant(c.name, Grant(formats.grant_id_for(args.pod_uid, c.name),
-                                                                      p.slices, p.exclusive)) for c, p in placed),
+                                                                      p.slices, p.exclusive), c.kind)
+                                 for c, p in placed),
                 bound_at=self.clock())
             changes = {formats.NODE_LEDGER: formats.encode_ledger(view.ledger.with_entry(grant))}
             if self.allocation_timeout:
