@@ -348,12 +348,20 @@ def test_cert_manager_option_replaces_the_jobs(helm: Path) -> None:
 
 def test_service_monitor_option(helm: Path) -> None:
     objs = render(helm, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom")
-    sm = one(objs, "ServiceMonitor")
-    assert sm["metadata"]["labels"]["release"] == "prom"
-    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
-    metrics_svc = by_kind(objs, "Service")["gs-gpuslice-metrics"]
-    assert sm["spec"]["selector"]["matchLabels"] == metrics_svc["spec"]["selector"]
-    assert metrics_svc["spec"]["clusterIP"] == "None"
+    monitors = by_kind(objs, "ServiceMonitor")
+    assert set(monitors) == {"gs-gpuslice", "gs-gpuslice-scheduler"}  # the agents', the extender's (quotas)
+    for sm_name, svc_name in (("gs-gpuslice", "gs-gpuslice-metrics"), ("gs-gpuslice-scheduler", "gs-gpuslice-scheduler-metrics")):
+        sm = monitors[sm_name]
+        assert sm["metadata"]["labels"]["release"] == "prom"
+        assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+        metrics_svc = by_kind(objs, "Service")[svc_name]
+        assert sm["spec"]["selector"]["matchLabels"] == metrics_svc["spec"]["selector"]
+        assert metrics_svc["spec"]["clusterIP"] == "None"
+    extender = next(c for c in one(objs, "Deployment")["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")
+    assert "--metrics-port=9401" in extender["args"] and extender["ports"] == [
+        {"name": "metrics", "containerPort": 9401, "protocol": "TCP"}]
+    assert "gs-gpuslice-scheduler" not in by_kind(render(helm, "metrics.serviceMonitor.enabled=true",
+                                                         "metrics.schedulerPort=0"), "ServiceMonitor")
 
 
 # ------------------------------------------------------------------------------------------- RBAC
@@ -382,11 +390,14 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
     agent = _rules(objs, "ClusterRole", "gs-gpuslice-agent")
     assert agent == {("", "nodes", v, "") for v in ("get", "patch")} | {("", "pods", v, "") for v in ("list", "patch")}
 
-    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods.
+    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods; with namespace
+    # quotas (the default) list ResourceQuotas (the webhook, on the same account, lists a namespace's pods).
     extender = _rules(objs, "ClusterRole", "gs-gpuslice-extender")
-    assert extender == ({("", "nodes", v, "") for v in ("get", "list", "watch", "patch")}
-                        | {("", "pods", v, "") for v in ("get", "list", "patch")}
-                        | {("", "pods/binding", "create", "")})
+    base = ({("", "nodes", v, "") for v in ("get", "list", "watch", "patch")}
+            | {("", "pods", v, "") for v in ("get", "list", "patch")}
+            | {("", "pods/binding", "create", "")})
+    assert extender == base | {("", "resourcequotas", "list", "")}
+    assert _rules(render(helm, "quotas.enabled=false"), "ClusterRole", "gs-gpuslice-extender") == base
 
     lease = _rules(objs, "Role", "gs-gpuslice-scheduler-lease")
     assert lease == {("coordination.k8s.io", "leases", "create", ""),

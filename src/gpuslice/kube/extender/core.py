@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from gpuslice.kube import alloclock, formats, nodestate, podrequest, resources
+from gpuslice.kube import alloclock, formats, nodestate, podrequest, quota, resources
 from gpuslice.kube.api import KubeAPI, KubeError
 from gpuslice.kube.extender.bind import BindTransaction
 from gpuslice.kube.extender.cache import FleetIndex, NodeCache, NodeView, ViewCache
@@ -26,7 +26,7 @@ class Extender(BindTransaction, GarbageCollection):
     def __init__(self, api: KubeAPI | None, cfg: resources.KubeConfig | None = None, *,
                  cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0, use_index: bool = True,
                  stale_after: float = 0.0, allocation_timeout: float = alloclock.DEFAULT_TIMEOUT,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, quotas: bool = True):
         self.api = api
         self.cfg = cfg or resources.KubeConfig()
         self.cache = cache
@@ -43,6 +43,21 @@ class Extender(BindTransaction, GarbageCollection):
         self._node_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._kinds: tuple[int, frozenset[tuple[str, str]]] = (-1, frozenset())
+        # Namespace GPU quotas (gpuslice.kube.quota), read through the API: none without one.
+        self.quota = quota.QuotaBook(api, self.cfg) if api is not None and quotas else None
+
+    def granted(self) -> list[formats.PodGrant]:
+        """Every grant the known node ledgers hold (what namespace quotas count)."""
+        _, views = self.views.snapshot()
+        return [g for v in views.values() for g in v.ledger.entries.values()]
+
+    def _quota_problem(self, pod: Mapping[str, Any], req: podrequest.PodRequest) -> str:
+        """Why the pod's namespace quota keeps it from every node ('' when it does not)."""
+        if self.quota is None:
+            return ""
+        meta = pod.get("metadata") or {}
+        return self.quota.check(str(meta.get("namespace") or "default"), self.granted(), quota.request_usage(req),
+                                skip=str(meta.get("uid") or ""))
 
     # ------------------------------------------------------------------------------------ helpers
     def _views_for(self, args: ExtenderArgs) -> list[NodeView]:
@@ -223,6 +238,9 @@ class Extender(BindTransaction, GarbageCollection):
             return self._filter_result(args, [], {}, error=f"gpuslice: {exc}")
         if req.empty:  # not a GPU-slice pod: nothing to say
             return self._filter_result(args, list(args.node_names), {})
+        over = self._quota_problem(args.pod, req)
+        if over:
+            return self._filter_result(args, [], {n: over for n in args.node_names})
         views = self._views_for(args)
         req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
         fitting, failed, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
