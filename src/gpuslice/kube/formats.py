@@ -42,6 +42,9 @@ HAMI_USE_TYPE = "nvidia.com/use-gputype"
 HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
 HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
 HAMI_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+HAMI_USE_INDEX = "nvidia.com/use-gpuindexes"             # per pod: device indexes (nvidia-smi's) allowed
+HAMI_NOUSE_INDEX = "nvidia.com/nouse-gpuindexes"         # per pod: device indexes not to use
+HAMI_VULKAN = "hami.io/vulkan"                           # per pod: HAMi's Vulkan layer (not applied, warned)
 # HAMi's other pod annotations and its device cordon (read by gpuslice.kube.hami) and ours beside them.
 HAMI_VGPU_MODE = "nvidia.com/vgpu-mode"                  # per pod: hami-core | mig (mps refused)
 HAMI_NUMA_BIND = "nvidia.com/numa-bind"                  # per pod: "true" = each container's devices on one NUMA node

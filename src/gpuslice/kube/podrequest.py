@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 from gpuslice.kube import hami
 from gpuslice.kube.formats import (
     HAMI_GPU_POLICY, HAMI_MIG_PREFERENCE, HAMI_NODE_POLICY, HAMI_NOUSE_TYPE, HAMI_NOUSE_UUID, HAMI_USE_TYPE,
-    HAMI_SCORING_WEIGHTS, HAMI_USE_UUID, HAMI_VGPU_MODE, POD_COMPUTE_MODE, POD_GPU_POLICY, POD_MIG_PROFILE,
+    HAMI_NOUSE_INDEX, HAMI_SCORING_WEIGHTS, HAMI_USE_INDEX, HAMI_USE_UUID, HAMI_VULKAN, HAMI_VGPU_MODE, POD_COMPUTE_MODE, POD_GPU_POLICY, POD_MIG_PROFILE,
     POD_NODE_POLICY, POD_POLICY, NodeDevices, annotations,
 )
 from gpuslice.kube.resources import KubeConfig, limits_of, mib_quantity, one_of, whole_quantity
@@ -61,6 +61,8 @@ class PodRequest:
     use_uuids: tuple[str, ...] = ()
     avoid_uuids: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what was ignored, HAMi-style (the webhook shows them as warnings)
+    use_indexes: tuple[int, ...] = ()  # nvidia.com/use-gpuindexes: only these device indexes
+    avoid_indexes: tuple[int, ...] = ()  # nvidia.com/nouse-gpuindexes
     mode: str = ""  # nvidia.com/vgpu-mode: '' (any device), hami-core (no MIG instance) or mig
     mutex: bool = False  # hami.io/gpu-scheduler-policy mutex: only devices nobody uses
     numa_bind: bool = False  # nvidia.com/numa-bind: each container's devices on one NUMA node
@@ -78,8 +80,9 @@ class PodRequest:
     def simple(self) -> bool:
         """Whether the shared fleet can place it: app containers only, no MIG instances, no per-pod device
         rule (the rest is placed node by node, :meth:`Extender._place_all`)."""
-        return not (self.avoid_models or self.avoid_uuids or self.use_uuids or self.mode or self.mutex
-                    or self.numa_bind or any(c.kind != "app" or c.mig for c in self.containers))
+        return not (self.avoid_models or self.avoid_uuids or self.use_uuids or self.use_indexes
+                    or self.avoid_indexes or self.mode or self.mutex or self.numa_bind
+                    or any(c.kind != "app" or c.mig for c in self.containers))
 
 
 PRIORITY_MAX = 2**31 - 1
@@ -392,11 +395,23 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
                       avoid_models=_list_annotation(anns, HAMI_NOUSE_TYPE),
                       use_uuids=_list_annotation(anns, HAMI_USE_UUID),
                       avoid_uuids=_list_annotation(anns, HAMI_NOUSE_UUID), notes=tuple(notes),
-                      mode=vgpu, mutex=flags.mutex, numa_bind=hami.numa_bind(anns))
+                      use_indexes=_index_annotation(anns, HAMI_USE_INDEX),
+                      avoid_indexes=_index_annotation(anns, HAMI_NOUSE_INDEX), mode=vgpu, mutex=flags.mutex, numa_bind=hami.numa_bind(anns))
+
+
+def _index_annotation(anns: Mapping[str, str], key: str) -> tuple[int, ...]:
+    """HAMi's ``use-gpuindexes`` / ``nouse-gpuindexes``: device indexes (as nvidia-smi numbers them) by commas."""
+    names = _list_annotation(anns, key)
+    if not all(n.isdigit() for n in names):
+        raise SpecError(f"metadata.annotations[{key}]", anns[key], "device indexes like 0,1 separated by commas")
+    return tuple(int(n) for n in names)
 
 
 def _pod_notes(anns: Mapping[str, str], policy: PlacementPolicy, notes: list[str]) -> None:
     """Admission warnings for pod annotations that HAMi reads and gpuslice applies differently."""
+    if str(anns.get(HAMI_VULKAN, "")).strip().lower() == "true":
+        notes.append(f"metadata.annotations[{HAMI_VULKAN}]: gpuslice's enforcer limits CUDA (and NVML) only; "
+                     "Vulkan memory and work of this pod are not held to its slice")
     if policy.weights is not None and policy.gpu not in ("binpack", "spread"):
         notes.append(f"metadata.annotations[{HAMI_SCORING_WEIGHTS}] is ignored: it weighs the binpack "
                      f"and spread device scores, and this pod's GPU policy is {policy.gpu}")
@@ -443,13 +458,15 @@ def resolve_gpu_types(req: PodRequest, kinds: Iterable[tuple[str, str]]) -> PodR
 
 def blocked_devices(devices: NodeDevices, req: PodRequest) -> set[str]:
     """Devices of this node the pod may not use (HAMi's nouse-gputype — a substring of the card type, see
-    :func:`gpu_type_matches` —, use-gpuuuid and nouse-gpuuuid; in ``vgpu-mode: hami-core`` every MIG
-    instance)."""
+    :func:`gpu_type_matches` —, use-gpuuuid and nouse-gpuuuid, use-gpuindexes and nouse-gpuindexes; in
+    ``vgpu-mode: hami-core`` every MIG instance)."""
     out: set[str] = set()
     for d in devices.devices:
         ids = {d.uuid} | {m.uuid for m in d.mig_instances}
         if req.mode == "hami-core":
             out |= {m.uuid for m in d.mig_instances}
+        if (req.use_indexes and d.index not in req.use_indexes) or d.index in req.avoid_indexes:
+            out |= ids
         if req.avoid_models and gpu_type_matches(d, req.avoid_models):
             out |= ids
         if req.avoid_uuids and ids & set(req.avoid_uuids):

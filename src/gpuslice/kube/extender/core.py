@@ -98,9 +98,11 @@ class Extender(BindTransaction, GarbageCollection):
         out = {u: "cordoned (hami.io/device-cordon)" for u in view.cordoned}
         if req.simple:
             return out
-        bare = replace(req, use_uuids=(), avoid_uuids=(), avoid_models=(), mode="")
+        bare = replace(req, use_uuids=(), avoid_uuids=(), avoid_models=(), mode="", use_indexes=(), avoid_indexes=())
         rules = (("not named by nvidia.com/use-gpuuuid", {"use_uuids": req.use_uuids}),
                  ("named by nvidia.com/nouse-gpuuuid", {"avoid_uuids": req.avoid_uuids}),
+                 ("not named by nvidia.com/use-gpuindexes", {"use_indexes": req.use_indexes}),
+                 ("named by nvidia.com/nouse-gpuindexes", {"avoid_indexes": req.avoid_indexes}),
                  ("of a type named by nvidia.com/nouse-gputype", {"avoid_models": req.avoid_models}),
                  ("MIG instance(s) (nvidia.com/vgpu-mode: hami-core)", {"mode": req.mode if req.mode == "hami-core" else ""}))
         for cause, only in rules:
