@@ -53,7 +53,8 @@ def _review(uid: str, allowed: bool, patch: list[dict[str, Any]] | None = None, 
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     if not allowed:
-        response["status"] = {"code": code, "message": message, "reason": "Invalid" if code == 422 else "BadRequest"}
+        reason = {422: "Invalid", 403: "Forbidden"}.get(code, "BadRequest")
+        response["status"] = {"code": code, "message": message, "reason": reason}
     return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
 
 
