@@ -286,6 +286,30 @@ def test_guard_refuses_gpu_pods_that_bypass_the_gpuslice_scheduler(helm: Path) -
     assert "gs-gpuslice-guard" not in {o["metadata"]["name"] for o in off if o["kind"].startswith("ValidatingAdmission")}
 
 
+def test_migration_knobs_reach_the_webhook_the_guard_and_the_extender(helm: Path) -> None:
+    """HAMi side by side: pods naming hami-scheduler pass the guard (scheduler.guard.allowSchedulers), the
+    webhook sees only labelled namespaces (namespaceSelector), and once HAMi is gone its scheduler name is
+    adopted (adoptSchedulers → --adopt-scheduler in both containers). Quotas on by default (--quotas)."""
+    objs = render(helm, "json:scheduler.guard.allowSchedulers=[\"hami-scheduler\"]",
+                  "json:scheduler.webhook.namespaceSelector={\"matchLabels\": {\"gpuslice.io/scheduler\": \"on\"}}")
+    (rule,) = by_kind(objs, "ValidatingAdmissionPolicy")["gs-gpuslice-guard"]["spec"]["validations"]
+    assert rule["expression"].endswith("|| object.spec.schedulerName == 'hami-scheduler'")
+    (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["namespaceSelector"]["matchLabels"] == {"gpuslice.io/scheduler": "on"}
+    assert hook["namespaceSelector"]["matchExpressions"][0]["operator"] == "NotIn"  # still skips its own namespace
+    for container in ("extender", "webhook"):
+        args = args_of(objs, "Deployment", container)
+        assert [a for a in args if a.startswith("--adopt-scheduler")] == ["--adopt-scheduler=default-scheduler"]
+        assert "--quotas" in args
+    adopted = render(helm, "json:scheduler.adoptSchedulers=[\"default-scheduler\", \"hami-scheduler\"]", "quotas.enabled=false")
+    args = args_of(adopted, "Deployment", "webhook")
+    assert [a for a in args if a.startswith("--adopt-")] == ["--adopt-scheduler=default-scheduler",
+                                                             "--adopt-scheduler=hami-scheduler"]
+    assert "--no-quotas" in args
+    guard = by_kind(adopted, "ValidatingAdmissionPolicy")["gs-gpuslice-guard"]["spec"]["validations"][0]
+    assert "hami-scheduler" not in guard["expression"]
+
+
 def test_webhook_failure_policy_defaults_to_ignore_and_the_docs_agree(helm: Path) -> None:
     """One decision, written once in the chart and once in the adapters' README: Ignore + the guard."""
     (hook,) = one(render(helm), "MutatingWebhookConfiguration")["webhooks"]
