@@ -52,6 +52,14 @@ def _triangle(node: str) -> list[Device]:
             for i, u in enumerate(uuids)]
 
 
+def _all_linked(node: str) -> list[Device]:
+    """4 H100s on an NVSwitch (every pair NVLinked), NUMA nodes 0, 0, 1, 1 (as the e2e nodes)."""
+    uuids = [f"GPU-{node}-{i}" for i in range(4)]
+    return [Device(uuid=u, index=i, name="NVIDIA H100 80GB HBM3", memory_total=H100, sm_count=132,
+                   model="H100-80GB-HBM3", numa_node=i // 2, nvlink_peers=tuple(p for p in uuids if p != u))
+            for i, u in enumerate(uuids)]
+
+
 FLEETS = {
     "h100": lambda: [("n1", _h100("n1")), ("n2", _h100("n2"))],
     "h100-one": lambda: [("n1", _h100("n1"))],
@@ -61,6 +69,7 @@ FLEETS = {
     "mig": lambda: [("mig", load_snapshot("a100-80gb-mig")), ("h100", _h100("h100", 2))],
     "l4": lambda: [("n1", _gpus("n1", "L4", "NVIDIA L4", 24 * GiB, 1))],
     "topo": lambda: [("n1", _triangle("n1"))],
+    "nvswitch": lambda: [("n1", _all_linked("n1"))],
 }
 
 

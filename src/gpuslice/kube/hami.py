@@ -5,8 +5,8 @@ names of NVIDIA's device plugin (``nvidia.com/mig-<profile>``, its "mixed" strat
 =================================  ===================================================================
 ``hami.io/gpu-scheduler-policy``   a comma list (HAMi reads ``binpack,numa``): at most one ordering
                                    (a placement policy: ``binpack``, ``spread``, … or HAMi's
-                                   ``topology-aware``), plus ``numa`` (keep a grant's devices on one NUMA
-                                   node where possible: gpuslice's topology preference, on by default) and
+                                   ``topology-aware``), plus ``numa`` (a grant's devices on one NUMA node
+                                   where one has room, else anywhere: HAMi's NUMA sort key) and
                                    ``mutex`` (only devices nobody uses: :class:`GpuPolicy`)
 ``nvidia.com/vgpu-mode``           ``hami-core`` (slices of whole GPUs, never a MIG instance) or ``mig``
                                    (whole MIG instances); ``mps`` is refused (no MPS-backed slices yet)
@@ -58,7 +58,7 @@ class GpuPolicy:
 
     order: str | None  # the GPU-level placement policy (None: the cluster's)
     mutex: bool = False  # place only on devices nobody uses (others may share them afterwards, as in HAMi)
-    numa: bool = False  # HAMi's NUMA sort key: gpuslice keeps multi-device grants on one NUMA node anyway
+    numa: bool = False  # HAMi's NUMA sort key: a multi-device grant on one NUMA node where one has room
 
 
 def gpu_policy(value: Any, key: str = formats.HAMI_GPU_POLICY) -> GpuPolicy:

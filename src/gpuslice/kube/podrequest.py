@@ -66,6 +66,7 @@ class PodRequest:
     mode: str = ""  # nvidia.com/vgpu-mode: '' (any device), hami-core (no MIG instance) or mig
     mutex: bool = False  # hami.io/gpu-scheduler-policy mutex: only devices nobody uses
     numa_bind: bool = False  # nvidia.com/numa-bind: each container's devices on one NUMA node
+    numa_prefer: bool = False  # gpu-scheduler-policy numa: on one NUMA node where one has room, else any
 
     @property
     def empty(self) -> bool:
@@ -81,7 +82,7 @@ class PodRequest:
         """Whether the shared fleet can place it: app containers only, no MIG instances, no per-pod device
         rule (the rest is placed node by node, :meth:`Extender._place_all`)."""
         return not (self.avoid_models or self.avoid_uuids or self.use_uuids or self.use_indexes
-                    or self.avoid_indexes or self.mode or self.mutex or self.numa_bind
+                    or self.avoid_indexes or self.mode or self.mutex or self.numa_bind or self.numa_prefer
                     or any(c.kind != "app" or c.mig for c in self.containers))
 
 
@@ -396,7 +397,8 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
                       use_uuids=_list_annotation(anns, HAMI_USE_UUID),
                       avoid_uuids=_list_annotation(anns, HAMI_NOUSE_UUID), notes=tuple(notes),
                       use_indexes=_index_annotation(anns, HAMI_USE_INDEX),
-                      avoid_indexes=_index_annotation(anns, HAMI_NOUSE_INDEX), mode=vgpu, mutex=flags.mutex, numa_bind=hami.numa_bind(anns))
+                      avoid_indexes=_index_annotation(anns, HAMI_NOUSE_INDEX), mode=vgpu, mutex=flags.mutex,
+                      numa_bind=hami.numa_bind(anns), numa_prefer=flags.numa)
 
 
 def _index_annotation(anns: Mapping[str, str], key: str) -> tuple[int, ...]:

@@ -9,7 +9,8 @@ extender calls :func:`place_pod` from filter (does it fit?), prioritize (how wel
   counted as HAMi counts them (per device the larger of the app containers' sum and the init container,
   :meth:`gpuslice.kube.formats.PodGrant.charges`).
 * ``nvidia.com/numa-bind: "true"``: a container's devices all on one NUMA node — each NUMA node is tried
-  and the best placement kept (devices whose NUMA node is unknown count as one node).
+  and the best placement kept (devices whose NUMA node is unknown count as one node). HAMi's ``numa``
+  policy (``binpack,numa``) prefers the same, and takes devices across NUMA nodes when no one has room.
 * Whole MIG instances (:class:`~gpuslice.kube.podrequest.MigAsk`): ``count`` existing instances of the
   asked profile, or the smallest that hold the asked memory (HAMi takes the first MIG template that fits,
   smallest first), several of one card allowed; each held whole.
@@ -85,18 +86,25 @@ def _place_mig(c: ContainerRequest, state: NodeState, policy: PlacementPolicy) -
     return Placement(state.name, tuple(slices), score, exclusive=True)
 
 
-def _choices(state: NodeState, request: Request, numa_bind: bool) -> Iterator[tuple[str, NodeState]]:
-    """The node states a container may be placed on: the node, or with numa-bind each NUMA node alone."""
-    if not numa_bind or request.count == 1:
+def _choices(state: NodeState, request: Request, numa: bool) -> Iterator[tuple[str, NodeState]]:
+    """The node states a container may be placed on: the node, or with numa each NUMA node alone."""
+    if not numa or request.count == 1:
         yield "", state
         return
-    for numa, uuids in sorted(_numa_groups(state).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-        yield f"NUMA node {'unknown' if numa is None else numa}", restrict(state, uuids)
+    for numa_node, uuids in sorted(_numa_groups(state).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        yield f"NUMA node {'unknown' if numa_node is None else numa_node}", restrict(state, uuids)
 
 
 def place_container(c: ContainerRequest, state: NodeState, policy: PlacementPolicy,
-                    numa_bind: bool = False) -> Placement:
-    """The best placement of one container on ``state`` (raises :class:`NoFit` with the reason)."""
+                    numa_bind: bool = False, numa_prefer: bool = False) -> Placement:
+    """The best placement of one container on ``state`` (raises :class:`NoFit` with the reason). With
+    ``numa_prefer`` (HAMi's ``numa`` policy) a multi-device container goes to one NUMA node when one has
+    room, else anywhere; ``numa_bind`` makes that a rule."""
+    if numa_prefer and not numa_bind and c.request.count > 1:
+        try:
+            return place_container(c, state, policy, numa_bind=True)
+        except NoFit:
+            pass
     best: Placement | None = None
     reasons = []
     for label, st in _choices(state, c.request, numa_bind):
@@ -123,20 +131,20 @@ def place_pod(req: PodRequest, state: NodeState, policy: PlacementPolicy) -> lis
     for c in req.containers:
         if c.kind == "init":
             continue
-        p = _named(c, running, policy, req.numa_bind)
+        p = _named(c, running, policy, req)
         running = apply(running, p.slices, exclusive=p.exclusive)
         if c.kind == "sidecar":
             beside_inits = apply(beside_inits, p.slices, exclusive=p.exclusive)
         placed[c.name] = p
     for c in req.containers:
         if c.kind == "init":
-            placed[c.name] = _named(c, beside_inits, policy, req.numa_bind)
+            placed[c.name] = _named(c, beside_inits, policy, req)
     return [(c, placed[c.name]) for c in req.containers]
 
 
-def _named(c: ContainerRequest, state: NodeState, policy: PlacementPolicy, numa_bind: bool) -> Placement:
+def _named(c: ContainerRequest, state: NodeState, policy: PlacementPolicy, req: PodRequest) -> Placement:
     try:
-        return place_container(c, state, policy, numa_bind)
+        return place_container(c, state, policy, req.numa_bind, req.numa_prefer)
     except NoFit as exc:
         what = "init container" if c.kind == "init" else "sidecar" if c.kind == "sidecar" else "container"
         raise NoFit(f"{what} {c.name}: {exc.reason}", exc.per_node) from None
