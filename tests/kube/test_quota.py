@@ -131,3 +131,11 @@ def test_quota_metrics_show_limits_and_use():
     assert 'gpuslice_quota_limit{namespace="ml",quota="q: limits.nvidia.com/gpumem",resource="bytes"} 3.145728e+10' in text
     assert 'gpuslice_quota_used{namespace="ml",resource="bytes"} 8.388608e+09' in text
     assert 'gpuslice_quota_used{namespace="ml",resource="devices"} 2.0' in text
+
+
+def test_a_mig_name_the_webhook_never_rewrote_is_an_error_in_filter():
+    """nvidia.com/mig-<profile> is served under the advertised name only after the webhook's rewrite; a pod
+    that skipped the webhook would be placed and then never allocated, so filter says why instead."""
+    ext = Extender(None, CFG)
+    out = ext.filter({"Pod": pod("raw", {"nvidia.com/mig-1g.10gb": "1"}), "Nodes": {"items": [node("n1")]}})
+    assert "nvidia.com/mig-1g.10gb reached the scheduler unchanged" in out["Error"] and out["Nodes"]["items"] == []

@@ -3,7 +3,13 @@
 For a Pod CREATE whose containers ask for GPU slices (HAMi's resource names or ours), the response
 JSONPatch:
 
-* sets ``spec.schedulerName`` to the gpuslice scheduler (the kube-scheduler profile that calls our extender);
+* sets ``spec.schedulerName`` to the gpuslice scheduler (the kube-scheduler profile that calls our extender)
+  when the pod names no scheduler or one of ``adopt_schedulers`` (``default-scheduler``); a pod naming
+  another scheduler is left to it, as HAMi does, with a warning;
+* rewrites ``nvidia.com/mig-<profile>: N`` (NVIDIA's MIG names, which no node advertises under gpuslice) to
+  the advertised count N plus the pod annotation ``gpuslice.io/mig-profile``;
+* fills counts of init containers and sidecars too (HAMi mutates and counts them);
+* refuses a pod over its namespace's GPU quota (``quota``: :class:`gpuslice.kube.quota.AdmissionQuota`) with 403;
 * fills HAMi's default count: a container with GPU memory / cores / memory percent but no GPU count gets
   ``defaultGPUNum`` devices (limits and requests; the memory and cores defaults need no field: the
   extender applies them when it parses the pod's limits, as here); the advertised count (``nvidia.com/gpu``) is added when the count was given only as ``gpuslice.io/gpu``

@@ -240,6 +240,11 @@ class Extender(BindTransaction, GarbageCollection):
             return self._filter_result(args, [], {}, error=f"gpuslice: {exc}")
         if req.empty:  # not a GPU-slice pod: nothing to say
             return self._filter_result(args, list(args.node_names), {})
+        raw = [c.mig.resource for c in req.containers if c.mig is not None and c.mig.resource]
+        if raw:  # the webhook turns these into the advertised count; without it no device plugin serves them
+            return self._filter_result(args, [], {}, error=(
+                f"gpuslice: {raw[0]} reached the scheduler unchanged; the gpuslice webhook rewrites it to "
+                f"{self.cfg.names.advertised} at creation (was it down, or does it skip this namespace?): recreate the pod"))
         over = self._quota_problem(args.pod, req)
         if over:
             return self._filter_result(args, [], {n: over for n in args.node_names})
