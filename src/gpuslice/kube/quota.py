@@ -58,8 +58,17 @@ class Usage:
         return int(getattr(self, kind))
 
 
-def _peak(running: Usage, inits: Iterable[Usage], sidecars: Usage) -> Usage:
-    """HAMi's pod total: the larger of the running containers' sum and each init container with the sidecars."""
+def _pod_total(parts: Iterable[tuple[str, Usage]]) -> Usage:
+    """HAMi's pod total from (container kind, usage): the larger of the running containers' sum (app
+    containers and sidecars) and each init container with the sidecars beside it."""
+    running, sidecars, inits = Usage(), Usage(), []
+    for kind, u in parts:
+        if kind == "init":
+            inits.append(u)
+            continue
+        running = running + u
+        if kind == "sidecar":
+            sidecars = sidecars + u
     out = running
     for u in inits:
         u = u + sidecars
@@ -71,33 +80,20 @@ def _peak(running: Usage, inits: Iterable[Usage], sidecars: Usage) -> Usage:
 def request_usage(req: PodRequest) -> Usage:
     """A pod's charge from its request (memory × devices, as HAMi); a percent / whole-device memory is
     left out and marked ``partial``."""
-    running, sidecars, inits = Usage(), Usage(), []
+    parts = []
     for c in req.containers:
         r = c.request
         memory = c.mig.memory if c.mig is not None else r.memory
         per = memory.bytes if memory is not None else None  # None: a percent or the whole device
-        u = Usage(r.count, (per or 0) * r.count, 0 if c.mig is not None else r.compute * r.count, per is None)
-        if c.kind == "init":
-            inits.append(u)
-            continue
-        running = running + u
-        if c.kind == "sidecar":
-            sidecars = sidecars + u
-    return _peak(running, inits, sidecars)
+        parts.append((c.kind, Usage(r.count, (per or 0) * r.count, 0 if c.mig is not None else r.compute * r.count,
+                                    per is None)))
+    return _pod_total(parts)
 
 
 def grant_usage(grant: formats.PodGrant) -> Usage:
     """A granted pod's charge from its slices as placed (memory known exactly)."""
-    running, sidecars, inits = Usage(), Usage(), []
-    for c in grant.containers:
-        u = Usage(len(c.slices), sum(s.memory_limit for s in c.slices), sum(s.compute for s in c.slices))
-        if c.kind == "init":
-            inits.append(u)
-            continue
-        running = running + u
-        if c.kind == "sidecar":
-            sidecars = sidecars + u
-    return _peak(running, inits, sidecars)
+    return _pod_total((c.kind, Usage(len(c.slices), sum(s.memory_limit for s in c.slices),
+                                     sum(s.compute for s in c.slices))) for c in grant.containers)
 
 
 @dataclass(frozen=True)
