@@ -226,7 +226,12 @@ class QuotaBook:
         with self._lock:
             if not fresh and self.clock() - self._at < self.ttl:
                 return self._by_ns
-        quotas = self.api.list_resource_quotas("")
+        try:
+            quotas = self.api.list_resource_quotas("")
+        except Exception:
+            with self._lock:  # not asked again before ttl (filter calls come by the hundred)
+                self._at = self.clock()
+            raise
         by_ns: dict[str, list[Mapping[str, Any]]] = {}
         for q in quotas:
             by_ns.setdefault(str((q.get("metadata") or {}).get("namespace", "")), []).append(q)
@@ -235,8 +240,10 @@ class QuotaBook:
             self._by_ns, self._at = table, self.clock()
         return table
 
-    def check(self, namespace: str, entries: Iterable[formats.PodGrant], adding: Usage, *,
+    def check(self, namespace: str, entries: Callable[[], Iterable[formats.PodGrant]], adding: Usage, *,
               skip: str = "", fresh: bool = False) -> str:
+        """Why ``adding`` does not fit ``namespace``'s quota ('' when it does or there is none); ``entries``
+        (called only for a namespace with a quota) gives every grant on the nodes."""
         try:
             limits = self.all_limits(fresh).get(namespace)
         except Exception as exc:
@@ -246,7 +253,7 @@ class QuotaBook:
             return ""
         if not limits:
             return ""
-        return exceeded(namespace, limits, namespace_usage(entries, namespace, skip), adding)
+        return exceeded(namespace, limits, namespace_usage(entries(), namespace, skip), adding)
 
 
 class QuotaCollector:

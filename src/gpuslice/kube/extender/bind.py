@@ -193,7 +193,7 @@ class BindTransaction:
                                  for c, p in placed),
                 bound_at=self.clock())
             if self.quota is not None:  # the grant as placed: memory percents and whole devices known now
-                over = self.quota.check(args.pod_namespace, self.granted(), quota.grant_usage(grant),
+                over = self.quota.check(args.pod_namespace, self.granted, quota.grant_usage(grant),
                                         skip=args.pod_uid, fresh=True)
                 if over:
                     raise KubeError(over)

@@ -56,7 +56,7 @@ class Extender(BindTransaction, GarbageCollection):
         if self.quota is None:
             return ""
         meta = pod.get("metadata") or {}
-        return self.quota.check(str(meta.get("namespace") or "default"), self.granted(), quota.request_usage(req),
+        return self.quota.check(str(meta.get("namespace") or "default"), self.granted, quota.request_usage(req),
                                 skip=str(meta.get("uid") or ""))
 
     # ------------------------------------------------------------------------------------ helpers
