@@ -88,7 +88,7 @@ def test_no_gpu_is_empty():
 @pytest.mark.parametrize("limits, needle", [
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpumem-percentage": "50"}, "not both"),
     ({"nvidia.com/gpu": "1", "gpuslice.io/gpu": "2"}, "contradict"),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}, "1 to 100"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}, "from 0 to 100"),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"}, "0 to 100"),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3Gi"}, "MiB"),
     ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, "at least 1"),
@@ -116,12 +116,19 @@ def test_pod_policy_annotations():
     assert r.containers[0].request.mode is ComputeMode.SOFT and r.containers[0].request.models == ("A100", "H100")
 
 
-def test_init_containers_with_gpus_are_refused():
+def test_init_containers_and_sidecars_ask_for_gpus_like_app_containers():
+    """HAMi mutates and counts GPU init containers; a native sidecar (restartPolicy Always) is one too.
+    They come first, in spec order: the order the kubelet allocates devices in."""
     p = pod("p", {"nvidia.com/gpu": "1"})
-    p["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
-    with pytest.raises(SpecError) as exc:
-        podrequest.pod_request(p, CFG)
-    assert exc.value.field.startswith("spec.initContainers[0]")
+    p["spec"]["initContainers"] = [
+        {"name": "fetch", "resources": {"limits": {"nvidia.com/gpumem": "2000"}}},
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        {"name": "plain", "image": "busybox"}]
+    req = podrequest.pod_request(p, CFG)
+    assert [(c.name, c.kind, c.index, c.part) for c in req.containers] == [
+        ("fetch", "init", 0, "initContainers"), ("proxy", "sidecar", 1, "initContainers"), ("main", "app", 0, "containers")]
+    assert req.containers[0].request.memory == MemoryAmount(bytes=2000 * MiB) and req.containers[0].request.count == 1
+    assert not req.simple
 
 
 def test_request_json_round_trip():

@@ -10,8 +10,10 @@ pods wait anyway (the lock timed out or is off) Allocate refuses rather than gue
 another's grant would over-commit the device once either ends. Within the pod, the kubelet allocates
 containers in spec order: the container whose granted UUIDs equal the IDs' UUIDs (GetPreferredAllocation
 steers to them), else the first in spec order. Once every container of the pod is allocated, the pod is
-removed from the Node's ``gpuslice.io/allocating`` (the lock is released). The ledger is the truth; a
-pod annotation that disagrees is ignored and logged.
+removed from the Node's ``gpuslice.io/allocating`` (the lock is released). Init containers and sidecars come
+first, in spec order, as the kubelet allocates them (an app container may be handed an init container's
+device IDs again — the kubelet reuses them — which is why the order, not the IDs, decides). The ledger is
+the truth; a pod annotation that disagrees is ignored and logged.
 """
 
 from __future__ import annotations
@@ -147,7 +149,10 @@ class Allocator:
                                     meta.get("namespace"), meta.get("name"), formats.POD_GRANT)
                 except SpecError as exc:
                     log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
-            order = {c.get("name"): i for i, c in enumerate((pod.get("spec") or {}).get("containers") or [])}
+            spec = pod.get("spec") or {}
+            # The kubelet allocates init containers (and sidecars) first, in order, then the app containers.
+            listed = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+            order = {c.get("name"): i for i, c in enumerate(listed) if isinstance(c, dict)}
             for g in sorted(entry.containers, key=lambda c: order.get(c.container, 1 << 30)):
                 if g.container not in done and len(g.slices) == count:
                     out.append(Match(pod, entry, g))
@@ -157,8 +162,11 @@ class Allocator:
     def find(self, ids: Sequence[str]) -> Match:
         uuids = {uuid_of(i) for i in ids}
         found = self.one_pod(self.candidates(len(ids)), len(ids))
+        # After an init container the kubelet hands its device IDs to the app containers again, so the
+        # IDs may name another container's devices: such a pod is matched by spec order alone.
+        reused = any(c.kind == "init" for m in found[:1] for c in m.entry.containers)
         for m in found:
-            if set(m.grant.uuids) == uuids:
+            if set(m.grant.uuids) == uuids and not reused:
                 return m
         if found:
             return found[0]

@@ -43,10 +43,11 @@ class KubeAPI(Protocol):
     def patch_node_annotations(self, name: str, changes: Mapping[str, str | None], *,
                                resource_version: str | None = None) -> dict[str, Any]: ...
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
-    def list_pods(self, field_selector: str = "", resource_version: str = "") -> list[dict[str, Any]]: ...
+    def list_pods(self, field_selector: str = "", resource_version: str = "", namespace: str = "") -> list[dict[str, Any]]: ...
     def patch_pod_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None], *,
                               uid: str | None = None, resource_version: str | None = None) -> dict[str, Any]: ...
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def list_resource_quotas(self, namespace: str = "") -> list[dict[str, Any]]: ...
 
 
 def update_node_annotations(api: KubeAPI, name: str,
@@ -167,13 +168,19 @@ class ClientAPI:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
 
-    def list_pods(self, field_selector: str = "", resource_version: str = "") -> list[dict[str, Any]]:
+    def list_pods(self, field_selector: str = "", resource_version: str = "", namespace: str = "") -> list[dict[str, Any]]:
         """``resource_version="0"`` lets the API server answer from its watch cache (cheap, may lag a
-        little); the default reads through to etcd (fresh)."""
+        little); the default reads through to etcd (fresh). ``namespace``: that namespace's pods only."""
         query = [("fieldSelector", field_selector)] if field_selector else []
         if resource_version:
             query.append(("resourceVersion", resource_version))
-        return list(self._call("GET", "/api/v1/pods", query=query, timeout=60).get("items") or [])
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+        return list(self._call("GET", path, query=query, timeout=60).get("items") or [])
+
+    def list_resource_quotas(self, namespace: str = "") -> list[dict[str, Any]]:
+        """The ResourceQuotas of ``namespace`` ('' = every namespace)."""
+        path = f"/api/v1/namespaces/{quote(namespace)}/resourcequotas" if namespace else "/api/v1/resourcequotas"
+        return list(self._call("GET", path, timeout=30).get("items") or [])
 
     def patch_pod_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None], *,
                               uid: str | None = None, resource_version: str | None = None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def _logging(level: str) -> None:
 
 
 def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
-            mode: str, names: dict[str, str] | None = None):
+            mode: str, names: dict[str, str] | None = None, adopt: tuple[str, ...] = ("default-scheduler",)):
     from gpuslice.kube.resources import KubeConfig, ResourceNames
     from gpuslice.placement import PlacementPolicy
     from gpuslice.spec import ComputeMode
@@ -34,7 +34,7 @@ def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: 
     return KubeConfig(names=ResourceNames.configured(**(names or {})), default_memory_mib=default_mem,
                       default_cores=default_cores, default_gpu_num=default_gpu_num,
                       scheduler_name=scheduler_name, policy=PlacementPolicy.parse(policy),
-                      default_mode=ComputeMode.parse(mode, "--mode"))
+                      default_mode=ComputeMode.parse(mode, "--mode"), adopt_schedulers=adopt)
 
 
 # HAMi's chart knobs for the resource names (resourceName, resourceMem, resourceMemPercentage,
@@ -80,6 +80,14 @@ def scheduler(
                                              "takes no second pod of the same device count until the device plugin "
                                              "allocated the first, or this many seconds passed (0 = lock off: "
                                              "Allocate then refuses pods it cannot tell apart)."),
+    adopt_scheduler: List[str] = typer.Option(["default-scheduler"], "--adopt-scheduler",
+                                              help="Send GPU pods naming this scheduler (repeat; and pods naming none) "
+                                              "to --scheduler-name; pods naming another are left to it, as HAMi does."),
+    quotas: bool = typer.Option(True, "--quotas/--no-quotas", help="Enforce namespace GPU quotas "
+                                "(ResourceQuota limits.nvidia.com/gpumem, gpucores, gpu) at admission and bind; "
+                                "the webhook then reads ResourceQuotas and the namespace's pods."),
+    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics of the extender "
+                                     "(namespace GPU quota limits and use) on this port, all addresses (0 = off)."),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the scheduler extender (HTTP) and the mutating admission webhook (HTTPS)."""
@@ -89,8 +97,8 @@ def scheduler(
     _logging(log_level)
     cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
                   {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
-                   "cores": resource_cores, "priority": resource_priority})
-    for flag, value in (("--port", port), ("--webhook-port", webhook_port)):
+                   "cores": resource_cores, "priority": resource_priority}, tuple(adopt_scheduler))
+    for flag, value in (("--port", port), ("--webhook-port", webhook_port), ("--metrics-port", metrics_port)):
         if not 0 <= value <= 65535:
             raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")
     if not port and not webhook_port:
@@ -105,23 +113,51 @@ def scheduler(
     if webhook_port and not (tls_cert and tls_key):
         raise GpusliceError("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over "
                             "TLS only); make them with `gpuslice kube-certs` or pass --webhook-port 0")
+    if metrics_port and not port:
+        raise GpusliceError("--metrics-port serves the extender's metrics: it needs the extender (--port)")
     servers = []
     if port:
-        servers.append((make_app(_start_extender(kubeconfig, cfg, node_cache, gc_interval, stale_after,
-                                                 allocation_timeout), cfg, webhook_enabled=False),
-                        host, port, None, None))
+        extender = _start_extender(kubeconfig, cfg, node_cache, gc_interval, stale_after, allocation_timeout, quotas)
+        servers.append((make_app(extender, cfg, webhook_enabled=False), host, port, None, None))
+        if metrics_port:
+            _serve_extender_metrics(extender, metrics_port)
     if webhook_port:
-        servers.append((make_app(None, cfg, webhook_enabled=True), webhook_host, webhook_port, tls_cert, tls_key))
+        servers.append((make_app(None, cfg, webhook_enabled=True, quota=_admission_quota(kubeconfig, cfg) if quotas else None),
+                        webhook_host, webhook_port, tls_cert, tls_key))
     shown = ([f"extender on http://{host}:{port}"] if port else []) + \
         ([f"webhook on https://{webhook_host}:{webhook_port}/mutate"] if webhook_port else [])
     _say(", ".join(shown))
     asyncio.run(serve_all(servers))
 
 
+def _admission_quota(kubeconfig: str | None, cfg):
+    """The webhook's quota check: it reads the namespace's ResourceQuotas and pods for each GPU pod (the
+    only API calls a webhook-only process makes; with --no-quotas it makes none)."""
+    from gpuslice.kube.api import KubeError, connect
+    from gpuslice.kube.quota import AdmissionQuota
+
+    try:
+        return AdmissionQuota(connect(kubeconfig), cfg)
+    except KubeError as exc:  # no credentials: the extender still enforces quotas at bind
+        _say(f"webhook: namespace quotas are not checked at admission: {exc}")
+        return None
+
+
+def _serve_extender_metrics(extender, port: int) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from gpuslice.kube.quota import QuotaCollector
+
+    registry = CollectorRegistry()
+    if extender.quota is not None:
+        registry.register(QuotaCollector(extender.quota, extender.granted))
+    start_http_server(port, registry=registry)
+    _say(f"extender metrics on :{port}/metrics")
+
+
 def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: float, stale_after: float,
-                    allocation_timeout: float):
-    """The extender with its node cache and its garbage-collection thread (only when --port is not 0: a
-    webhook-only process makes no API call at all)."""
+                    allocation_timeout: float, quotas: bool = True):
+    """The extender with its node cache and its garbage-collection thread (only when --port is not 0)."""
     from gpuslice.kube.api import connect
     from gpuslice.kube.extender import Extender, NodeCache
 
@@ -129,7 +165,8 @@ def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: 
     cache = NodeCache(api) if node_cache else None
     if cache:
         cache.start()
-    extender = Extender(api, cfg, cache=cache, stale_after=stale_after, allocation_timeout=allocation_timeout)
+    extender = Extender(api, cfg, cache=cache, stale_after=stale_after, allocation_timeout=allocation_timeout,
+                        quotas=quotas)
 
     def collect() -> None:
         stop = threading.Event()

@@ -48,15 +48,19 @@ Policies (``PlacementPolicy(node=..., gpu=..., topology=True, seed=0)``, each le
 GPU level (which device inside a node; for ``count`` shared slices the ``count`` best), for a shared request:
   ``binpack`` most used after placing (memory share + compute share), ``spread`` least used,
   ``bestfit`` least absolute memory left (then compute), ``fgd`` least fragmentation increase (below),
-  ``random`` any fitting device. For whole devices: ``bestfit`` the smallest that holds the request,
-  ``fgd`` the devices whose loss raises fragmentation least, others in index order.
+  ``random`` any fitting device, ``topology-aware`` the least connected device (fewest NVLink peers, then
+  fewest devices on its NUMA node; HAMi's policy of that name). With ``weights=(slot, core, memory)``
+  (HAMi's device scoring weights) binpack / spread weigh slots, compute and memory shares so. For whole
+  devices: ``bestfit`` the smallest that holds the request, ``fgd`` the devices whose loss raises
+  fragmentation least, ``topology-aware`` the least connected first, others in index order.
 Node level (score 0..100, the highest wins; ties go to the earliest node in the caller's order, except
 ``fgd``, which breaks its own ties):
   ``binpack`` = 100 × node GPU allocation after placing, ``spread`` = 100 − that,
   ``bestfit`` = 100 × (1 − remaining), remaining = mean of free device share (normalised by the widest
   node) and free CPU (normalised by the largest node) — the FGD paper's Best-fit,
   ``fgd`` = ⌊100 · σ(−ΔF)⌋ (the FGD authors' integer score, below) + 0.5 × the node's fixed rank,
-  ``random`` uniform.
+  ``random`` uniform, ``topology-aware`` = the fewest devices first (90 × (1 − (devices − 1) / widest)),
+  then the fullest (+ 10 × allocation).
 Topology (``count > 1``): a topology score — 100 when every pair is NVLink-connected, else
 40 × (share of linked pairs) + 60 if all on one NUMA node — blends into the node score as
 ``(1 − w) · policy + w · topology`` (``w = topology_weight``, 0.3). On a node that describes its

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping, Sequence
 from gpuslice.spec.errors import GpusliceError
 from gpuslice.spec import Device, MemoryAmount, Request, Slice, SpecError, human_bytes, whole_number
 
-POLICIES = ("binpack", "spread", "bestfit", "fgd", "random")
+POLICIES = ("binpack", "spread", "bestfit", "fgd", "random", "topology-aware")
 DEFAULT_SPLIT_COUNT = 10  # HAMi's deviceSplitCount default: at most 10 slices share one device
 
 
@@ -225,7 +225,10 @@ class PlacementPolicy:
     """How to choose: ``node`` ranks nodes, ``gpu`` picks devices inside a node (HAMi's two knobs).
 
     ``topology`` adds a score for multi-device requests (NVLink clique > same NUMA > scattered), blended
-    into the node score with ``topology_weight``. ``seed`` makes ``random`` reproducible.
+    into the node score with ``topology_weight``. ``seed`` makes ``random`` reproducible. ``weights``
+    (``(slot, core, memory)``, HAMi's ``hami.io/device-scoring-weights``) makes ``binpack`` and ``spread``
+    rank devices by ``slot·slots share + core·compute share + memory·memory share`` after placing; ``None``
+    is gpuslice's own ranking (memory share + compute share).
     """
 
     node: str = "binpack"
@@ -233,6 +236,7 @@ class PlacementPolicy:
     topology: bool = True
     topology_weight: float = 0.3
     seed: int = 0
+    weights: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("node", "gpu"):
@@ -241,6 +245,10 @@ class PlacementPolicy:
                 raise SpecError(f"policy.{name}", value, "one of " + ", ".join(POLICIES))
         if not 0 <= self.topology_weight <= 1:
             raise SpecError("policy.topology_weight", self.topology_weight, "a number from 0 to 1")
+        w = self.weights
+        if w is not None and (not isinstance(w, tuple) or len(w) != 3 or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 1000 for x in w) or not any(w)):
+            raise SpecError("policy.weights", w, "(slot, core, memory): whole numbers 0..1000, at least one above 0")
 
     @classmethod
     def parse(cls, text: str, **kwargs: object) -> "PlacementPolicy":

@@ -67,4 +67,8 @@ share a name. kube-scheduler calls the extender only for pods asking for one of 
 - --resource-mem-percentage={{ .Values.resourceMemPercentage }}
 - --resource-cores={{ .Values.resourceCores }}
 - --resource-priority={{ .Values.resourcePriority }}
+{{- range .Values.scheduler.adoptSchedulers }}
+- --adopt-scheduler={{ . }}
+{{- end }}
+- {{ if .Values.quotas.enabled }}--quotas{{ else }}--no-quotas{{ end }}
 {{- end -}}

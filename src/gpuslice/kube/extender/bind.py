@@ -5,13 +5,14 @@ settle on failure. A mixin of :class:`~gpuslice.kube.extender.core.Extender`, wh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
 from typing import Any, Callable, Mapping
 
-from gpuslice.kube import alloclock, formats, podrequest
+from gpuslice.kube import alloclock, formats, podrequest, quota
 from gpuslice.kube.api import Conflict, KubeError, NotFound, update_node_annotations
 from gpuslice.kube.extender.cache import NodeView, view_of
 from gpuslice.kube.extender.wire import BindingArgs
@@ -27,6 +28,16 @@ class BindTransaction:
     def _lock(self, node: str) -> threading.Lock:
         with self._locks_lock:
             return self._node_locks.setdefault(node, threading.Lock())
+
+    def _namespace_lock(self, namespace: str) -> Any:
+        """Binds of a namespace with a GPU quota commit one at a time here, so two cannot both pass the
+        quota on the same remaining room (other namespaces are not held up)."""
+        book = self.quota
+        try:
+            limited = book is not None and namespace in book.all_limits()
+        except Exception:  # unreadable now: the commit's own fresh read refuses
+            limited = book is not None
+        return book.namespace_lock(namespace) if limited and book is not None else contextlib.nullcontext()
 
     def bind(self, body: Any) -> dict[str, Any]:
         args = BindingArgs.parse(body)
@@ -66,7 +77,7 @@ class BindTransaction:
                 raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} is already bound to {bound_to} "
                                 f"without a gpuslice grant")
             return entry
-        with self._lock(args.node):
+        with self._namespace_lock(args.pod_namespace), self._lock(args.node):
             grant = self._commit(args, req)
         try:
             self._annotate(args, grant, str(meta.get("resourceVersion") or ""))
@@ -175,12 +186,18 @@ class BindTransaction:
             except NoFit as exc:
                 raise KubeError(f"node {args.node} cannot take pod {args.pod_namespace}/{args.pod_name}: "
                                 f"{exc.reason}") from None
-            holders = self._lock_holders(args, req, view)  # after placement: "cannot take" is the lasting reason
             grant = formats.PodGrant(
                 node=args.node, pod_uid=args.pod_uid, namespace=args.pod_namespace, pod=args.pod_name,
                 containers=tuple(formats.ContainerGrant(c.name, Grant(formats.grant_id_for(args.pod_uid, c.name),
-                                                                      p.slices, p.exclusive)) for c, p in placed),
+                                                                      p.slices, p.exclusive), c.kind)
+                                 for c, p in placed),
                 bound_at=self.clock())
+            if self.quota is not None:  # the grant as placed: memory percents and whole devices known now
+                over = self.quota.check(args.pod_namespace, self.granted, quota.grant_usage(grant),
+                                        skip=args.pod_uid, fresh=True)
+                if over:
+                    raise KubeError(over)
+            holders = self._lock_holders(args, req, view)  # after placement: "cannot take" is the lasting reason
             changes = {formats.NODE_LEDGER: formats.encode_ledger(view.ledger.with_entry(grant))}
             if self.allocation_timeout:
                 # The lock is taken in the same conditioned write as the capacity: two binds cannot both

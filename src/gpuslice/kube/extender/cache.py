@@ -28,6 +28,7 @@ class NodeView:
     state: NodeState | None
     problem: str = ""  # why the node cannot take GPU pods (no or bad annotations)
     allocating: frozenset[str] = frozenset()  # the allocation lock's holders (gpuslice.io/allocating)
+    cordoned: frozenset[str] = frozenset()  # devices taken out of new placement (hami.io/device-cordon)
 
 
 def view_of(node: Mapping[str, Any]) -> NodeView:
@@ -43,10 +44,11 @@ def view_of(node: Mapping[str, Any]) -> NodeView:
         devices = formats.decode_node_devices(anns[formats.NODE_DEVICES])
         ledger = formats.decode_ledger(anns.get(formats.NODE_LEDGER), name)
         allocating = formats.decode_allocating(anns.get(formats.NODE_ALLOCATING))
-        state = nodestate.node_state(name, devices, ledger)
+        cordoned = formats.cordoned(node)
+        state = nodestate.node_state(name, devices, ledger, blocked=cordoned)
     except SpecError as exc:
         return NodeView(name, rv, None, formats.Ledger({}), None, f"node annotations are unreadable: {exc}")
-    return NodeView(name, rv, devices, ledger, state, allocating=allocating)
+    return NodeView(name, rv, devices, ledger, state, allocating=allocating, cordoned=cordoned)
 
 
 class ViewCache:
@@ -126,7 +128,7 @@ class FleetIndex:
     def _same_devices(a: NodeView, b: NodeView) -> bool:
         da, db = a.devices, b.devices
         assert da is not None and db is not None
-        return (da.devices == db.devices and dict(da.health) == dict(db.health)
+        return (da.devices == db.devices and dict(da.health) == dict(db.health) and a.cordoned == b.cordoned
                 and da.split_count == db.split_count and da.memory_scaling == db.memory_scaling)
 
     def _rebuild(self) -> None:
@@ -145,11 +147,11 @@ class FleetIndex:
         came = [g for u, g in new.ledger.entries.items() if old.ledger.entries.get(u) != g]
         try:
             for g in went:
-                for c in g.containers:
-                    self.fleet.release(name, c.slices, exclusive=c.exclusive)
+                for slices, whole in g.charges():
+                    self.fleet.release(name, slices, exclusive=whole)
             for g in came:
-                for c in g.containers:
-                    self.fleet.apply(name, c.slices, exclusive=c.exclusive)
+                for slices, whole in g.charges():
+                    self.fleet.apply(name, slices, exclusive=whole)
         except SpecError:
             return False
         self.used[name] = new
