@@ -40,30 +40,38 @@ def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: 
 # HAMi's chart knobs for the resource names (resourceName, resourceMem, resourceMemPercentage,
 # resourceCores, resourcePriority), with HAMi's defaults; gpuslice.io/* names are read besides them.
 def _name_option(flag: str, default: str, what: str):
-    return typer.Option(default, flag, help=f"Resource name of {what} (HAMi's default {default}); "
+    return typer.Option(default, flag, metavar="NAME", help=f"Resource name of {what} (HAMi's default {default}); "
                         "the gpuslice.io/* name of the same kind is read too.")
 
 
 def scheduler(
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, "
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", metavar="FILE",
+                                             help="Kubeconfig file (default: in-cluster, "
                                              "then $KUBECONFIG / ~/.kube/config)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address of the extender (HTTP)."),
-    port: int = typer.Option(8888, "--port", help="Port of the extender: /filter /prioritize /bind "
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="Address of the extender (HTTP)."),
+    port: int = typer.Option(8888, "--port", metavar="PORT", help="Port of the extender: /filter /prioritize /bind "
                              "(0 = no extender: a webhook-only process, which needs no API access)."),
-    webhook_host: str = typer.Option("0.0.0.0", "--webhook-host", help="Address of the admission webhook (HTTPS)."),
-    webhook_port: int = typer.Option(8443, "--webhook-port", help="Port of the webhook: /mutate (0 = no webhook)."),
-    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Webhook certificate (PEM)."),
-    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="Webhook private key (PEM)."),
-    policy: str = typer.Option("binpack", "--policy", help="Cluster policy: binpack, spread, bestfit, fgd, random, "
+    webhook_host: str = typer.Option("0.0.0.0", "--webhook-host", metavar="ADDR",
+                                     help="Address of the admission webhook (HTTPS)."),
+    webhook_port: int = typer.Option(8443, "--webhook-port", metavar="PORT",
+                                     help="Port of the webhook: /mutate (0 = no webhook)."),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", metavar="FILE", help="Webhook certificate (PEM)."),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", metavar="FILE", help="Webhook private key (PEM)."),
+    policy: str = typer.Option("binpack", "--policy", metavar="POLICY",
+                               help="Cluster policy: binpack, spread, bestfit, fgd, random, "
                                "or node=<p>,gpu=<p>. Pods override it with gpuslice.io/policy."),
-    default_mem: int = typer.Option(0, "--default-mem", help="HAMi defaultMem: MiB per device when a pod gives "
+    default_mem: int = typer.Option(0, "--default-mem", metavar="MIB",
+                                    help="HAMi defaultMem: MiB per device when a pod gives "
                                     "none (0 = the whole device)."),
-    default_cores: int = typer.Option(0, "--default-cores", help="HAMi defaultCores: percent when none given."),
-    default_gpu_num: int = typer.Option(1, "--default-gpu-num", help="HAMi defaultGPUNum: devices when a pod "
+    default_cores: int = typer.Option(0, "--default-cores", metavar="PCT",
+                                      help="HAMi defaultCores: percent when none given."),
+    default_gpu_num: int = typer.Option(1, "--default-gpu-num", metavar="N",
+                                        help="HAMi defaultGPUNum: devices when a pod "
                                         "gives memory or cores but no count."),
-    scheduler_name: str = typer.Option("gpuslice-scheduler", "--scheduler-name",
+    scheduler_name: str = typer.Option("gpuslice-scheduler", "--scheduler-name", metavar="NAME",
                                        help="schedulerName the webhook sets (the kube-scheduler profile with our extender)."),
-    mode: str = typer.Option("hard", "--mode", help="Default compute mode: hard, soft or off."),
+    mode: str = typer.Option("hard", "--mode", metavar="hard|soft|off",
+                             help="Default compute mode: hard, soft or off."),
     resource_name: str = _name_option("--resource-name", "nvidia.com/gpu",
                                       "the device count (the one the device plugin advertises)"),
     resource_mem: str = _name_option("--resource-mem", "nvidia.com/gpumem", "memory per device in MiB"),
@@ -73,14 +81,17 @@ def scheduler(
     resource_priority: str = _name_option("--resource-priority", "nvidia.com/priority", "the task priority"),
     node_cache: bool = typer.Option(True, "--node-cache/--no-node-cache",
                                     help="Watch nodes (needed when kube-scheduler uses nodeCacheCapable: true)."),
-    gc_interval: float = typer.Option(15.0, "--gc-interval", help="Seconds between ledger garbage collections."),
-    stale_after: float = typer.Option(0.0, "--stale-after", help="Skip nodes whose agent has not published "
+    gc_interval: float = typer.Option(15.0, "--gc-interval", metavar="SECONDS",
+                                      help="Seconds between ledger garbage collections."),
+    stale_after: float = typer.Option(0.0, "--stale-after", metavar="SECONDS",
+                                      help="Skip nodes whose agent has not published "
                                       "devices for this many seconds (0 = never; HAMi uses 300)."),
-    allocation_timeout: float = typer.Option(300.0, "--allocation-timeout", help="The allocation lock: a node "
+    allocation_timeout: float = typer.Option(300.0, "--allocation-timeout", metavar="SECONDS",
+                                             help="The allocation lock: a node "
                                              "takes no second pod of the same device count until the device plugin "
                                              "allocated the first, or this many seconds passed (0 = lock off: "
                                              "Allocate then refuses pods it cannot tell apart)."),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option("info", "--log-level", metavar="LEVEL"),
 ) -> None:
     """Serve the scheduler extender (HTTP) and the mutating admission webhook (HTTPS)."""
     from gpuslice.kube.server import make_app, serve_all
@@ -146,40 +157,52 @@ def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: 
 
 
 def kube_agent(
-    node: Optional[str] = typer.Option(None, "--node", envvar="NODE_NAME", help="This node's name ($NODE_NAME)."),
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster)."),
-    resource_name: str = typer.Option("nvidia.com/gpu", "--resource-name", help="Resource advertised to the kubelet "
+    node: Optional[str] = typer.Option(None, "--node", metavar="NAME",
+                                       envvar="NODE_NAME", help="This node's name ($NODE_NAME)."),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", metavar="FILE",
+                                             help="Kubeconfig file (default: in-cluster)."),
+    resource_name: str = typer.Option("nvidia.com/gpu", "--resource-name", metavar="NAME",
+                                      help="Resource advertised to the kubelet "
                                       "(the device count; the same as `gpuslice scheduler --resource-name`)."),
-    split_count: int = typer.Option(10, "--split-count", help="Slices per device (HAMi deviceSplitCount)."),
-    memory_scaling: float = typer.Option(1.0, "--memory-scaling", help="HAMi deviceMemoryScaling."),
-    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir",
+    split_count: int = typer.Option(10, "--split-count", metavar="N",
+                                    help="Slices per device (HAMi deviceSplitCount)."),
+    memory_scaling: float = typer.Option(1.0, "--memory-scaling", metavar="X", help="HAMi deviceMemoryScaling."),
+    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir", metavar="DIR",
                                    help="The kubelet's device-plugin folder."),
-    socket_name: str = typer.Option("gpuslice.sock", "--socket-name"),
-    host_state_dir: str = typer.Option("/var/lib/gpuslice", "--host-state-dir",
+    socket_name: str = typer.Option("gpuslice.sock", "--socket-name", metavar="NAME"),
+    host_state_dir: str = typer.Option("/var/lib/gpuslice", "--host-state-dir", metavar="DIR",
                                        help="State folder as the host sees it (slice files, regions)."),
-    state_dir: Optional[str] = typer.Option(None, "--state-dir", help="The same folder as this process sees it "
+    state_dir: Optional[str] = typer.Option(None, "--state-dir", metavar="DIR",
+                                            help="The same folder as this process sees it "
                                             "(default: --host-state-dir)."),
-    library: str = typer.Option("/usr/local/gpuslice/lib/libgpuslice.so", "--library",
+    library: str = typer.Option("/usr/local/gpuslice/lib/libgpuslice.so", "--library", metavar="FILE",
                                 help="Host path of the enforcer library mounted into containers."),
-    snapshot: Optional[str] = typer.Option(None, "--snapshot", help="Describe devices from a snapshot "
+    snapshot: Optional[str] = typer.Option(None, "--snapshot", metavar="NAME|FILE",
+                                           help="Describe devices from a snapshot "
                                            "(file or bundled name like h100-80gb) instead of NVML."),
     unique_uuids: bool = typer.Option(False, "--unique-uuids", help="Rename snapshot UUIDs per node (fake nodes)."),
     register_only: bool = typer.Option(False, "--register-only", help="Publish the node's devices once and exit."),
-    publish_interval: float = typer.Option(30.0, "--publish-interval"),
-    rediscover_interval: float = typer.Option(60.0, "--rediscover-interval", help="Seconds between device "
+    publish_interval: float = typer.Option(30.0, "--publish-interval", metavar="SECONDS"),
+    rediscover_interval: float = typer.Option(60.0, "--rediscover-interval", metavar="SECONDS",
+                                              help="Seconds between device "
                                               "discoveries (new GPUs advertised, vanished ones Unhealthy; 0 = once)."),
-    health_recovery: float = typer.Option(300.0, "--health-recovery", help="Seconds without a fault after which "
+    health_recovery: float = typer.Option(300.0, "--health-recovery", metavar="SECONDS",
+                                          help="Seconds without a fault after which "
                                           "a device NVML answers again is Healthy again (0 = never)."),
-    device_nodes: str = typer.Option("auto", "--device-nodes", help="Device nodes in Allocate: auto, always, none."),
-    oom_policy: str = typer.Option("return", "--oom-policy", help="The enforcer's answer to an allocation past the "
+    device_nodes: str = typer.Option("auto", "--device-nodes", metavar="auto|always|none",
+                                     help="Device nodes in Allocate: auto, always, none."),
+    oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill",
+                                   help="The enforcer's answer to an allocation past the "
                                    "limit, written into every slice file: return (out-of-memory error) or kill."),
     fail_open: bool = typer.Option(False, "--fail-open/--no-fail-open", help="On the enforcer's own failure, let "
                                    "calls through unlimited (--fail-open) or refuse them (default)."),
-    enforcer_log_level: str = typer.Option("warn", "--enforcer-log-level", help="The enforcer's log level in GPU "
+    enforcer_log_level: str = typer.Option("warn", "--enforcer-log-level", metavar="LEVEL",
+                                           help="The enforcer's log level in GPU "
                                            "containers: error, warn, info or debug."),
-    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics with namespace/pod/"
+    metrics_port: int = typer.Option(0, "--metrics-port", metavar="PORT",
+                                     help="Serve Prometheus metrics with namespace/pod/"
                                      "container labels on this port (0 = off)."),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option("info", "--log-level", metavar="LEVEL"),
 ) -> None:
     """Device plugin + node registration (+ metrics) for one Kubernetes node. Also
     `gpuslice agent --kubernetes` (the same command under the local agent's name)."""
@@ -255,8 +278,9 @@ def _serve_metrics(api, node: str, devices, state_dir: Path, port: int) -> None:
 
 
 def kube_certs(
-    directory: str = typer.Option(..., "--dir", help="Folder for ca.crt, tls.crt and tls.key."),
-    hosts: List[str] = typer.Option(["localhost", "127.0.0.1"], "--host", help="DNS names / IPs of the webhook "
+    directory: str = typer.Option(..., "--dir", metavar="DIR", help="Folder for ca.crt, tls.crt and tls.key."),
+    hosts: List[str] = typer.Option(["localhost", "127.0.0.1"], "--host", metavar="ADDR",
+                                    help="DNS names / IPs of the webhook "
                                     "(repeat), e.g. gpuslice-webhook.gpuslice.svc."),
 ) -> None:
     """Write a self-signed CA and webhook certificate; prints the CA path (the caBundle)."""
