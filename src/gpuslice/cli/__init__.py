@@ -25,6 +25,8 @@ from rich.text import Text
 
 from gpuslice import __version__
 from gpuslice.cli.helptext import polish
+from gpuslice.host.devices import bundled_snapshots
+from gpuslice.host.errors import NoGpuError
 from gpuslice.spec.errors import GpusliceError
 from gpuslice.spec import SpecError
 
@@ -112,6 +114,11 @@ def _kubernetes_alias(args: list[str]) -> list[str]:
     return args
 
 
+NO_GPU_HINT = ("\nno GPU here? a device snapshot lets you explore: `gpuslice devices --snapshot h100-80gb` "
+               "(bundled: " + ", ".join(bundled_snapshots()) + "), and GPUSLICE_DEVICE_SNAPSHOT=h100-80gb makes "
+               "every verb use one (grants are recorded, nothing is enforced: there is no GPU)")
+
+
 def _error(text: str) -> None:
     """``error: …`` in red; the text is printed as it is (a ``[`` in a message is not markup)."""
     err_console.print(Text.assemble(("error:", "red"), " ", text), soft_wrap=True, highlight=False)
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (GpusliceError, SpecError) as exc:
-        _error(str(exc))
+        _error(str(exc) + (NO_GPU_HINT if isinstance(exc, NoGpuError) else ""))
         return 1
     except OSError as exc:  # an unwritable folder, a full disk: what and where, not a traceback
         _error(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""))

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 import typer
+from typer._click.exceptions import UsageError  # typer 0.29 vendors click; pinned in pyproject.toml
 
+from gpuslice.host.errors import SnapshotNotFound
 from gpuslice.spec import SpecError
 
 
@@ -40,6 +42,23 @@ def option_values(flags: Mapping[str, str] | None = None) -> Iterator[None]:
         raise usage_error(exc, flags) from None
 
 
+def usage(message: str) -> UsageError:
+    """A usage error (exit 2) about how options combine, not about one value."""
+    return UsageError(message)
+
+
+@contextmanager
+def named_file(option: str, given: bool = True) -> Iterator[None]:
+    """Inside: a snapshot ``option`` named that does not exist is a usage error (when ``given`` on the
+    command line; one named by the environment stays a runtime error)."""
+    try:
+        yield
+    except SnapshotNotFound as exc:
+        if not given:
+            raise
+        raise typer.BadParameter(str(exc), param_hint=f"'{option}'") from None
+
+
 def existing_file(path: Path | str, option: str, what: str = "file") -> Path:
     """``path`` if it names a readable file; else a usage error that says it was not found (or what it is)."""
     path = Path(path)
@@ -50,4 +69,4 @@ def existing_file(path: Path | str, option: str, what: str = "file") -> Path:
     return path
 
 
-__all__ = ["existing_file", "flag_of", "option_values", "usage_error"]
+__all__ = ["existing_file", "flag_of", "named_file", "option_values", "usage", "usage_error"]

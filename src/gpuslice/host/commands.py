@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuslice.host.cliargs import named_file
 from gpuslice.host.console import PIPE_WIDTH, Column, fit_table, print_table, short_uuid, stdout_console
 from gpuslice.host import devices as discovery
 from gpuslice.spec import Device, human_bytes
@@ -79,7 +80,8 @@ def devices(
     wide: bool = typer.Option(False, "--wide", help="Every column and whole UUIDs, even past the terminal's width."),
 ) -> None:
     """List the GPUs of this node: UUID, memory, SMs, NUMA, NVLink, MIG, compute mode."""
-    report = discovery.load_snapshot_report(snapshot) if snapshot else discovery.discover_report()
+    with named_file("--snapshot"):
+        report = discovery.load_snapshot_report(snapshot) if snapshot else discovery.discover_report()
     if as_json:
         typer.echo(json.dumps(discovery.report_json(report), indent=1))
     else:

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from gpuslice.spec.errors import GpusliceError
+from gpuslice.host.cliargs import named_file, option_values, usage
 
 
 def _say(text: str) -> None:
@@ -23,6 +23,13 @@ def _say(text: str) -> None:
 def _logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# Fields of the validated config → the flags they came from, so a refusal names what was typed.
+SCHEDULER_FLAGS = {"resource name (count)": "--resource-name", "resource name (memory)": "--resource-mem",
+                   "resource name (memory_percentage)": "--resource-mem-percentage",
+                   "resource name (cores)": "--resource-cores", "resource name (priority)": "--resource-priority",
+                   "default_memory_mib": "--default-mem"}
 
 
 def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
@@ -98,24 +105,24 @@ def scheduler(
     from gpuslice.spec import SpecError
 
     _logging(log_level)
-    cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
-                  {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
-                   "cores": resource_cores, "priority": resource_priority})
-    for flag, value in (("--port", port), ("--webhook-port", webhook_port)):
-        if not 0 <= value <= 65535:
-            raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")
+    with option_values(SCHEDULER_FLAGS):  # what was typed wrong: exit 2, naming the flag
+        cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
+                      {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
+                       "cores": resource_cores, "priority": resource_priority})
+        for flag, value in (("--port", port), ("--webhook-port", webhook_port)):
+            if not 0 <= value <= 65535:
+                raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")
+        if stale_after < 0:
+            raise SpecError("--stale-after", stale_after, "seconds, 0 (never) or more")
+        if allocation_timeout < 0:
+            raise SpecError("--allocation-timeout", allocation_timeout, "seconds, 0 (lock off) or more")
+        if gc_interval <= 0:
+            raise SpecError("--gc-interval", gc_interval, "seconds, more than 0")
     if not port and not webhook_port:
-        raise GpusliceError("--port 0 and --webhook-port 0 turn both the extender and the webhook off: "
-                            "nothing to serve")
-    if stale_after < 0:
-        raise SpecError("--stale-after", stale_after, "seconds, 0 (never) or more")
-    if allocation_timeout < 0:
-        raise SpecError("--allocation-timeout", allocation_timeout, "seconds, 0 (lock off) or more")
-    if gc_interval <= 0:
-        raise SpecError("--gc-interval", gc_interval, "seconds, more than 0")
+        raise usage("--port 0 and --webhook-port 0 turn both the extender and the webhook off: nothing to serve")
     if webhook_port and not (tls_cert and tls_key):
-        raise GpusliceError("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over "
-                            "TLS only); make them with `gpuslice kube-certs` or pass --webhook-port 0")
+        raise usage("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over TLS only); "
+                    "make them with `gpuslice kube-certs` or pass --webhook-port 0")
     servers = []
     if port:
         servers.append((make_app(_start_extender(kubeconfig, cfg, node_cache, gc_interval, stale_after,
@@ -217,30 +224,28 @@ def kube_agent(
 
     _logging(log_level)
     if not node:
-        raise GpusliceError("--node (or $NODE_NAME) is required: the name of the Node this agent serves")
-    check_resource_name("--resource-name", resource_name)
-    if rediscover_interval < 0:
-        raise SpecError("--rediscover-interval", rediscover_interval, "seconds, 0 (discover once) or more")
-    if health_recovery < 0:
-        raise SpecError("--health-recovery", health_recovery, "seconds, 0 (never recover) or more")
-
-    try:  # checked before any discovery or API call: a bad flag is named at once, nothing started
+        raise usage("--node (or $NODE_NAME) is required: the name of the Node this agent serves")
+    # checked before any discovery or API call: a bad flag is named at once (exit 2), nothing started
+    with option_values({"log_level": "--enforcer-log-level", "local_state_dir": "--state-dir",
+                        "host_library": "--library"}):
+        check_resource_name("--resource-name", resource_name)
+        if rediscover_interval < 0:
+            raise SpecError("--rediscover-interval", rediscover_interval, "seconds, 0 (discover once) or more")
+        if health_recovery < 0:
+            raise SpecError("--health-recovery", health_recovery, "seconds, 0 (never recover) or more")
         cfg = PluginConfig(node=node, resource_name=resource_name, split_count=split_count,
                            memory_scaling=memory_scaling, plugin_dir=Path(plugin_dir), socket_name=socket_name,
                            host_state_dir=Path(host_state_dir),
                            local_state_dir=Path(state_dir) if state_dir else None, host_library=Path(library),
                            device_nodes=device_nodes, oom_policy=oom_policy, fail_open=fail_open,
                            log_level=enforcer_log_level)
-    except SpecError as exc:  # name the flag, not the dataclass field
-        flags = {"oom_policy": "--oom-policy", "log_level": "--enforcer-log-level", "device_nodes": "--device-nodes",
-                 "split_count": "--split-count"}
-        raise SpecError(flags.get(exc.field, exc.field), exc.value, exc.allowed) from None
 
     def find_devices():
         found = load_snapshot(snapshot) if snapshot else discover()
         return unique_devices(found, node) if unique_uuids else found
 
-    devices = find_devices()
+    with named_file("--snapshot", given=bool(snapshot)):
+        devices = find_devices()
     api = connect(kubeconfig)
     publisher = NodePublisher(api, node, devices, split_count=split_count, memory_scaling=memory_scaling,
                               interval=publish_interval)

@@ -55,6 +55,31 @@ def _positive(value: float, option: str, unit: str, example: str) -> float:
     return value
 
 
+def _split_unit(memory: str | None, compute: str, cmd: list[str]) -> None:
+    """``--memory 4 GiB -- train.py``: the shell split the size, so ``GiB`` would be run as the command
+    and the slice would be 4 MiB (a bare number is MiB). Refused (exit 2) with the spelling that works;
+    a ``%`` after ``--compute 30`` (or after a bare ``--memory``) the same way."""
+    from gpuslice.spec import SpecError, parse_memory
+
+    word = cmd[0] if cmd else ""
+    bare_memory = bool(memory) and memory.replace(".", "", 1).isdigit()  # type: ignore[union-attr]
+    if word == "%":
+        typed = ([f"--compute {compute}%"] if compute.isdigit() and compute != "0" else []) + \
+                ([f"--memory {memory}%"] if bare_memory else [])
+        if typed:
+            raise typer.BadParameter(f"'%' stands alone: write {' or '.join(typed)} without a space (as typed, "
+                                     "'%' would run as the command)", param_hint="'--compute' / '--memory'")
+        return
+    if bare_memory and word.isalpha():
+        try:
+            parse_memory(f"{memory}{word}")
+        except SpecError:
+            return  # not a unit: a command that happens to follow a bare MiB number
+        raise typer.BadParameter(f"'{memory} {word}': write the unit without a space, --memory {memory}{word} "
+                                 f"(as typed, the slice would be {memory} MiB and '{word}' would run as the command)",
+                                 param_hint="'--memory'")
+
+
 @verb("run")
 def run(
     cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice, after --."),
@@ -84,7 +109,7 @@ def run(
 
     Exit codes: the command's own; 2 for a bad option value; 1 when this node cannot grant the request
     (e.g. more devices or memory than it has; it names the option) or gpuslice itself fails."""
-    from gpuslice.local.service import open_service, private_ledger_warning
+    from gpuslice.local.service import open_service, private_ledger_warning, snapshot_note
     from gpuslice.local import launcher
     from gpuslice.host import procs
     from gpuslice.enforcer.library import find_enforcer
@@ -92,6 +117,7 @@ def run(
     from gpuslice.local.records import Ask
     from gpuslice.spec import Request, SpecError
 
+    _split_unit(memory, compute, cmd)
     try:  # values wrong whatever the node: usage errors
         request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
                                         "priority": priority, "mode": mode, "exclusive": exclusive})
@@ -102,9 +128,9 @@ def run(
         enforcer = str(find_enforcer())
         state = StateDir.default()
         service, devices = open_service(state)
-        warning = private_ledger_warning(service, state)
-        if warning:
-            _say(warning)
+        for note in (private_ledger_warning(service, state), snapshot_note()):
+            if note:
+                _say(note)
         ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
                   holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
                   devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
