@@ -25,10 +25,12 @@ def test_usage_error_exits_two() -> None:
     assert result.returncode == 2 and "No such option" in result.stderr
 
 
-def test_runtime_error_exits_one_with_one_clear_line() -> None:
-    result = _gpuslice("devices", "--snapshot", "no-such-card")
+def test_runtime_error_exits_one_with_one_clear_line(tmp_path) -> None:
+    (tmp_path / "bad.json").write_text("{")
+    result = _gpuslice("devices", "--snapshot", str(tmp_path / "bad.json"))
     assert result.returncode == 1
-    assert "error:" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error:") and len(result.stderr.splitlines()) == 1
+    assert "Traceback" not in result.stderr
 
 
 def test_devices_json_is_a_loadable_snapshot(capsys: pytest.CaptureFixture) -> None:

@@ -4,7 +4,8 @@ typer (0.29) labels every value with its Python annotation (``<int>``, ``<list[s
 for flags), writes a required variadic argument as ``{-- CMD...}...`` and keeps the line breaks of a
 docstring's later paragraphs. :func:`polish` fixes the built click tree once per run, so every verb,
 including verbs other parts add later, gets the same treatment; options that declare ``metavar=`` (``SIZE``,
-``PCT``, ``CSV``…) keep theirs.
+``PCT``, ``CSV``…) keep theirs, and a metavar that lists values (``hard|soft|off``) is what shell completion
+offers for it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import typer
+from typer._click.shell_completion import CompletionItem  # typer 0.29 vendors click; pinned
 
 # What a value is called when its option declares no metavar, by its Python type.
 _BY_TYPE = {int: "N", float: "NUM", str: "TEXT", Path: "PATH", bool: ""}
@@ -60,10 +62,24 @@ def _flag(option: Any) -> Any:
     return option
 
 
+def _choices(param: Any) -> list[str]:
+    """The values a metavar like ``hard|soft|off`` or ``[bash|zsh|fish]`` lists (empty for ``SIZE``)."""
+    match = re.fullmatch(r"\[?([a-z-]+(?:\|[a-z-]+)+)\]?", param.metavar or "")
+    return match.group(1).split("|") if match else []
+
+
+def _complete_choices(param: Any) -> None:
+    """Shell completion offers the values such a metavar lists (``--mode <TAB>`` → hard soft off)."""
+    choices = _choices(param)
+    if choices:
+        param.shell_complete = lambda ctx, incomplete: [CompletionItem(c) for c in choices if c.startswith(incomplete)]
+
+
 def polish(command: Any) -> Any:
     """Polish ``command`` and every command below it in place; returns it."""
     command.help = tidy(command.help)
     for param in command.params:
+        _complete_choices(param)
         if isinstance(param, typer.core.TyperArgument):
             # instance attributes: typer's own versions print the Python type and braces
             param.get_usage_pieces = lambda ctx, p=param: _argument_usage(p)

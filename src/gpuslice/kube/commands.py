@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from gpuslice.host.cliargs import named_file, option_values, usage
+from gpuslice.host.cliargs import existing_file, named_file, option_values, usage
 
 
 def _say(text: str) -> None:
@@ -106,6 +106,9 @@ def scheduler(
 
     _logging(log_level)
     with option_values(SCHEDULER_FLAGS):  # what was typed wrong: exit 2, naming the flag
+        for flag, path in (("--kubeconfig", kubeconfig), ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+            if path:
+                existing_file(path, flag)
         cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
                       {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
                        "cores": resource_cores, "priority": resource_priority})
@@ -229,6 +232,8 @@ def kube_agent(
     with option_values({"log_level": "--enforcer-log-level", "local_state_dir": "--state-dir",
                         "host_library": "--library"}):
         check_resource_name("--resource-name", resource_name)
+        if kubeconfig:
+            existing_file(kubeconfig, "--kubeconfig")
         if rediscover_interval < 0:
             raise SpecError("--rediscover-interval", rediscover_interval, "seconds, 0 (discover once) or more")
         if health_recovery < 0:

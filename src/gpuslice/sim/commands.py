@@ -17,7 +17,7 @@ from gpuslice.sim.engine import SimConfig
 from gpuslice.sim.explain import glossary_grid, rich_table, takeaways
 from gpuslice.sim.report import summarise, write_all
 from gpuslice.sim.runner import MODES, Outcome, job_size, parse_policies, plan, run_jobs
-from gpuslice.spec import SpecError
+from gpuslice.spec import GpusliceError, SpecError
 
 
 def simulate(
@@ -74,7 +74,12 @@ def simulate(
 
 def run_and_report(jobs, out: Path, workers: int | None = None, *, as_json: bool = False,
                    wide: bool = False) -> Path:
-    """Run the replays with a progress bar, print what they found, write the files; the report's path."""
+    """Run the replays with a progress bar, print what they found, write the files; the report's path.
+    The output folder is made first: a place that cannot hold the report fails before minutes of replay."""
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpusliceError(f"cannot write the report to {str(out)!r}: {exc.strerror}") from None
     console = stdout_console()
     rows = _run(jobs, workers, Console(stderr=True) if as_json else console)
     first = jobs[0]
