@@ -108,12 +108,17 @@ def needed_width(renderable: RenderableType, console: Console) -> int:
 
 def print_table(console: Console, renderable: RenderableType, wide: bool = False) -> None:
     """Print a fitted table; with ``wide`` at its full width even past the terminal's edge (rich crops
-    output to the console's width, so a wider console on the same file prints it)."""
-    width = needed_width(renderable, console)
-    if wide and width > console.width:
-        console = Console(file=console.file, width=width, force_terminal=console.is_terminal,
-                          color_system=console.color_system)  # type: ignore[arg-type]
-    console.print(renderable)
+    output to the console's width, so the console is made that wide while it prints)."""
+    width = needed_width(renderable, console) if wide else 0
+    if width <= console.width:
+        console.print(renderable)
+        return
+    before = console.width
+    console.width = width
+    try:
+        console.print(renderable)
+    finally:
+        console.width = before
 
 
 def short_uuid(uuid: str) -> str:

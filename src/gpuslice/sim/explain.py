@@ -154,7 +154,10 @@ def _inflation_takeaway(trace: str, by_policy: dict) -> str:
         return head + (f"{best.policy} put {best.values['alloc_100']:.1f} % of the GPU capacity to work when demand "
                        f"reached 100 %.")
     idle_best, idle_base = best.values["unalloc_100"], base.values["unalloc_100"]
-    less = (1 - idle_best / idle_base) * 100 if idle_base > 0 else 0.0
+    if idle_base - idle_best < 0.005:  # equal to the table's precision: no winner to name
+        return head + (f"No winner: {best.policy} and {base.policy} both had {best.values['alloc_100']:.1f} % of the "
+                       f"GPU capacity working when demand reached the cluster's capacity.")
+    less = (1 - idle_best / idle_base) * 100
     return head + (
         f"Winner: {best.policy} — when demand reached the cluster's capacity it had {best.values['alloc_100']:.1f} % "
         f"of the GPU capacity working, {base.policy} {base.values['alloc_100']:.1f} %: {best.policy} leaves "
