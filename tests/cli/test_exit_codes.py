@@ -54,7 +54,7 @@ CASES: dict[str, list[tuple[list[str], int, str]]] = {
     "scheduler": [(["scheduler", "--port", "70000"], 2, "'--port'"),
                   (["scheduler", "--port", "0", "--webhook-port", "0"], 2, "nothing to serve"),
                   (["scheduler", "--webhook-port", "8443"], 2, "--tls-cert"),
-                  (["scheduler", "--kubeconfig", "{tmp}/nope"], 2, "not found"),
+                  (["scheduler", "--kubeconfig", "{tmp}/nope", "--webhook-port", "0"], 2, "not found"),
                   (["scheduler", "--policy", "tetris", "--webhook-port", "0"], 2, "'--policy'"),
                   (["scheduler", "--webhook-port", "0", "--kubeconfig", "{bad_json}"], 1, "credentials")],
     "kube-agent": [(["kube-agent"], 2, "--node"),

@@ -106,9 +106,6 @@ def scheduler(
 
     _logging(log_level)
     with option_values(SCHEDULER_FLAGS):  # what was typed wrong: exit 2, naming the flag
-        for flag, path in (("--kubeconfig", kubeconfig), ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
-            if path:
-                existing_file(path, flag)
         cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
                       {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
                        "cores": resource_cores, "priority": resource_priority})
@@ -126,6 +123,11 @@ def scheduler(
     if webhook_port and not (tls_cert and tls_key):
         raise usage("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over TLS only); "
                     "make them with `gpuslice kube-certs` or pass --webhook-port 0")
+    # files named for the parts that will run (a webhook-only process never reads a kubeconfig)
+    for flag, path, used in (("--kubeconfig", kubeconfig, port), ("--tls-cert", tls_cert, webhook_port),
+                             ("--tls-key", tls_key, webhook_port)):
+        if path and used:
+            existing_file(path, flag)
     servers = []
     if port:
         servers.append((make_app(_start_extender(kubeconfig, cfg, node_cache, gc_interval, stale_after,

@@ -7,6 +7,7 @@ import base64
 import csv
 import html
 import io
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,7 +265,8 @@ def _html_summary(rows: Sequence[Row]) -> str:
     policies = list(dict.fromkeys(r.policy for r in rows))
     words = "".join(f"<li>{html.escape(POLICY_WORDS.get(p, p))}</li>" for p in policies)
     found = "".join(f"<p class='takeaway'>{html.escape(line)}</p>" for line in takeaways(rows))
-    return (f"<p>{html.escape(INTRO)}</p><h2>What this run found</h2>{found}"
+    intro = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(INTRO))
+    return (f"<p>{intro}</p><h2>What this run found</h2>{found}"
             f"<p>The policies compared:</p><ul>{words}</ul>")
 
 
