@@ -55,3 +55,28 @@ def test_every_verb_has_help() -> None:
     assert {"devices", "version", "demo"} <= set(verbs)
     for verb in verbs:
         assert _gpuslice(verb, "--help").returncode == 0, verb
+
+
+def test_no_driver_points_at_the_snapshots_a_broken_driver_does_not(monkeypatch, capsys) -> None:
+    """Without a driver `devices` (and every verb that needs GPUs) says how to explore anyway: the
+    bundled snapshots and GPUSLICE_DEVICE_SNAPSHOT; a driver that runs but fails gets no such hint."""
+    from gpuslice.host import devices as discovery
+    from gpuslice.host.errors import NoGpuError
+
+    def no_driver():
+        raise NoGpuError("no NVIDIA driver found (NVML could not start: NVML Shared Library Not Found)")
+
+    monkeypatch.delenv("GPUSLICE_DEVICE_SNAPSHOT", raising=False)
+    monkeypatch.setattr(discovery, "discover_report", no_driver)
+    assert main(["devices"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no NVIDIA driver found")
+    assert "gpuslice devices --snapshot h100-80gb" in err and "GPUSLICE_DEVICE_SNAPSHOT=h100-80gb" in err
+    assert "nothing is enforced" in err
+
+    def broken():
+        raise discovery.NvmlError("NVML started but could not count the GPUs (nvmlDeviceGetCount: Unknown Error)")
+
+    monkeypatch.setattr(discovery, "discover_report", broken)
+    assert main(["devices"]) == 1
+    assert "--snapshot" not in capsys.readouterr().err

@@ -87,10 +87,10 @@ def test_devices_table_shortens_uuids_before_leaving_anything_out(width: int) ->
     assert all(f"│ {d.index} │" in text for d in DEVICES) and text.count("79.6 GiB") == len(DEVICES)
 
 
-def test_ps_and_devices_verbs_follow_the_terminal_width(tmp_path: Path) -> None:
+def test_ps_top_and_devices_verbs_follow_the_terminal_width(tmp_path: Path) -> None:
     env = {**os.environ, "GPUSLICE_DEVICE_SNAPSHOT": "h100-80gb", "GPUSLICE_STATE_DIR": str(tmp_path / "s")}
     for width in WIDTHS:
-        for verb in (["ps"], ["devices"]):
+        for verb in (["ps"], ["devices"], ["top", "--count", "1"]):
             out = subprocess.run([sys.executable, "-m", "gpuslice.cli", *verb], capture_output=True, text=True,
                                  env={**env, "COLUMNS": str(width)}, timeout=60).stdout
             assert out and max(len(line) for line in out.splitlines()) <= width, (verb, width)

@@ -109,3 +109,16 @@ def test_simulate_verb_prints_takeaway_table_and_glossary_within_the_width(small
     table_start = next(i for i, line in enumerate(lines) if line.startswith("┏"))
     assert any("pods:" in line for line in lines[:table_start])  # the takeaway comes first
     assert "alloc @100%" in out and not re.search(r"\d…", out)
+
+
+def test_simulate_json_is_every_value_and_the_takeaway_on_stdout(small_trace, tmp_path, capsys) -> None:
+    import json
+
+    pods, nodes = small_trace
+    assert main(["simulate", "--trace", str(pods), "--nodes", str(nodes), "--policy", "fgd,bestfit", "--workers", "1",
+                 "--out", str(tmp_path / "o"), "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # the progress bar went to stderr: stdout is one JSON document
+    assert {r["policy"] for r in doc["rows"]} == {"fgd", "bestfit"} and doc["takeaways"]
+    assert all(v is None or isinstance(v, (int, float)) for r in doc["rows"] for v in r["values"].values())
+    assert doc["report"].endswith("report.html") and (tmp_path / "o" / "summary.csv").exists()

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from gpuslice import __version__
 from gpuslice.cli.helptext import polish
-from gpuslice.host.devices import bundled_snapshots
+from gpuslice.host.devices import NvmlError, bundled_snapshots
 from gpuslice.host.errors import NoGpuError
 from gpuslice.spec.errors import GpusliceError
 from gpuslice.spec import SpecError
@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (GpusliceError, SpecError) as exc:
-        _error(str(exc) + (NO_GPU_HINT if isinstance(exc, NoGpuError) else ""))
+        # no driver or no GPU at all: point at the snapshots (not when NVML runs and fails: that needs fixing)
+        no_gpu = isinstance(exc, NoGpuError) and not isinstance(exc, NvmlError)
+        _error(str(exc) + (NO_GPU_HINT if no_gpu else ""))
         return 1
     except OSError as exc:  # an unwritable folder, a full disk: what and where, not a traceback
         _error(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""))

@@ -43,8 +43,9 @@ def cli_spec_error(exc: "SpecError") -> "SpecError":
 
 def _usage_error(exc: "SpecError") -> typer.BadParameter:
     """A bad option value (whatever the node): click's usage error, exit code 2, naming the option."""
-    exc = cli_spec_error(exc)
-    return typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}", param_hint=f"'--{exc.field}'")
+    from gpuslice.host.cliargs import usage_error
+
+    return usage_error(exc, RUN_OPTIONS)
 
 
 def _positive(value: float, option: str, unit: str, example: str) -> float:
