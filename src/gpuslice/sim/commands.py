@@ -43,7 +43,8 @@ def simulate(
                                   help="include (as the paper) or skip CPU-only tasks."),
     speedup: float = typer.Option(1.0, "--speedup", metavar="X",
                                   help="Timeline: arrivals this many times denser (durations kept). openb's own "
-                                       "arrivals keep its cluster under half busy; about 50000 makes tasks queue."),
+                                       "arrivals keep its cluster far from full; about 50000 makes tasks queue "
+                                       "under every policy."),
     out: Path = typer.Option(Path("out/simulate"), "--out", metavar="DIR",
                              help="Directory for summary.csv, curves.csv, report.html."),
     workers: int = typer.Option(0, "--workers", metavar="N", help="Processes (0 = one per CPU)."),

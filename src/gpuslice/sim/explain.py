@@ -170,8 +170,8 @@ def _timeline_takeaway(trace: str, by_policy: dict) -> str:
     peak = max(r.values["util_peak"] for r in rows)
     if all(r.values["waited"] == 0 for r in rows):
         return (f"{trace}: no task had to wait under any policy — the cluster was at most {peak:.0f} % busy, so "
-                f"the policies cannot differ here. Pack the arrivals closer with a larger --speedup (openb's "
-                f"default trace first queues at about 50000).")
+                f"the policies cannot differ here. Pack the arrivals closer with a larger --speedup (on openb's "
+                f"default trace, about 50000 makes tasks queue under every policy).")
     ranked = sorted(rows, key=lambda r: (r.values["waited"], r.values["delay_p99"]))
     best, worst = ranked[0], ranked[-1]
     return (f"{trace}: arrivals replayed in order, up to {peak:.0f} % of the GPU capacity busy. Fewest tasks "
