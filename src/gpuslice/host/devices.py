@@ -57,7 +57,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from gpuslice.host.errors import NoGpuError, SnapshotError
+from gpuslice.host.errors import NoGpuError, SnapshotError, SnapshotNotFound
 from gpuslice.spec import Device, MigInstance, SpecError
 
 log = logging.getLogger("gpuslice.devices")
@@ -432,8 +432,8 @@ def _read_snapshot_text(path_or_name: str) -> tuple[str, str]:
     if re.fullmatch(r"[a-z0-9-]+", path_or_name) and path_or_name in bundled_snapshots():
         resource = resources.files("gpuslice.host") / "snapshots" / f"{path_or_name}.json"
         return resource.read_text(), f"bundled snapshot {path_or_name}"
-    raise SnapshotError(
-        f"snapshot {path_or_name!r}: no such file and no bundled snapshot of that name "
+    raise SnapshotNotFound(
+        f"snapshot {path_or_name!r} not found: no such file and no bundled snapshot of that name "
         f"(bundled: {', '.join(bundled_snapshots())})"
     )
 

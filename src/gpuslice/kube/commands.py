@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from gpuslice.spec.errors import GpusliceError
+from gpuslice.host.cliargs import existing_file, named_file, option_values, usage
 
 
 def _say(text: str) -> None:
@@ -23,6 +23,13 @@ def _say(text: str) -> None:
 def _logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# Fields of the validated config → the flags they came from, so a refusal names what was typed.
+SCHEDULER_FLAGS = {"resource name (count)": "--resource-name", "resource name (memory)": "--resource-mem",
+                   "resource name (memory_percentage)": "--resource-mem-percentage",
+                   "resource name (cores)": "--resource-cores", "resource name (priority)": "--resource-priority",
+                   "default_memory_mib": "--default-mem"}
 
 
 def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
@@ -40,30 +47,38 @@ def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: 
 # HAMi's chart knobs for the resource names (resourceName, resourceMem, resourceMemPercentage,
 # resourceCores, resourcePriority), with HAMi's defaults; gpuslice.io/* names are read besides them.
 def _name_option(flag: str, default: str, what: str):
-    return typer.Option(default, flag, help=f"Resource name of {what} (HAMi's default {default}); "
+    return typer.Option(default, flag, metavar="NAME", help=f"Resource name of {what} (HAMi's default {default}); "
                         "the gpuslice.io/* name of the same kind is read too.")
 
 
 def scheduler(
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, "
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", metavar="FILE",
+                                             help="Kubeconfig file (default: in-cluster, "
                                              "then $KUBECONFIG / ~/.kube/config)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address of the extender (HTTP)."),
-    port: int = typer.Option(8888, "--port", help="Port of the extender: /filter /prioritize /bind "
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="Address of the extender (HTTP)."),
+    port: int = typer.Option(8888, "--port", metavar="PORT", help="Port of the extender: /filter /prioritize /bind "
                              "(0 = no extender: a webhook-only process, which needs no API access)."),
-    webhook_host: str = typer.Option("0.0.0.0", "--webhook-host", help="Address of the admission webhook (HTTPS)."),
-    webhook_port: int = typer.Option(8443, "--webhook-port", help="Port of the webhook: /mutate (0 = no webhook)."),
-    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Webhook certificate (PEM)."),
-    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="Webhook private key (PEM)."),
-    policy: str = typer.Option("binpack", "--policy", help="Cluster policy: binpack, spread, bestfit, fgd, random, "
+    webhook_host: str = typer.Option("0.0.0.0", "--webhook-host", metavar="ADDR",
+                                     help="Address of the admission webhook (HTTPS)."),
+    webhook_port: int = typer.Option(8443, "--webhook-port", metavar="PORT",
+                                     help="Port of the webhook: /mutate (0 = no webhook)."),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", metavar="FILE", help="Webhook certificate (PEM)."),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", metavar="FILE", help="Webhook private key (PEM)."),
+    policy: str = typer.Option("binpack", "--policy", metavar="POLICY",
+                               help="Cluster policy: binpack, spread, bestfit, fgd, random, "
                                "or node=<p>,gpu=<p>. Pods override it with gpuslice.io/policy."),
-    default_mem: int = typer.Option(0, "--default-mem", help="HAMi defaultMem: MiB per device when a pod gives "
+    default_mem: int = typer.Option(0, "--default-mem", metavar="MIB",
+                                    help="HAMi defaultMem: MiB per device when a pod gives "
                                     "none (0 = the whole device)."),
-    default_cores: int = typer.Option(0, "--default-cores", help="HAMi defaultCores: percent when none given."),
-    default_gpu_num: int = typer.Option(1, "--default-gpu-num", help="HAMi defaultGPUNum: devices when a pod "
+    default_cores: int = typer.Option(0, "--default-cores", metavar="PCT",
+                                      help="HAMi defaultCores: percent when none given."),
+    default_gpu_num: int = typer.Option(1, "--default-gpu-num", metavar="N",
+                                        help="HAMi defaultGPUNum: devices when a pod "
                                         "gives memory or cores but no count."),
-    scheduler_name: str = typer.Option("gpuslice-scheduler", "--scheduler-name",
+    scheduler_name: str = typer.Option("gpuslice-scheduler", "--scheduler-name", metavar="NAME",
                                        help="schedulerName the webhook sets (the kube-scheduler profile with our extender)."),
-    mode: str = typer.Option("hard", "--mode", help="Default compute mode: hard, soft or off."),
+    mode: str = typer.Option("hard", "--mode", metavar="hard|soft|off",
+                             help="Default compute mode: hard, soft or off."),
     resource_name: str = _name_option("--resource-name", "nvidia.com/gpu",
                                       "the device count (the one the device plugin advertises)"),
     resource_mem: str = _name_option("--resource-mem", "nvidia.com/gpumem", "memory per device in MiB"),
@@ -73,48 +88,57 @@ def scheduler(
     resource_priority: str = _name_option("--resource-priority", "nvidia.com/priority", "the task priority"),
     node_cache: bool = typer.Option(True, "--node-cache/--no-node-cache",
                                     help="Watch nodes (needed when kube-scheduler uses nodeCacheCapable: true)."),
-    gc_interval: float = typer.Option(15.0, "--gc-interval", help="Seconds between ledger garbage collections."),
-    stale_after: float = typer.Option(0.0, "--stale-after", help="Skip nodes whose agent has not published "
+    gc_interval: float = typer.Option(15.0, "--gc-interval", metavar="SECONDS",
+                                      help="Seconds between ledger garbage collections."),
+    stale_after: float = typer.Option(0.0, "--stale-after", metavar="SECONDS",
+                                      help="Skip nodes whose agent has not published "
                                       "devices for this many seconds (0 = never; HAMi uses 300)."),
-    allocation_timeout: float = typer.Option(300.0, "--allocation-timeout", help="The allocation lock: a node "
+    allocation_timeout: float = typer.Option(300.0, "--allocation-timeout", metavar="SECONDS",
+                                             help="The allocation lock: a node "
                                              "takes no second pod of the same device count until the device plugin "
                                              "allocated the first, or this many seconds passed (0 = lock off: "
                                              "Allocate then refuses pods it cannot tell apart)."),
-    adopt_scheduler: List[str] = typer.Option(["default-scheduler"], "--adopt-scheduler",
+    adopt_scheduler: List[str] = typer.Option(["default-scheduler"], "--adopt-scheduler", metavar="NAME",
                                               help="Send GPU pods naming this scheduler (repeat; and pods naming none) "
                                               "to --scheduler-name; pods naming another are left to it, as HAMi does."),
     quotas: bool = typer.Option(True, "--quotas/--no-quotas", help="Enforce namespace GPU quotas "
                                 "(ResourceQuota limits.nvidia.com/gpumem, gpucores, gpu) at admission and bind; "
                                 "the webhook then reads ResourceQuotas and the namespace's pods."),
-    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics of the extender "
-                                     "(namespace GPU quota limits and use) on this port, all addresses (0 = off)."),
-    log_level: str = typer.Option("info", "--log-level"),
+    metrics_port: int = typer.Option(0, "--metrics-port", metavar="PORT", help="Serve Prometheus metrics of the "
+                                     "extender (namespace GPU quota limits and use) on this port, all addresses "
+                                     "(0 = off)."),
+    log_level: str = typer.Option("info", "--log-level", metavar="LEVEL"),
 ) -> None:
     """Serve the scheduler extender (HTTP) and the mutating admission webhook (HTTPS)."""
     from gpuslice.kube.server import make_app, serve_all
     from gpuslice.spec import SpecError
 
     _logging(log_level)
-    cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
-                  {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
-                   "cores": resource_cores, "priority": resource_priority}, tuple(adopt_scheduler))
-    for flag, value in (("--port", port), ("--webhook-port", webhook_port), ("--metrics-port", metrics_port)):
-        if not 0 <= value <= 65535:
-            raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")
+    with option_values(SCHEDULER_FLAGS):  # what was typed wrong: exit 2, naming the flag
+        cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
+                      {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
+                       "cores": resource_cores, "priority": resource_priority}, tuple(adopt_scheduler))
+        for flag, value in (("--port", port), ("--webhook-port", webhook_port), ("--metrics-port", metrics_port)):
+            if not 0 <= value <= 65535:
+                raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")
+        if stale_after < 0:
+            raise SpecError("--stale-after", stale_after, "seconds, 0 (never) or more")
+        if allocation_timeout < 0:
+            raise SpecError("--allocation-timeout", allocation_timeout, "seconds, 0 (lock off) or more")
+        if gc_interval <= 0:
+            raise SpecError("--gc-interval", gc_interval, "seconds, more than 0")
     if not port and not webhook_port:
-        raise GpusliceError("--port 0 and --webhook-port 0 turn both the extender and the webhook off: "
-                            "nothing to serve")
-    if stale_after < 0:
-        raise SpecError("--stale-after", stale_after, "seconds, 0 (never) or more")
-    if allocation_timeout < 0:
-        raise SpecError("--allocation-timeout", allocation_timeout, "seconds, 0 (lock off) or more")
-    if gc_interval <= 0:
-        raise SpecError("--gc-interval", gc_interval, "seconds, more than 0")
+        raise usage("--port 0 and --webhook-port 0 turn both the extender and the webhook off: nothing to serve")
     if webhook_port and not (tls_cert and tls_key):
-        raise GpusliceError("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over "
-                            "TLS only); make them with `gpuslice kube-certs` or pass --webhook-port 0")
+        raise usage("the webhook needs --tls-cert and --tls-key (the API server calls webhooks over TLS only); "
+                    "make them with `gpuslice kube-certs` or pass --webhook-port 0")
     if metrics_port and not port:
-        raise GpusliceError("--metrics-port serves the extender's metrics: it needs the extender (--port)")
+        raise usage("--metrics-port serves the extender's metrics: it needs the extender (--port)")
+    # files named for the parts that will run (a webhook-only process never reads a kubeconfig)
+    for flag, path, used in (("--kubeconfig", kubeconfig, port), ("--tls-cert", tls_cert, webhook_port),
+                             ("--tls-key", tls_key, webhook_port)):
+        if path and used:
+            existing_file(path, flag)
     servers = []
     if port:
         extender = _start_extender(kubeconfig, cfg, node_cache, gc_interval, stale_after, allocation_timeout, quotas)
@@ -183,40 +207,52 @@ def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: 
 
 
 def kube_agent(
-    node: Optional[str] = typer.Option(None, "--node", envvar="NODE_NAME", help="This node's name ($NODE_NAME)."),
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster)."),
-    resource_name: str = typer.Option("nvidia.com/gpu", "--resource-name", help="Resource advertised to the kubelet "
+    node: Optional[str] = typer.Option(None, "--node", metavar="NAME",
+                                       envvar="NODE_NAME", help="This node's name ($NODE_NAME)."),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", metavar="FILE",
+                                             help="Kubeconfig file (default: in-cluster)."),
+    resource_name: str = typer.Option("nvidia.com/gpu", "--resource-name", metavar="NAME",
+                                      help="Resource advertised to the kubelet "
                                       "(the device count; the same as `gpuslice scheduler --resource-name`)."),
-    split_count: int = typer.Option(10, "--split-count", help="Slices per device (HAMi deviceSplitCount)."),
-    memory_scaling: float = typer.Option(1.0, "--memory-scaling", help="HAMi deviceMemoryScaling."),
-    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir",
+    split_count: int = typer.Option(10, "--split-count", metavar="N",
+                                    help="Slices per device (HAMi deviceSplitCount)."),
+    memory_scaling: float = typer.Option(1.0, "--memory-scaling", metavar="X", help="HAMi deviceMemoryScaling."),
+    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir", metavar="DIR",
                                    help="The kubelet's device-plugin folder."),
-    socket_name: str = typer.Option("gpuslice.sock", "--socket-name"),
-    host_state_dir: str = typer.Option("/var/lib/gpuslice", "--host-state-dir",
+    socket_name: str = typer.Option("gpuslice.sock", "--socket-name", metavar="NAME"),
+    host_state_dir: str = typer.Option("/var/lib/gpuslice", "--host-state-dir", metavar="DIR",
                                        help="State folder as the host sees it (slice files, regions)."),
-    state_dir: Optional[str] = typer.Option(None, "--state-dir", help="The same folder as this process sees it "
+    state_dir: Optional[str] = typer.Option(None, "--state-dir", metavar="DIR",
+                                            help="The same folder as this process sees it "
                                             "(default: --host-state-dir)."),
-    library: str = typer.Option("/usr/local/gpuslice/lib/libgpuslice.so", "--library",
+    library: str = typer.Option("/usr/local/gpuslice/lib/libgpuslice.so", "--library", metavar="FILE",
                                 help="Host path of the enforcer library mounted into containers."),
-    snapshot: Optional[str] = typer.Option(None, "--snapshot", help="Describe devices from a snapshot "
+    snapshot: Optional[str] = typer.Option(None, "--snapshot", metavar="NAME|FILE",
+                                           help="Describe devices from a snapshot "
                                            "(file or bundled name like h100-80gb) instead of NVML."),
     unique_uuids: bool = typer.Option(False, "--unique-uuids", help="Rename snapshot UUIDs per node (fake nodes)."),
     register_only: bool = typer.Option(False, "--register-only", help="Publish the node's devices once and exit."),
-    publish_interval: float = typer.Option(30.0, "--publish-interval"),
-    rediscover_interval: float = typer.Option(60.0, "--rediscover-interval", help="Seconds between device "
+    publish_interval: float = typer.Option(30.0, "--publish-interval", metavar="SECONDS"),
+    rediscover_interval: float = typer.Option(60.0, "--rediscover-interval", metavar="SECONDS",
+                                              help="Seconds between device "
                                               "discoveries (new GPUs advertised, vanished ones Unhealthy; 0 = once)."),
-    health_recovery: float = typer.Option(300.0, "--health-recovery", help="Seconds without a fault after which "
+    health_recovery: float = typer.Option(300.0, "--health-recovery", metavar="SECONDS",
+                                          help="Seconds without a fault after which "
                                           "a device NVML answers again is Healthy again (0 = never)."),
-    device_nodes: str = typer.Option("auto", "--device-nodes", help="Device nodes in Allocate: auto, always, none."),
-    oom_policy: str = typer.Option("return", "--oom-policy", help="The enforcer's answer to an allocation past the "
+    device_nodes: str = typer.Option("auto", "--device-nodes", metavar="auto|always|none",
+                                     help="Device nodes in Allocate: auto, always, none."),
+    oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill",
+                                   help="The enforcer's answer to an allocation past the "
                                    "limit, written into every slice file: return (out-of-memory error) or kill."),
     fail_open: bool = typer.Option(False, "--fail-open/--no-fail-open", help="On the enforcer's own failure, let "
                                    "calls through unlimited (--fail-open) or refuse them (default)."),
-    enforcer_log_level: str = typer.Option("warn", "--enforcer-log-level", help="The enforcer's log level in GPU "
+    enforcer_log_level: str = typer.Option("warn", "--enforcer-log-level", metavar="LEVEL",
+                                           help="The enforcer's log level in GPU "
                                            "containers: error, warn, info or debug."),
-    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics with namespace/pod/"
+    metrics_port: int = typer.Option(0, "--metrics-port", metavar="PORT",
+                                     help="Serve Prometheus metrics with namespace/pod/"
                                      "container labels on this port (0 = off)."),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option("info", "--log-level", metavar="LEVEL"),
 ) -> None:
     """Device plugin + node registration (+ metrics) for one Kubernetes node. Also
     `gpuslice agent --kubernetes` (the same command under the local agent's name)."""
@@ -231,30 +267,30 @@ def kube_agent(
 
     _logging(log_level)
     if not node:
-        raise GpusliceError("--node (or $NODE_NAME) is required: the name of the Node this agent serves")
-    check_resource_name("--resource-name", resource_name)
-    if rediscover_interval < 0:
-        raise SpecError("--rediscover-interval", rediscover_interval, "seconds, 0 (discover once) or more")
-    if health_recovery < 0:
-        raise SpecError("--health-recovery", health_recovery, "seconds, 0 (never recover) or more")
-
-    try:  # checked before any discovery or API call: a bad flag is named at once, nothing started
+        raise usage("--node (or $NODE_NAME) is required: the name of the Node this agent serves")
+    # checked before any discovery or API call: a bad flag is named at once (exit 2), nothing started
+    with option_values({"log_level": "--enforcer-log-level", "local_state_dir": "--state-dir",
+                        "host_library": "--library"}):
+        check_resource_name("--resource-name", resource_name)
+        if kubeconfig:
+            existing_file(kubeconfig, "--kubeconfig")
+        if rediscover_interval < 0:
+            raise SpecError("--rediscover-interval", rediscover_interval, "seconds, 0 (discover once) or more")
+        if health_recovery < 0:
+            raise SpecError("--health-recovery", health_recovery, "seconds, 0 (never recover) or more")
         cfg = PluginConfig(node=node, resource_name=resource_name, split_count=split_count,
                            memory_scaling=memory_scaling, plugin_dir=Path(plugin_dir), socket_name=socket_name,
                            host_state_dir=Path(host_state_dir),
                            local_state_dir=Path(state_dir) if state_dir else None, host_library=Path(library),
                            device_nodes=device_nodes, oom_policy=oom_policy, fail_open=fail_open,
                            log_level=enforcer_log_level)
-    except SpecError as exc:  # name the flag, not the dataclass field
-        flags = {"oom_policy": "--oom-policy", "log_level": "--enforcer-log-level", "device_nodes": "--device-nodes",
-                 "split_count": "--split-count"}
-        raise SpecError(flags.get(exc.field, exc.field), exc.value, exc.allowed) from None
 
     def find_devices():
         found = load_snapshot(snapshot) if snapshot else discover()
         return unique_devices(found, node) if unique_uuids else found
 
-    devices = find_devices()
+    with named_file("--snapshot", given=bool(snapshot)):
+        devices = find_devices()
     api = connect(kubeconfig)
     publisher = NodePublisher(api, node, devices, split_count=split_count, memory_scaling=memory_scaling,
                               interval=publish_interval)
@@ -292,8 +328,9 @@ def _serve_metrics(api, node: str, devices, state_dir: Path, port: int) -> None:
 
 
 def kube_certs(
-    directory: str = typer.Option(..., "--dir", help="Folder for ca.crt, tls.crt and tls.key."),
-    hosts: List[str] = typer.Option(["localhost", "127.0.0.1"], "--host", help="DNS names / IPs of the webhook "
+    directory: str = typer.Option(..., "--dir", metavar="DIR", help="Folder for ca.crt, tls.crt and tls.key."),
+    hosts: List[str] = typer.Option(["localhost", "127.0.0.1"], "--host", metavar="ADDR",
+                                    help="DNS names / IPs of the webhook "
                                     "(repeat), e.g. gpuslice-webhook.gpuslice.svc."),
 ) -> None:
     """Write a self-signed CA and webhook certificate; prints the CA path (the caBundle)."""

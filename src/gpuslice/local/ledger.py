@@ -41,6 +41,8 @@ from gpuslice.local.admission import candidate_devices, never_fits, restrict
 from gpuslice.local.errors import LedgerError, UnknownGrant
 from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
 from gpuslice.local.paths import StateDir
+from gpuslice.local import nofit
+from gpuslice.local.nofit import device_names, local_words
 from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
 from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place
 from gpuslice.placement.model import describe_free
@@ -137,10 +139,13 @@ class Ledger:
             try:
                 placed = place(ask.request, [restrict(node, drop=reserved)], policy)
             except NoFit as exc:
-                reason = self._why_waiting(ask, node, policy, exc, len(ahead))
+                reason, plain = self._why_waiting(ask, node, policy, len(ahead))
                 if not wait:
-                    hint = "; use --wait to queue behind them" if ahead else ""
-                    raise NoFit(reason + hint, exc.per_node) from None
+                    if plain is None:  # it fits, but only on devices that waiters ahead of it want
+                        raise NoFit(reason + "; use --wait to queue behind them", exc.per_node) from None
+                    text = nofit.refusal(plain, node, self.devices, ask.request, wait=False)
+                    also = f"\nalso: {len(ahead)} request(s) ahead in the queue want these devices" if ahead else ""
+                    raise NoFit(text + also, exc.per_node) from None
                 return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)
             grant_id = new_grant_id()
             record = GrantRecord(
@@ -164,15 +169,19 @@ class Ledger:
         node = NodeState.from_devices(self.node_name, self.devices)
         return restrict(node, only) if only else node
 
-    def _why_waiting(self, ask: Ask, node: NodeState, policy: PlacementPolicy, exc: NoFit, ahead: int) -> str:
-        """The reason a request is not placed now: waiters ahead of it, or what is free."""
+    def _why_waiting(self, ask: Ask, node: NodeState, policy: PlacementPolicy, ahead: int) -> tuple[str, str | None]:
+        """Why a request is not placed now, in one line (the queue shows it), devices named by index; and
+        placement's own reason when it does not fit even ignoring the queue (None: only waiters ahead of it
+        hold it back)."""
         try:
             place(ask.request, [node], policy)
         except NoFit as plain:  # it does not fit even ignoring the queue: say what is free
-            text = f"{plain.reason}; free now: {describe_free(node)}"
-            return text + (f"; and {ahead} request(s) ahead in the queue want these devices" if ahead else "")
+            text = (f"{local_words(plain.reason, node, self.devices)}; "
+                    f"free now: {describe_free(node, device_names(self.devices))}")
+            return text + (f"; and {ahead} request(s) ahead in the queue want these devices" if ahead else ""), \
+                plain.reason
         return (f"{ahead} request(s) wait ahead in the queue for the devices this one could use "
-                f"(it fits now only on devices they wait for)")
+                f"(it fits now only on devices they wait for)"), None
 
     def cancel(self, ticket: int) -> None:
         with self._tx() as db:

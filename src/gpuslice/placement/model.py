@@ -389,11 +389,37 @@ class Workload:
         return sum(c for _, c in self.counts)
 
 
-def describe_free(node: NodeState) -> str:
-    """One line of what is free on a node, for refusal messages."""
-    free = [f"{d.uuid}: {human_bytes(d.free_memory)} / {d.free_compute}% / {d.free_slots} slots"
-            for d in node.devices]
-    return "; ".join(free) if free else "no devices"
+def describe_free(node: NodeState, names: Mapping[str, str] | None = None) -> str:
+    """One line of what is free on a node, for refusal messages. ``names`` maps device UUIDs to what a
+    person calls them (``GPU 0``; the caller knows, placement does not); neighbours with the same room
+    are told once (``GPU 1–7: 79.6 GiB, 100% compute, 10 slots free each``)."""
+    if not node.devices:
+        return "no devices"
+    names = names or {}
+    groups: list[list[DeviceState]] = []
+    for d in node.devices:
+        room = (d.free_memory, d.free_compute, d.free_slots)
+        if groups and (groups[-1][0].free_memory, groups[-1][0].free_compute, groups[-1][0].free_slots) == room:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    parts = []
+    for group in groups:
+        first, last = (names.get(d.uuid, d.uuid) for d in (group[0], group[-1]))
+        label = first if len(group) == 1 else _span(first, last, len(group))
+        d = group[0]
+        each = " each" if len(group) > 1 else ""
+        parts.append(f"{label}: {human_bytes(d.free_memory)}, {d.free_compute}% compute, "
+                     f"{d.free_slots} slots free{each}")
+    return "; ".join(parts)
+
+
+def _span(first: str, last: str, count: int) -> str:
+    """``GPU 1`` … ``GPU 7`` → ``GPU 1–7``; names without a shared stem → ``first … last (n devices)``."""
+    stem = first.rstrip("0123456789")
+    if stem and stem != first and last.startswith(stem) and last[len(stem):].isdigit():
+        return f"{first}–{last[len(stem):]}"
+    return f"{first} … {last} ({count} devices)"
 
 
 __all__ = [

@@ -6,6 +6,8 @@ a full cluster from a request no node could ever take. Read-only over a :class:`
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 from gpuslice.placement.fit import Fit, model_mask, usable_count
@@ -109,4 +111,12 @@ def why_not_host(fleet: Fleet, cpu_free: np.ndarray, cpu_milli: int, host_memory
     return f"needs {cpu_milli}m CPU and {human_bytes(host_memory)} host memory on one node{where}"
 
 
-__all__ = ["why_not", "why_not_host", "why_not_node"]
+def name_devices(text: str, names: Mapping[str, str]) -> str:
+    """A refusal message with device UUIDs replaced by what a person calls them (``GPU 0``), as given by
+    the caller (placement sees UUIDs only). Longer UUIDs first: a MIG instance's never hides in another."""
+    for uuid in sorted(names, key=len, reverse=True):
+        text = text.replace(uuid, names[uuid])
+    return text
+
+
+__all__ = ["name_devices", "why_not", "why_not_host", "why_not_node"]
