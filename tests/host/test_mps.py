@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -17,19 +15,14 @@ import pytest
 from gpuslice.host import procs
 from gpuslice.host.mps import MpsControl, MpsError, client_env, find_control
 from gpuslice.spec import Engine, GiB, MiB, Slice
-from tests.support.mpskit import install_standin, kill_all, mps_processes
+from mpskit import install_standin, mps_processes, short_root
 
 DEV = "GPU-12345678-aaaa-bbbb-cccc-1234567890ab"
 
 
 @pytest.fixture
 def root():
-    """A short folder (MPS sockets need short paths) whose MPS processes are all gone at the end."""
-    folder = Path(tempfile.mkdtemp(prefix="gsmps-", dir="/tmp"))
-    yield folder
-    left = kill_all(folder)
-    shutil.rmtree(folder, ignore_errors=True)
-    assert not left, f"the test left MPS processes behind: {left}"
+    yield from short_root()
 
 
 @pytest.fixture

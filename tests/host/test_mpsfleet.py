@@ -5,8 +5,6 @@ faulted daemon restarted only once no client of it is left; concurrent reconcile
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 from gpuslice.host.mps import MpsError
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
-from tests.support.mpskit import install_standin, kill_all, mps_processes
+from mpskit import install_standin, mps_processes, short_root
 
 A = DaemonKey("GPU-aaaaaaaa-1111-2222-3333-444444444444")
 B = DaemonKey("GPU-bbbbbbbb-1111-2222-3333-444444444444")
@@ -22,11 +20,7 @@ B = DaemonKey("GPU-bbbbbbbb-1111-2222-3333-444444444444")
 
 @pytest.fixture
 def root():
-    folder = Path(tempfile.mkdtemp(prefix="gsmpsf-", dir="/tmp"))
-    yield folder
-    left = kill_all(folder)
-    shutil.rmtree(folder, ignore_errors=True)
-    assert not left, f"the test left MPS processes behind: {left}"
+    yield from short_root()
 
 
 @pytest.fixture

@@ -5,9 +5,12 @@ of a given root is left."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from gpuslice.host import procs
 
@@ -49,3 +52,13 @@ def kill_all(root: Path) -> list[int]:
         except ProcessLookupError:
             pass
     return found
+
+
+def short_root(prefix: str = "gsmps-") -> Iterator[Path]:
+    """A fixture body: a short folder under /tmp (MPS sockets need short paths) whose MPS processes are all
+    gone at the end; a test that left one fails."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    yield folder
+    left = kill_all(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    assert not left, f"the test left MPS processes behind: {left}"

@@ -22,8 +22,11 @@ def _age(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _set(share: int, whole: bool) -> str:
-    """A compute share as set: whole devices are all theirs; 0 on a shared device is not paced."""
+def _set(share: int, whole: bool, engine: str = "timeslice") -> str:
+    """A compute share as set: whole devices are all theirs; 0 on a shared device is not paced; a spatial
+    slice's share is its fraction of the SMs (MPS)."""
+    if engine == "spatial":
+        return f"{share}% SMs" if 0 < share < 100 else "all SMs"
     return "whole" if whole else (f"{share}%" if share else "unpaced")
 
 
@@ -56,14 +59,29 @@ def slices_table(view: NodeView) -> Table:
                                                           "throttled", "OOM refusals", "age") else "left")
     for s in view.slices:
         table.add_row(s.grant_id, s.owner, str(s.device_index), human_bytes(s.memory_used), human_bytes(s.memory_limit),
-                      human_bytes(s.memory_peak), _pct(s.compute_achieved), _set(s.compute_set, s.exclusive),
+                      human_bytes(s.memory_peak), _pct(s.compute_achieved), _set(s.compute_set, s.exclusive, s.engine),
                       f"{s.throttled_seconds:.1f}s", str(s.oom_refusals), s.priority,
                       " ".join(map(str, s.pids)) or "-", _age(s.age_seconds), s.command[:40])
     return table
 
 
+def mps_table(view: NodeView) -> Table:
+    """The MPS daemons of spatial slices: device, user, pid, state and the last fault their logs report."""
+    index = {d.uuid: d.index for d in view.devices}
+    table = Table(title="MPS daemons (spatial slices)", title_justify="left")
+    for name in ("gpu", "user", "pid", "state", "last fault"):
+        table.add_column(name, justify="right" if name in ("gpu", "pid") else "left")
+    for d in view.mps:
+        faults = d.get("faults") or []
+        table.add_row(str(index.get(d["device"], "?")), "agent" if d["uid"] < 0 else str(d["uid"]),
+                      str(d["pid"] or "-"), d["state"], (faults[-1] if faults else "")[:80])
+    return table
+
+
 def view_renderable(view: NodeView) -> Group:
     parts = [devices_table(view), slices_table(view)]
+    if view.mps:
+        parts.append(mps_table(view))
     if view.waiters:
         parts.append(queue_table(view))
     return Group(*parts)
