@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
 import shutil
 from contextlib import contextmanager
@@ -46,6 +47,12 @@ class DaemonKey:
 
     device: str
     uid: int = -1
+
+    @classmethod
+    def for_client(cls, device: str, uid: int) -> "DaemonKey":
+        """The daemon a spatial client of user ``uid`` (-1: unknown) uses on ``device``: run as that user when
+        the node side is root (MPS serves one user per server at a time), else as the node side's own."""
+        return cls(device, uid if os.geteuid() == 0 and uid > 0 else -1)
 
     @property
     def name(self) -> str:

@@ -408,8 +408,7 @@ def daemon_keys(slices: Sequence, uid: int) -> list[DaemonKey]:
     """The MPS daemons the spatial ``slices`` of a grant of user ``uid`` are clients of: one per device, run as
     that user when the node side is root (MPS serves one user per server at a time), else as the node side's
     own user."""
-    run_as = uid if os.geteuid() == 0 and uid > 0 else -1
-    return [DaemonKey(s.device_uuid, run_as) for s in slices if s.engine is Engine.SPATIAL]
+    return [DaemonKey.for_client(s.device_uuid, uid) for s in slices if s.engine is Engine.SPATIAL]
 
 
 def parse_policy(text: str) -> PlacementPolicy:
