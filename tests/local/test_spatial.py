@@ -244,3 +244,39 @@ def test_a_killed_agent_and_launcher_leave_no_daemon_after_the_next_agent_starts
     finally:
         run.kill()
         agent.stop()
+
+
+def test_the_socket_api_grants_spatial_slices_and_shows_their_daemon(env: dict[str, str], root: Path) -> None:
+    """``"engine": "spatial"`` in a request through the agent: the grant carries its pipe directory, the
+    node view and the metrics show the engine and the daemon; the release stops the daemon."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    agent = AgentProcess(env)
+    try:
+        body = {"request": {"memory": "4GiB", "compute": 25, "engine": "spatial"}, "owner": "alice",
+                "holder_pid": os.getpid(), "holder_start": procs.start_time(os.getpid())}
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent",
+                          timeout=30) as http:
+            reply = http.post("/v1/grants", json=body)
+            assert reply.status_code == 201, reply.text
+            grant = reply.json()
+            assert grant["slices"][0]["engine"] == "spatial" and grant["mps_pipe_dir"].endswith("/pipe")
+            assert mps_processes(root)
+            bad = http.post("/v1/grants", json={**body, "request": {**body["request"], "engine": "turbo"}})
+            assert bad.status_code == 400 and bad.json()["field"] == "engine"
+
+            def shown() -> bool:
+                view = http.get("/v1/status").json()
+                return bool(view["mps"]) and view["slices"] and view["slices"][0]["mps"] == "running"
+            wait_for(shown, what="the daemon in the node view")
+            view = http.get("/v1/status").json()
+            assert view["slices"][0]["engine"] == "spatial" and view["slices"][0]["compute_achieved"] is None
+            text = httpx.get(agent.url + "metrics", timeout=10).text
+            fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
+            assert [s.labels["state"] for s in fams["gpuslice_mps_daemon"]] == ["running"]
+            assert [s.labels["engine"] for s in fams["gpuslice_slice_info"]] == ["spatial"]
+            assert http.delete(f"/v1/grants/{grant['grant']}").json() == {"released": True}
+            assert mps_processes(root) == []
+    finally:
+        agent.stop()
