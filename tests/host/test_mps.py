@@ -15,7 +15,7 @@ import pytest
 from gpuslice.host import procs
 from gpuslice.host.mps import MpsControl, MpsError, client_env, find_control
 from gpuslice.spec import Engine, GiB, MiB, Slice
-from mpskit import install_standin, mps_processes, short_root
+from mpskit import failing_control, install_standin, mps_processes, short_root
 
 DEV = "GPU-12345678-aaaa-bbbb-cccc-1234567890ab"
 
@@ -97,10 +97,7 @@ def test_faults_in_the_daemons_logs_are_reported(control: MpsControl) -> None:
 
 
 def test_a_daemon_that_cannot_start_says_why_and_leaves_nothing(root: Path) -> None:
-    bad = root / "bin" / "nvidia-cuda-mps-control"
-    bad.parent.mkdir(parents=True)
-    bad.write_text("#!/bin/sh\necho 'cannot open device' >&2\nexit 1\n")
-    bad.chmod(0o755)
+    bad = failing_control(root / "bin", "cannot open device")
     ctl = MpsControl(bad, root / "d", DEV, start_timeout=3)
     with pytest.raises(MpsError, match="exited with 1: cannot open device"):
         ctl.start()

@@ -12,7 +12,7 @@ import pytest
 
 from gpuslice.host.mps import MpsError
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
-from mpskit import install_standin, mps_processes, short_root
+from mpskit import failing_control, install_standin, mps_processes, short_root
 
 A = DaemonKey("GPU-aaaaaaaa-1111-2222-3333-444444444444")
 B = DaemonKey("GPU-bbbbbbbb-1111-2222-3333-444444444444")
@@ -96,10 +96,7 @@ def test_a_fault_is_reported_and_the_daemon_restarted_once_no_client_is_left(dae
 
 
 def test_a_daemon_that_cannot_start_is_a_problem_of_its_key(root: Path) -> None:
-    bad = root / "bad" / "nvidia-cuda-mps-control"
-    bad.parent.mkdir(parents=True)
-    bad.write_text("#!/bin/sh\necho 'no device' >&2\nexit 1\n")
-    bad.chmod(0o755)
+    bad = failing_control(root / "bad", "no device")
     daemons = MpsDaemons(root / "mps", bad, start_timeout=2)
     done = daemons.reconcile({A})
     assert "no device" in done.problems[A] and done.started == []

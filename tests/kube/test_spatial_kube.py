@@ -10,7 +10,7 @@ import pytest
 
 from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
-from mpskit import install_standin, mps_processes, short_root
+from mpskit import failing_control, install_standin, mps_processes, short_root
 
 from gpuslice.enforcer.slicefile import read_slice_file
 from gpuslice.host.mpsfleet import DaemonKey
@@ -117,10 +117,7 @@ def test_a_restarted_agent_clears_the_daemons_left_behind(root: Path) -> None:
 
 
 def test_a_daemon_that_cannot_start_fails_allocate(root: Path) -> None:
-    bad = root / "bad" / "nvidia-cuda-mps-control"
-    bad.parent.mkdir(parents=True)
-    bad.write_text("#!/bin/sh\necho 'no MPS here' >&2\nexit 1\n")
-    bad.chmod(0o755)
+    bad = failing_control(root / "bad", "no MPS here")
     api = cluster(pod("svc", LIMITS, annotations=SPATIAL))
     g = grant_of(api, "svc")
     with pytest.raises(AllocateError, match="spatial container main: .*no MPS here"):

@@ -22,7 +22,7 @@ from gpuslice.local.paths import StateDir
 from gpuslice.local.records import Ask, GrantRecord
 from gpuslice.placement import NoFit
 from gpuslice.spec import Engine, GpusliceError, Request, SpecError, parse_memory
-from mpskit import install_standin, mps_processes, short_root
+from mpskit import failing_control, install_standin, mps_processes, short_root
 from nodekit import AgentProcess, gpuslice
 
 DEVICES = load_snapshot("h100-80gb")
@@ -92,10 +92,7 @@ def test_engines_keep_to_their_devices(ledger: Ledger) -> None:
 
 
 def test_a_daemon_that_cannot_start_refuses_the_grant_leaving_nothing(root: Path) -> None:
-    bad = root / "bad" / "nvidia-cuda-mps-control"
-    bad.parent.mkdir(parents=True)
-    bad.write_text("#!/bin/sh\necho 'device busy' >&2\nexit 1\n")
-    bad.chmod(0o755)
+    bad = failing_control(root / "bad", "device busy")
     state = StateDir(root / "s")
     ledger = Ledger(state, DEVICES, mps=MpsDaemons(state.mps, bad, start_timeout=2))
     with pytest.raises(GpusliceError, match="engine spatial: .*device busy"):

@@ -62,3 +62,12 @@ def short_root(prefix: str = "gsmps-") -> Iterator[Path]:
     left = kill_all(folder)
     shutil.rmtree(folder, ignore_errors=True)
     assert not left, f"the test left MPS processes behind: {left}"
+
+
+def failing_control(folder: Path, message: str) -> Path:
+    """A control binary that cannot start a daemon: it says ``message`` on stderr and exits 1."""
+    path = folder / "nvidia-cuda-mps-control"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho '{message}' >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
