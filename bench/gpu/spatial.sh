@@ -6,6 +6,7 @@
 #   limits checked (the enforcer's books and nvidia-smi); the fault experiment (one spatial client hits an
 #   illegal address / is SIGKILLed); and no MPS daemon or pipe directory left at the end.
 # Usage: bash bench/gpu/spatial.sh            (results in $OUT, default /tmp/gpuslice-out/spatial)
+#        GS_SPATIAL_STEPS=5,6,7,8 bash bench/gpu/spatial.sh   (only those steps of the printed plan)
 #        GS_SPATIAL_DRY=1 bash bench/gpu/spatial.sh   (no GPU: sleeping workers, a stand-in MPS daemon)
 # Writes $OUT/<date>-h100-spatial.md (the device named, the table last), raw.json, mps-logs/, bench.log.
 set -u
@@ -15,7 +16,8 @@ OUT=${OUT:-/tmp/gpuslice-out}/spatial
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 DRY=${GS_SPATIAL_DRY:-0}
-BUDGET=${GS_SPATIAL_BUDGET:-465}     # seconds of runs; with the build, start and clean-up about 9 minutes
+BUDGET=${GS_SPATIAL_BUDGET:-420}     # seconds of runs; with the build, start and clean-up at most about 9.5 minutes
+STEPS=${GS_SPATIAL_STEPS:-}          # e.g. 1,2,3,4 then 5,6,7,8 in a second call: each call stays under 10 minutes
 RUN=$(mktemp -d /tmp/gssp.XXXXXX)    # short: MPS puts Unix sockets under it
 T0=$(date +%s)
 
@@ -74,9 +76,10 @@ export GPUSLICE_ENFORCER_LIB=$ROOT/native/build/libgpuslice.so
 ARGS=(--out "$OUT" --tmp "$RUN" --device "$DEVICE" --device-name "$NAME" --driver "$DRIVER"
       --mps-control "$MPS_CONTROL" --budget "$BUDGET")
 [ "$DRY" = 1 ] && ARGS+=(--dry --window "${GS_SPATIAL_WINDOW:-1}")
+[ -n "$STEPS" ] && ARGS+=(--steps "$STEPS")
 echo "gpuslice spatial bench on $NAME ($DEVICE), budget ${BUDGET}s of runs, started $(date -u +%H:%M:%S)"
 python3 bench/gpu/spatial_bench.py "${ARGS[@]}" --plan-only
-timeout -k 15 $((BUDGET + 120)) python3 bench/gpu/spatial_bench.py "${ARGS[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v '^|' 
+timeout -k 15 $((BUDGET + 100)) python3 bench/gpu/spatial_bench.py "${ARGS[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v '^|' 
 RC=${PIPESTATUS[0]}
 echo "bench exit $RC after $(( $(date +%s) - T0 )) s"
 # the table last

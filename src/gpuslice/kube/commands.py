@@ -278,19 +278,20 @@ def kube_agent(
     if rediscover_interval:
         Rediscovery(find_devices, plugin.set_devices, rediscover_interval).start()
     if metrics_port:
-        _serve_metrics(api, node, devices, cfg.local_state, metrics_port)
+        _serve_metrics(api, node, devices, cfg.local_state, metrics_port,
+                       plugin.allocator.mps if plugin.allocator is not None else None)
     _say(f"device plugin for {resource_name} ({len(devices)} device(s) × {split_count}) on {cfg.socket_path}")
     plugin.run()
 
 
-def _serve_metrics(api, node: str, devices, state_dir: Path, port: int) -> None:
+def _serve_metrics(api, node: str, devices, state_dir: Path, port: int, mps=None) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, watched_grants
     from gpuslice.host.metrics import ViewCollector
     from gpuslice.host.monitor import Monitor
 
-    monitor = Monitor(devices, node)
+    monitor = Monitor(devices, node, mps=mps)  # mps: the spatial slices' daemons (state, faults)
     labels = LedgerLabels(api, node)
     registry = CollectorRegistry()
     registry.register(KubeLabelCollector(
