@@ -27,13 +27,13 @@ def test_gpu_policy_refuses_what_it_cannot_apply(value):
     assert exc.value.field == "metadata.annotations[hami.io/gpu-scheduler-policy]" and "numa" in exc.value.allowed
 
 
-def test_vgpu_mode_refuses_mps_with_what_to_use_instead():
+def test_vgpu_mode_mps_is_the_spatial_engine():
+    """Issue 14: HAMi's MPS mode, refused while gpuslice had no MPS-backed slices, now asks for them."""
     assert hami.vgpu_mode({}) == "" and hami.vgpu_mode({"nvidia.com/vgpu-mode": "MIG"}) == "mig"
+    assert hami.vgpu_mode({"nvidia.com/vgpu-mode": "MPS"}) == "mps"
     with pytest.raises(SpecError) as exc:
-        hami.vgpu_mode({"nvidia.com/vgpu-mode": "mps"})
-    assert "no MPS-backed slices" in exc.value.allowed and "hami-core" in exc.value.allowed
-    with pytest.raises(SpecError):
         hami.vgpu_mode({"nvidia.com/vgpu-mode": "vgpu"})
+    assert "hami-core, mig or mps" in exc.value.allowed
 
 
 def test_numa_bind_and_weights():

@@ -19,6 +19,7 @@ import pytest
 from fakeapi import FakeAPI
 from hamicases import MiB, case_files, check_grant, load, pods_of, quantity_bytes, role
 from kubefixtures import H100
+from mpskit import install_standin, short_root
 
 from gpuslice.host.devices import load_snapshot
 from gpuslice.kube import formats, resources, webhook
@@ -128,6 +129,7 @@ class Run:
         self.extender = Extender(self.api, self.cfg)
         self.quota = AdmissionQuota(self.api, self.cfg)
         self.before_uuids: set[str] = set()
+        self.daemons: list = []  # the MPS daemons of spatial containers (the stand-in), stopped at the end
 
     def admit(self, pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(the AdmissionReview response, the pod as admitted or None)."""
@@ -160,8 +162,9 @@ class Run:
         same device count is handed the init container's device IDs again, as the kubelet reuses them).
         Each answer must be that container's own grant; the allocation lock is released at the end."""
         grant = self.grant(pod)
-        alloc = Allocator(self.api, PluginConfig(node=node, host_state_dir=self.state / node, device_nodes="none"),
-                          lambda: self.node_devices[node])
+        alloc = Allocator(self.api, PluginConfig(node=node, host_state_dir=self.state / node, device_nodes="none",
+                                                 mps_private_shm=False), lambda: self.node_devices[node])
+        self.daemons.append(alloc.mps)
         reusable: dict[int, list[str]] = {}
         spec = pod["spec"]
         for c in [*(spec.get("initContainers") or []), *spec["containers"]]:
@@ -232,10 +235,26 @@ def _check_placement(run: Run, where: str, want: dict[str, Any], pod: dict[str, 
         assert held == quantity_bytes(want["accounted"]["memory"]), f"{where}: the pod holds {held // MiB} MiB"
 
 
+@pytest.fixture
+def mps_root(monkeypatch: pytest.MonkeyPatch):
+    """A short state folder (MPS sockets need short paths) with the stand-in MPS control daemon on it."""
+    for folder in short_root("gshami-"):
+        monkeypatch.setenv("GPUSLICE_MPS_CONTROL", str(install_standin(folder / "bin")))
+        yield folder
+
+
 @pytest.mark.parametrize("path", case_files(), ids=lambda p: p.stem)
-def test_hami_case(path: Path, tmp_path: Path) -> None:
+def test_hami_case(path: Path, mps_root: Path) -> None:
     case, workloads = load(path)
-    run = Run(case, tmp_path)
+    run = Run(case, mps_root / "s")
+    try:
+        _check_case(path, case, workloads, run)
+    finally:
+        for daemons in run.daemons:
+            daemons.stop_all()
+
+
+def _check_case(path: Path, case: dict, workloads: list, run: "Run") -> None:
     for w in (w for w in workloads if role(w) == "before"):
         for pod in pods_of(w, NAMESPACE):
             response, admitted = run.admit(pod)

@@ -203,12 +203,15 @@ def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> N
 def test_every_knob_reaches_the_components(helm: Path) -> None:
     objs = render(helm, "sharing.splitCount=4", "json:sharing.memoryScaling=1.5", "defaults.memory=4096",
                   "defaults.cores=30", "defaults.gpuNum=2", "policies.node=spread", "policies.gpu=fgd",
-                  "sharing.computeMode=soft", "resourceName=gpuslice.io/gpu", "agent.deviceNodes=none",
+                  "sharing.computeMode=soft", "sharing.engine=spatial", "resourceName=gpuslice.io/gpu",
+                  "agent.deviceNodes=none",
                   "agent.rediscoverInterval=120", "agent.healthRecovery=0", "agent.enforcer.oomPolicy=kill",
                   "agent.enforcer.failOpen=true", "agent.enforcer.logLevel=debug",
                   "scheduler.extender.allocationTimeout=120", "scheduler.extender.staleAfter=600")
     agent = args_of(objs, "DaemonSet", "agent")
     assert (flag(agent, "--oom-policy"), flag(agent, "--enforcer-log-level")) == ("kill", "debug")
+    env = {e["name"]: e.get("value") for e in one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"  # the MPS binaries of spatial slices
     assert "--fail-open" in agent and "--no-fail-open" not in agent
     extender = args_of(objs, "Deployment", "extender")
     assert (flag(extender, "--allocation-timeout"), flag(extender, "--stale-after")) == ("120", "600")
@@ -221,7 +224,7 @@ def test_every_knob_reaches_the_components(helm: Path) -> None:
         assert flag(args, "--policy") == "node=spread,gpu=fgd"
         assert (flag(args, "--default-mem"), flag(args, "--default-cores"), flag(args, "--default-gpu-num")) == \
             ("4096", "30", "2")
-        assert flag(args, "--mode") == "soft"
+        assert flag(args, "--mode") == "soft" and flag(args, "--default-engine") == "spatial"
         assert flag(args, "--resource-name") == "gpuslice.io/gpu"
     # The advertised name is the one kube-scheduler checks against node capacity.
     managed = {m["name"]: m["ignoredByScheduler"] for m in scheduler_config(objs)["extenders"][0]["managedResources"]}
@@ -509,6 +512,7 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
         ("defaults.memory=-1", "memory"),
         ("defaults.gpuNum=65", "gpuNum"),
         ("sharing.computeMode=fast", "computeMode"),
+        ("sharing.engine=mig", "engine"),
         ("policies.node=worst", "node"),
         ("policies.gpu=topologyy", "gpu"),
         ("metrics.port=70000", "port"),

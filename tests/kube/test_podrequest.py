@@ -187,3 +187,41 @@ def test_use_gputype_picks_among_models_and_keeps_placement_exact():
     with pytest.raises(NoFit) as exc:
         place(none.containers[0].request, [st])
     assert "V100" in exc.value.reason
+
+
+# ------------------------------------------------------------------------------------------ engines
+def _gpu_pod(annotations: dict[str, str], count: str = "1") -> dict:
+    return {"metadata": {"name": "p", "annotations": annotations},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {
+                "nvidia.com/gpu": count, "nvidia.com/gpumem": "4000", "nvidia.com/gpucores": "25"}}}]}}
+
+
+def test_the_engine_comes_from_the_annotation_hamis_mps_mode_or_the_cluster_default():
+    from gpuslice.kube.podrequest import pod_request
+    from gpuslice.kube.resources import KubeConfig
+    from gpuslice.spec import Engine
+
+    cfg = KubeConfig()
+    engine = lambda anns, c=cfg: pod_request(_gpu_pod(anns), c).containers[0].request.engine
+    assert engine({}) is Engine.TIMESLICE
+    assert engine({"gpuslice.io/engine": "spatial"}) is Engine.SPATIAL
+    assert engine({"nvidia.com/vgpu-mode": "mps"}) is Engine.SPATIAL
+    assert engine({"nvidia.com/vgpu-mode": "mps", "gpuslice.io/engine": "spatial"}) is Engine.SPATIAL
+    assert engine({}, KubeConfig(default_engine=Engine.SPATIAL)) is Engine.SPATIAL
+    assert engine({"gpuslice.io/engine": "timeslice"}, KubeConfig(default_engine=Engine.SPATIAL)) is Engine.TIMESLICE
+    assert pod_request(_gpu_pod({"nvidia.com/vgpu-mode": "mps"}), cfg).mode == "hami-core"  # whole GPUs only
+
+
+@pytest.mark.parametrize("anns, count, field, words", [
+    ({"gpuslice.io/engine": "fast"}, "1", "metadata.annotations[gpuslice.io/engine]", "timeslice or spatial"),
+    ({"gpuslice.io/engine": "timeslice", "nvidia.com/vgpu-mode": "mps"}, "1",
+     "metadata.annotations[gpuslice.io/engine]", "vgpu-mode: mps asks for MPS-backed"),
+    ({"gpuslice.io/engine": "spatial"}, "2", "spec.containers[0](main).resources.limits", "one device's MPS daemon"),
+])
+def test_engine_contradictions_are_refused_naming_the_annotation(anns, count, field, words):
+    from gpuslice.kube.podrequest import pod_request
+    from gpuslice.kube.resources import KubeConfig
+
+    with pytest.raises(SpecError) as exc:
+        pod_request(_gpu_pod(anns, count), KubeConfig())
+    assert exc.value.field == field and words in exc.value.allowed

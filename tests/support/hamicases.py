@@ -25,7 +25,7 @@ others (one per replica) is checked against ``expect``, the last one against ``l
       bindRefused: "substring"      # filter passes, bind refuses
       node: n2                      # where it lands (unit suite only)
       grant:
-        main: {devices: 2, memory: 3000Mi | whole | 50%, compute: 30, exclusive: false, kind: app,
+        main: {devices: 2, memory: 3000Mi | whole | 50%, compute: 30, exclusive: false, kind: app, engine: spatial,
                cards: 1, numa: 1, profiles: [1g.10gb], indexes: [0, 1], nvlinked: true}
       apart_from_before: true       # no device shared with the "before" pods
       accounted: {memory: 20000Mi}  # what the pod holds on its node (init containers counted as HAMi)
@@ -127,6 +127,8 @@ def check_grant(grant: Any, want: dict[str, Any], device: dict[str, dict[str, An
             assert c.exclusive == w["exclusive"], f"{where}/{name}: exclusive {c.exclusive}"
         if "compute" in w:
             assert all(s.compute == w["compute"] for s in slices), f"{where}/{name}: compute {[s.compute for s in slices]}"
+        assert all(s.engine.value == w.get("engine", "timeslice") for s in slices), \
+            f"{where}/{name}: engine {[s.engine.value for s in slices]}, expected {w.get('engine', 'timeslice')}"
         if "memory" in w:
             m = str(w["memory"])
             for s, d in zip(slices, info):

@@ -33,8 +33,11 @@ def _age(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _set(share: int, whole: bool) -> str:
-    """A compute share as set: whole devices are all theirs; 0 on a shared device is not paced."""
+def _set(share: int, whole: bool, engine: str = "timeslice") -> str:
+    """A compute share as set: whole devices are all theirs; 0 on a shared device is not paced; a spatial
+    slice's share is its fraction of the SMs (MPS)."""
+    if engine == "spatial":
+        return f"{share}% SMs" if 0 < share < 100 else "all SMs"
     return "whole" if whole else (f"{share}%" if share else "unpaced")
 
 
@@ -78,7 +81,7 @@ def slices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
         Column("limit", [human_bytes(x.memory_limit) for x in s], justify="right"),
         Column("peak", [human_bytes(x.memory_peak) for x in s], keep=6, justify="right"),
         Column("compute", [_pct(x.compute_achieved) for x in s], justify="right"),
-        Column("set", [_set(x.compute_set, x.exclusive) for x in s], justify="right"),
+        Column("set", [_set(x.compute_set, x.exclusive, x.engine) for x in s], justify="right"),
         Column("throttled", [f"{x.throttled_seconds:.1f}s" for x in s], keep=7, justify="right"),
         Column("OOM\nrefusals", [str(x.oom_refusals) for x in s], keep=3, justify="right"),
         Column("priority", [x.priority for x in s], keep=1),
@@ -87,6 +90,21 @@ def slices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
         Column("command", [_command(x.command, wide) for x in s], keep=2, wrap=True),
     ]
     return fit_table(columns, width, wide=wide, title="slices", title_justify="left")
+
+
+def mps_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
+    """The MPS daemons of spatial slices: device, user, pid, state and the last fault their logs report."""
+    index = {d.uuid: d.index for d in view.devices}
+    m = view.mps
+    last = [(d.get("faults") or [""])[-1] for d in m]
+    columns = [
+        Column("gpu", [str(index.get(d["device"], "?")) for d in m], justify="right"),
+        Column("user", ["agent" if d["uid"] < 0 else str(d["uid"]) for d in m]),
+        Column("pid", [str(d["pid"] or "-") for d in m], keep=2, justify="right"),
+        Column("state", [d["state"] for d in m]),
+        Column("last fault", [f if wide else f[:80] for f in last], keep=1, wrap=True),
+    ]
+    return fit_table(columns, width, wide=wide, title="MPS daemons (spatial slices)", title_justify="left")
 
 
 def queue_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
@@ -121,9 +139,12 @@ class Fitted:
 
 
 def view_renderable(view: NodeView, wide: bool = False) -> Fitted:
-    """The node view (devices, slices, and the queue when anyone waits) at whatever width it is drawn."""
+    """The node view (devices, slices, MPS daemons when there are spatial slices, and the queue when anyone
+    waits) at whatever width it is drawn."""
     def build(width: int) -> Group:
         parts = [devices_table(view, width, wide), slices_table(view, width, wide)]
+        if view.mps:
+            parts.append(mps_table(view, width, wide))
         if view.waiters:
             parts.append(queue_table(view, width, wide))
         return Group(*parts)

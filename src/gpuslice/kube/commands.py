@@ -33,15 +33,17 @@ SCHEDULER_FLAGS = {"resource name (count)": "--resource-name", "resource name (m
 
 
 def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
-            mode: str, names: dict[str, str] | None = None, adopt: tuple[str, ...] = ("default-scheduler",)):
+            mode: str, names: dict[str, str] | None = None, adopt: tuple[str, ...] = ("default-scheduler",),
+            engine: str = "timeslice"):
     from gpuslice.kube.resources import KubeConfig, ResourceNames
     from gpuslice.placement import PlacementPolicy
-    from gpuslice.spec import ComputeMode
+    from gpuslice.spec import ComputeMode, Engine
 
     return KubeConfig(names=ResourceNames.configured(**(names or {})), default_memory_mib=default_mem,
                       default_cores=default_cores, default_gpu_num=default_gpu_num,
                       scheduler_name=scheduler_name, policy=PlacementPolicy.parse(policy),
-                      default_mode=ComputeMode.parse(mode, "--mode"), adopt_schedulers=adopt)
+                      default_mode=ComputeMode.parse(mode, "--mode"), adopt_schedulers=adopt,
+                      default_engine=Engine.parse(engine, "--default-engine"))
 
 
 # HAMi's chart knobs for the resource names (resourceName, resourceMem, resourceMemPercentage,
@@ -79,6 +81,9 @@ def scheduler(
                                        help="schedulerName the webhook sets (the kube-scheduler profile with our extender)."),
     mode: str = typer.Option("hard", "--mode", metavar="hard|soft|off",
                              help="Default compute mode: hard, soft or off."),
+    default_engine: str = typer.Option("timeslice", "--default-engine", metavar="timeslice|spatial",
+                                       help="Engine of pods without gpuslice.io/engine (or HAMi's vgpu-mode: mps): "
+                                       "timeslice or spatial (MPS)."),
     resource_name: str = _name_option("--resource-name", "nvidia.com/gpu",
                                       "the device count (the one the device plugin advertises)"),
     resource_mem: str = _name_option("--resource-mem", "nvidia.com/gpumem", "memory per device in MiB"),
@@ -117,7 +122,7 @@ def scheduler(
     with option_values(SCHEDULER_FLAGS):  # what was typed wrong: exit 2, naming the flag
         cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
                       {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
-                       "cores": resource_cores, "priority": resource_priority}, tuple(adopt_scheduler))
+                       "cores": resource_cores, "priority": resource_priority}, tuple(adopt_scheduler), default_engine)
         for flag, value in (("--port", port), ("--webhook-port", webhook_port), ("--metrics-port", metrics_port)):
             if not 0 <= value <= 65535:
                 raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")
@@ -303,22 +308,27 @@ def kube_agent(
     plugin = DevicePlugin(cfg, devices, api, health=health, on_health=publisher.health_changed,
                           on_devices=publisher.devices_changed)
     publisher.start()
+    if plugin.allocator is not None:  # the spatial engine's daemons: stopped when no pod needs them
+        from gpuslice.kube.mpsnode import MpsNode
+
+        MpsNode(api, node, plugin.allocator).start()
     if rediscover_interval:
         Rediscovery(find_devices, plugin.set_devices, rediscover_interval).start()
     if metrics_port:
-        _serve_metrics(api, node, devices, cfg.local_state, metrics_port)
+        _serve_metrics(api, node, devices, cfg.local_state, metrics_port,
+                       plugin.allocator.mps if plugin.allocator is not None else None)
     _say(f"device plugin for {resource_name} ({len(devices)} device(s) × {split_count}) on {cfg.socket_path}")
     plugin.run()
 
 
-def _serve_metrics(api, node: str, devices, state_dir: Path, port: int) -> None:
+def _serve_metrics(api, node: str, devices, state_dir: Path, port: int, mps=None) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, watched_grants
     from gpuslice.host.metrics import ViewCollector
     from gpuslice.host.monitor import Monitor
 
-    monitor = Monitor(devices, node)
+    monitor = Monitor(devices, node, mps=mps)  # mps: the spatial slices' daemons (state, faults)
     labels = LedgerLabels(api, node)
     registry = CollectorRegistry()
     registry.register(KubeLabelCollector(

@@ -36,6 +36,7 @@ POD_POLICY = "gpuslice.io/policy"             # per pod: "fgd" or "node=spread,g
 POD_NODE_POLICY = "gpuslice.io/node-policy"   # per pod, node level only
 POD_GPU_POLICY = "gpuslice.io/gpu-policy"     # per pod, GPU level only
 POD_COMPUTE_MODE = "gpuslice.io/compute-mode"  # per pod: hard | soft | off
+POD_ENGINE = "gpuslice.io/engine"             # per pod: timeslice | spatial (MPS-backed)
 HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"
 HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 HAMI_USE_TYPE = "nvidia.com/use-gputype"
@@ -46,7 +47,7 @@ HAMI_USE_INDEX = "nvidia.com/use-gpuindexes"             # per pod: device index
 HAMI_NOUSE_INDEX = "nvidia.com/nouse-gpuindexes"         # per pod: device indexes not to use
 HAMI_VULKAN = "hami.io/vulkan"                           # per pod: HAMi's Vulkan layer (not applied, warned)
 # HAMi's other pod annotations and its device cordon (read by gpuslice.kube.hami) and ours beside them.
-HAMI_VGPU_MODE = "nvidia.com/vgpu-mode"                  # per pod: hami-core | mig (mps refused)
+HAMI_VGPU_MODE = "nvidia.com/vgpu-mode"                  # per pod: hami-core | mig | mps (= engine spatial)
 HAMI_NUMA_BIND = "nvidia.com/numa-bind"                  # per pod: "true" = each container's devices on one NUMA node
 HAMI_SCORING_WEIGHTS = "hami.io/device-scoring-weights"  # per pod: "slot=1,core=1,memory=3"
 HAMI_MIG_PREFERENCE = "nvidia.com/mig-profile-preference"  # per pod (dynamic MIG): not applied, warned

@@ -8,8 +8,9 @@ names of NVIDIA's device plugin (``nvidia.com/mig-<profile>``, its "mixed" strat
                                    ``topology-aware``), plus ``numa`` (a grant's devices on one NUMA node
                                    where one has room, else anywhere: HAMi's NUMA sort key) and
                                    ``mutex`` (only devices nobody uses: :class:`GpuPolicy`)
-``nvidia.com/vgpu-mode``           ``hami-core`` (slices of whole GPUs, never a MIG instance) or ``mig``
-                                   (whole MIG instances); ``mps`` is refused (no MPS-backed slices yet)
+``nvidia.com/vgpu-mode``           ``hami-core`` (slices of whole GPUs, never a MIG instance), ``mig``
+                                   (whole MIG instances) or ``mps`` (spatial slices of whole GPUs: the
+                                   pod's GPU containers get ``engine: spatial``, MPS-backed)
 ``nvidia.com/numa-bind``           ``true``: each container's devices on one NUMA node (a hard rule)
 ``hami.io/device-scoring-weights`` ``slot=1,core=1,memory=3``: binpack / spread weigh these shares
 ``gpuslice.io/mig-profile``        ``3g.40gb`` (every GPU container) or ``main=3g.40gb,side=1g.10gb``: whole
@@ -33,7 +34,7 @@ from gpuslice.spec import SpecError
 
 # nvidia.com/mig-1g.10gb, nvidia.com/mig-1g.10gb.me (NVIDIA's spelling of the 1g.10gb+me profile)
 MIG_RESOURCE = re.compile(r"nvidia\.com/mig-(?P<profile>[0-9]+g\.[0-9]+gb(?:\.[a-z0-9]+)*)")
-VGPU_MODES = ("hami-core", "mig")
+VGPU_MODES = ("hami-core", "mig", "mps")
 GPU_POLICY_FLAGS = ("numa", "mutex")
 WEIGHT_KEYS = ("slot", "core", "memory")
 
@@ -80,18 +81,14 @@ def gpu_policy(value: Any, key: str = formats.HAMI_GPU_POLICY) -> GpuPolicy:
 
 
 def vgpu_mode(anns: Mapping[str, str]) -> str:
-    """``nvidia.com/vgpu-mode``: '' (not given: any device, MIG instances included, as HAMi), ``hami-core``
-    or ``mig``."""
+    """``nvidia.com/vgpu-mode``: '' (not given: any device, MIG instances included, as HAMi), ``hami-core``,
+    ``mig`` or ``mps`` (HAMi's MPS mode: gpuslice's spatial engine on whole GPUs)."""
     key = formats.HAMI_VGPU_MODE
     if key not in anns:
         return ""
     text = str(anns[key]).strip().lower()
-    if text == "mps":
-        raise SpecError(field(key), anns[key], (
-            "hami-core or mig: gpuslice has no MPS-backed slices yet, so an MPS share cannot be given; "
-            "hami-core (or no vgpu-mode) gets the same memory limit and gpucores share, held by time-slicing"))
     if text not in VGPU_MODES:
-        raise SpecError(field(key), anns[key], "hami-core or mig (HAMi's modes gpuslice serves)")
+        raise SpecError(field(key), anns[key], "hami-core, mig or mps (HAMi's modes gpuslice serves)")
     return text
 
 

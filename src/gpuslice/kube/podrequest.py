@@ -14,12 +14,12 @@ from typing import Any, Iterable, Mapping
 from gpuslice.kube import hami
 from gpuslice.kube.formats import (
     HAMI_GPU_POLICY, HAMI_MIG_PREFERENCE, HAMI_NODE_POLICY, HAMI_NOUSE_TYPE, HAMI_NOUSE_UUID, HAMI_USE_TYPE,
-    HAMI_NOUSE_INDEX, HAMI_SCORING_WEIGHTS, HAMI_USE_INDEX, HAMI_USE_UUID, HAMI_VULKAN, HAMI_VGPU_MODE, POD_COMPUTE_MODE, POD_GPU_POLICY, POD_MIG_PROFILE,
+    HAMI_NOUSE_INDEX, HAMI_SCORING_WEIGHTS, HAMI_USE_INDEX, HAMI_USE_UUID, HAMI_VULKAN, HAMI_VGPU_MODE, POD_COMPUTE_MODE, POD_ENGINE, POD_GPU_POLICY, POD_MIG_PROFILE,
     POD_NODE_POLICY, POD_POLICY, NodeDevices, annotations,
 )
 from gpuslice.kube.resources import KubeConfig, limits_of, mib_quantity, one_of, whole_quantity
 from gpuslice.placement import POLICIES, PlacementPolicy
-from gpuslice.spec import ComputeMode, Device, MemoryAmount, MiB, Priority, Request, SpecError, parse_models
+from gpuslice.spec import ComputeMode, Device, Engine, MemoryAmount, MiB, Priority, Request, SpecError, parse_models
 
 
 # ------------------------------------------------------------------------------------- pod requests
@@ -132,7 +132,7 @@ def asked(container: Mapping[str, Any], cfg: KubeConfig, where: str) -> Asked:
 
 def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
                       mode: ComputeMode | None = None, models: tuple[str, ...] = (),
-                      notes: list[str] | None = None) -> Request | None:
+                      notes: list[str] | None = None, engine: Engine = Engine.TIMESLICE) -> Request | None:
     """The request of one container from its resource limits, with HAMi's defaults filled; ``None`` when
     the container asks for no GPU. Contradictions raise :class:`SpecError` naming the resources.
 
@@ -198,8 +198,12 @@ def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
     # whatever memory was asked for (the slice's memory limit is still what was asked).
     exclusive = compute == 100
     priority = Priority.HIGH if prio is not None and prio[1] == 0 else Priority.LOW
+    if engine is Engine.SPATIAL and n_devices > 1:
+        shown = f"{count[0]}={limits[count[0]]}" if count else f"defaultGPUNum {n_devices}"
+        raise SpecError(f"{where}.resources.limits", shown, "1 device: a spatial (MPS) container is the client of "
+                        f"one device's MPS daemon ({POD_ENGINE}: spatial or {HAMI_VGPU_MODE}: mps)")
     return Request(count=n_devices, memory=memory, compute=compute, priority=priority,
-                   mode=mode or cfg.default_mode, exclusive=exclusive, models=models)
+                   mode=mode or cfg.default_mode, exclusive=exclusive, models=models, engine=engine)
 
 
 def mig_request(container: Mapping[str, Any], cfg: KubeConfig, where: str, profile: str,
@@ -354,6 +358,9 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
         mode = ComputeMode.parse(anns[POD_COMPUTE_MODE], f"metadata.annotations[{POD_COMPUTE_MODE}]")
     models = _list_annotation(anns, HAMI_USE_TYPE)
     vgpu = hami.vgpu_mode(anns)
+    engine = pod_engine(anns, cfg, vgpu)
+    if vgpu == "mps":
+        vgpu = "hami-core"  # HAMi's MPS mode shares whole GPUs, never a MIG instance
     profiles = hami.mig_profiles(anns)
     gpu_names = set(cfg.names.all())
     out = []
@@ -377,12 +384,15 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
         if vgpu == "hami-core" and (raw_mig or profile):
             raise SpecError(f"metadata.annotations[{HAMI_VGPU_MODE}]", anns[HAMI_VGPU_MODE],
                             f"mig (or none): {where} asks for MIG instances, which hami-core mode never uses")
+        if engine is Engine.SPATIAL and (vgpu == "mig" or raw_mig or profile):
+            raise SpecError(f"metadata.annotations[{POD_ENGINE}]", anns.get(POD_ENGINE, engine.value),
+                            f"timeslice: {where} asks for whole MIG instances, which gpuslice serves time-sliced")
         if vgpu == "mig" or profile or raw_mig:
             got = mig_request(c, cfg, where, profile, mode=mode, notes=notes)
             if got is not None:
                 out.append(ContainerRequest(name=name, index=k, request=got[0], kind=kind, mig=got[1]))
             continue
-        req = container_request(c, cfg, where, mode=mode, models=models, notes=notes)
+        req = container_request(c, cfg, where, mode=mode, models=models, notes=notes, engine=engine)
         if req is not None:
             out.append(ContainerRequest(name=name, index=k, request=req, kind=kind))
     unknown = set(profiles) - {"", *(c.name for c in out)}
@@ -399,6 +409,19 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
                       use_indexes=_index_annotation(anns, HAMI_USE_INDEX),
                       avoid_indexes=_index_annotation(anns, HAMI_NOUSE_INDEX), mode=vgpu, mutex=flags.mutex,
                       numa_bind=hami.numa_bind(anns), numa_prefer=flags.numa)
+
+
+def pod_engine(anns: Mapping[str, str], cfg: KubeConfig, vgpu: str) -> Engine:
+    """``gpuslice.io/engine`` (timeslice | spatial), else HAMi's ``vgpu-mode: mps`` (spatial), else the
+    cluster's default (``--default-engine``, chart ``sharing.engine``). The two annotations must agree."""
+    key = f"metadata.annotations[{POD_ENGINE}]"
+    engine = Engine.parse(anns[POD_ENGINE], key) if POD_ENGINE in anns else None
+    if vgpu == "mps":
+        if engine is Engine.TIMESLICE:
+            raise SpecError(key, anns[POD_ENGINE], f"spatial, or no {POD_ENGINE}: {HAMI_VGPU_MODE}: mps asks for "
+                            "MPS-backed (spatial) slices")
+        return Engine.SPATIAL
+    return engine or cfg.default_engine
 
 
 def _index_annotation(anns: Mapping[str, str], key: str) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping, Sequence
 
 from gpuslice.placement import PlacementPolicy
-from gpuslice.spec import ComputeMode, SpecError, whole_number
+from gpuslice.spec import ComputeMode, Engine, SpecError, whole_number
 
 # ------------------------------------------------------------------------------------- configuration
 # HAMi's default resource names (its chart's resourceName, resourceMem, resourceMemPercentage,
@@ -113,6 +113,7 @@ class KubeConfig:
     default_cores: int = 0
     default_gpu_num: int = 1
     default_mode: ComputeMode = ComputeMode.HARD
+    default_engine: Engine = Engine.TIMESLICE  # for pods without gpuslice.io/engine (chart: sharing.engine)
     scheduler_name: str = "gpuslice-scheduler"
     policy: PlacementPolicy = field(default_factory=PlacementPolicy)
     # Pods naming these schedulers (or none) are sent to scheduler_name; a pod naming another is left to

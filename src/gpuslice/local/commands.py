@@ -30,7 +30,8 @@ def _say(text: str) -> None:
 
 # Option names of `run` for the fields of a request: errors name what the user typed.
 RUN_OPTIONS = {"count": "gpus", "memory": "memory", "compute": "compute", "priority": "priority", "mode": "mode",
-               "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device"}
+               "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device",
+               "engine": "engine"}
 
 
 def cli_spec_error(exc: "SpecError") -> "SpecError":
@@ -105,6 +106,9 @@ def run(
     policy: str = typer.Option("binpack", "--policy", metavar="POLICY",
                                help="Placement policy: binpack, spread, bestfit, fgd, "
                                "random, or node=<policy>,gpu=<policy>."),
+    engine: str = typer.Option("timeslice", "--engine", help="How the device's compute is shared: timeslice "
+                               "(launches paced, exact shares) or spatial (an MPS client: kernels of the device's "
+                               "spatial slices run at once, the share is its fraction of the SMs; one device)."),
 ) -> None:
     """Run CMD in a slice: grant, enforcer preloaded, output streamed, grant released at the end.
 
@@ -121,7 +125,8 @@ def run(
     _split_unit(memory, compute, cmd)
     try:  # values wrong whatever the node: usage errors
         request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
-                                        "priority": priority, "mode": mode, "exclusive": exclusive})
+                                        "priority": priority, "mode": mode, "exclusive": exclusive,
+                                        "engine": engine})
         parse_policy(policy)
     except SpecError as exc:
         raise _usage_error(exc) from None

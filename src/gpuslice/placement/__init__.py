@@ -38,6 +38,11 @@ The model
 * Everything else gets shared slices: one on one device, or — ``count > 1`` with a memory size, HAMi's
   ``nvidia.com/gpu: 2`` + ``gpumem`` — one on each of ``count`` distinct devices of one node, which
   others may still share.
+* A device runs one **engine** at a time (``Request.engine`` / ``Slice.engine``: ``timeslice`` or
+  ``spatial``, MPS-backed): a slice fits only on a device with no slices or with slices of its engine
+  (``DeviceState.engine``, ``Fleet.engine``); the device is free for either engine again once its last
+  slice is released. FGD's fragmentation terms do not weigh engines (shapes of the workload are counted
+  as if any device could take them).
 * A multi-device request takes at most one MIG instance of a card (instances of one card share its
   memory system; to a program asking for two GPUs they are not two).
 * ``models`` restricts devices (``V100M16|V100M32``); a name matches a device's model, its MIG profile or

@@ -62,6 +62,7 @@ share a name. kube-scheduler calls the extender only for pods asking for one of 
 - --default-gpu-num={{ .Values.defaults.gpuNum }}
 - --scheduler-name={{ .Values.scheduler.name }}
 - --mode={{ .Values.sharing.computeMode }}
+- --default-engine={{ .Values.sharing.engine | default "timeslice" }}
 - --resource-name={{ .Values.resourceName }}
 - --resource-mem={{ .Values.resourceMem }}
 - --resource-mem-percentage={{ .Values.resourceMemPercentage }}
