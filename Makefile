@@ -31,7 +31,7 @@ hack:
 
 # lint-imports: the layer contracts in .importlinter (cli > kube | local | sim > host > placement | enforcer > spec).
 test: $(STAMP) native native-test hack
-	$(VENV)/bin/lint-imports --config .importlinter
+	$(VENV)/bin/lint-imports .importlinter
 	$(PY) -m pytest
 
 # Bounded fuzzing of the enforcer's config parser.
