@@ -124,6 +124,12 @@ class ClientAPI:
             raise kind(f"{method} {path}: {status} {message}", status, reason)
         return json.loads(text) if text else {}
 
+    def request(self, method: str, path: str, body: Any = None, content_type: str | None = None,
+                query: list[tuple[str, str]] | None = None, timeout: float | None = None) -> Any:
+        """Any API call (``GET /apis/resource.k8s.io/v1/...``) as JSON; errors as :class:`KubeError` (409
+        :class:`Conflict`, 404 :class:`NotFound`). For adapters with calls of their own (``kube.dra.api``)."""
+        return self._call(method, path, body, content_type, query, timeout)
+
     # ------------------------------------------------------------------------------------ nodes
     def get_node(self, name: str) -> dict[str, Any]:
         return self._call("GET", f"/api/v1/nodes/{quote(name)}")

@@ -179,9 +179,20 @@ def kube_agent(
                                            "containers: error, warn, info or debug."),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics with namespace/pod/"
                                      "container labels on this port (0 = off)."),
+    dra: bool = typer.Option(False, "--dra", help="Serve as a DRA driver (ResourceSlice with consumable memory/"
+                             "compute, kubelet DRA plugin, CDI specs) instead of a device plugin."),
+    dra_plugin_dir: str = typer.Option("/var/lib/kubelet/plugins/gpuslice.io", "--dra-plugin-dir",
+                                       help="--dra: folder of the DRA service socket (dra.sock)."),
+    dra_registry_dir: str = typer.Option("/var/lib/kubelet/plugins_registry", "--dra-registry-dir",
+                                         help="--dra: the kubelet's plugin registration folder."),
+    cdi_dir: str = typer.Option("/var/run/cdi", "--cdi-dir", help="--dra: where CDI specs of prepared claims go."),
+    min_memory: str = typer.Option("1Gi", "--min-memory", help="--dra: the smallest memory slice a claim may take "
+                                   "(smaller requests are rounded up to it)."),
+    compute_mode: str = typer.Option("hard", "--compute-mode", help="--dra: compute mode of claims that set none: "
+                                     "hard, soft or off."),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
-    """Device plugin + node registration (+ metrics) for one Kubernetes node. Also
+    """Device plugin (or, with --dra, DRA driver) + node registration (+ metrics) for one Kubernetes node. Also
     `gpuslice agent --kubernetes` (the same command under the local agent's name)."""
     from gpuslice.kube.agent import NodePublisher, Rediscovery, unique_devices
     from gpuslice.kube.api import connect
@@ -217,6 +228,12 @@ def kube_agent(
         found = load_snapshot(snapshot) if snapshot else discover()
         return unique_devices(found, node) if unique_uuids else found
 
+    if dra:
+        from gpuslice.kube.dra.agent import DraOptions, run
+
+        options = DraOptions(min_memory, compute_mode, dra_plugin_dir, dra_registry_dir, cdi_dir, publish_interval,
+                             rediscover_interval, health_recovery, metrics_port, register_only, snapshot is not None)
+        return run(cfg, options, find_devices, lambda: connect(kubeconfig), _say)
     devices = find_devices()
     api = connect(kubeconfig)
     publisher = NodePublisher(api, node, devices, split_count=split_count, memory_scaling=memory_scaling,
@@ -239,18 +256,10 @@ def kube_agent(
 
 
 def _serve_metrics(api, node: str, devices, state_dir: Path, port: int) -> None:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from gpuslice.kube.labels import LedgerLabels, serve_metrics, watched_grants
 
-    from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, watched_grants
-    from gpuslice.host.metrics import ViewCollector
-    from gpuslice.host.monitor import Monitor
-
-    monitor = Monitor(devices, node)
     labels = LedgerLabels(api, node)
-    registry = CollectorRegistry()
-    registry.register(KubeLabelCollector(
-        ViewCollector(lambda: monitor.sample(watched_grants(labels.ledger(), state_dir))), labels))
-    start_http_server(port, registry=registry)
+    serve_metrics(devices, node, port, lambda: watched_grants(labels.ledger(), state_dir), labels)
     _say(f"metrics on :{port}/metrics")
 
 
