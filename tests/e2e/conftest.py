@@ -155,7 +155,9 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     sched_cfg = workdir / "scheduler-config.yaml"
     sched_cfg.write_text(scheduler_config_yaml(extender_port))
     proc = subprocess.Popen(
-        [str(harness), "--dir", str(workdir / "state"), "--scheduler-config", str(sched_cfg)],
+        # resourceclaim-controller: pods naming a ResourceClaimTemplate get their claims (the DRA tests).
+        [str(harness), "--dir", str(workdir / "state"), "--scheduler-config", str(sched_cfg),
+         "--controllers=resourceclaim-controller"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
