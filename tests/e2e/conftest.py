@@ -354,29 +354,31 @@ def agent_identity(control_plane: ControlPlane, chart_identities: dict[str, str]
     """``agent_identity(node)``: a kubeconfig for the chart's agent ServiceAccount as the DaemonSet pod on
     ``node`` holds it — a token bound to a pod of that account bound to that node, so the API server names
     the node in the token's user (``authentication.kubernetes.io/node-name``), which the chart's agent
-    policies check. The pod itself never runs (there is no kubelet)."""
+    policies check. The pod itself never runs (there is no kubelet). ``account``: another release's agent
+    account (the DRA tests install the chart's mode: dra objects as release "gd")."""
     from kubernetes import client
 
     core = client.CoreV1Api(control_plane.api())
     folder = tmp_path_factory.mktemp("agent-identities")
-    made: dict[str, str] = {}
+    made: dict[tuple[str, str], str] = {}
     lock = threading.Lock()
 
-    def identity(node: str) -> str:
+    def identity(node: str, account: str = "gs-gpuslice-agent") -> str:
         with lock:
-            if node in made:
-                return made[node]
+            if (node, account) in made:
+                return made[(node, account)]
+        prefix = "agent" if account == "gs-gpuslice-agent" else account
         pod = core.create_namespaced_pod(CHART_NAMESPACE, {
-            "metadata": {"name": f"agent-{node}"},
-            "spec": {"nodeName": node, "serviceAccountName": "gs-gpuslice-agent",
+            "metadata": {"name": f"{prefix}-{node}"},
+            "spec": {"nodeName": node, "serviceAccountName": account,
                      "containers": [{"name": "agent", "image": "gpuslice"}]}})
-        tok = core.create_namespaced_service_account_token("gs-gpuslice-agent", CHART_NAMESPACE, {"spec": {
+        tok = core.create_namespaced_service_account_token(account, CHART_NAMESPACE, {"spec": {
             "expirationSeconds": 3 * 3600,
             "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name,
                                "uid": pod.metadata.uid}}}).status.token
-        path = write_kubeconfig(control_plane, folder / f"agent-{node}.kubeconfig", "gs-gpuslice-agent", tok)
+        path = write_kubeconfig(control_plane, folder / f"{prefix}-{node}.kubeconfig", account, tok)
         with lock:
-            made[node] = path
+            made[(node, account)] = path
         return path
 
     return identity
