@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Mapping
 
 from gpuslice.kube import alloclock, formats, nodestate, podrequest, resources
@@ -13,7 +14,9 @@ from gpuslice.kube.extender.bind import BindTransaction
 from gpuslice.kube.extender.cache import FleetIndex, NodeCache, NodeView, ViewCache
 from gpuslice.kube.extender.gc import GarbageCollection
 from gpuslice.kube.extender.wire import ExtenderArgs, extender_scores
-from gpuslice.placement import NodeState, NoFit, PlacementPolicy, apply, filter_nodes, place, score_nodes
+from gpuslice.placement import (
+    NodeState, NoFit, PlacementPolicy, TaskShape, Workload, WorkloadMix, apply, filter_nodes, place, score_nodes,
+)
 from gpuslice.spec import SpecError
 
 
@@ -41,6 +44,12 @@ class Extender(BindTransaction, GarbageCollection):
         self._node_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._kinds: tuple[int, frozenset[tuple[str, str]]] = (-1, frozenset())
+        # FGD's target workload, learnt from the pods as they arrive (first filter of a pod UID), as the
+        # simulator learns it from arrivals (gpuslice.placement.mix). In memory only: a restarted extender
+        # learns again (the first few hundred pods).
+        self.mix = WorkloadMix()
+        self._arrived: OrderedDict[str, None] = OrderedDict()
+        self._mix_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------ helpers
     def _views_for(self, args: ExtenderArgs) -> list[NodeView]:
@@ -71,6 +80,27 @@ class Extender(BindTransaction, GarbageCollection):
 
     def _policy(self, req: podrequest.PodRequest) -> PlacementPolicy:
         return req.policy or self.cfg.policy
+
+    ARRIVALS_KEPT = 65536  # pod UIDs remembered so a pod filtered again (a retry) is counted once
+
+    def _arrive(self, pod_uid: str, req: podrequest.PodRequest) -> None:
+        """Count a pod's shapes in the learnt workload the first time it is filtered."""
+        if not pod_uid:
+            return
+        with self._mix_lock:
+            if pod_uid in self._arrived:
+                return
+            self._arrived[pod_uid] = None
+            if len(self._arrived) > self.ARRIVALS_KEPT:
+                self._arrived.popitem(last=False)
+            for c in req.containers:
+                self.mix.observe(TaskShape.of(c.request))
+
+    def _workload(self, policy: PlacementPolicy) -> Workload | None:
+        if "fgd" not in (policy.node, policy.gpu):
+            return None
+        with self._mix_lock:
+            return self.mix.workload()
 
     @staticmethod
     def _state_for(view: NodeView, req: podrequest.PodRequest) -> NodeState:
@@ -165,10 +195,11 @@ class Extender(BindTransaction, GarbageCollection):
 
     def _place_all(self, req: podrequest.PodRequest, state: NodeState) -> list[tuple[podrequest.ContainerRequest, Any]]:
         policy = self._policy(req)
+        workload = self._workload(policy)
         out = []
         for c in req.containers:
             try:
-                p = place(c.request, [state], policy)
+                p = place(c.request, [state], policy, workload=workload)
             except NoFit as exc:
                 raise NoFit(f"container {c.name}: {exc.reason}", exc.per_node) from None
             state = apply(state, p.slices, exclusive=p.exclusive)
@@ -186,6 +217,7 @@ class Extender(BindTransaction, GarbageCollection):
             return self._filter_result(args, list(args.node_names), {})
         views = self._views_for(args)
         req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
+        self._arrive(str(args.pod["metadata"].get("uid") or ""), req)
         fitting, failed, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
         return self._filter_result(args, fitting, failed)
 
@@ -217,10 +249,12 @@ class Extender(BindTransaction, GarbageCollection):
         first = req.containers[0].request
         if self._indexed(req) and len(req.containers) == 1:
             with self.index.lock:
-                scores = score_nodes(first, self.index.current(), self._policy(req))
+                scores = score_nodes(first, self.index.current(), self._policy(req),
+                                     workload=self._workload(self._policy(req)))
         else:
             fitting, _, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
             states = {v.name: self._state_for(v, req) for v in views if v.name in set(fitting)}
             if fitting:
-                scores = score_nodes(first, [states[n] for n in fitting], self._policy(req))
+                scores = score_nodes(first, [states[n] for n in fitting], self._policy(req),
+                                     workload=self._workload(self._policy(req)))
         return extender_scores(scores, args.node_names)
