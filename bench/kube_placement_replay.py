@@ -205,7 +205,7 @@ def replay(row: str, seed: int, work: Path) -> dict[str, Any]:
         placed = rp.submit_in_order(core, NS, pods, timeout=120)
         seconds = time.monotonic() - started
         return {"row": row, "seed": seed, "pods": len(tasks), "gpus": capacity, "seconds": seconds,
-                "ratio": rp.cluster_ratio(tasks, names, placed, capacity), "specs": specs}
+                "curve": rp.cluster_curve(tasks, names, placed, capacity)}
     finally:
         cp.stop()
 
@@ -216,11 +216,11 @@ def offline(seed: int, cpu_scale: int) -> dict[str, float]:
     from gpuslice.sim.trace import build_nodes
 
     specs = rp.replay_nodes(seed, 50, cpu_scale=cpu_scale)
-    out = {f"sim-{p}": rp.simulated_ratio(seed, specs, p) for p in ("fgd", "bestfit", "spread")}
+    out: dict[str, Any] = {f"sim-{p}": list(rp.simulated(seed, specs, p).alloc_curve) for p in ("fgd", "bestfit", "spread")}
     tasks, capacity = rp.replay_tasks(seed, specs)
     nodes = {n.name: n for n in build_nodes(specs)}
-    allocated = 0.0
-    for t in tasks:  # the extender before: FGD weighing only the request being placed
+    placed: dict[str, str | None] = {}
+    for k, t in enumerate(tasks):  # the extender before: FGD weighing only the request being placed
         cand = [n for n in nodes.values() if n.cpu_milli - n.cpu_used >= t.cpu_milli]
         try:
             p = place(t.request(), cand, PlacementPolicy.parse("fgd"), cpu_milli=t.cpu_milli, host_memory=t.host_memory)
@@ -228,8 +228,8 @@ def offline(seed: int, cpu_scale: int) -> dict[str, float]:
             continue
         nodes[p.node] = apply(nodes[p.node], p.slices, exclusive=p.exclusive, cpu_milli=t.cpu_milli,
                               host_memory=t.host_memory)
-        allocated += t.gpu_demand
-    out["replica-noworkload"] = allocated / capacity * 100
+        placed[str(k)] = p.node
+    out["replica-noworkload"] = rp.cluster_curve(tasks, [str(k) for k in range(len(tasks))], placed, capacity)
     return out
 
 
@@ -245,7 +245,7 @@ def main() -> None:
     out = a.out or ROOT / "bench" / "results" / f"{day}-cpu-kube-replay.txt"
     results: list[dict[str, Any]] = []
     lines = [f"# openb replay through kube-scheduler v1.37 vs the simulator, {day}, host {os.uname().nodename}, "
-             f"load {os.getloadavg()[0]:.1f}", "# allocation ratio (% of GPU capacity) at 1.3 x capacity arrived"]
+             f"load {os.getloadavg()[0]:.1f}", "# allocation ratio (% of GPU capacity) when the arrived GPU demand first reaches X % of capacity"]
     for seed in a.seeds:
         ref = {100: offline(seed, 100), 1: offline(seed, 1)}
         for row in a.rows:
@@ -254,14 +254,17 @@ def main() -> None:
             sims = ref[1 if row.endswith("-cpu") else 100]
             r.update(sims)
             results.append(r)
-            line = (f"seed {seed} {row:14s} pods {r['pods']:4d} gpus {r['gpus']:.0f}  cluster {r['ratio']:6.2f}  "
-                    f"sim-fgd {sims['sim-fgd']:6.2f}  diff {r['ratio'] - sims['sim-fgd']:+6.2f}  "
-                    f"(sim-bestfit {sims['sim-bestfit']:.2f}, sim-spread {sims['sim-spread']:.2f}, "
-                    f"replica-noworkload {sims['replica-noworkload']:.2f}; {r['seconds']:.0f} s)")
+            at = (90, 100, 110, 130)
+            cells = "  ".join(f"{x}%: {r['curve'][x]:6.2f} / {sims['sim-fgd'][x]:6.2f}" for x in at)
+            worst = max(r["curve"][x] - sims["sim-fgd"][x] for x in rp.LOADS)
+            least = min(r["curve"][x] - sims["sim-fgd"][x] for x in rp.LOADS)
+            others = "  ".join(f"{k} {sims[k][100]:.2f}" for k in ("sim-bestfit", "sim-spread", "replica-noworkload"))
+            line = (f"seed {seed} {row:18s} pods {r['pods']:4d}  cluster / sim-fgd at arrived {cells}  "
+                    f"diff over 60-130 %: {least:+.2f} .. {worst:+.2f}  (at 100 %: {others}; {r['seconds']:.0f} s)")
             print(line, flush=True)
             lines.append(line)
-    lines.append("# mean diff (cluster - sim-fgd) per row: " + ", ".join(
-        f"{row} {sum(r['ratio'] - r['sim-fgd'] for r in results if r['row'] == row) / max(1, sum(1 for r in results if r['row'] == row)):+.2f}"
+    lines.append("# per row, mean over seeds of the largest |cluster - sim-fgd| over arrived 60..130 %: " + ", ".join(
+        f"{row} {sum(max(abs(r['curve'][x] - r['sim-fgd'][x]) for x in rp.LOADS) for r in results if r['row'] == row) / max(1, sum(1 for r in results if r['row'] == row)):.2f}"
         for row in a.rows))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

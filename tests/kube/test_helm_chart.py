@@ -382,10 +382,10 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
     agent = _rules(objs, "ClusterRole", "gs-gpuslice-agent")
     assert agent == {("", "nodes", v, "") for v in ("get", "patch")} | {("", "pods", v, "") for v in ("list", "patch")}
 
-    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods.
+    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods, watch pods' usage.
     extender = _rules(objs, "ClusterRole", "gs-gpuslice-extender")
     assert extender == ({("", "nodes", v, "") for v in ("get", "list", "watch", "patch")}
-                        | {("", "pods", v, "") for v in ("get", "list", "patch")}
+                        | {("", "pods", v, "") for v in ("get", "list", "watch", "patch")}
                         | {("", "pods/binding", "create", "")})
 
     lease = _rules(objs, "Role", "gs-gpuslice-scheduler-lease")

@@ -46,14 +46,18 @@ def replay_tasks(seed: int, specs: Sequence[Any], trace: str = "openb_pod_list_d
     return draw_inflation(load_tasks(DATA / trace), capacity, SimConfig(seed=seed, cpu_tasks="skip")), capacity
 
 
-def simulated_ratio(seed: int, specs: Sequence[Any], policy: str, trace: str = "openb_pod_list_default.csv") -> float:
+def simulated(seed: int, specs: Sequence[Any], policy: str, trace: str = "openb_pod_list_default.csv") -> Any:
+    """The simulator's :class:`~gpuslice.sim.engine.InflationResult` (``alloc_curve``, ``final_alloc``)."""
     from gpuslice.placement import PlacementPolicy
     from gpuslice.sim.engine import SimConfig, run_inflation
     from gpuslice.sim.trace import load_tasks
 
-    result = run_inflation(load_tasks(DATA / trace), list(specs), PlacementPolicy.parse(policy),
-                           SimConfig(seed=seed, cpu_tasks="skip"))
-    return result.final_alloc
+    return run_inflation(load_tasks(DATA / trace), list(specs), PlacementPolicy.parse(policy),
+                         SimConfig(seed=seed, cpu_tasks="skip"))
+
+
+def simulated_ratio(seed: int, specs: Sequence[Any], policy: str, trace: str = "openb_pod_list_default.csv") -> float:
+    return simulated(seed, specs, policy, trace).final_alloc
 
 
 def node_devices(spec: Any) -> list[Any]:
@@ -135,3 +139,23 @@ def submit_in_order(core: Any, namespace: str, pods: Sequence[dict[str, Any]], t
 
 def cluster_ratio(tasks: Sequence[Any], names: Sequence[str], placed: dict[str, str | None], capacity: float) -> float:
     return sum(t.gpu_demand for t, n in zip(tasks, names) if placed.get(n)) / capacity * 100
+
+
+def cluster_curve(tasks: Sequence[Any], names: Sequence[str], placed: dict[str, str | None], capacity: float,
+                  points: int = 131) -> list[float]:
+    """Allocation % when the arrived load first reaches 0, 1, …, 130 % of capacity — the simulator's
+    ``alloc_curve``, for the cluster's outcomes."""
+    curve = [float("nan")] * points
+    arrived = allocated = 0.0
+    k = 0
+    for t, n in zip(tasks, names):
+        arrived += t.gpu_demand
+        if placed.get(n):
+            allocated += t.gpu_demand
+        while k < points and arrived / capacity * 100 >= k:
+            curve[k] = allocated / capacity * 100
+            k += 1
+    return curve
+
+
+LOADS = (60, 70, 80, 90, 100, 110, 120, 130)  # arrived load (% of capacity) the comparisons read the curves at

@@ -127,9 +127,16 @@ def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: 
 
     api = connect(kubeconfig)
     cache = NodeCache(api) if node_cache else None
+    usage = None
     if cache:
         cache.start()
-    extender = Extender(api, cfg, cache=cache, stale_after=stale_after, allocation_timeout=allocation_timeout)
+        # CPU and memory of the pods on each node, for FGD and best-fit (kube-scheduler filters them itself).
+        from gpuslice.kube.extender.usage import PodUsage
+
+        usage = PodUsage(api)
+        usage.start()
+    extender = Extender(api, cfg, cache=cache, stale_after=stale_after, allocation_timeout=allocation_timeout,
+                        usage=usage)
 
     def collect() -> None:
         stop = threading.Event()

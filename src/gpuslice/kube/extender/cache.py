@@ -9,8 +9,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from dataclasses import replace
+
 from gpuslice.kube import formats, nodestate
 from gpuslice.kube.api import KubeAPI
+from gpuslice.kube.extender.usage import PodUsage
+from gpuslice.kube.resources import parse_quantity
 from gpuslice.placement import Fleet, NodeState
 from gpuslice.spec import SpecError
 
@@ -30,6 +34,18 @@ class NodeView:
     allocating: frozenset[str] = frozenset()  # the allocation lock's holders (gpuslice.io/allocating)
 
 
+def allocatable(node: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(CPU milli, memory bytes) the Node offers pods (``status.allocatable``); None where not given."""
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    out: list[int | None] = []
+    for key, scale in (("cpu", 1000), ("memory", 1)):
+        try:
+            out.append(int(parse_quantity(key, alloc[key]) * scale) if key in alloc else None)
+        except SpecError:
+            out.append(None)
+    return out[0], out[1]
+
+
 def view_of(node: Mapping[str, Any]) -> NodeView:
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
@@ -43,7 +59,10 @@ def view_of(node: Mapping[str, Any]) -> NodeView:
         devices = formats.decode_node_devices(anns[formats.NODE_DEVICES])
         ledger = formats.decode_ledger(anns.get(formats.NODE_LEDGER), name)
         allocating = formats.decode_allocating(anns.get(formats.NODE_ALLOCATING))
-        state = nodestate.node_state(name, devices, ledger)
+        cpu, memory = allocatable(node)
+        # CPU and host memory tracked for FGD and best-fit (what the pods there use: PodUsage, applied by
+        # FleetIndex and Extender._with_usage); kube-scheduler filters them itself.
+        state = replace(nodestate.node_state(name, devices, ledger), cpu_milli=cpu, host_memory=memory)
     except SpecError as exc:
         return NodeView(name, rv, None, formats.Ledger({}), None, f"node annotations are unreadable: {exc}")
     return NodeView(name, rv, devices, ledger, state, allocating=allocating)
@@ -114,26 +133,54 @@ class FleetIndex:
     and came (public placement API); a change of devices, health or the node set rebuilds it. Filter and
     prioritize then cost a few numpy passes instead of a per-request conversion of every node."""
 
-    def __init__(self, views: ViewCache):
+    def __init__(self, views: ViewCache, usage: PodUsage | None = None):
         self.views = views
+        self.usage = usage
         self.lock = threading.Lock()
         self.fleet: Fleet | None = None
         self.used: dict[str, NodeView] = {}
         self.version = -1
+        self.usage_version = -1
+        self.applied: dict[str, tuple[int, int]] = {}  # (cpu, memory) of PodUsage applied to each row
         self.rebuilds = 0
 
     @staticmethod
     def _same_devices(a: NodeView, b: NodeView) -> bool:
         da, db = a.devices, b.devices
         assert da is not None and db is not None
+        sa, sb = a.state, b.state
+        assert sa is not None and sb is not None
         return (da.devices == db.devices and dict(da.health) == dict(db.health)
-                and da.split_count == db.split_count and da.memory_scaling == db.memory_scaling)
+                and da.split_count == db.split_count and da.memory_scaling == db.memory_scaling
+                and (sa.cpu_milli, sa.host_memory) == (sb.cpu_milli, sb.host_memory))
 
     def _rebuild(self) -> None:
         self.version, views = self.views.snapshot()
         self.used = {n: v for n, v in views.items() if v.state is not None}
         self.fleet = Fleet([v.state for v in self.used.values()])  # type: ignore[misc]
         self.rebuilds += 1
+        self.applied = {}
+        if self.usage is not None:
+            self.usage_version, _ = self.usage.changes_since(self.usage_version)
+            for name in self.used:
+                self._set_usage(name, self.usage.usage(name))
+
+    def _set_usage(self, name: str, want: tuple[int, int]) -> None:
+        """Move row ``name``'s CPU / memory use to ``want`` (clamped to what the node offers: pods kube-scheduler
+        placed are within it, a lagging view may not be)."""
+        fleet = self.fleet
+        assert fleet is not None
+        i = fleet.index[name]
+        totals = (int(fleet.cpu_total[i]), int(fleet.hm_total[i]))  # untracked: placement's huge sentinel
+        want = tuple(max(0, min(int(w), t)) for w, t in zip(want, totals))  # type: ignore[assignment]
+        old = self.applied.get(name, (0, 0))
+        up = [max(0, w - o) for w, o in zip(want, old)]
+        down = [max(0, o - w) for w, o in zip(want, old)]
+        if any(down):
+            fleet.release(name, [], cpu_milli=down[0], host_memory=down[1])
+        if any(up):
+            fleet.apply(name, [], cpu_milli=up[0], host_memory=up[1])
+        self.applied[name] = want  # type: ignore[assignment]
 
     def _update(self, name: str, new: NodeView | None) -> bool:
         """Move one row to ``new``; False when only a rebuild can (node set / devices changed)."""
@@ -166,6 +213,11 @@ class FleetIndex:
                     self._rebuild()
                 else:
                     self.version = version
+            if self.usage is not None:
+                self.usage_version, moved = self.usage.changes_since(self.usage_version)
+                for name, want in moved.items():
+                    if name in self.used:
+                        self._set_usage(name, want)
         assert self.fleet is not None
         return self.fleet
 

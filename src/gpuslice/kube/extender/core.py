@@ -6,12 +6,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from gpuslice.kube import alloclock, formats, nodestate, podrequest, resources
 from gpuslice.kube.api import KubeAPI, KubeError
 from gpuslice.kube.extender.bind import BindTransaction
 from gpuslice.kube.extender.cache import FleetIndex, NodeCache, NodeView, ViewCache
+from gpuslice.kube.extender.usage import PodUsage, pod_requests
 from gpuslice.kube.extender.gc import GarbageCollection
 from gpuslice.kube.extender.wire import ExtenderArgs, extender_scores
 from gpuslice.placement import (
@@ -27,12 +29,13 @@ class Extender(BindTransaction, GarbageCollection):
     def __init__(self, api: KubeAPI | None, cfg: resources.KubeConfig | None = None, *,
                  cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0, use_index: bool = True,
                  stale_after: float = 0.0, allocation_timeout: float = alloclock.DEFAULT_TIMEOUT,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, usage: PodUsage | None = None):
         self.api = api
         self.cfg = cfg or resources.KubeConfig()
         self.cache = cache
         self.views = cache.views if cache else ViewCache()
-        self.index = FleetIndex(self.views)
+        self.usage = usage  # CPU / memory the pods on each node request (FGD and best-fit weigh it)
+        self.index = FleetIndex(self.views, usage)
         self.use_index = use_index
         self.stale_after = stale_after  # seconds without a devices publication before a node is skipped (0: never)
         if allocation_timeout < 0:
@@ -83,8 +86,9 @@ class Extender(BindTransaction, GarbageCollection):
 
     ARRIVALS_KEPT = 65536  # pod UIDs remembered so a pod filtered again (a retry) is counted once
 
-    def _arrive(self, pod_uid: str, req: podrequest.PodRequest) -> None:
-        """Count a pod's shapes in the learnt workload the first time it is filtered."""
+    def _arrive(self, pod_uid: str, req: podrequest.PodRequest, demand: tuple[int, int]) -> None:
+        """Count a pod's shapes in the learnt workload the first time it is filtered (the pod's CPU and memory
+        with its first container's, as the simulator's tasks carry them)."""
         if not pod_uid:
             return
         with self._mix_lock:
@@ -93,8 +97,9 @@ class Extender(BindTransaction, GarbageCollection):
             self._arrived[pod_uid] = None
             if len(self._arrived) > self.ARRIVALS_KEPT:
                 self._arrived.popitem(last=False)
-            for c in req.containers:
-                self.mix.observe(TaskShape.of(c.request))
+            for k, c in enumerate(req.containers):
+                cpu, mem = demand if k == 0 else (0, 0)
+                self.mix.observe(TaskShape.of(c.request, cpu_milli=cpu, host_memory=mem))
 
     def _workload(self, policy: PlacementPolicy) -> Workload | None:
         if "fgd" not in (policy.node, policy.gpu):
@@ -102,13 +107,20 @@ class Extender(BindTransaction, GarbageCollection):
         with self._mix_lock:
             return self.mix.workload()
 
-    @staticmethod
-    def _state_for(view: NodeView, req: podrequest.PodRequest) -> NodeState:
-        assert view.state is not None and view.devices is not None
-        if not (req.avoid_models or req.avoid_uuids or req.use_uuids):
-            return view.state
-        blocked = podrequest.blocked_devices(view.devices, req)
-        return nodestate.node_state(view.name, view.devices, view.ledger, blocked=blocked)
+    def _state_for(self, view: NodeView, req: podrequest.PodRequest) -> NodeState:
+        """The node's placement state for this pod: its devices (minus the pod's excluded ones), grants, and
+        the CPU / memory its pods use."""
+        state = view.state
+        assert state is not None and view.devices is not None
+        if req.avoid_models or req.avoid_uuids or req.use_uuids:
+            blocked = podrequest.blocked_devices(view.devices, req)
+            state = replace(nodestate.node_state(view.name, view.devices, view.ledger, blocked=blocked),
+                            cpu_milli=state.cpu_milli, host_memory=state.host_memory)
+        if self.usage is None:
+            return state
+        cpu, mem = self.usage.usage(view.name)
+        return replace(state, cpu_used=min(cpu, state.cpu_milli) if state.cpu_milli is not None else 0,
+                       host_memory_used=min(mem, state.host_memory) if state.host_memory is not None else 0)
 
     def _fit(self, req: podrequest.PodRequest, views: list[NodeView],
              pod_uid: str = "") -> tuple[list[str], dict[str, str], dict[str, NodeState]]:
@@ -193,16 +205,20 @@ class Extender(BindTransaction, GarbageCollection):
         """The shared fleet serves pods without per-pod device exclusions."""
         return self.use_index and not (req.avoid_models or req.avoid_uuids or req.use_uuids)
 
-    def _place_all(self, req: podrequest.PodRequest, state: NodeState) -> list[tuple[podrequest.ContainerRequest, Any]]:
+    def _place_all(self, req: podrequest.PodRequest, state: NodeState,
+                   demand: tuple[int, int] = (0, 0)) -> list[tuple[podrequest.ContainerRequest, Any]]:
+        """Each container on ``state`` in turn; the pod's CPU / memory (``demand``) go with the first, as far as
+        the extender's view of the node has them free (kube-scheduler, which filters them, has the last word)."""
         policy = self._policy(req)
         workload = self._workload(policy)
         out = []
-        for c in req.containers:
+        for k, c in enumerate(req.containers):
+            cpu, mem = _fitting(demand, state) if k == 0 else (0, 0)
             try:
-                p = place(c.request, [state], policy, workload=workload)
+                p = place(c.request, [state], policy, workload=workload, cpu_milli=cpu, host_memory=mem)
             except NoFit as exc:
                 raise NoFit(f"container {c.name}: {exc.reason}", exc.per_node) from None
-            state = apply(state, p.slices, exclusive=p.exclusive)
+            state = apply(state, p.slices, exclusive=p.exclusive, cpu_milli=cpu, host_memory=mem)
             out.append((c, p))
         return out
 
@@ -217,7 +233,7 @@ class Extender(BindTransaction, GarbageCollection):
             return self._filter_result(args, list(args.node_names), {})
         views = self._views_for(args)
         req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
-        self._arrive(str(args.pod["metadata"].get("uid") or ""), req)
+        self._arrive(str(args.pod["metadata"].get("uid") or ""), req, pod_requests(args.pod))
         fitting, failed, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
         return self._filter_result(args, fitting, failed)
 
@@ -247,14 +263,26 @@ class Extender(BindTransaction, GarbageCollection):
         req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
         scores: dict[str, float] = {}
         first = req.containers[0].request
+        cpu, mem = pod_requests(args.pod)
+        policy = self._policy(req)
         if self._indexed(req) and len(req.containers) == 1:
             with self.index.lock:
-                scores = score_nodes(first, self.index.current(), self._policy(req),
-                                     workload=self._workload(self._policy(req)))
+                scores = score_nodes(first, self.index.current(), policy, workload=self._workload(policy),
+                                     cpu_milli=cpu, host_memory=mem)
         else:
             fitting, _, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
             states = {v.name: self._state_for(v, req) for v in views if v.name in set(fitting)}
             if fitting:
-                scores = score_nodes(first, [states[n] for n in fitting], self._policy(req),
-                                     workload=self._workload(self._policy(req)))
+                scores = score_nodes(first, [states[n] for n in fitting], policy, workload=self._workload(policy),
+                                     cpu_milli=cpu, host_memory=mem)
         return extender_scores(scores, args.node_names)
+
+
+def _fitting(demand: tuple[int, int], state: NodeState) -> tuple[int, int]:
+    """The pod's CPU / memory, capped at what the extender's (possibly lagging) view of the node has free."""
+    cpu, mem = demand
+    if state.cpu_milli is not None:
+        cpu = max(0, min(cpu, state.cpu_milli - state.cpu_used))
+    if state.host_memory is not None:
+        mem = max(0, min(mem, state.host_memory - state.host_memory_used))
+    return cpu, mem
