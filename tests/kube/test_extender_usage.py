@@ -102,7 +102,6 @@ def test_refresh_lists_bound_pods_and_drops_the_ones_gone() -> None:
             self.items = [bound("a", "n1", "1"), bound("b", "n1", "2")]
 
         def list_pods_at(self, field_selector="", resource_version=""):
-            assert field_selector == "spec.nodeName!="
             return list(self.items), "7"
 
     api = Api()
@@ -111,3 +110,22 @@ def test_refresh_lists_bound_pods_and_drops_the_ones_gone() -> None:
     api.items = api.items[:1]
     u.refresh()
     assert u.usage("n1") == (1000, GiB)
+
+
+def test_every_new_gpu_pod_for_our_scheduler_counts_once_in_the_learnt_workload() -> None:
+    """Also the pods kube-scheduler turns away itself (no node has the CPU) and never sends to the extender: the
+    simulator's workload counts every arrival."""
+    u = PodUsage()
+    ext = Extender(None, resources.KubeConfig(policy=PlacementPolicy.parse("fgd")), usage=u)
+    big = pod("big", {"nvidia.com/gpu": "8", "cpu": "500"})
+    big["spec"]["schedulerName"] = "gpuslice-scheduler"
+    other = pod("other", {"nvidia.com/gpu": "1"})  # another scheduler's (default-scheduler)
+    done = pod("done", {"nvidia.com/gpu": "1"})
+    done["spec"]["schedulerName"] = "gpuslice-scheduler"
+    done["status"]["phase"] = "Succeeded"
+    for p in (big, other, done, big):
+        u.on_pod(p)  # type: ignore[misc]
+    ext.filter({"Pod": big, "NodeNames": []})  # and then filtered: still one arrival
+    assert ext.mix.seen == 1
+    ((shape, count),) = ext.mix.counts.items()
+    assert (shape.count, shape.cpu_milli, count) == (8, 500000, 1.0)

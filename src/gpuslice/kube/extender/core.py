@@ -53,6 +53,8 @@ class Extender(BindTransaction, GarbageCollection):
         self.mix = WorkloadMix()
         self._arrived: OrderedDict[str, None] = OrderedDict()
         self._mix_lock = threading.Lock()
+        if usage is not None:
+            usage.on_pod = self._observe_pod  # every new pod arrives, whether or not kube-scheduler asks us
 
     # ------------------------------------------------------------------------------------ helpers
     def _views_for(self, args: ExtenderArgs) -> list[NodeView]:
@@ -100,6 +102,20 @@ class Extender(BindTransaction, GarbageCollection):
             for k, c in enumerate(req.containers):
                 cpu, mem = demand if k == 0 else (0, 0)
                 self.mix.observe(TaskShape.of(c.request, cpu_milli=cpu, host_memory=mem))
+
+    def _observe_pod(self, pod: Mapping[str, Any]) -> None:
+        """A pod the watch (or the list at start) shows: counted as an arrival, once, if it is a GPU pod for our
+        scheduler that has not finished — bound ones too: a restarted extender learns from the pods running."""
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        if spec.get("schedulerName") != self.cfg.scheduler_name or status.get("phase") in ("Succeeded", "Failed"):
+            return
+        try:
+            req = podrequest.pod_request(pod, self.cfg)
+        except SpecError:
+            return  # filter reports it on the pod
+        if not req.empty:
+            req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
+            self._arrive(str((pod.get("metadata") or {}).get("uid") or ""), req, pod_requests(pod))
 
     def _workload(self, policy: PlacementPolicy) -> Workload | None:
         if "fgd" not in (policy.node, policy.gpu):

@@ -6,18 +6,22 @@ paper, and gpuslice's simulator), and best-fit weighs free CPU. Without this vie
 pods onto nodes whose CPU then ran out: on openb slices with the trace's real CPU it allocated 0.9–1.2 points
 less than the simulator (bench/kube_placement_replay.py).
 
-:class:`PodUsage` keeps ``{node: (cpu milli, memory bytes)}`` from a list + watch of the pods bound to a node
-(``spec.nodeName!=``), counting pods that are not finished, with kube-scheduler's formula per pod
+:class:`PodUsage` keeps ``{node: (cpu milli, memory bytes)}`` from a list + watch of all pods, counting the bound
+ones that are not finished, with kube-scheduler's formula per pod
 (:func:`pod_requests`: containers summed, at least the largest init container, plus the pod overhead). A pod the
 extender binds is counted at once (:meth:`PodUsage.assume`), before its watch event arrives. It lags the API
 server by the watch's delay; it only steers scoring — a node kube-scheduler finds without room never gets the pod.
+
+Every pod the list or the watch shows is also handed to ``on_pod``: the extender learns FGD's workload from the
+pods as they are created, including the ones kube-scheduler's own filters turn away before it ever calls the
+extender (a pod needing more CPU than any node has left): the simulator's workload counts every arrival.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gpuslice.kube.api import KubeAPI
 from gpuslice.kube.resources import parse_quantity
@@ -61,9 +65,11 @@ class PodUsage:
     """Per node, what the pods bound there request; ``version`` / :meth:`changes_since` let the fleet index
     follow. ``api`` needs ``list_pods_at`` (and ``watch_pods``; without it the list is polled)."""
 
-    def __init__(self, api: KubeAPI | None = None, poll_interval: float = 2.0):
+    def __init__(self, api: KubeAPI | None = None, poll_interval: float = 2.0,
+                 on_pod: Callable[[Mapping[str, Any]], None] | None = None):
         self.api = api
         self.poll_interval = poll_interval
+        self.on_pod = on_pod
         self._pods: dict[str, tuple[str, int, int]] = {}
         self._nodes: dict[str, list[int]] = {}
         self._changed: dict[str, int] = {}
@@ -127,19 +133,31 @@ class PodUsage:
     # ------------------------------------------------------------------------------------ list + watch
     def refresh(self) -> str:
         assert self.api is not None
-        items, rv = self.api.list_pods_at("spec.nodeName!=")  # type: ignore[attr-defined]
+        items, rv = self.api.list_pods_at()  # type: ignore[attr-defined]
+        # Oldest first: a restarted extender learns the workload in the order the pods came.
+        items.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
         with self._lock:
             seen = set()
             for pod in items:
                 meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
                 uid = str(meta.get("uid") or "")
                 seen.add(uid)
+                node = str(spec.get("nodeName") or "")
                 done = (pod.get("status") or {}).get("phase") in FINISHED
-                self._set(uid, None if done else (str(spec.get("nodeName")), *pod_requests(pod)))
+                self._set(uid, None if done or not node else (node, *pod_requests(pod)))
             for uid in [u for u in self._pods if u not in seen]:
                 self._set(uid, None)
         self.synced.set()
+        for pod in items:
+            self._tell(pod)
         return rv
+
+    def _tell(self, pod: Mapping[str, Any]) -> None:
+        if self.on_pod is not None:
+            try:
+                self.on_pod(pod)
+            except Exception as exc:  # a listener's bug must not stop the usage view
+                log.warning("pod usage listener: %s", exc)
 
     def start(self) -> None:
         if self._thread is None and self.api is not None:
@@ -157,11 +175,13 @@ class PodUsage:
                 if watch is None:
                     self._stop.wait(self.poll_interval)
                     continue
-                for kind, pod in watch(rv, field_selector="spec.nodeName!="):
+                for kind, pod in watch(rv):
                     if self._stop.is_set():
                         return
                     if kind in ("ADDED", "MODIFIED"):
                         self.put(pod)
+                        if kind == "ADDED":
+                            self._tell(pod)
                     elif kind == "DELETED":
                         self.remove(pod)
                     elif kind == "ERROR":
