@@ -89,7 +89,7 @@ def test_fgd_in_the_extender_weighs_the_cpu_left_on_each_node() -> None:
     scores = {s["Host"]: s["Score"] for s in ext.prioritize(args)}
     request = podrequest.pod_request(p, cfg).containers[0].request
     mix = WorkloadMix()
-    mix.observe(TaskShape.of(request, cpu_milli=4000, host_memory=8 * GiB))
+    mix.observe(TaskShape.of(request, cpu_milli=4000))
     states = [ext._state_for(view_of(n), podrequest.pod_request(p, cfg)) for n in nodes]
     want = place(request, states, PlacementPolicy.parse("fgd"), workload=mix.workload(), cpu_milli=4000,
                  host_memory=8 * GiB).node

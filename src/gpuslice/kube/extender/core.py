@@ -89,8 +89,9 @@ class Extender(BindTransaction, GarbageCollection):
     ARRIVALS_KEPT = 65536  # pod UIDs remembered so a pod filtered again (a retry) is counted once
 
     def _arrive(self, pod_uid: str, req: podrequest.PodRequest, demand: tuple[int, int]) -> None:
-        """Count a pod's shapes in the learnt workload the first time it is filtered (the pod's CPU and memory
-        with its first container's, as the simulator's tasks carry them)."""
+        """Count a pod's shapes in the learnt workload the first time it is seen (the pod's CPU with its first
+        container's shape; host memory is not part of a shape, as in the simulator: it rarely binds, and every
+        distinct amount would split a shape's count)."""
         if not pod_uid:
             return
         with self._mix_lock:
@@ -100,8 +101,7 @@ class Extender(BindTransaction, GarbageCollection):
             if len(self._arrived) > self.ARRIVALS_KEPT:
                 self._arrived.popitem(last=False)
             for k, c in enumerate(req.containers):
-                cpu, mem = demand if k == 0 else (0, 0)
-                self.mix.observe(TaskShape.of(c.request, cpu_milli=cpu, host_memory=mem))
+                self.mix.observe(TaskShape.of(c.request, cpu_milli=demand[0] if k == 0 else 0))
 
     def _observe_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod the watch (or the list at start) shows: counted as an arrival, once, if it is a GPU pod for our
