@@ -13,6 +13,8 @@ Start-up objects are moved out of the cyclic GC's way (``gc.freeze()``), as a lo
     # FGD weighing an openb-sized shape set (the 32 most frequent shapes of openb_pod_list_default,
     # CPU-only ones included, as the simulator's FGD sees them) instead of the 14-shape mix:
     .venv/bin/python bench/placement_latency.py --shapes openb --sizes 5000 --policies fgd
+    # while another job loads the machine: each policy timed unloaded and with one busy process, A B B A
+    .venv/bin/python bench/placement_latency.py --shapes openb --sizes 5000 --load 1
 """
 
 from __future__ import annotations
