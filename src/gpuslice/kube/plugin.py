@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -36,8 +35,9 @@ from gpuslice.kube import formats
 from gpuslice.kube.allocator import API_VERSION, AllocateError, Allocator, PluginConfig, device_id, uuid_of
 from gpuslice.kube.api import KubeAPI, KubeError
 from gpuslice.kube.deviceplugin import load
+from gpuslice.kube.grpcserve import serve_unix, stop as stop_server
 from gpuslice.kube.devicestate import DeviceTracker, HealthSource, StaticHealth  # noqa: F401 (re-exported)
-from gpuslice.spec import Device, GpusliceError, SpecError
+from gpuslice.spec import Device, SpecError
 
 log = logging.getLogger("gpuslice.deviceplugin")
 
@@ -134,23 +134,13 @@ class DevicePlugin(DeviceTracker):
     # ------------------------------------------------------------------------------------ lifecycle
     def serve(self) -> None:
         """Start the gRPC server on the plugin socket (replacing a stale file)."""
-        path = self.cfg.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gpuslice-dp"))
-        self.pb2_grpc.add_DevicePluginServicer_to_server(self._servicer(), server)
-        if server.add_insecure_port(f"unix://{path}") == 0:
-            raise GpusliceError(f"cannot listen on {path}")
-        server.start()
-        self._server = server
+        self._server = serve_unix([self.cfg.socket_path],
+                                  lambda server: self.pb2_grpc.add_DevicePluginServicer_to_server(self._servicer(), server),
+                                  workers=16, name="gpuslice-dp")
 
     def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait(2)
-            self._server = None
+        stop_server(self._server)
+        self._server = None
 
     def register(self, timeout: float = 5.0) -> None:
         """Call the kubelet's Registration.Register for our socket and resource name."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import grpc
 from gpuslice.kube.dra.driver import ClaimRef, DraDriver
 from gpuslice.kube.dra.kubeletapi import load
 from gpuslice.kube.dra.resourceslice import DRIVER
-from gpuslice.spec import GpusliceError
+from gpuslice.kube.grpcserve import serve_unix, stop as stop_server
 
 log = logging.getLogger("gpuslice.dra")
 
@@ -97,21 +96,15 @@ class DraPlugin:
     def serve(self) -> None:
         """Listen on both sockets (stale files replaced): the DRA service, then the registration socket — the
         kubelet calls the service as soon as it sees the registration socket."""
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpuslice-dra"))
-        self.api.dra_grpc.add_DRAPluginServicer_to_server(self._dra_servicer(), server)
-        self.api.reg_grpc.add_RegistrationServicer_to_server(self._registration_servicer(), server)
-        for path in (self.cfg.socket_path, self.cfg.registration_path):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
-            if server.add_insecure_port(f"unix://{path}") == 0:
-                raise GpusliceError(f"cannot listen on {path}")
-        server.start()
-        self._server = server
+        def services(server: grpc.Server) -> None:
+            self.api.dra_grpc.add_DRAPluginServicer_to_server(self._dra_servicer(), server)
+            self.api.reg_grpc.add_RegistrationServicer_to_server(self._registration_servicer(), server)
+
+        self._server = serve_unix([self.cfg.socket_path, self.cfg.registration_path], services, workers=8,
+                                  name="gpuslice-dra")
 
     def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait(2)
-            self._server = None
+        self._close()
         for path in (self.cfg.registration_path, self.cfg.socket_path):
             path.unlink(missing_ok=True)  # the kubelet sees the plugin go (it would otherwise retry a dead socket)
 
@@ -132,9 +125,8 @@ class DraPlugin:
         self.shutdown()
 
     def _close(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait(2)
-            self._server = None
+        stop_server(self._server)
+        self._server = None
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name="gpuslice-dra-plugin", daemon=True)

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from gpuslice.kube import formats, nodestate
 from gpuslice.kube.api import KubeAPI
+from gpuslice.kube.extender.follow import follow
 from gpuslice.kube.extender.usage import PodUsage
 from gpuslice.kube.resources import parse_quantity
 from gpuslice.placement import Fleet, NodeState
@@ -258,25 +259,14 @@ class NodeCache:
         self._stop.set()
 
     def _run(self) -> None:
-        watch = getattr(self.api, "watch_nodes", None)
-        while not self._stop.is_set():
-            try:
-                rv = self.refresh()
-                if watch is None:
-                    self._stop.wait(self.poll_interval)
-                    continue
-                for kind, node in watch(rv):
-                    if self._stop.is_set():
-                        return
-                    if kind in ("ADDED", "MODIFIED"):
-                        self.views.view(node)
-                    elif kind == "DELETED":
-                        self.views.forget((node.get("metadata") or {}).get("name", ""))
-                    elif kind == "ERROR":
-                        break
-            except Exception as exc:  # the API server restarts, a watch expires: relist
-                log.warning("node cache: %s; relisting", exc)
-                self._stop.wait(min(self.poll_interval, 1.0))
+        follow("node cache", self.refresh, getattr(self.api, "watch_nodes", None), self._event, self._stop,
+               self.poll_interval)
+
+    def _event(self, kind: str, node: dict[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self.views.view(node)
+        elif kind == "DELETED":
+            self.views.forget((node.get("metadata") or {}).get("name", ""))
 
 
 def sum_grants(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:

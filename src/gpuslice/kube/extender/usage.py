@@ -24,6 +24,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from gpuslice.kube.api import KubeAPI
+from gpuslice.kube.extender.follow import follow
 from gpuslice.kube.resources import parse_quantity
 from gpuslice.spec import SpecError
 
@@ -168,24 +169,13 @@ class PodUsage:
         self._stop.set()
 
     def _run(self) -> None:
-        watch = getattr(self.api, "watch_pods", None)
-        while not self._stop.is_set():
-            try:
-                rv = self.refresh()
-                if watch is None:
-                    self._stop.wait(self.poll_interval)
-                    continue
-                for kind, pod in watch(rv):
-                    if self._stop.is_set():
-                        return
-                    if kind in ("ADDED", "MODIFIED"):
-                        self.put(pod)
-                        if kind == "ADDED":
-                            self._tell(pod)
-                    elif kind == "DELETED":
-                        self.remove(pod)
-                    elif kind == "ERROR":
-                        break
-            except Exception as exc:  # the API server restarts, a watch expires: relist
-                log.warning("pod usage: %s; relisting", exc)
-                self._stop.wait(min(self.poll_interval, 1.0))
+        follow("pod usage", self.refresh, getattr(self.api, "watch_pods", None), self._event, self._stop,
+               self.poll_interval)
+
+    def _event(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self.put(pod)
+            if kind == "ADDED":
+                self._tell(pod)
+        elif kind == "DELETED":
+            self.remove(pod)
