@@ -39,6 +39,11 @@ def test_openb_replay_allocates_what_the_simulator_allocates(control_plane: "Con
 
     core = client.CoreV1Api(control_plane.api())
     core.create_namespace({"metadata": {"name": NS}})
+    # Pods of earlier tests still waiting for the gpuslice scheduler would be retried whenever a node changes and
+    # reach the replay's extender, joining the workload it learns (the simulator's has the replay's pods only).
+    for pod in core.list_pod_for_all_namespaces(field_selector="spec.nodeName=").items:
+        if pod.spec.scheduler_name == "gpuslice-scheduler":
+            core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
     specs = rp.replay_nodes(SEED, NODES, cpu_scale=1)  # openb's own CPU and memory: the extender weighs them
     tasks, capacity = rp.replay_tasks(SEED, specs)
     rp.create_nodes(core, specs, LABEL, TAINT)

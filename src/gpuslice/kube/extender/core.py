@@ -104,8 +104,8 @@ class Extender(BindTransaction, GarbageCollection):
                 self.mix.observe(TaskShape.of(c.request, cpu_milli=demand[0] if k == 0 else 0))
 
     def _observe_pod(self, pod: Mapping[str, Any]) -> None:
-        """A pod the watch (or the list at start) shows: counted as an arrival, once, if it is a GPU pod for our
-        scheduler that has not finished — bound ones too: a restarted extender learns from the pods running."""
+        """A pod the watch shows being created: counted as an arrival, once, if it is a GPU pod for our scheduler
+        that has not finished."""
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         if spec.get("schedulerName") != self.cfg.scheduler_name or status.get("phase") in ("Succeeded", "Failed"):
             return

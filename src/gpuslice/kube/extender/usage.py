@@ -12,9 +12,10 @@ ones that are not finished, with kube-scheduler's formula per pod
 extender binds is counted at once (:meth:`PodUsage.assume`), before its watch event arrives. It lags the API
 server by the watch's delay; it only steers scoring — a node kube-scheduler finds without room never gets the pod.
 
-Every pod the list or the watch shows is also handed to ``on_pod``: the extender learns FGD's workload from the
-pods as they are created, including the ones kube-scheduler's own filters turn away before it ever calls the
-extender (a pod needing more CPU than any node has left): the simulator's workload counts every arrival.
+Every pod the watch shows being created is also handed to ``on_pod``: the extender learns FGD's workload from the
+pods as they arrive, including the ones kube-scheduler's own filters turn away before it ever calls the extender
+(a pod needing more CPU than any node has left): the simulator's workload counts every arrival. The pods a list
+shows (at start, after a watch broke) are not arrivals: a restarted extender learns from the pods that come.
 """
 
 from __future__ import annotations
@@ -135,8 +136,6 @@ class PodUsage:
     def refresh(self) -> str:
         assert self.api is not None
         items, rv = self.api.list_pods_at()  # type: ignore[attr-defined]
-        # Oldest first: a restarted extender learns the workload in the order the pods came.
-        items.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
         with self._lock:
             seen = set()
             for pod in items:
@@ -149,8 +148,6 @@ class PodUsage:
             for uid in [u for u in self._pods if u not in seen]:
                 self._set(uid, None)
         self.synced.set()
-        for pod in items:
-            self._tell(pod)
         return rv
 
     def _tell(self, pod: Mapping[str, Any]) -> None:
