@@ -417,11 +417,12 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
     agent = _rules(objs, "ClusterRole", "gs-gpuslice-agent")
     assert agent == {("", "nodes", v, "") for v in ("get", "patch")} | {("", "pods", v, "") for v in ("list", "patch")}
 
-    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods; with namespace
-    # quotas (the default) list ResourceQuotas (the webhook, on the same account, lists a namespace's pods).
+    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods, watch pods' usage;
+    # with namespace quotas (the default) list ResourceQuotas (the webhook, on the same account, lists a
+    # namespace's pods).
     extender = _rules(objs, "ClusterRole", "gs-gpuslice-extender")
     base = ({("", "nodes", v, "") for v in ("get", "list", "watch", "patch")}
-            | {("", "pods", v, "") for v in ("get", "list", "patch")}
+            | {("", "pods", v, "") for v in ("get", "list", "watch", "patch")}
             | {("", "pods/binding", "create", "")})
     assert extender == base | {("", "resourcequotas", "list", "")}
     assert _rules(render(helm, "quotas.enabled=false"), "ClusterRole", "gs-gpuslice-extender") == base

@@ -192,10 +192,16 @@ def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: 
 
     api = connect(kubeconfig)
     cache = NodeCache(api) if node_cache else None
+    usage = None
     if cache:
         cache.start()
+        # CPU and memory of the pods on each node, for FGD and best-fit (kube-scheduler filters them itself).
+        from gpuslice.kube.extender.usage import PodUsage
+
+        usage = PodUsage(api)
+        usage.start()
     extender = Extender(api, cfg, cache=cache, stale_after=stale_after, allocation_timeout=allocation_timeout,
-                        quotas=quotas)
+                        quotas=quotas, usage=usage)
 
     def collect() -> None:
         stop = threading.Event()
@@ -257,16 +263,29 @@ def kube_agent(
     metrics_port: int = typer.Option(0, "--metrics-port", metavar="PORT",
                                      help="Serve Prometheus metrics with namespace/pod/"
                                      "container labels on this port (0 = off)."),
+    dra: bool = typer.Option(False, "--dra", help="Serve as a DRA driver (ResourceSlice with consumable memory/"
+                             "compute, kubelet DRA plugin, CDI specs) instead of a device plugin."),
+    dra_plugin_dir: str = typer.Option("/var/lib/kubelet/plugins/gpuslice.io", "--dra-plugin-dir", metavar="DIR",
+                                       help="--dra: folder of the DRA service socket (dra.sock)."),
+    dra_registry_dir: str = typer.Option("/var/lib/kubelet/plugins_registry", "--dra-registry-dir", metavar="DIR",
+                                         help="--dra: the kubelet's plugin registration folder."),
+    cdi_dir: str = typer.Option("/var/run/cdi", "--cdi-dir", metavar="DIR",
+                                help="--dra: where CDI specs of prepared claims go."),
+    min_memory: str = typer.Option("1Gi", "--min-memory", metavar="SIZE", help="--dra: the smallest memory slice a "
+                                   "claim may take (smaller requests are rounded up to it)."),
+    compute_mode: str = typer.Option("hard", "--compute-mode", metavar="hard|soft|off",
+                                     help="--dra: compute mode of claims that set none: hard, soft or off."),
     log_level: str = typer.Option("info", "--log-level", metavar="LEVEL"),
 ) -> None:
-    """Device plugin + node registration (+ metrics) for one Kubernetes node. Also
+    """Device plugin (or, with --dra, DRA driver) + node registration (+ metrics) for one Kubernetes node. Also
     `gpuslice agent --kubernetes` (the same command under the local agent's name)."""
     from gpuslice.kube.agent import NodePublisher, Rediscovery, unique_devices
     from gpuslice.kube.api import connect
     from gpuslice.kube.resources import check_resource_name
     from gpuslice.kube.allocator import PluginConfig
     from gpuslice.kube.health import NvmlHealth
-    from gpuslice.kube.plugin import DevicePlugin, StaticHealth
+    from gpuslice.kube.devicestate import StaticHealth
+    from gpuslice.kube.plugin import DevicePlugin
     from gpuslice.host.devices import discover, load_snapshot
     from gpuslice.spec import SpecError
 
@@ -294,6 +313,12 @@ def kube_agent(
         found = load_snapshot(snapshot) if snapshot else discover()
         return unique_devices(found, node) if unique_uuids else found
 
+    if dra:
+        from gpuslice.kube.dra.agent import DraOptions, run
+
+        options = DraOptions(min_memory, compute_mode, dra_plugin_dir, dra_registry_dir, cdi_dir, publish_interval,
+                             rediscover_interval, health_recovery, metrics_port, register_only, snapshot is not None)
+        return run(cfg, options, find_devices, lambda: connect(kubeconfig), _say)
     with named_file("--snapshot", given=bool(snapshot)):
         devices = find_devices()
     api = connect(kubeconfig)
@@ -322,18 +347,11 @@ def kube_agent(
 
 
 def _serve_metrics(api, node: str, devices, state_dir: Path, port: int, mps=None) -> None:
-    from prometheus_client import CollectorRegistry, start_http_server
+    """The node's slice metrics; ``mps``: the spatial slices' daemons (state, faults)."""
+    from gpuslice.kube.labels import LedgerLabels, serve_metrics, watched_grants
 
-    from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, watched_grants
-    from gpuslice.host.metrics import ViewCollector
-    from gpuslice.host.monitor import Monitor
-
-    monitor = Monitor(devices, node, mps=mps)  # mps: the spatial slices' daemons (state, faults)
     labels = LedgerLabels(api, node)
-    registry = CollectorRegistry()
-    registry.register(KubeLabelCollector(
-        ViewCollector(lambda: monitor.sample(watched_grants(labels.ledger(), state_dir))), labels))
-    start_http_server(port, registry=registry)
+    serve_metrics(devices, node, port, lambda: watched_grants(labels.ledger(), state_dir), labels, mps=mps)
     _say(f"metrics on :{port}/metrics")
 
 

@@ -338,7 +338,11 @@ class TaskShape:
 
     @classmethod
     def of(cls, request: Request, cpu_milli: int = 0, host_memory: int = 0) -> "TaskShape":
-        return cls(count=request.count, memory=request.memory, compute=request.compute,
+        # A request for whole devices takes idle devices whatever compute share it names (HAMi's
+        # ``gpucores: 100`` or none): one shape, so the workload counts them together and ranks them alike
+        # (the extender's pods say 100, the simulator's tasks 0; the typical set's order once told them apart).
+        whole = request.exclusive or (request.count > 1 and request.memory is None)
+        return cls(count=request.count, memory=request.memory, compute=0 if whole else request.compute,
                    exclusive=request.exclusive, models=tuple(request.models),
                    cpu_milli=cpu_milli, host_memory=host_memory, engine=request.engine)
 

@@ -303,6 +303,7 @@ class Device:
     mig_instances: tuple[MigInstance, ...] = ()
     compute_mode: str = "Default"
     pci_bus_id: str = ""
+    compute_capability: str = ""  # CUDA compute capability "major.minor" (9.0 on an H100); "" = unknown
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -323,6 +324,9 @@ class Device:
             raise SpecError("mig_enabled", self.mig_enabled, "true or false")
         if self.compute_mode not in COMPUTE_MODES:
             raise SpecError("compute_mode", self.compute_mode, "one of " + ", ".join(COMPUTE_MODES))
+        if not isinstance(self.compute_capability, str) or not re.fullmatch(r"(\d{1,3}\.\d{1,3})?",
+                                                                            self.compute_capability):
+            raise SpecError("compute_capability", self.compute_capability, "major.minor like 9.0, or empty (unknown)")
         self._check_mig()
 
     def _check_mig(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from gpuslice.kube import alloclock, formats, podrequest, quota
 from gpuslice.kube.api import Conflict, KubeError, NotFound, update_node_annotations
 from gpuslice.kube.extender.cache import NodeView, view_of
+from gpuslice.kube.extender.usage import pod_requests
 from gpuslice.kube.extender.wire import BindingArgs
 from gpuslice.placement import NoFit
 from gpuslice.spec import GpusliceError, Grant, SpecError
@@ -78,7 +79,7 @@ class BindTransaction:
                                 f"without a gpuslice grant")
             return entry
         with self._namespace_lock(args.pod_namespace), self._lock(args.node):
-            grant = self._commit(args, req)
+            grant = self._commit(args, req, pod_requests(pod))
         try:
             self._annotate(args, grant, str(meta.get("resourceVersion") or ""))
             api.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
@@ -88,6 +89,7 @@ class BindTransaction:
             bound = self._settle_annotation(args, grant)
             if bound == args.node:
                 self._release_elsewhere(args.pod_uid, args.node)
+                self._bound(pod, args.node)
                 return grant  # bound here with this grant after all: keep the ledger entry
             if bound is None:  # cannot tell: keeping the entry is safe, garbage collection decides later
                 raise KubeError(f"binding {args.pod_namespace}/{args.pod_name} to {args.node} failed and the pod "
@@ -96,7 +98,13 @@ class BindTransaction:
             raise KubeError(f"binding {args.pod_namespace}/{args.pod_name} to {args.node} failed; "
                             f"grant taken back: {exc}", exc.status) from exc
         self._release_elsewhere(args.pod_uid, args.node)
+        self._bound(pod, args.node)
         return grant
+
+    def _bound(self, pod: Mapping[str, Any], node: str) -> None:
+        """Count the pod's CPU / memory on its node now (the pod watch confirms it later)."""
+        if self.usage is not None:
+            self.usage.assume(pod, node)
 
     def _annotate(self, args: BindingArgs, grant: formats.PodGrant, resource_version: str) -> None:
         """Write the pod's ``gpuslice.io/grant`` only onto a pod state this bind has seen (resourceVersion
@@ -165,7 +173,8 @@ class BindTransaction:
                 return bound
         return bound
 
-    def _commit(self, args: BindingArgs, req: podrequest.PodRequest) -> formats.PodGrant:
+    def _commit(self, args: BindingArgs, req: podrequest.PodRequest,
+                demand: tuple[int, int] = (0, 0)) -> formats.PodGrant:
         api = self.api
         assert api is not None
         last = ""
@@ -182,7 +191,8 @@ class BindTransaction:
                 return existing
             state = self._state_for(view, req)
             try:
-                placed = self._place_all(podrequest.resolve_gpu_types(req, podrequest.device_kinds(view.devices.devices)), state)
+                placed = self._place_all(podrequest.resolve_gpu_types(req, podrequest.device_kinds(view.devices.devices)),
+                                         state, demand)
             except NoFit as exc:
                 raise KubeError(f"node {args.node} cannot take pod {args.pod_namespace}/{args.pod_name}: "
                                 f"{exc.reason}") from None

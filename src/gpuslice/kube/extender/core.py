@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
@@ -14,8 +15,9 @@ from gpuslice.kube.extender.bind import BindTransaction
 from gpuslice.kube.extender.cache import FleetIndex, NodeCache, NodeView, ViewCache
 from gpuslice.kube.extender import podplace
 from gpuslice.kube.extender.gc import GarbageCollection
+from gpuslice.kube.extender.usage import PodUsage, pod_requests
 from gpuslice.kube.extender.wire import ExtenderArgs, extender_scores
-from gpuslice.placement import NodeState, NoFit, PlacementPolicy, filter_nodes, score_nodes
+from gpuslice.placement import NodeState, NoFit, PlacementPolicy, TaskShape, Workload, WorkloadMix, filter_nodes, score_nodes
 from gpuslice.spec import SpecError
 
 
@@ -26,12 +28,13 @@ class Extender(BindTransaction, GarbageCollection):
     def __init__(self, api: KubeAPI | None, cfg: resources.KubeConfig | None = None, *,
                  cache: NodeCache | None = None, bind_retries: int = 16, gc_grace: float = 60.0, use_index: bool = True,
                  stale_after: float = 0.0, allocation_timeout: float = alloclock.DEFAULT_TIMEOUT,
-                 clock: Callable[[], float] = time.time, quotas: bool = True):
+                 clock: Callable[[], float] = time.time, quotas: bool = True, usage: PodUsage | None = None):
         self.api = api
         self.cfg = cfg or resources.KubeConfig()
         self.cache = cache
         self.views = cache.views if cache else ViewCache()
-        self.index = FleetIndex(self.views)
+        self.usage = usage  # CPU / memory the pods on each node request (FGD and best-fit weigh it)
+        self.index = FleetIndex(self.views, usage)
         self.use_index = use_index
         self.stale_after = stale_after  # seconds without a devices publication before a node is skipped (0: never)
         if allocation_timeout < 0:
@@ -45,6 +48,14 @@ class Extender(BindTransaction, GarbageCollection):
         self._kinds: tuple[int, frozenset[tuple[str, str]]] = (-1, frozenset())
         # Namespace GPU quotas (gpuslice.kube.quota), read through the API: none without one.
         self.quota = quota.QuotaBook(api, self.cfg) if api is not None and quotas else None
+        # FGD's target workload, learnt from the pods as they arrive (first filter of a pod UID), as the
+        # simulator learns it from arrivals (gpuslice.placement.mix). In memory only: a restarted extender
+        # learns again (the first few hundred pods).
+        self.mix = WorkloadMix()
+        self._arrived: OrderedDict[str, None] = OrderedDict()
+        self._mix_lock = threading.Lock()
+        if usage is not None:
+            usage.on_pod = self._observe_pod  # every new pod arrives, whether or not kube-scheduler asks us
 
     def granted(self) -> list[formats.PodGrant]:
         """Every grant the known node ledgers hold (what namespace quotas count)."""
@@ -114,12 +125,57 @@ class Extender(BindTransaction, GarbageCollection):
                 out.setdefault(u, "in use (hami.io/gpu-scheduler-policy: mutex)")
         return out
 
+    ARRIVALS_KEPT = 65536  # pod UIDs remembered so a pod filtered again (a retry) is counted once
+
+    def _arrive(self, pod_uid: str, req: podrequest.PodRequest, demand: tuple[int, int]) -> None:
+        """Count a pod's shapes in the learnt workload the first time it is seen (the pod's CPU with its first
+        container's shape; host memory is not part of a shape, as in the simulator: it rarely binds, and every
+        distinct amount would split a shape's count)."""
+        if not pod_uid:
+            return
+        with self._mix_lock:
+            if pod_uid in self._arrived:
+                return
+            self._arrived[pod_uid] = None
+            if len(self._arrived) > self.ARRIVALS_KEPT:
+                self._arrived.popitem(last=False)
+            for k, c in enumerate(req.containers):
+                self.mix.observe(TaskShape.of(c.request, cpu_milli=demand[0] if k == 0 else 0))
+
+    def _observe_pod(self, pod: Mapping[str, Any]) -> None:
+        """A pod the watch shows being created: counted as an arrival, once, if it is a GPU pod for our scheduler
+        that has not finished."""
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        if spec.get("schedulerName") != self.cfg.scheduler_name or status.get("phase") in ("Succeeded", "Failed"):
+            return
+        try:
+            req = podrequest.pod_request(pod, self.cfg)
+        except SpecError:
+            return  # filter reports it on the pod
+        if not req.empty:
+            req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
+            self._arrive(str((pod.get("metadata") or {}).get("uid") or ""), req, pod_requests(pod))
+
+    def _workload(self, policy: PlacementPolicy) -> Workload | None:
+        if "fgd" not in (policy.node, policy.gpu):
+            return None
+        with self._mix_lock:
+            return self.mix.workload()
+
     def _state_for(self, view: NodeView, req: podrequest.PodRequest) -> NodeState:
-        assert view.state is not None and view.devices is not None
-        if req.simple:
-            return view.state
-        blocked = set(self._exclusions(view, req))
-        return nodestate.node_state(view.name, view.devices, view.ledger, blocked=blocked)
+        """The node's placement state for this pod: its devices (minus the pod's excluded ones and cordoned
+        ones), grants, and the CPU / memory its pods use."""
+        state = view.state
+        assert state is not None and view.devices is not None
+        if not req.simple:
+            blocked = set(self._exclusions(view, req))
+            state = replace(nodestate.node_state(view.name, view.devices, view.ledger, blocked=blocked),
+                            cpu_milli=state.cpu_milli, host_memory=state.host_memory)
+        if self.usage is None:
+            return state
+        cpu, mem = self.usage.usage(view.name)
+        return replace(state, cpu_used=min(cpu, state.cpu_milli) if state.cpu_milli is not None else 0,
+                       host_memory_used=min(mem, state.host_memory) if state.host_memory is not None else 0)
 
     def _explain(self, view: NodeView, req: podrequest.PodRequest, reason: str) -> str:
         """A refusal with what the pod's rules and the cordon took away (placement only sees devices that
@@ -228,8 +284,14 @@ class Extender(BindTransaction, GarbageCollection):
         """The shared fleet serves pods without per-pod device rules, MIG instances or init containers."""
         return self.use_index and req.simple
 
-    def _place_all(self, req: podrequest.PodRequest, state: NodeState) -> list[tuple[podrequest.ContainerRequest, Any]]:
-        return podplace.place_pod(req, state, self._policy(req))
+    def _place_all(self, req: podrequest.PodRequest, state: NodeState,
+                   demand: tuple[int, int] = (0, 0)) -> list[tuple[podrequest.ContainerRequest, Any]]:
+        """Every GPU container of the pod on ``state`` (podplace: init containers, sidecars, MIG, NUMA); the
+        pod's CPU / memory (``demand``) go with its first app container, as far as the extender's view of the
+        node has them free (kube-scheduler, which filters them, has the last word)."""
+        policy = self._policy(req)
+        return podplace.place_pod(req, state, policy, workload=self._workload(policy),
+                                  demand=_fitting(demand, state))
 
     # ------------------------------------------------------------------------------------ filter
     def filter(self, body: Any) -> dict[str, Any]:
@@ -250,6 +312,7 @@ class Extender(BindTransaction, GarbageCollection):
             return self._filter_result(args, [], {n: over for n in args.node_names})
         views = self._views_for(args)
         req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
+        self._arrive(str(args.pod["metadata"].get("uid") or ""), req, pod_requests(args.pod))
         fitting, failed, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
         return self._filter_result(args, fitting, failed)
 
@@ -279,19 +342,33 @@ class Extender(BindTransaction, GarbageCollection):
         req = podrequest.resolve_gpu_types(req, self._gpu_kinds())
         scores: dict[str, float] = {}
         first = req.containers[0].request
+        cpu, mem = pod_requests(args.pod)
+        policy = self._policy(req)
         if self._indexed(req) and len(req.containers) == 1:
             with self.index.lock:
-                scores = score_nodes(first, self.index.current(), self._policy(req))
+                scores = score_nodes(first, self.index.current(), policy, workload=self._workload(policy),
+                                     cpu_milli=cpu, host_memory=mem)
         elif req.simple:
             fitting, _, _ = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
             states = {v.name: self._state_for(v, req) for v in views if v.name in set(fitting)}
             if fitting:
-                scores = score_nodes(first, [states[n] for n in fitting], self._policy(req))
+                scores = score_nodes(first, [states[n] for n in fitting], policy, workload=self._workload(policy),
+                                     cpu_milli=cpu, host_memory=mem)
         else:  # the pod's own rules: each fitting node's score is its placement's
             fitting, _, states = self._fit(req, views, str(args.pod["metadata"].get("uid") or ""))
             for name in fitting:
                 try:
-                    scores[name] = podplace.pod_score(self._place_all(req, states[name]))
+                    scores[name] = podplace.pod_score(self._place_all(req, states[name], (cpu, mem)))
                 except NoFit:
                     continue
         return extender_scores(scores, args.node_names)
+
+
+def _fitting(demand: tuple[int, int], state: NodeState) -> tuple[int, int]:
+    """The pod's CPU / memory, capped at what the extender's (possibly lagging) view of the node has free."""
+    cpu, mem = demand
+    if state.cpu_milli is not None:
+        cpu = max(0, min(cpu, state.cpu_milli - state.cpu_used))
+    if state.host_memory is not None:
+        mem = max(0, min(mem, state.host_memory - state.host_memory_used))
+    return cpu, mem

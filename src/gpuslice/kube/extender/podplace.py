@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Iterator
 
 from gpuslice.kube.podrequest import ContainerRequest, PodRequest
-from gpuslice.placement import NodeState, NoFit, Placement, PlacementPolicy, apply, place
+from gpuslice.placement import NodeState, NoFit, Placement, PlacementPolicy, Workload, apply, place
 from gpuslice.spec import Request, human_bytes
 
 
@@ -96,20 +96,23 @@ def _choices(state: NodeState, request: Request, numa: bool) -> Iterator[tuple[s
 
 
 def place_container(c: ContainerRequest, state: NodeState, policy: PlacementPolicy,
-                    numa_bind: bool = False, numa_prefer: bool = False) -> Placement:
+                    numa_bind: bool = False, numa_prefer: bool = False, *, workload: Workload | None = None,
+                    demand: tuple[int, int] = (0, 0)) -> Placement:
     """The best placement of one container on ``state`` (raises :class:`NoFit` with the reason). With
     ``numa_prefer`` (HAMi's ``numa`` policy) a multi-device container goes to one NUMA node when one has
-    room, else anywhere; ``numa_bind`` makes that a rule."""
+    room, else anywhere; ``numa_bind`` makes that a rule. ``workload`` is FGD's target workload, ``demand``
+    the CPU (milli) and host memory that go with this container (the pod's, with its first one)."""
     if numa_prefer and not numa_bind and c.request.count > 1:
         try:
-            return place_container(c, state, policy, numa_bind=True)
+            return place_container(c, state, policy, numa_bind=True, workload=workload, demand=demand)
         except NoFit:
             pass
     best: Placement | None = None
     reasons = []
     for label, st in _choices(state, c.request, numa_bind):
         try:
-            p = _place_mig(c, st, policy) if c.mig is not None else place(c.request, [st], policy)
+            p = _place_mig(c, st, policy) if c.mig is not None else place(
+                c.request, [st], policy, workload=workload, cpu_milli=demand[0], host_memory=demand[1])
         except NoFit as exc:
             reasons.append(f"{label}: {exc.reason}" if label else exc.reason)
             continue
@@ -123,28 +126,32 @@ def place_container(c: ContainerRequest, state: NodeState, policy: PlacementPoli
     return best
 
 
-def place_pod(req: PodRequest, state: NodeState, policy: PlacementPolicy) -> list[tuple[ContainerRequest, Placement]]:
+def place_pod(req: PodRequest, state: NodeState, policy: PlacementPolicy, *, workload: Workload | None = None,
+              demand: tuple[int, int] = (0, 0)) -> list[tuple[ContainerRequest, Placement]]:
     """Every GPU container of the pod on ``state``, in the pod's order (raises :class:`NoFit` naming the
-    container that does not fit). See the module docstring for init containers and sidecars."""
+    container that does not fit). See the module docstring for init containers and sidecars. The pod's CPU
+    and host memory (``demand``) go with its first app container or sidecar, as the simulator places a task."""
     placed: dict[str, Placement] = {}
     running, beside_inits = state, state
     for c in req.containers:
         if c.kind == "init":
             continue
-        p = _named(c, running, policy, req)
-        running = apply(running, p.slices, exclusive=p.exclusive)
+        cpu, mem = demand if not placed else (0, 0)
+        p = _named(c, running, policy, req, workload, (cpu, mem))
+        running = apply(running, p.slices, exclusive=p.exclusive, cpu_milli=cpu, host_memory=mem)
         if c.kind == "sidecar":
             beside_inits = apply(beside_inits, p.slices, exclusive=p.exclusive)
         placed[c.name] = p
     for c in req.containers:
         if c.kind == "init":
-            placed[c.name] = _named(c, beside_inits, policy, req)
+            placed[c.name] = _named(c, beside_inits, policy, req, workload, (0, 0))
     return [(c, placed[c.name]) for c in req.containers]
 
 
-def _named(c: ContainerRequest, state: NodeState, policy: PlacementPolicy, req: PodRequest) -> Placement:
+def _named(c: ContainerRequest, state: NodeState, policy: PlacementPolicy, req: PodRequest,
+           workload: Workload | None, demand: tuple[int, int]) -> Placement:
     try:
-        return place_container(c, state, policy, req.numa_bind, req.numa_prefer)
+        return place_container(c, state, policy, req.numa_bind, req.numa_prefer, workload=workload, demand=demand)
     except NoFit as exc:
         what = "init container" if c.kind == "init" else "sidecar" if c.kind == "sidecar" else "container"
         raise NoFit(f"{what} {c.name}: {exc.reason}", exc.per_node) from None
