@@ -47,6 +47,29 @@ def test_defaults_follow_hami():
     assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}).exclusive
 
 
+def test_compute_only_containers_share_the_device():
+    """gpuslice's one departure from HAMi (issue 12): cores without memory and without defaultMem get the same
+    percent of each device's memory, not the whole card, so a second compute-only container still fits; the
+    note (an admission warning) says so. An explicit 100 % memory, defaultMem, cores 100 and no cores keep
+    HAMi's meaning."""
+    req = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}), CFG)
+    r = req.containers[0].request
+    assert r.memory == MemoryAmount(percent=30.0) and r.compute == 30 and not r.exclusive
+    (note,) = req.notes
+    assert "30% of each device's memory" in note and "nvidia.com/gpumem" in note and "defaultMem" in note
+    assert _one({"nvidia.com/gpu": "2", "gpuslice.io/gpu-compute": "25"}).memory == MemoryAmount(percent=25.0)
+    # the cluster's default cores make a plain GPU container compute-only as well
+    assert _one({"nvidia.com/gpu": "1"}, resources.KubeConfig(default_cores=20)).memory == MemoryAmount(percent=20.0)
+    # what was asked for, or the cluster's defaultMem, stands
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem-percentage": "100"}).memory is None
+    cfg = resources.KubeConfig(default_memory_mib=2048)
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}, cfg).memory == MemoryAmount(bytes=2048 * MiB)
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}).memory is None  # exclusive: the whole card
+    assert _one({"nvidia.com/gpu": "1"}).memory is None  # no compute share: the whole device, as HAMi
+    assert not podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000",
+                                                "nvidia.com/gpucores": "30"}), CFG).notes
+
+
 def test_default_gpu_num_zero_leaves_a_container_without_count_as_non_gpu():
     """HAMi (mutateContainerResource): memory/cores but no count and defaultGPUNum 0 -> not a GPU
     container; we say so in a note (the webhook's admission warning) instead of refusing the pod."""

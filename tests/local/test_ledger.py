@@ -94,6 +94,30 @@ def test_compute_shares_cannot_exceed_100(ledger):
         ledger.acquire(ask("1GiB", compute=40))
 
 
+def test_compute_only_requests_share_the_device(ledger):
+    """``--compute 30`` without ``--memory`` (issue 12) gets 30 % of the device's memory, recorded in the
+    grant's request, so more compute-only slices fit beside it; a request without a share still takes the
+    whole memory, and an explicit size is kept."""
+    total = DEVICES[0].memory_total
+    only = Ask(request=Request(compute=30), owner="t", holder_pid=os.getpid(),
+               holder_start=procs.start_time(os.getpid()), devices=(GPU0,))
+    first = ledger.acquire(only)
+    assert isinstance(first, GrantRecord) and first.slices[0].memory_limit == total * 30 // 100
+    assert first.request.memory == parse_memory("30%") and f"memory_limit={total * 30 // 100}" in Path(
+        first.slice_file).read_text()
+    second = ledger.acquire(replace(only, request=Request(compute=60)))
+    assert isinstance(second, GrantRecord) and second.slices[0].device_uuid == GPU0
+    assert second.slices[0].memory_limit == total * 60 // 100
+    with pytest.raises(NoFit):  # 90 % of the memory and of the time are spoken for
+        ledger.acquire(replace(only, request=Request(compute=20)))
+    third = ledger.acquire(ask("4GiB", compute=10))
+    assert third.slices[0].memory_limit == 4 * GiB
+    for g in (first, second, third):
+        ledger.release(g.grant_id)
+    whole = ledger.acquire(replace(only, request=Request()))
+    assert whole.slices[0].memory_limit == total  # no compute share: the whole device, as before
+
+
 HOLDER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path

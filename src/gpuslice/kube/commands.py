@@ -70,8 +70,8 @@ def scheduler(
                                help="Cluster policy: binpack, spread, bestfit, fgd, random, "
                                "or node=<p>,gpu=<p>. Pods override it with gpuslice.io/policy."),
     default_mem: int = typer.Option(0, "--default-mem", metavar="MIB",
-                                    help="HAMi defaultMem: MiB per device when a pod gives "
-                                    "none (0 = the whole device)."),
+                                    help="HAMi defaultMem: MiB per device when a pod gives none (0 = the whole "
+                                    "device, or a compute-only container's cores percent of it)."),
     default_cores: int = typer.Option(0, "--default-cores", metavar="PCT",
                                       help="HAMi defaultCores: percent when none given."),
     default_gpu_num: int = typer.Option(1, "--default-gpu-num", metavar="N",

@@ -140,8 +140,10 @@ def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
     no count and ``defaultGPUNum`` 0 → not a GPU container (its memory/cores are ignored); a priority
     without any GPU request is ignored; priority 0 is high and every larger whole number low; cores 100
     take the devices whole (exclusive), with or without a memory size; memory percent 0 is no memory
-    request (the default applies). What is ignored is said in ``notes`` (the webhook returns them as
-    admission warnings)."""
+    request (the default applies). One rule is gpuslice's own: cores below 100 with no memory and no
+    ``defaultMem`` get the same percent of each device's memory (:meth:`Request.with_default_memory`), not
+    the whole card. What is ignored or defaulted is said in ``notes`` (the webhook returns them as admission
+    warnings)."""
     names = cfg.names
     limits = limits_of(container)
     a = asked(container, cfg, where)
@@ -182,17 +184,7 @@ def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
                 raise SpecError(f"{where}.resources.limits[{count[0]}]", limits[count[0]],
                                 "at least 1 when GPU memory or cores are requested")
             return None
-    memory: MemoryAmount | None
-    if mem_mib is not None:
-        memory = MemoryAmount(bytes=mem_mib[1] * MiB)
-    elif mem_bytes is not None:
-        memory = MemoryAmount(bytes=mem_bytes[1])
-    elif mem_pct is not None:
-        memory = None if mem_pct[1] == 100 else MemoryAmount(percent=float(mem_pct[1]))
-    elif cfg.default_memory_mib:
-        memory = MemoryAmount(bytes=cfg.default_memory_mib * MiB)
-    else:
-        memory = None  # HAMi: no memory and no default -> the whole device (100%)
+    memory = _memory(mem_mib, mem_bytes, mem_pct, cfg)
     compute = cores[1] if cores is not None else cfg.default_cores
     # HAMi: "Coresreq=100 indicates it want this card exclusively" — an idle card, nobody else after it,
     # whatever memory was asked for (the slice's memory limit is still what was asked).
@@ -202,8 +194,29 @@ def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
         shown = f"{count[0]}={limits[count[0]]}" if count else f"defaultGPUNum {n_devices}"
         raise SpecError(f"{where}.resources.limits", shown, "1 device: a spatial (MPS) container is the client of "
                         f"one device's MPS daemon ({POD_ENGINE}: spatial or {HAMI_VGPU_MODE}: mps)")
-    return Request(count=n_devices, memory=memory, compute=compute, priority=priority,
-                   mode=mode or cfg.default_mode, exclusive=exclusive, models=models, engine=engine)
+    request = Request(count=n_devices, memory=memory, compute=compute, priority=priority,
+                      mode=mode or cfg.default_mode, exclusive=exclusive, models=models, engine=engine)
+    if request.compute_only and not given_mem:  # gpuslice's rule; HAMi gives such a container the whole card
+        request = request.with_default_memory()
+        if cores is not None:  # cores from defaultCores: the cluster's documented rule, no warning per pod
+            note(f"no GPU memory given: {request.memory} of each device's memory, the same share as its "
+                 f"{compute}% of compute, so the device stays shareable (give {names.memory_mib[0]} or "
+                 f"{names.memory_percent[0]}, or set defaultMem, to choose)")
+    return request
+
+
+def _memory(mem_mib: tuple[str, int] | None, mem_bytes: tuple[str, int] | None, mem_pct: tuple[str, int] | None,
+            cfg: KubeConfig) -> MemoryAmount | None:
+    """The memory a container asked for (one of the three, checked before), or the cluster's default."""
+    if mem_mib is not None:
+        return MemoryAmount(bytes=mem_mib[1] * MiB)
+    if mem_bytes is not None:
+        return MemoryAmount(bytes=mem_bytes[1])
+    if mem_pct is not None:
+        return None if mem_pct[1] == 100 else MemoryAmount(percent=float(mem_pct[1]))
+    if cfg.default_memory_mib:
+        return MemoryAmount(bytes=cfg.default_memory_mib * MiB)
+    return None  # HAMi: no memory and no default -> the whole device (100%); see compute_only below
 
 
 def mig_request(container: Mapping[str, Any], cfg: KubeConfig, where: str, profile: str,

@@ -90,8 +90,9 @@ def run(
                              "GPUS distinct devices, which others may share; without --memory (or with "
                              "--exclusive): GPUS whole idle devices."),
     memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE",
-                                         help="Memory limit per device: 4GiB, 4096Mi, 50%. "
-                                         "Default: the whole device."),
+                                         help="Memory limit per device: 4GiB, 4096Mi, 50%. Default: with "
+                                         "--compute below 100 the same percent of each device's memory (the "
+                                         "slice shares the device), else the whole device."),
     compute: str = typer.Option("0", "--compute", metavar="PCT",
                                 help="Compute share of each device in percent (0 = not paced)."),
     priority: str = typer.Option("low", "--priority", metavar="high|low", help="high or low."),
@@ -130,6 +131,9 @@ def run(
         parse_policy(policy)
     except SpecError as exc:
         raise _usage_error(exc) from None
+    if request.compute_only:
+        _say(f"no --memory: the slice gets {request.compute}% of each device's memory, the same share as its "
+             "compute, so others can share the device (give --memory to choose)")
     try:  # this node cannot do it: runtime errors (exit 1), named as the options
         enforcer = str(find_enforcer())
         state = StateDir.default()

@@ -135,7 +135,9 @@ class Ledger:
         """Grant ``ask`` now, or (``wait``) queue it and say where it stands.
 
         Raises :class:`SpecError` (naming the field) for a request that cannot fit even on an empty node,
-        and :class:`NoFit` when it does not fit now and ``wait`` is false."""
+        and :class:`NoFit` when it does not fit now and ``wait`` is false. A compute-only request is granted
+        the same fraction of each device's memory (:meth:`Request.with_default_memory`), and recorded so."""
+        ask = replace(ask, request=ask.request.with_default_memory())
         policy = parse_policy(ask.policy)
         if ask.request.engine is Engine.SPATIAL and not self.mps.available():
             raise SpecError("engine", "spatial", "timeslice on this node: it has no nvidia-cuda-mps-control (the "

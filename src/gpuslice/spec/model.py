@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from gpuslice.spec.errors import SpecError
@@ -125,6 +125,18 @@ class Request:
             raise SpecError("engine", self.engine.value,
                             "timeslice for a request of more than one device (a spatial slice is served by "
                             "the MPS daemon of one device)")
+
+    @property
+    def compute_only(self) -> bool:
+        """A share of the device's time and no memory size: the request means to share its devices."""
+        return self.memory is None and not self.exclusive and 0 < self.compute < 100
+
+    def with_default_memory(self) -> "Request":
+        """The request a node grants: a compute-only request gets the same fraction of each device's memory
+        as of its time (``--compute 30`` → 30 % of the memory), instead of the whole memory, which would
+        leave nothing for a second slice on the device. Anything else is returned as it is: a memory size
+        is kept, and no compute share (or 100 %, or ``exclusive``) still means whole devices."""
+        return replace(self, memory=MemoryAmount(percent=float(self.compute))) if self.compute_only else self
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "Request":
