@@ -89,8 +89,8 @@ def test_ctrl_c_on_a_terminal_ends_the_demo_and_both_slices(state_env, enforcer_
             f"run_gpu_demo(seconds=120, refresh=0.3, workload=(sys.executable, '-c', {SLEEPER!r}, {str(pids)!r}))")
     pid, master = pty.fork()
     if pid == 0:  # a terminal session running the demo in the foreground, as `make run` does
-        # as a login terminal would: a suite started in the background (`nohup make test &`) ignores SIGINT,
-        # and an ignored signal stays ignored across exec, so the demo would never see the Ctrl-C
+        # ...from an interactive shell, which gives a foreground job SIGINT's default action: a test run started
+        # in the background (`make test &`, SIGINT ignored, which exec keeps) must not leave Ctrl-C ignored here
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execve(sys.executable, [sys.executable, "-c", code], env)
     seen = b""

@@ -15,6 +15,9 @@ enum gs_source { GS_SRC_NONE = 0, GS_SRC_SLICE_FILE = 1, GS_SRC_HAMI_ENV = 2 };
 enum gs_mode { GS_MODE_HARD = 0, GS_MODE_SOFT = 1, GS_MODE_OFF = 2 };
 enum gs_oom_policy { GS_OOM_RETURN = 0, GS_OOM_KILL = 1 };
 enum gs_log_level { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
+/* How the device's compute is shared: the pacer takes turns (timeslice), or the slice's processes are
+ * clients of the device's MPS daemon and run at once on a fraction of the SMs (spatial: not paced). */
+enum gs_sharing_engine { GS_ENGINE_TIMESLICE = 0, GS_ENGINE_SPATIAL = 1 };
 /* How a slice shares a device with slices of the other priority (README-compute.md, "Co-location"):
  * preemptive (the default, what `priority` always meant): a low-priority slice holds back while a
  * preemptive high-priority slice has work queued, with a bounded queue of its own in front of it;
@@ -58,6 +61,8 @@ struct gs_config {
      * to the region: device_limit/memory_limit above stay the slice's, shared by all its processes. */
     uint64_t process_limit;
     char warning[256];                       /* non-fatal remarks for the log ("" = none), e.g. an env value ignored */
+    int engine;                              /* enum gs_sharing_engine; spatial covers at most one device */
+    char mps_pipe_dir[GS_PATH_LEN];          /* spatial: the device's MPS pipe directory ("" = the environment's) */
     int colocation;                          /* enum gs_colocation */
     struct gs_tidal tidal;                   /* colocation=tidal: its schedule (n = 0: follow idle time) */
 };

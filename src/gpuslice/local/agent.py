@@ -66,7 +66,8 @@ class Agent:
         self.config = config
         self.devices = devices
         self.ledger = Ledger(config.state, devices, region_pids=recorded_pids)
-        self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state)
+        self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state,
+                               mps=self.ledger.mps)
         self.history = History(config.history_points)
         self.latest: NodeView | None = None
         self._lock = threading.Lock()

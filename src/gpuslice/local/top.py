@@ -7,13 +7,13 @@ import time
 
 from rich.live import Live
 
-from gpuslice.host.console import stdout_console
+from gpuslice.host.console import print_table, stdout_console
 from gpuslice.local.paths import StateDir
 from gpuslice.host.tables import view_renderable
 from gpuslice.local.viewsource import ViewSource
 
 
-def run_top(state: StateDir, interval: float, count: int, as_json: bool) -> None:
+def run_top(state: StateDir, interval: float, count: int, as_json: bool, wide: bool = False) -> None:
     source = ViewSource(state)
     shown = 0
     if as_json:
@@ -26,17 +26,17 @@ def run_top(state: StateDir, interval: float, count: int, as_json: bool) -> None
     console = stdout_console()
     if not console.is_terminal:  # a pipe or a log: one table per refresh, nothing redrawn
         while count == 0 or shown < count:
-            console.print(view_renderable(source.view()))
+            print_table(console, view_renderable(source.view(), wide), wide)
             shown += 1
             if count == 0 or shown < count:
                 time.sleep(interval)
         return
     try:
-        with Live(view_renderable(source.view()), console=console, auto_refresh=False) as live:
+        with Live(view_renderable(source.view(), wide), console=console, auto_refresh=False) as live:
             shown = 1
             while count == 0 or shown < count:
                 time.sleep(interval)
-                live.update(view_renderable(source.view()), refresh=True)
+                live.update(view_renderable(source.view(), wide), refresh=True)
                 shown += 1
     except KeyboardInterrupt:
         pass

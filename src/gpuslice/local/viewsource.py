@@ -19,7 +19,8 @@ class ViewSource:
 
             devices = discover()
             self.ledger = Ledger(state, devices, region_pids=recorded_pids)
-            self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=state.device_state)
+            self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=state.device_state,
+                                   mps=self.ledger.mps)
 
     @property
     def where(self) -> str:
