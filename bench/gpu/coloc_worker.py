@@ -49,15 +49,10 @@ def build_dry(kind: str):
 
 
 def double_launch():
-    """One no-op kernel launch through libcuda.so.1 (the CPU double on the dry run's library path)."""
-    import ctypes
+    """One no-op kernel launch through the CPU driver double (packing_worker.double_launcher)."""
+    from packing_worker import double_launcher
 
-    cu = ctypes.CDLL("libcuda.so.1")
-    ctx = ctypes.c_void_p()
-    if cu.cuInit(0) or cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) or cu.cuCtxSetCurrent(ctx):
-        raise RuntimeError("coloc_worker: the driver double gave no context")
-    fn = cu.cuLaunchKernel
-    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    fn = double_launcher()
 
     def launch() -> None:
         if fn(None, 1, 1, 1, 1, 1, 1, 0, None, None, None):
@@ -160,7 +155,7 @@ def run_server(request, think: float, t0: float, window: float, tail: float) -> 
         time.sleep(think)
     lat.sort()
     return {"requests": len(lat), "req_per_s": len(lat) / window, "p50_ms": pct(lat, 0.50), "p99_ms": pct(lat, 0.99),
-            "mean_ms": sum(lat) / len(lat) * 1000 if lat else None}
+            "mean_ms": sum(lat) / len(lat) * 1000 if lat else None, "lat_ms": [round(x * 1000, 4) for x in lat]}
 
 
 def run_trainer(step, t0: float, window: float, tail: float) -> dict:
