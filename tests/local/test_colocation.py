@@ -73,6 +73,11 @@ def test_socket_api_carries_colocation_and_refuses_bad_values(env: dict[str, str
             assert grant["slices"][0]["colocation"] == "tidal" and grant["slices"][0]["tidal_schedule"] == "0-8:50"
             text = Path(grant["slice_file"]).read_text()
             assert "colocation=tidal\ntidal_schedule=0-8:50\n" in text
+            # the node view (ps --json, the dashboard) and the metrics show the mode
+            view = http.get("/v1/status").json()
+            assert [v["colocation"] for v in view["slices"]] == ["tidal"]
+            metrics = httpx.get(agent.url + "metrics", timeout=30).text
+            assert 'colocation="tidal"' in metrics
             for request, field in (({"colocation": "sometimes"}, "colocation"),
                                    ({"colocation": "tidal", "priority": 0}, "colocation"),
                                    ({"colocation": "tidal", "tidal_schedule": "9-9:10"}, "tidal_schedule")):
