@@ -187,6 +187,8 @@ int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now);
 void gs_coloc_yield_commit(struct gs_engine *e, int64_t now, int64_t charge_ns);
 /* After a yield-path launch on `stream`: record a completion marker when one is due. */
 void gs_coloc_after(struct gs_engine *e, void *stream);
+/* From the poll: a high-priority process's pending drain record, published as drain_seen_ns. */
+void gs_coloc_drain_poll(struct gs_engine *e, int64_t now);
 /* Harvest completed markers, re-anchoring the predicted queue end (launch threads and the poller). */
 void gs_coloc_harvest(struct gs_engine *e, int64_t now);
 /* Under the state lock, from the poll: a tidal slice's share (sample the high-priority slices'

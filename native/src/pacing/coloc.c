@@ -64,6 +64,26 @@ int gs_coloc_recheck(struct gs_engine *e, int64_t now)
     return n > 0;
 }
 
+/* A drain record out (a high-priority process beside low-priority preemptive or tidal neighbours):
+ * while it has not completed, publish when it was seen pending (drain_seen_ns: neighbours treat the
+ * process as queued for DRAIN_FRESH after it, coloc.c), so they wait for as long as the queue runs (a
+ * CUDA graph, a batch of long kernels), not only YIELD_GAP after the last launch. Cleared only if no
+ * launch armed a newer record meanwhile (the generation is read before the query and again after the
+ * clear). */
+void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
+{
+    if (!__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return;
+    uint32_t g0 = __atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE);
+    int q = e->ops->query_drain ? e->ops->query_drain(e->ops_ctx) : -1;
+    if (q == 0) {
+        __atomic_store_n(&e->ds->procs[e->proc].drain_seen_ns, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED);
+        return;
+    }
+    __atomic_store_n(&e->drain_pending, 0, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE) != g0) __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
+}
+
 /* spin flag of the marker ring (launch threads and the poller; held for a few event calls) */
 static int mark_trylock(struct gs_engine *e) { return !__atomic_test_and_set(&e->mark_busy, __ATOMIC_ACQUIRE); }
 static void mark_unlock(struct gs_engine *e) { __atomic_clear(&e->mark_busy, __ATOMIC_RELEASE); }

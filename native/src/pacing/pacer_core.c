@@ -372,29 +372,9 @@ static void beat(struct gs_engine *e, int64_t now)
     gs_devstate_unlock(e->ds);
 }
 
-/* A drain record out (a high-priority process beside low-priority preemptive or tidal neighbours):
- * while it has not completed, publish when it was seen pending (drain_seen_ns: neighbours treat the
- * process as queued for DRAIN_FRESH after it, coloc.c), so they wait for as long as the queue runs (a
- * CUDA graph, a batch of long kernels), not only YIELD_GAP after the last launch. Cleared only if no
- * launch armed a newer record meanwhile (the generation is read before the query and again after the
- * clear). */
-static void drain_poll(struct gs_engine *e, int64_t now)
-{
-    if (!__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return;
-    uint32_t g0 = __atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE);
-    int q = e->ops->query_drain ? e->ops->query_drain(e->ops_ctx) : -1;
-    if (q == 0) {
-        __atomic_store_n(&e->ds->procs[e->proc].drain_seen_ns, now, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED);
-        return;
-    }
-    __atomic_store_n(&e->drain_pending, 0, __ATOMIC_RELEASE);
-    if (__atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE) != g0) __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
-}
-
 void gs_engine_poll(struct gs_engine *e, int64_t now)
 {
-    drain_poll(e, now);
+    gs_coloc_drain_poll(e, now);
     gs_coloc_harvest(e, now);
     if (__atomic_load_n(&e->path, __ATOMIC_RELAXED) == GS_DS_PATH_LIGHT && e->outstanding == 0) {
         beat(e, now);
