@@ -7,7 +7,10 @@
 #   (bench/gpu/coloc_bench.py says how each figure is measured).
 # Usage: bash bench/gpu/coloc.sh [--dry-run]                 (from the repository root or anywhere)
 #        GS_COLOC_STEPS=1,2 bash bench/gpu/coloc.sh; GS_COLOC_STEPS=3 bash bench/gpu/coloc.sh
-#            steps: 1 launch-bound, 2 GPU-bound, 3 decode (about 3 minutes each): two device calls of < 10 min
+#            steps: 1 launch-bound, 2 GPU-bound, 3 decode (about 2.5 minutes each): two device calls of < 10 min;
+#            each writes <date>-<gpu>-coloc-steps12.md / -steps3.md; one table of both:
+#            tar xzf A-raw.tgz; mv coloc-run a; tar xzf B-raw.tgz; python3 bench/gpu/coloc_bench.py --report \
+#            a/coloc-raw.json coloc-run/coloc-raw.json
 #   GS_COLOC_REPS (2), GS_COLOC_WINDOW (3 s per phase), GS_COLOC_TIDAL (0; 1 adds a tidal-trainer phase),
 #   GS_COLOC_BUDGET (450 s of phases; every phase that would pass it is skipped and listed), OUT (default a new
 #   temp dir). --dry-run: no GPU: sleeping workers, no MPS unless nvidia-cuda-mps-control is on PATH.
@@ -112,7 +115,7 @@ GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/nu
 [ -n "$GPU" ] || GPU="no GPU (dry run)"
 TAG=$(sed -E 's/.*(H100|H200|A100|L40S|L4|B200|GH200).*/\1/I; t; s/.*/gpu/' <<<"$GPU" | tr 'A-Z' 'a-z')
 [ "$DRY" = 1 ] && TAG=cpu-dry-run
-NAME="$(date -u +%F)-$TAG-coloc"
+NAME="$(date -u +%F)-$TAG-coloc$([ -n "${GS_COLOC_STEPS:-}" ] && echo "-steps${GS_COLOC_STEPS//,/}")"
 RES="$OUT/$NAME.md"
 {
   echo "# Co-location benchmark (issue 13): $(date -u '+%F %H:%M UTC')"

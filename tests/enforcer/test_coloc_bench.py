@@ -39,9 +39,11 @@ def test_coloc_dry_run(tmp_path: Path, native_build: Path) -> None:
     calls = (stub / "calls").read_text().split("\n")
     assert calls[0].startswith("start ") and calls[1] == "quit " + calls[0].split(" ", 1)[1], calls
     # two files come back from the device tool's $OUT: the results and one archive of everything else
-    assert len(list(out.iterdir())) == 2 and len(list(out.glob("*-cpu-dry-run-coloc.md"))) == 1
-    with tarfile.open(next(out.glob("*-coloc-raw.tgz"))) as tf:
+    # (named by the steps it ran: two device calls write two results files)
+    assert len(list(out.iterdir())) == 2 and len(list(out.glob("*-cpu-dry-run-coloc-steps3.md"))) == 1
+    with tarfile.open(next(out.glob("*-coloc-steps3-raw.tgz"))) as tf:
         raw = json.load(tf.extractfile("coloc-run/coloc-raw.json"))
+        tf.extract("coloc-run/coloc-raw.json", tmp_path)
     assert raw["skipped"] == []
     order = [p["mode"] for p in raw["phases"]]
     forward = ["alone", "trainer", "plain", "mps", "preemptive", "shared"]
@@ -54,7 +56,11 @@ def test_coloc_dry_run(tmp_path: Path, native_build: Path) -> None:
             assert sorted(p["paths"].values()) == ["preemptive/high:light", "preemptive/low:yield"], p["paths"]
         if p["mode"] == "shared":
             assert all(v.startswith("shared/") and not v.endswith(":yield") for v in p["paths"].values()), p["paths"]
-    text = next(out.glob("*-coloc.md")).read_text()
+    text = next(out.glob("*-coloc-steps3.md")).read_text()
     assert "decode: preemptive server p99" in text and "idle bound" in text
+    # the tables again from the raw file (how the two calls' results become one table)
+    again = subprocess.run([os.sys.executable, str(ROOT / "bench/gpu/coloc_bench.py"), "--report",
+                            str(tmp_path / "coloc-run/coloc-raw.json")], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "| preemptive |" in again.stdout, again.stderr
     tail = lines[next(i for i, x in enumerate(lines) if x.startswith("== co-location")):]  # the short table, last
     assert any(x.startswith("| preemptive |") for x in tail) and any("preemptive server p50" in x for x in tail)
