@@ -69,12 +69,16 @@ class FaultExperiment:
         return out
 
     def watch(self, t_fault: float, limit: float) -> tuple[float | None, list[str]]:
-        """Seconds from the fault until the node view shows a daemon not running, and its error lines."""
+        """Seconds from the fault until the node view shows a daemon not running or a fault acted on (its
+        clients fail within seconds and the daemon is restarted or retired with them, between two polls),
+        and its error lines."""
         deadline = t_fault + limit
         while time.time() < deadline:
             v = self.view()
-            if any(d.get("state") != "running" for d in v.get("mps", [])):
-                return time.time() - t_fault, [e for e in v.get("errors", []) if "MPS" in e]
+            lines = [e for e in v.get("errors", []) if "MPS" in e]
+            # a daemon not running, or a fault acted on (restarted, or retired with its ended slices)
+            if any(d.get("state") != "running" for d in v.get("mps", [])) or any("after a fault" in e for e in lines):
+                return time.time() - t_fault, lines
             time.sleep(0.1)
         return None, []
 
