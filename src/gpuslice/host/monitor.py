@@ -64,6 +64,7 @@ class SliceView:
     exclusive: bool = False
     engine: str = "timeslice"
     mps: str = ""  # spatial: the state of the device's MPS daemon (running | fault | down | none)
+    colocation: str = "preemptive"  # preemptive | shared | tidal (issue 13)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ class Monitor:
                 compute_achieved=achieved, throttled_seconds=throttled,
                 oom_refusals=u.oom_refusals if u else 0, priority=Priority(s.priority).name.lower(),
                 mode=s.mode.value, pids=pids, age_seconds=max(0.0, now - watched.created),
-                command=watched.command, exclusive=grant.exclusive, engine=s.engine.value))
+                command=watched.command, exclusive=grant.exclusive, engine=s.engine.value,
+                colocation=s.colocation.value))
         return out
 
     def _waiters(self, waiters: Sequence[Waiting], now: float) -> list[dict[str, Any]]:
