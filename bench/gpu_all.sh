@@ -16,13 +16,8 @@ export PYTHONUNBUFFERED=1
 ALL="build devices pytest-gpu memory-acceptance smi-nvml local-mode compute-bench"
 STEPS=${*:-$ALL}
 
-# Our pinned pure-Python dependencies that the GPU image lacks or has in other versions.
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$ROOT/src
-else
-  export PYTHONPATH=$ROOT/src
-fi
+# Our pinned pure-Python dependencies that the GPU image may lack (.whl/, when carried there).
+. "$ROOT/bench/gpu/wheels.sh"
 
 declare -A STATUS
 step() {  # step NAME LOGFILE LIMIT_S CMD... : run with a time limit, keep the exit code for the table
