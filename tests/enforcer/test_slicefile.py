@@ -38,6 +38,7 @@ def assert_same_as_c(cfg: SliceConfig, c: dict[str, str]) -> None:
     assert c["fail_open"] == str(int(cfg.fail_open))
     assert c["context_overhead"] == ("default" if cfg.context_overhead is None else str(cfg.context_overhead))
     assert c["engine"] == cfg.engine and c["mps_pipe_dir"] == cfg.mps_pipe_dir
+    assert c["generation"] == str(cfg.generation)
 
 
 def test_round_trip_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
@@ -99,6 +100,9 @@ BAD = [
     ("version=1\nengine=spatial\nmps_pipe_dir=relative\n", "mps_pipe_dir"),
     ("version=1\nmps_pipe_dir=/run/mps\n", "mps_pipe_dir"),
     (f"version=1\ndevices={A},{B}\nengine=spatial\n", "engine"),
+    ("version=1\ngeneration=-1\n", "generation"),
+    ("version=1\ngeneration=4294967296\n", "generation"),
+    ("version=1\ngeneration=1g\n", "generation"),
 ]
 
 
@@ -185,6 +189,20 @@ def test_random_configs_agree_with_c(tmp_path: Path, native_build: Path, cfg: Sl
     p = tmp_path / "s"
     write_slice_file(p, cfg)
     assert parse_slice_text(p.read_text()) == cfg
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)
+
+
+def test_resized_slice_carries_its_generation_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
+    """A live resize rewrites the slice file with a higher generation=; both parsers read it, and a
+    file never resized is written without the key (as before live resize)."""
+    p = tmp_path / "slice.conf"
+    write_slice_file(p, SliceConfig(devices=(A,), memory_limit=GiB))
+    assert "generation" not in p.read_text()
+    cfg = write_slice_file(p, SliceConfig(devices=(A,), memory_limit=2 * GiB, generation=4294967295))
+    assert "generation=4294967295\n" in p.read_text()
+    assert read_slice_file(p) == cfg
     rc, c, err = c_parse(native_build, p)
     assert rc == 0, err
     assert_same_as_c(cfg, c)

@@ -44,6 +44,10 @@ struct gs_config {
     char warning[256];                       /* non-fatal remarks for the log ("" = none), e.g. an env value ignored */
     int engine;                              /* enum gs_sharing_engine; spatial covers at most one device */
     char mps_pipe_dir[GS_PATH_LEN];          /* spatial: the device's MPS pipe directory ("" = the environment's) */
+    /* Live resize: the node side bumps generation= each time it rewrites the slice file of a running
+     * slice; a file of a higher generation may raise the region's limit (see region.h). 0 = never resized. */
+    uint32_t generation;
+    char slice_path[GS_PATH_LEN];            /* the slice file this config was read from ("" = none) */
 };
 
 /* Parse slice-file text into *out (defaults first). Returns 0, or -1 with a one-line reason in err

@@ -25,7 +25,8 @@
  *        88  u64  oom_refusals    allocations refused on this device
  *        96  u64  context_overhead bytes counted per CUDA context
  *        104 u32  compute         compute share 0..100 from the config
- *        108 u32  reserved
+ *        108 u32  generation      the slice file generation= that last set `limit` (live resize; was
+ *                                 `reserved`, always 0 before: additive, version stays 1)
  *        112 u64  compute_spare[10]  written by the compute part (pacer), atomically, outside seq
  *   128 + max_devices*device_size: process records [max_procs], each proc_size bytes:
  *        0   i32  pid             0 = free slot
@@ -63,7 +64,7 @@ struct gs_region_device {
     uint64_t oom_refusals;
     uint64_t context_overhead;
     uint32_t compute;
-    uint32_t reserved;
+    uint32_t generation;
     uint64_t compute_spare[10];
 };
 
@@ -124,9 +125,14 @@ void gs_region_write_end(struct gs_region *r);
  * limit/overhead/compute if missing (caller holds lock). An existing record whose limit is above
  * `limit` is lowered to it (*lowered_from = the old limit): the slice file is authoritative for
  * shrinking a slice; growing one takes a fresh region, so that a process started with an older,
- * larger slice file can never undo a shrink. -1 when the table is full. */
+ * larger slice file can never undo a shrink (a live resize raises it through a newer generation:
+ * gs_region_set_limit). -1 when the table is full. */
 int gs_region_device_index(struct gs_region *r, const char *uuid, uint64_t limit, uint64_t ctx_overhead,
                            uint32_t compute, uint64_t *lowered_from);
+/* Live resize (caller holds lock): a slice file of a higher generation than the record's sets the
+ * device's limit to its own, up or down, and records that generation; one of the same or a lower
+ * generation may only lower it (as gs_region_device_index). Returns 1 when the limit changed. */
+int gs_region_set_limit(struct gs_region *r, int idx, uint64_t limit, uint32_t generation);
 /* Process record for (pid, start_time): reuses our own stale record, else a free one (caller holds
  * lock). -1 when full even after reclaiming dead processes. */
 int gs_region_proc_attach(struct gs_region *r, int32_t pid, uint64_t start_time);

@@ -9,8 +9,9 @@
  * shared by every process of the slice and read under the lock at every reservation. A process's
  * GPUSLICE_MEMORY_LIMIT only lowers what that process may bring the slice to (gs_cfg.process_limit);
  * it never reaches the region. A slice file can lower an existing region's limit (a shrunk slice
- * takes effect for all its processes at their next allocation), never raise it: a grown slice
- * needs a fresh region (the node removes a grant's region with the grant).
+ * takes effect for all its processes at their next allocation); it raises it only with a higher
+ * generation= than the region records (a live resize, src/core/reload.c): a process started from an
+ * older, larger file can never undo a shrink.
  *
  * Calls down only (start-up's state, region, config, the real driver): a refusal asks the
  * registered make-room callback (the pools' trim) rather than any hook file by name. */
@@ -26,6 +27,7 @@
 #include "gpuslice/log.h"
 #include "gpuslice/memory.h"
 #include "gpuslice/real.h"
+#include "gpuslice/reload.h"
 #include "gpuslice/state.h"
 
 #define MAX_ORD 64
@@ -161,6 +163,9 @@ int gs_mem_dev_index(int ordinal)
     }
     uint64_t before = 0;
     int idx = gs_region_device_index(gs_shared, name, limit, context_overhead(), compute, &before);
+    if (idx >= 0 && gs_region_set_limit(gs_shared, idx, limit, __atomic_load_n(&gs_cfg.generation, __ATOMIC_ACQUIRE)))
+        GS_INFO("device %s: slice file generation %u sets the slice's limit to %llu bytes", name, gs_cfg.generation,
+                (unsigned long long)limit);
     gs_region_unlock(gs_shared);
     if (idx < 0) GS_ERROR("region %s: no room for device %s (max %d devices)", gs_cfg.region, name, GS_REGION_MAX_DEVICES);
     else if (before)
@@ -168,7 +173,7 @@ int gs_mem_dev_index(int ordinal)
                 (unsigned long long)before, (unsigned long long)limit);
     else if (gs_shared->devices[idx].limit < limit)
         GS_INFO("device %s: the region holds the slice to %llu bytes, below this slice file's %llu (a larger "
-                "limit needs a fresh region)", name, (unsigned long long)gs_shared->devices[idx].limit,
+                "limit needs a newer generation= or a fresh region)", name, (unsigned long long)gs_shared->devices[idx].limit,
                 (unsigned long long)limit);
     if (idx >= 0) {
         g_file_limit[idx] = limit;
@@ -177,6 +182,46 @@ int gs_mem_dev_index(int ordinal)
     __atomic_store_n(&g_devidx[ordinal], DEVIDX_KEEP(idx), __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_devidx_lock);
     return idx;
+}
+
+/* ------------------------------------------------------------------ live resize */
+/* The slice file's limit for region device idx of CUDA ordinal ord, from gs_cfg as it is now. */
+static uint64_t configured_limit(int ord, int idx)
+{
+    if (gs_cfg.device_count > 0) {
+        int i = gs_config_device_index(&gs_cfg, gs_shared->devices[idx].uuid);
+        return i >= 0 ? __atomic_load_n(&gs_cfg.device_limit[i], __ATOMIC_RELAXED) : 0;
+    }
+    return ord < GS_MAX_DEVICES ? __atomic_load_n(&gs_cfg.device_limit[ord], __ATOMIC_RELAXED)
+                                : __atomic_load_n(&gs_cfg.memory_limit, __ATOMIC_RELAXED);
+}
+
+static unsigned g_applied_epoch;
+
+/* Follow the slice file (src/core/reload.c): when it was taken over anew, hold this process to its
+ * limits and set them in the region (raised only by a newer generation: gs_region_set_limit). */
+static void follow_slice_file(void)
+{
+    unsigned epoch = gs_reload_poll();
+    if (epoch == __atomic_load_n(&g_applied_epoch, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&g_devidx_lock);
+    int locked = gs_region_lock(gs_shared) == 0;
+    uint32_t gen = __atomic_load_n(&gs_cfg.generation, __ATOMIC_ACQUIRE);
+    for (int ord = 0; ord < MAX_ORD; ord++) {
+        int kept = g_devidx[ord];
+        if (kept == DEVIDX_UNKNOWN || DEVIDX_OF(kept) < 0) continue;
+        int idx = DEVIDX_OF(kept);
+        uint64_t limit = configured_limit(ord, idx);
+        __atomic_store_n(&g_file_limit[idx], limit, __ATOMIC_RELEASE);
+        if (locked && gs_region_set_limit(gs_shared, idx, limit, gen))
+            GS_INFO("device %s: resized to %llu bytes (slice file generation %u)", gs_shared->devices[idx].uuid,
+                    (unsigned long long)limit, gen);
+    }
+    if (locked) {
+        gs_region_unlock(gs_shared);
+        __atomic_store_n(&g_applied_epoch, epoch, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_devidx_lock);
 }
 
 /* ------------------------------------------------------------------ accounting */
@@ -288,6 +333,7 @@ void gs_mem_set_make_room(uint64_t (*fn)(int ordinal))
 
 static CUresult reserve(int ordinal, uint64_t bytes, int ctx, int flags, const char *what)
 {
+    follow_slice_file();
     int idx = gs_mem_dev_index(ordinal);
     if (idx == GS_DEV_UNAVAILABLE) return refuse_own_failure(what, "region lock failed");
     if (idx < 0) return outside_slice(ordinal, what);
@@ -354,6 +400,7 @@ void gs_mem_ctx_remove(int ordinal)
 /* ------------------------------------------------------------------ queries */
 int gs_mem_query(int ordinal, uint64_t *limit, uint64_t *used)
 {
+    follow_slice_file();
     int idx = gs_mem_dev_index(ordinal);
     if (idx < 0) return -1;
     *limit = effective_limit(idx);
@@ -373,6 +420,7 @@ static int region_index_of(const char *uuid)
 
 int gs_mem_query_uuid(const char *uuid, uint64_t *limit, uint64_t *used)
 {
+    follow_slice_file();
     int i = region_index_of(uuid);
     if (i >= 0) {
         *limit = effective_limit(i);

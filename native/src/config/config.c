@@ -158,9 +158,10 @@ struct parse {
 
 static const char *keys[] = {"version", "grant", "devices", "memory_limit", "compute", "mode",
                              "weight", "priority", "region", "device_state_dir", "oom_policy",
-                             "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir"};
+                             "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir", "generation"};
 enum { K_VERSION, K_GRANT, K_DEVICES, K_MEMORY_LIMIT, K_COMPUTE, K_MODE, K_WEIGHT, K_PRIORITY, K_REGION,
-       K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD, K_ENGINE, K_MPS_PIPE_DIR };
+       K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD, K_ENGINE, K_MPS_PIPE_DIR,
+       K_GENERATION };
 
 /* memory_limit.<uuid>=<bytes> */
 static int parse_override(struct parse *p, const char *key, const char *val, int lineno, char *err, size_t errlen)
@@ -252,6 +253,14 @@ static int apply_key(struct parse *p, int k, const char *key, char *val, int lin
         if (!strcmp(val, "spatial")) c->engine = GS_ENGINE_SPATIAL;
         else if (strcmp(val, "timeslice")) FAIL("slice file line %d: engine: '%.40s' is not allowed; expected timeslice or spatial", lineno, val);
         break;
+    case K_GENERATION: {
+        size_t n = strlen(val);
+        unsigned long long g = n && n <= 10 && strspn(val, "0123456789") == n ? strtoull(val, NULL, 10) : ~0ull;
+        if (g > UINT32_MAX)
+            FAIL("slice file line %d: generation: '%.40s' is not allowed; expected a whole number 0..4294967295", lineno, val);
+        c->generation = (uint32_t)g;
+        break;
+    }
     }
     return 0;
 }
@@ -271,7 +280,7 @@ static int parse_line(struct parse *p, char *line, int lineno, char *err, size_t
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
         if (!strcmp(key, keys[i])) k = i;
     if (k < 0 && !strncmp(key, "memory_limit.", 13)) return parse_override(p, key, val, lineno, err, errlen);
-    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead engine mps_pipe_dir)", lineno, key);
+    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead engine mps_pipe_dir generation)", lineno, key);
     if (p->seen & (1u << k)) FAIL("slice file line %d: duplicate key '%s'", lineno, key);
     p->seen |= 1u << k;
     return apply_key(p, k, key, val, lineno, err, errlen);
@@ -520,6 +529,7 @@ int gs_config_load_pinned(gs_env_fn get, void *arg, const char *pinned, struct g
             set_err(err, errlen, "%s: %s", path, perr);
             return -1;
         }
+        snprintf(c.slice_path, sizeof c.slice_path, "%s", path); /* a live resize re-reads it */
     } else if (load_hami_env(get, arg, &c, err, errlen)) {
         return -1;
     }
@@ -586,5 +596,6 @@ void gs_config_dump(const struct gs_config *c, char *buf, size_t len)
     if (c->warning[0]) p = cat(buf, len, p, "warning=%s\n", c->warning);
     if (c->context_overhead == GS_UNLIMITED) p = cat(buf, len, p, "context_overhead=default\n");
     else p = cat(buf, len, p, "context_overhead=%llu\n", (unsigned long long)c->context_overhead);
-    cat(buf, len, p, "engine=%s\nmps_pipe_dir=%s\n", c->engine ? "spatial" : "timeslice", c->mps_pipe_dir);
+    p = cat(buf, len, p, "engine=%s\nmps_pipe_dir=%s\n", c->engine ? "spatial" : "timeslice", c->mps_pipe_dir);
+    cat(buf, len, p, "generation=%u\n", c->generation);
 }

@@ -46,7 +46,7 @@ LOCK_OFFSET = 64
 # header: magic, version, header_size, size, max_devices, max_procs, device_size, proc_size, seq,
 # device_count, flags, created_ns
 _HEADER = struct.Struct("<8sIIQIIIIQIIQ")
-# device: uuid[64], limit, used, peak, oom_refusals, context_overhead, compute, reserved, spare[10]
+# device: uuid[64], limit, used, peak, oom_refusals, context_overhead, compute, generation, spare[10]
 _DEVICE = struct.Struct("<64sQQQQQII80s")
 # process: pid, state, start_time, oom_refusals, reserved, then arrays
 _PROC_HEAD = struct.Struct("<iIQQQ")
@@ -85,6 +85,7 @@ class DeviceUsage:
     oom_refusals: int
     context_overhead: int
     compute: int
+    generation: int = 0  # the slice file generation that last set ``limit`` (live resize; 0: never resized)
 
 
 @dataclass(frozen=True)
@@ -205,9 +206,9 @@ def _parse(path: str, data: bytes, consistent: bool) -> RegionSnapshot:
     device_count = min(h[9], MAX_DEVICES)
     devices = []
     for i in range(device_count):
-        uuid, limit, used, peak, refusals, overhead, compute, _r, _s = _DEVICE.unpack_from(data, HEADER_SIZE + i * DEVICE_SIZE)
+        uuid, limit, used, peak, refusals, overhead, compute, gen, _s = _DEVICE.unpack_from(data, HEADER_SIZE + i * DEVICE_SIZE)
         devices.append(DeviceUsage(i, uuid.split(b"\0", 1)[0].decode("ascii", "replace"),
-                                   None if limit == UNLIMITED else limit, used, peak, refusals, overhead, compute))
+                                   None if limit == UNLIMITED else limit, used, peak, refusals, overhead, compute, gen))
     uuids = [d.uuid for d in devices]
     procs = []
     base = HEADER_SIZE + MAX_DEVICES * DEVICE_SIZE

@@ -30,11 +30,13 @@ _UUID_RE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/-]+$")
 _MODES = {"hard": "hard", "force": "hard", "soft": "soft", "default": "soft", "off": "off", "disable": "off"}
 _LOG_LEVELS = ("error", "warn", "info", "debug")
 _KEYS = ("version", "grant", "devices", "memory_limit", "compute", "mode", "weight", "priority", "region",
-         "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir")
+         "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir",
+         "generation")
 ENGINES = ("timeslice", "spatial")
 MAX_DEVICES = 16
 PATH_MAX = 1023
 U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
 
 
 class SliceFileError(GpusliceError, ValueError):
@@ -65,7 +67,9 @@ class SliceConfig:
     per-device overrides keyed by UUID (each must be in ``devices``). ``context_overhead`` None = the
     enforcer's built-in measured default. ``engine="spatial"``: the processes are MPS clients of the
     daemon whose pipe directory is ``mps_pipe_dir`` (as they see it; "" = their environment's), not paced;
-    such a slice covers at most one device."""
+    such a slice covers at most one device. ``generation``: bumped by the node side at each live resize of
+    the slice (0 = never resized); a running enforcer takes over a rewritten file, and only a higher
+    generation than its region records may raise the slice's limit (``native/README.md``, Live resize)."""
 
     devices: tuple[str, ...] = ()
     memory_limit: int | None = None
@@ -83,6 +87,7 @@ class SliceConfig:
     context_overhead: int | None = None
     engine: str = "timeslice"
     mps_pipe_dir: str = ""
+    generation: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -116,6 +121,7 @@ class SliceConfig:
         _check_int("compute", self.compute, 0, 100)
         _check_int("weight", self.weight, 1, 16)
         _check_int("priority", self.priority, 0, 1)
+        _check_int("generation", self.generation, 0, U32_MAX)
         if self.mode not in ("hard", "soft", "off"):
             raise SliceFileError("mode", self.mode, "hard, soft or off")
         if self.oom_policy not in ("return", "kill"):
@@ -175,15 +181,18 @@ def format_slice(cfg: SliceConfig) -> str:
         lines.append(f"engine={cfg.engine}")
     if cfg.mps_pipe_dir:
         lines.append(f"mps_pipe_dir={cfg.mps_pipe_dir}")
+    if cfg.generation:  # slice files never resized stay what they were before live resize
+        lines.append(f"generation={cfg.generation}")
     return "\n".join(lines) + "\n"
 
 
 def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_policy: str = "return",
-                 log_level: str = "warn", fail_open: bool = False, mps_pipe_dir: str = "") -> SliceConfig:
+                 log_level: str = "warn", fail_open: bool = False, mps_pipe_dir: str = "",
+                 generation: int = 0) -> SliceConfig:
     """The slice file of ``grant``: its devices and memory limits (per device where they differ), the first
     slice's compute share, mode, weight, priority and engine (a grant's slices share them), the region,
     device-state and (spatial) MPS pipe paths as the slice's processes see them, and the node's enforcer
-    settings."""
+    settings; ``generation`` counts the grant's live resizes (0: none)."""
     first = grant.slices[0]
     spatial = first.engine is spec.Engine.SPATIAL
     return SliceConfig(
@@ -191,7 +200,8 @@ def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_p
         memory_limits={s.device_uuid: s.memory_limit for s in grant.slices}, grant=grant.grant_id,
         compute=first.compute, mode=first.mode.value, weight=first.weight, priority=int(first.priority),
         region=region, device_state_dir=device_state_dir, oom_policy=oom_policy, log_level=log_level,
-        fail_open=fail_open, engine=first.engine.value, mps_pipe_dir=mps_pipe_dir if spatial else "")
+        fail_open=fail_open, engine=first.engine.value, mps_pipe_dir=mps_pipe_dir if spatial else "",
+        generation=generation)
 
 
 def write_slice_file(path: str | os.PathLike[str], config: SliceConfig | None = None, **fields_: Any) -> SliceConfig:
@@ -286,6 +296,10 @@ def _value(key: str, val: str, lineno: int, path: str | None) -> dict[str, Any]:
         if not val.startswith("/") or len(val) > PATH_MAX:
             raise bad("an absolute path")
         return {key: val}
+    if key == "generation":
+        if not val.isdigit() or not val.isascii() or len(val) > 10 or int(val) > U32_MAX:
+            raise bad(f"a whole number from 0 to {U32_MAX}")
+        return {key: int(val)}
     if key == "engine":
         if val not in ENGINES:
             raise bad("timeslice or spatial")
