@@ -87,3 +87,38 @@ def _usage_of(grant: Grant, snap: RegionSnapshot) -> GrantUsage:
     for s in grant.slices:
         slices.setdefault(s.device_uuid, SliceUsage(s.device_uuid))
     return GrantUsage(grant.grant_id, slices, tuple(p.pid for p in live), readable=True)
+
+
+def held_now(watched: Watched) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Per device of the grant: the bytes its *live* processes hold now (contexts included) and those
+    processes' pids (as the region records them); what a live resize compares a lower limit with. Dead
+    processes' leftovers are not counted: the enforcer reclaims them before it would refuse anything."""
+    held: dict[str, tuple[int, tuple[int, ...]]] = {s.device_uuid: (0, ()) for s in watched.grant.slices}
+    if not watched.region_file or not Path(watched.region_file).exists():
+        return held
+    try:
+        snap = read_region(watched.region_file)
+    except RegionError:
+        return held
+    for p in snap.processes:
+        if not p.alive():
+            continue
+        for uuid, used in p.used.items():
+            if uuid in held and used:
+                total, pids = held[uuid]
+                held[uuid] = (total + used, pids + (p.pid,))
+    return held
+
+
+def below_usage(watched: Watched, limits: dict[str, int], names: dict[str, str] | None = None) -> str:
+    """"" when every new limit is at least what the grant's live processes hold on its device, else one
+    line saying where and how much is in use (the refusal of a live resize without ``evict``)."""
+    from gpuslice.spec import human_bytes
+
+    names = names or {}
+    over = []
+    for uuid, (used, _pids) in held_now(watched).items():
+        if uuid in limits and used > limits[uuid]:
+            over.append(f"{human_bytes(limits[uuid])} on {names.get(uuid, uuid)} is below the "
+                        f"{human_bytes(used)} the slice's processes hold now")
+    return "; ".join(over)

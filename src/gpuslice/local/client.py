@@ -16,6 +16,10 @@ ends the ``child_pid`` group once the holder is gone).
 POST     /v1/grants                body: Ask (+ ``"wait": bool, "ticket": int >= 1|null``) →
                                    201 GrantRecord, 202 Queued, 409 ``{"error": "nofit"}``
 PATCH    /v1/grants/{id}           body ``{"child_pid": int >= 1, "child_start": int >= 0}`` → 200 GrantRecord
+POST     /v1/grants/{id}/resize    body ``{"memory": "8GiB"|"50%", "compute": 0..100, "priority": "high"|"low",
+                                   "mode": "hard"|"soft"|"off", "evict": bool}`` (at least one size) → 200
+                                   GrantRecord + ``"evicted": [pid]``; 409 ``nofit`` (does not fit beside the
+                                   other slices, or below what the slice holds now without ``evict``)
 DELETE   /v1/grants/{id}           → 200 ``{"released": bool}``
 DELETE   /v1/queue/{ticket}        → 200 ``{"cancelled": true}``
 GET      /v1/devices               → the node's devices (a devices snapshot document)
@@ -40,8 +44,9 @@ import httpx
 from gpuslice.local.errors import AgentError, UnknownGrant
 from gpuslice.local.paths import SYSTEM_STATE_DIR, StateDir
 from gpuslice.local.records import Ask, GrantRecord, Queued
+from gpuslice.local.resize import Resized
 from gpuslice.placement import NoFit
-from gpuslice.spec import Device
+from gpuslice.spec import Device, Resize
 
 TIMEOUT_S = 30.0
 
@@ -52,6 +57,7 @@ class GrantService(Protocol):
     def acquire(self, ask: Ask, *, wait: bool = False, ticket: int | None = None) -> GrantRecord | Queued: ...
     def set_child(self, grant_id: str, child_pid: int, child_start: int) -> GrantRecord: ...
     def release(self, grant_id: str) -> bool: ...
+    def resize(self, grant_id: str, change: Resize) -> Resized: ...
     def cancel(self, ticket: int) -> None: ...
 
 
@@ -105,6 +111,10 @@ class AgentClient:
     def set_child(self, grant_id: str, child_pid: int, child_start: int) -> GrantRecord:
         _, data = self._call("PATCH", f"/v1/grants/{grant_id}", {"child_pid": child_pid, "child_start": child_start})
         return GrantRecord.from_json(data)
+
+    def resize(self, grant_id: str, change: Resize) -> Resized:
+        _, data = self._call("POST", f"/v1/grants/{grant_id}/resize", change.to_json())
+        return Resized(GrantRecord.from_json(data), tuple(int(p) for p in data.get("evicted", ())))
 
     def release(self, grant_id: str) -> bool:
         _, data = self._call("DELETE", f"/v1/grants/{grant_id}")

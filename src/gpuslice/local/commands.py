@@ -1,4 +1,4 @@
-"""Local-mode verbs: ``run``, ``ps``, ``top``, ``agent``. ``register(app)`` adds them; another module's
+"""Local-mode verbs: ``run``, ``resize``, ``ps``, ``top``, ``agent``. ``register(app)`` adds them; another module's
 ``register`` may add more verbs to the same app (``devices`` lives in ``device_commands``)."""
 
 from __future__ import annotations
@@ -149,6 +149,54 @@ def run(
     except SpecError as exc:
         raise cli_spec_error(exc) from None
     raise typer.Exit(code)
+
+
+@verb("resize")
+def resize(
+    grant: str = typer.Argument(..., metavar="GRANT", help="The grant id (gpuslice ps shows it: g-…)."),
+    memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE",
+                                         help="New memory limit per device: 8GiB, 8192Mi, 50%."),
+    compute: Optional[str] = typer.Option(None, "--compute", metavar="PCT", help="New compute share in percent."),
+    priority: Optional[str] = typer.Option(None, "--priority", metavar="high|low", help="New priority."),
+    mode: Optional[str] = typer.Option(None, "--mode", metavar="hard|soft|off", help="New compute sharing mode."),
+    evict: bool = typer.Option(False, "--evict", help="Lower the memory limit even below what the slice's "
+                               "processes hold now: those processes get SIGTERM (without it such a resize is "
+                               "refused, saying how much is in use)."),
+) -> None:
+    """Resize a running slice in place: placement checks the new size fits beside the other slices, the slice
+    file is rewritten, and the slice's running processes follow within a second (no restart).
+
+    Exit codes: 0 resized; 1 it does not fit, is below what the slice holds now, or the grant is unknown;
+    2 a bad option value."""
+    from gpuslice.local.service import open_service
+    from gpuslice.spec import Resize, SpecError
+
+    if memory is None and compute is None and priority is None and mode is None:
+        raise typer.BadParameter("nothing to change; give at least one of --memory, --compute, --priority, --mode",
+                                 param_hint="GRANT")
+    try:
+        change = Resize.from_mapping({"memory": memory, "compute": compute, "priority": priority, "mode": mode,
+                                      "evict": evict})
+    except SpecError as exc:
+        raise _usage_error(exc) from None
+    service, _devices = open_service(StateDir.default())
+    done = service.resize(grant, change)
+    for line in resize_lines(done):
+        typer.echo(line)
+
+
+def resize_lines(done) -> list[str]:
+    """What ``resize`` prints: the grant's slices as they are now, and what was evicted."""
+    from gpuslice.spec import human_bytes
+
+    rec = done.record
+    lines = [f"resized {rec.grant_id} (generation {rec.generation}); its running processes follow within a second"]
+    for s in rec.slices:
+        lines.append(f"  {s.device_uuid} memory {human_bytes(s.memory_limit)} compute {s.compute}% "
+                     f"({s.mode.value}) priority {s.priority.name.lower()}")
+    if done.evicted:
+        lines.append("evicted (SIGTERM): " + ", ".join(f"pid {p}" for p in done.evicted))
+    return lines
 
 
 @verb("ps")
