@@ -467,9 +467,10 @@ def test_write_policies_narrow_the_roles_to_gpuslice_annotations(helm: Path) -> 
     vaps = by_kind(objs, "ValidatingAdmissionPolicy")
     bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
     want = {"gs-gpuslice-agent-nodes": ("gs-gpuslice-agent", "nodes", ["gpuslice.io/devices", "gpuslice.io/allocating"]),
-            "gs-gpuslice-agent-pods": ("gs-gpuslice-agent", "pods", ["gpuslice.io/allocated"]),
+            "gs-gpuslice-agent-pods": ("gs-gpuslice-agent", "pods", ["gpuslice.io/allocated", "gpuslice.io/resize-status"]),
             "gs-gpuslice-extender-nodes": ("gs-gpuslice-scheduler", "nodes", ["gpuslice.io/ledger", "gpuslice.io/allocating"]),
-            "gs-gpuslice-extender-pods": ("gs-gpuslice-scheduler", "pods", ["gpuslice.io/grant", "gpuslice.io/allocated"])}
+            "gs-gpuslice-extender-pods": ("gs-gpuslice-scheduler", "pods", ["gpuslice.io/grant", "gpuslice.io/allocated",
+                                                                            "gpuslice.io/resize-status"])}
     assert set(want) <= set(vaps)
     for name, (sa, resource, allowed) in want.items():
         spec = vaps[name]["spec"]

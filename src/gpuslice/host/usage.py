@@ -89,10 +89,12 @@ def _usage_of(grant: Grant, snap: RegionSnapshot) -> GrantUsage:
     return GrantUsage(grant.grant_id, slices, tuple(p.pid for p in live), readable=True)
 
 
-def held_now(watched: Watched) -> dict[str, tuple[int, tuple[int, ...]]]:
+def held_now(watched: Watched, *, same_pid_namespace: bool = True) -> dict[str, tuple[int, tuple[int, ...]]]:
     """Per device of the grant: the bytes its *live* processes hold now (contexts included) and those
     processes' pids (as the region records them); what a live resize compares a lower limit with. Dead
-    processes' leftovers are not counted: the enforcer reclaims them before it would refuse anything."""
+    processes' leftovers are not counted: the enforcer reclaims them before it would refuse anything.
+    ``same_pid_namespace=False`` (a container's region read from the node: its pids mean nothing here):
+    every process record counts, dead or not, which can only over-state what is held."""
     held: dict[str, tuple[int, tuple[int, ...]]] = {s.device_uuid: (0, ()) for s in watched.grant.slices}
     if not watched.region_file or not Path(watched.region_file).exists():
         return held
@@ -101,7 +103,7 @@ def held_now(watched: Watched) -> dict[str, tuple[int, tuple[int, ...]]]:
     except RegionError:
         return held
     for p in snap.processes:
-        if not p.alive():
+        if same_pid_namespace and not p.alive():
             continue
         for uuid, used in p.used.items():
             if uuid in held and used:
@@ -110,14 +112,15 @@ def held_now(watched: Watched) -> dict[str, tuple[int, tuple[int, ...]]]:
     return held
 
 
-def below_usage(watched: Watched, limits: dict[str, int], names: dict[str, str] | None = None) -> str:
+def below_usage(watched: Watched, limits: dict[str, int], names: dict[str, str] | None = None, *,
+                same_pid_namespace: bool = True) -> str:
     """"" when every new limit is at least what the grant's live processes hold on its device, else one
     line saying where and how much is in use (the refusal of a live resize without ``evict``)."""
     from gpuslice.spec import human_bytes
 
     names = names or {}
     over = []
-    for uuid, (used, _pids) in held_now(watched).items():
+    for uuid, (used, _pids) in held_now(watched, same_pid_namespace=same_pid_namespace).items():
         if uuid in limits and used > limits[uuid]:
             over.append(f"{human_bytes(limits[uuid])} on {names.get(uuid, uuid)} is below the "
                         f"{human_bytes(used)} the slice's processes hold now")

@@ -214,6 +214,9 @@ def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: 
                 logging.getLogger("gpuslice.extender").warning("garbage collection: %s", exc)
 
     threading.Thread(target=collect, name="gpuslice-gc", daemon=True).start()
+    from gpuslice.kube.extender.resize import LedgerResizer
+
+    LedgerResizer(api).start()  # live resize: the ledger side (gpuslice.kube.resize)
     return extender
 
 
@@ -337,6 +340,9 @@ def kube_agent(
         from gpuslice.kube.mpsnode import MpsNode
 
         MpsNode(api, node, plugin.allocator).start()
+        from gpuslice.kube.resize import NodeResizer
+
+        NodeResizer(api, node, plugin.allocator).start()  # live resize: usage check and slice file
     if rediscover_interval:
         Rediscovery(find_devices, plugin.set_devices, rediscover_interval).start()
     if metrics_port:

@@ -54,9 +54,9 @@ from gpuslice.local.paths import StateDir
 from gpuslice.local import nofit
 from gpuslice.local.nofit import device_names, local_words
 from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
-from gpuslice.local.resize import Resized, evict, resized_request, resized_slices
+from gpuslice.local.resize import Resized, evict, resized_request
 from gpuslice.host.usage import below_usage
-from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place, resize
+from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place, resize, resized_slices
 from gpuslice.placement.model import describe_free
 from gpuslice.spec import (
     Device, Engine, Grant, GpusliceError, Resize, SpecError, request_from_json, request_to_json,
@@ -225,7 +225,7 @@ class Ledger:
             record = self._get(db, grant_id)
             if record.ending_since:
                 raise GpusliceError(f"grant {grant_id} is ending (its holder is gone): nothing to resize")
-            new = resized_slices(record, change, self.empty_node())
+            new = resized_slices(record.grant, change, {d.uuid: d.memory_total for d in self.empty_node().devices})
             names = device_names(self.devices)
             resize(self.node_state(self._grants(db)), record.slices, new, exclusive=record.exclusive,
                    names=names)

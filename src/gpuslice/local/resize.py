@@ -1,4 +1,4 @@
-"""Live resize of a local grant: the new slices, the recorded request, and eviction (``Ledger.resize``)."""
+"""Live resize of a local grant: the recorded request and eviction (``Ledger.resize`` checks and records)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Callable
 from gpuslice.host import procs
 from gpuslice.host.usage import held_now
 from gpuslice.local.records import GrantRecord
-from gpuslice.placement import NodeState
-from gpuslice.spec import Engine, Request, Resize, Slice, SpecError
+from gpuslice.spec import Request, Resize
 
 
 @dataclass(frozen=True)
@@ -22,19 +21,6 @@ class Resized:
 
     def to_json(self) -> dict:
         return {**self.record.to_json(), "evicted": list(self.evicted)}
-
-
-def resized_slices(record: GrantRecord, change: Resize, empty: NodeState) -> tuple[Slice, ...]:
-    """The grant's slices after ``change`` (a percent resolves against each device's memory)."""
-    if any(s.engine is Engine.SPATIAL for s in record.slices):
-        # MPS fixes a client's SM share and pinned memory limit when the client starts.
-        raise SpecError("engine", "spatial", "a time-sliced grant: a spatial slice's MPS share and memory limit are "
-                        "fixed when its processes start")
-    if record.exclusive and (change.compute is not None or change.memory is not None):
-        raise SpecError("exclusive", True, "a shared grant: a grant of whole devices has all of their memory and "
-                        "compute (priority and mode may change)")
-    totals = {d.uuid: d.memory_total for d in empty.devices}
-    return tuple(change.applied(s, totals.get(s.device_uuid, s.memory_limit)) for s in record.slices)
 
 
 def resized_request(request: Request, change: Resize) -> Request:

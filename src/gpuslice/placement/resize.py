@@ -12,7 +12,21 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from gpuslice.placement.model import NodeState, NoFit, apply, release
-from gpuslice.spec import Slice, SpecError, human_bytes
+from gpuslice.spec import Engine, Grant, Resize, Slice, SpecError, human_bytes
+
+
+def resized_slices(grant: Grant, change: Resize, memory_totals: Mapping[str, int]) -> tuple[Slice, ...]:
+    """The slices of ``grant`` after ``change`` (a percent resolves against each device's memory in
+    ``memory_totals``). What cannot be resized live is refused naming the field: a spatial slice (MPS fixes
+    a client's SM share and pinned memory when the client starts) and the memory or compute of a grant of
+    whole devices (it has all of them; its priority and mode may change)."""
+    if any(s.engine is Engine.SPATIAL for s in grant.slices):
+        raise SpecError("engine", "spatial", "a time-sliced grant: a spatial slice's MPS share and memory limit are "
+                        "fixed when its processes start")
+    if grant.exclusive and (change.compute is not None or change.memory is not None):
+        raise SpecError("exclusive", True, "a shared grant: a grant of whole devices has all of their memory and "
+                        "compute (priority and mode may change)")
+    return tuple(change.applied(s, memory_totals.get(s.device_uuid, s.memory_limit)) for s in grant.slices)
 
 
 def resize(node: NodeState, old: Sequence[Slice], new: Sequence[Slice], *, exclusive: bool = False,
