@@ -13,7 +13,8 @@
  *   36   u32      proc_size       800 (bytes per process record)
  *   40   u64      seq             seqlock: odd while a writer is inside; readers retry on odd/changed
  *   48   u32      device_count    device records in use
- *   52   u32      flags           bit0 = initialised
+ *   52   u32      flags           bit0 = initialised; bit 1+i = device record i's context_overhead was
+ *                                 measured on the card (src/accounting/ctxcost.c; additive, version 1)
  *   56   u64      created_ns      CLOCK_REALTIME at creation
  *   64   byte[64] lock            pthread_mutex_t, PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST
  *   128  device records [max_devices], each device_size bytes:
@@ -23,7 +24,7 @@
  *        72  u64  used            bytes, sum of the processes' used[] for this device (incl. contexts)
  *        80  u64  peak            highest `used` seen
  *        88  u64  oom_refusals    allocations refused on this device
- *        96  u64  context_overhead bytes counted per CUDA context
+ *        96  u64  context_overhead bytes counted per CUDA context (configured, measured, or the default)
  *        104 u32  compute         compute share 0..100 from the config
  *        108 u32  generation      the slice file generation= that last set `limit` (live resize; was
  *                                 `reserved`, always 0 before: additive, version stays 1)

@@ -33,7 +33,8 @@
 #define MAX_ORD 64
 
 /* Bytes the driver takes per CUDA context on top of the program's allocations, used when the slice
- * does not set context_overhead. Measured on an H100 80GB, driver 580.159, CUDA 13 (lazy module
+ * does not set context_overhead and until the card's own cost is measured (src/accounting/ctxcost.c).
+ * Measured on an H100 80GB, driver 580.159, CUDA 13 (lazy module
  * loading): a bare driver context 518 MiB; PyTorch 2.11 after its first matmul 676 MiB beyond what
  * its allocator holds; real minus accounted in the fill tests up to 512 + 168 MiB (cudaMallocAsync).
  * 680 MiB covers every case measured (bench/results/2026-11-22-h100-memory.txt). Programs that
@@ -337,7 +338,6 @@ static CUresult reserve(int ordinal, uint64_t bytes, int ctx, int flags, const c
     int idx = gs_mem_dev_index(ordinal);
     if (idx == GS_DEV_UNAVAILABLE) return refuse_own_failure(what, "region lock failed");
     if (idx < 0) return outside_slice(ordinal, what);
-    if (ctx) bytes = gs_shared->devices[idx].context_overhead;
     if (flags & (RES_TRY | RES_FORCE)) return reserve_idx(ordinal, idx, bytes, ctx, flags, what);
     /* A refusal is final only after this process's stream-ordered pools have given their cache back
      * (their cached memory is counted, and is real, but nobody uses it). */
@@ -386,15 +386,19 @@ void gs_mem_release(int ordinal, uint64_t bytes)
     if (idx >= 0 && bytes) release_idx(idx, bytes, 0);
 }
 
-CUresult gs_mem_ctx_add(int ordinal)
-{
-    return reserve(ordinal, 0, 1, 0, "context creation");
-}
-
-void gs_mem_ctx_remove(int ordinal)
+CUresult gs_mem_ctx_add(int ordinal, uint64_t *charged)
 {
     int idx = gs_mem_dev_index(ordinal);
-    if (idx >= 0) release_idx(idx, gs_shared->devices[idx].context_overhead, 1);
+    uint64_t bytes = idx >= 0 ? __atomic_load_n(&gs_shared->devices[idx].context_overhead, __ATOMIC_RELAXED) : 0;
+    CUresult r = reserve(ordinal, bytes, 1, 0, "context creation");
+    *charged = r == CUDA_SUCCESS ? bytes : 0;
+    return r;
+}
+
+void gs_mem_ctx_remove(int ordinal, uint64_t charged)
+{
+    int idx = gs_mem_dev_index(ordinal);
+    if (idx >= 0) release_idx(idx, charged, 1);
 }
 
 /* ------------------------------------------------------------------ queries */

@@ -52,6 +52,17 @@ EXPORT unsigned long gsdouble_launches;
 static struct { uint64_t key, size, aux; int dev, kind, refs, released, retains; } g_tab[TAB];
 
 EXPORT unsigned long long gsdouble_used(int dev) { return dev >= 0 && dev < MAXDEV ? g_used[dev] : 0; }
+/* What the live contexts of each device take (GSDOUBLE_CTX_BYTES per context, default 0): NVML's
+ * double reports it as used, so the enforcer can measure a context's cost on this "card". */
+static unsigned long long g_ctx_bytes[MAXDEV];
+EXPORT unsigned long long gsdouble_ctx_bytes(int dev) { return dev >= 0 && dev < MAXDEV ? __atomic_load_n(&g_ctx_bytes[dev], __ATOMIC_RELAXED) : 0; }
+static void ctx_bytes(int dev, int sign)
+{
+    const char *e = getenv("GSDOUBLE_CTX_BYTES");
+    unsigned long long b = e ? strtoull(e, NULL, 10) : 0;
+    if (sign > 0) __atomic_add_fetch(&g_ctx_bytes[dev], b, __ATOMIC_RELAXED);
+    else __atomic_sub_fetch(&g_ctx_bytes[dev], b <= g_ctx_bytes[dev] ? b : g_ctx_bytes[dev], __ATOMIC_RELAXED);
+}
 
 static int ndev(void) { return dbl_device_count(); }
 
@@ -178,7 +189,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
     pthread_mutex_lock(&g_lock);
     g_primary[d].dev = d;
     g_primary[d].alive = 1;
-    g_primary_refs[d]++;
+    if (g_primary_refs[d]++ == 0) ctx_bytes(d, +1);
     pthread_mutex_unlock(&g_lock);
     *pctx = (CUcontext)&g_primary[d];
     return CUDA_SUCCESS;
@@ -187,7 +198,10 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 {
     if (d < 0 || d >= ndev() || g_primary_refs[d] == 0) return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&g_lock);
-    if (--g_primary_refs[d] == 0) g_primary[d].alive = 0;
+    if (--g_primary_refs[d] == 0) {
+        g_primary[d].alive = 0;
+        ctx_bytes(d, -1);
+    }
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
@@ -203,6 +217,7 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice d)
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = d;
     c->alive = 1;
+    ctx_bytes(d, +1);
     t_current = c;
     *pctx = (CUcontext)c;
     return CUDA_SUCCESS;
@@ -215,6 +230,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
     struct ctx *x = (struct ctx *)c;
     if (!x) return CUDA_ERROR_INVALID_VALUE;
     if (t_current == x) t_current = NULL;
+    if (x->alive) ctx_bytes(x->dev, -1);
     x->alive = 0;
     if (x < g_primary || x >= g_primary + MAXDEV) free(x);
     return CUDA_SUCCESS;

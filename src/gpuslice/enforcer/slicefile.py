@@ -64,8 +64,8 @@ def _valid_uuid(u: str) -> bool:
 @dataclass(frozen=True)
 class SliceConfig:
     """One process group's slice. ``memory_limit`` None = no default limit; ``memory_limits`` holds
-    per-device overrides keyed by UUID (each must be in ``devices``). ``context_overhead`` None = the
-    enforcer's built-in measured default. ``engine="spatial"``: the processes are MPS clients of the
+    per-device overrides keyed by UUID (each must be in ``devices``). ``context_overhead`` None = measured
+    by the enforcer on the card at the slice's first context (the built-in 680 MiB until then). ``engine="spatial"``: the processes are MPS clients of the
     daemon whose pipe directory is ``mps_pipe_dir`` (as they see it; "" = their environment's), not paced;
     such a slice covers at most one device. ``generation``: bumped by the node side at each live resize of
     the slice (0 = never resized); a running enforcer takes over a rewritten file, and only a higher
