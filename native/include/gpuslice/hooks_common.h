@@ -64,6 +64,9 @@
  * with the real cuMemFree-like `real` if ptr is a pool allocation we track (cudaFree of
  * cudaMallocAsync memory), else returns GS_POOL_NOT_MINE. gs_pool_forget_device gives back and
  * forgets the pools of a device whose primary context went. */
+/* CUDA graph memory (src/hooks/cuda_graph.c): the launch hooks report each graph launch, whose first
+ * launch may back the graph's memory nodes with device memory. */
+void gs_graph_launched(CUgraphExec exec, CUresult r);
 #define GS_POOL_NOT_MINE (-2)
 CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
 void gs_pool_forget_device(int ordinal);
