@@ -39,6 +39,7 @@ def assert_same_as_c(cfg: SliceConfig, c: dict[str, str]) -> None:
     assert c["context_overhead"] == ("default" if cfg.context_overhead is None else str(cfg.context_overhead))
     assert c["engine"] == cfg.engine and c["mps_pipe_dir"] == cfg.mps_pipe_dir
     assert c["generation"] == str(cfg.generation)
+    assert c["oom_wait_ms"] == str(30000 if cfg.oom_wait_ms is None else cfg.oom_wait_ms)
 
 
 def test_round_trip_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
@@ -103,6 +104,9 @@ BAD = [
     ("version=1\ngeneration=-1\n", "generation"),
     ("version=1\ngeneration=4294967296\n", "generation"),
     ("version=1\ngeneration=1g\n", "generation"),
+    ("version=1\noom_policy=sleep\n", "oom_policy"),
+    ("version=1\noom_wait_ms=86400001\n", "oom_wait_ms"),
+    ("version=1\noom_wait_ms=1s\n", "oom_wait_ms"),
 ]
 
 
@@ -206,3 +210,18 @@ def test_resized_slice_carries_its_generation_and_c_agrees(tmp_path: Path, nativ
     rc, c, err = c_parse(native_build, p)
     assert rc == 0, err
     assert_same_as_c(cfg, c)
+
+
+def test_oom_policy_wait_with_its_timeout_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
+    """oom_policy=wait and its oom_wait_ms are read the same by both parsers; without the key the enforcer
+    waits 30 s."""
+    p = tmp_path / "slice.conf"
+    cfg = write_slice_file(p, SliceConfig(devices=(A,), memory_limit=GiB, oom_policy="wait", oom_wait_ms=1500))
+    assert "oom_policy=wait\n" in p.read_text() and "oom_wait_ms=1500\n" in p.read_text()
+    assert read_slice_file(p) == cfg
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)
+    cfg = write_slice_file(p, SliceConfig(devices=(A,), oom_policy="wait"))
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0 and c["oom_wait_ms"] == "30000", err

@@ -73,6 +73,19 @@ struct gs_slice_proc {
 };
 int gs_mem_slice_procs(const char *uuid, struct gs_slice_proc *out, int max);
 
+/* oom_policy=wait (src/accounting/oomwait.c): after the driver refused an allocation the slice had room
+ * for (the device is full), sleep until the device's free memory could hold `bytes` (1: try again) or the
+ * slice's oom_wait_ms passed (0: fail as before; also 0 at once under another policy). Call
+ * gs_mem_wait_end once done, whatever the outcome. */
+struct gs_oom_wait {
+    int64_t deadline_ns, sleep_ns;
+    uint64_t bytes;
+    int slot, started;
+};
+#define GS_OOM_WAIT_INIT {0, 0, 0, -1, 0}
+int gs_mem_device_full_wait(int ordinal, uint64_t bytes, struct gs_oom_wait *w);
+void gs_mem_wait_end(struct gs_oom_wait *w);
+
 /* Who can give memory back before a refusal is final: a refused reservation calls `fn(ordinal)`
  * (it returns the bytes that left the slice's books) and tries once more. The stream-ordered pools
  * (src/hooks/cuda_pool.c) register their trim when they first track a pool; accounting knows no

@@ -41,7 +41,9 @@
  *        352 u64  launches[16]    ┐ written by the compute part (pacer) with atomic adds, outside
  *        480 u64  throttled_ns[16]│ the lock and the seqlock: monotonic counters, each 8-byte
  *        608 u64  busy_ns[16]     ┘ aligned so readers never see a torn value
- *        736 u64  spare[8]
+ *        736 u64  spare[8]        oom_policy=wait (src/accounting/oomwait.c; additive, version 1): [0]
+ *                                 allocations waiting now, [1] waits started, [2] waits timed out, [3]
+ *                                 bytes waited for now; atomic adds outside the lock. [4..7] unused
  *
  * Writers (memory accounting) take the robust mutex, then bump seq to odd, write, bump seq to even.
  * A writer killed inside leaves EOWNERDEAD: the next locker rebuilds device `used` from the process

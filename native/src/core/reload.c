@@ -86,6 +86,7 @@ static void take_over(const struct gs_config *fresh)
     __atomic_store_n(&gs_cfg.memory_limit, fresh->memory_limit, __ATOMIC_RELAXED);
     __atomic_store_n(&gs_cfg.process_limit, fresh->process_limit, __ATOMIC_RELAXED);
     __atomic_store_n(&gs_cfg.oom_policy, fresh->oom_policy, __ATOMIC_RELAXED);
+    __atomic_store_n(&gs_cfg.oom_wait_ms, fresh->oom_wait_ms, __ATOMIC_RELAXED);
     __atomic_store_n(&gs_cfg.compute, fresh->compute, __ATOMIC_RELAXED);
     __atomic_store_n(&gs_cfg.mode, fresh->mode, __ATOMIC_RELAXED);
     __atomic_store_n(&gs_cfg.weight, fresh->weight, __ATOMIC_RELAXED);

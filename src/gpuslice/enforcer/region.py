@@ -102,6 +102,12 @@ class ProcessUsage:
     launches: Mapping[str, int] = field(default_factory=dict)
     throttled_ns: Mapping[str, int] = field(default_factory=dict)
     busy_ns: Mapping[str, int] = field(default_factory=dict)
+    # oom_policy=wait (spare[0..3] of the process record): allocations waiting now for the device to have
+    # room, the bytes they wait for, waits started and waits that timed out
+    oom_waiting: int = 0
+    oom_waiting_bytes: int = 0
+    oom_waits: int = 0
+    oom_wait_timeouts: int = 0
 
     @property
     def total_used(self) -> int:
@@ -221,7 +227,9 @@ def _parse(path: str, data: bytes, consistent: bool) -> RegionSnapshot:
                   _U32X16.unpack_from(data, off + 288), _U64X16.unpack_from(data, off + 352),
                   _U64X16.unpack_from(data, off + 480), _U64X16.unpack_from(data, off + 608)]
         maps = [{uuids[i]: a[i] for i in range(device_count) if a[i]} for a in arrays]
-        procs.append(ProcessUsage(pid, start_time, refusals, *maps))
+        waiting, waits, timeouts, waiting_bytes = struct.unpack_from("<4Q", data, off + 736)
+        procs.append(ProcessUsage(pid, start_time, refusals, *maps, oom_waiting=waiting, oom_waiting_bytes=waiting_bytes,
+                                  oom_waits=waits, oom_wait_timeouts=timeouts))
     return RegionSnapshot(path, h[1], h[11], tuple(devices), tuple(procs), consistent)
 
 

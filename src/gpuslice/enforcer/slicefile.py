@@ -31,7 +31,9 @@ _MODES = {"hard": "hard", "force": "hard", "soft": "soft", "default": "soft", "o
 _LOG_LEVELS = ("error", "warn", "info", "debug")
 _KEYS = ("version", "grant", "devices", "memory_limit", "compute", "mode", "weight", "priority", "region",
          "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir",
-         "generation")
+         "generation", "oom_wait_ms")
+OOM_POLICIES = ("return", "kill", "wait")
+MAX_OOM_WAIT_MS = 86_400_000
 ENGINES = ("timeslice", "spatial")
 MAX_DEVICES = 16
 PATH_MAX = 1023
@@ -88,6 +90,7 @@ class SliceConfig:
     engine: str = "timeslice"
     mps_pipe_dir: str = ""
     generation: int = 0
+    oom_wait_ms: int | None = None  # oom_policy=wait: how long a device-full allocation waits (None: 30 s)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -124,8 +127,10 @@ class SliceConfig:
         _check_int("generation", self.generation, 0, U32_MAX)
         if self.mode not in ("hard", "soft", "off"):
             raise SliceFileError("mode", self.mode, "hard, soft or off")
-        if self.oom_policy not in ("return", "kill"):
-            raise SliceFileError("oom_policy", self.oom_policy, "return or kill")
+        if self.oom_policy not in OOM_POLICIES:
+            raise SliceFileError("oom_policy", self.oom_policy, "return, kill or wait")
+        if self.oom_wait_ms is not None:
+            _check_int("oom_wait_ms", self.oom_wait_ms, 0, MAX_OOM_WAIT_MS)
         if self.log_level not in _LOG_LEVELS:
             raise SliceFileError("log_level", self.log_level, "error, warn, info or debug")
         if not isinstance(self.fail_open, bool):
@@ -175,6 +180,8 @@ def format_slice(cfg: SliceConfig) -> str:
     if cfg.device_state_dir:
         lines.append(f"device_state_dir={cfg.device_state_dir}")
     lines += [f"oom_policy={cfg.oom_policy}", f"log_level={cfg.log_level}", f"fail_open={int(cfg.fail_open)}"]
+    if cfg.oom_wait_ms is not None:
+        lines.append(f"oom_wait_ms={cfg.oom_wait_ms}")
     if cfg.context_overhead is not None:
         lines.append(f"context_overhead={cfg.context_overhead}")
     if cfg.engine != "timeslice":  # time-sliced slice files stay what they were before engines
@@ -188,7 +195,7 @@ def format_slice(cfg: SliceConfig) -> str:
 
 def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_policy: str = "return",
                  log_level: str = "warn", fail_open: bool = False, mps_pipe_dir: str = "",
-                 generation: int = 0) -> SliceConfig:
+                 generation: int = 0, oom_wait_ms: int | None = None) -> SliceConfig:
     """The slice file of ``grant``: its devices and memory limits (per device where they differ), the first
     slice's compute share, mode, weight, priority and engine (a grant's slices share them), the region,
     device-state and (spatial) MPS pipe paths as the slice's processes see them, and the node's enforcer
@@ -201,7 +208,7 @@ def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_p
         compute=first.compute, mode=first.mode.value, weight=first.weight, priority=int(first.priority),
         region=region, device_state_dir=device_state_dir, oom_policy=oom_policy, log_level=log_level,
         fail_open=fail_open, engine=first.engine.value, mps_pipe_dir=mps_pipe_dir if spatial else "",
-        generation=generation)
+        generation=generation, oom_wait_ms=oom_wait_ms)
 
 
 def write_slice_file(path: str | os.PathLike[str], config: SliceConfig | None = None, **fields_: Any) -> SliceConfig:
@@ -296,6 +303,10 @@ def _value(key: str, val: str, lineno: int, path: str | None) -> dict[str, Any]:
         if not val.startswith("/") or len(val) > PATH_MAX:
             raise bad("an absolute path")
         return {key: val}
+    if key == "oom_wait_ms":
+        if not val.isdigit() or not val.isascii() or len(val) > 8 or int(val) > MAX_OOM_WAIT_MS:
+            raise bad(f"milliseconds from 0 to {MAX_OOM_WAIT_MS}")
+        return {key: int(val)}
     if key == "generation":
         if not val.isdigit() or not val.isascii() or len(val) > 10 or int(val) > U32_MAX:
             raise bad(f"a whole number from 0 to {U32_MAX}")
@@ -304,7 +315,7 @@ def _value(key: str, val: str, lineno: int, path: str | None) -> dict[str, Any]:
         if val not in ENGINES:
             raise bad("timeslice or spatial")
         return {key: val}
-    allowed = {"oom_policy": ("return", "kill"), "log_level": _LOG_LEVELS}[key]
+    allowed = {"oom_policy": OOM_POLICIES, "log_level": _LOG_LEVELS}[key]
     if val not in allowed:
         raise bad(", ".join(allowed[:-1]) + " or " + allowed[-1])
     return {key: val}

@@ -41,6 +41,11 @@ class SliceUsage:
     throttled_ns: int = 0
     launches: int = 0
     pids: tuple[int, ...] = ()
+    # oom_policy=wait, summed over the slice's processes: allocations waiting now for the device to have
+    # room, waits started, waits that timed out
+    oom_waiting: int = 0
+    oom_waits: int = 0
+    oom_wait_timeouts: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,12 @@ def _usage_of(grant: Grant, snap: RegionSnapshot) -> GrantUsage:
             busy_ns=sum(p.busy_ns.get(dev.uuid, 0) for p in snap.processes),
             throttled_ns=sum(p.throttled_ns.get(dev.uuid, 0) for p in snap.processes),
             launches=sum(p.launches.get(dev.uuid, 0) for p in snap.processes),
-            pids=tuple(p.pid for p in live if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)))
+            pids=tuple(p.pid for p in live if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)),
+            # a process's waits are not per device: counted on every device it holds memory or a context on
+            oom_waiting=sum(p.oom_waiting for p in live if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)),
+            oom_waits=sum(p.oom_waits for p in snap.processes if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)),
+            oom_wait_timeouts=sum(p.oom_wait_timeouts for p in snap.processes
+                                  if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)))
     for s in grant.slices:
         slices.setdefault(s.device_uuid, SliceUsage(s.device_uuid))
     return GrantUsage(grant.grant_id, slices, tuple(p.pid for p in live), readable=True)

@@ -31,7 +31,7 @@ def _say(text: str) -> None:
 # Option names of `run` for the fields of a request: errors name what the user typed.
 RUN_OPTIONS = {"count": "gpus", "memory": "memory", "compute": "compute", "priority": "priority", "mode": "mode",
                "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device",
-               "engine": "engine"}
+               "engine": "engine", "oom_policy": "oom-policy", "oom_wait_ms": "oom-wait"}
 
 
 def cli_spec_error(exc: "SpecError") -> "SpecError":
@@ -82,6 +82,15 @@ def _split_unit(memory: str | None, compute: str, cmd: list[str]) -> None:
                                  param_hint="'--memory'")
 
 
+def _wait_ms(seconds: float) -> int:
+    """--oom-wait SECONDS as the slice file's milliseconds (0 to one day)."""
+    from gpuslice.spec import SpecError
+
+    if not math.isfinite(seconds) or not 0 <= seconds <= 86_400:
+        raise SpecError("oom_wait_ms", seconds, "seconds from 0 to 86400, like 30 or 0.5")
+    return int(round(seconds * 1000))
+
+
 @verb("run")
 def run(
     cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice, after --."),
@@ -110,6 +119,13 @@ def run(
     engine: str = typer.Option("timeslice", "--engine", help="How the device's compute is shared: timeslice "
                                "(launches paced, exact shares) or spatial (an MPS client: kernels of the device's "
                                "spatial slices run at once, the share is its fraction of the SMs; one device)."),
+    oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill|wait",
+                                   help="When memory runs out: return the error (default); kill the process at "
+                                   "the limit; or wait: an allocation that fits the slice but not the device (the "
+                                   "card is full) waits for memory to free, up to --oom-wait, then fails."),
+    oom_wait: Optional[float] = typer.Option(None, "--oom-wait", metavar="SECONDS",
+                                             help="With --oom-policy wait: how long an allocation waits for the "
+                                             "device (default 30)."),
 ) -> None:
     """Run CMD in a slice: grant, enforcer preloaded, output streamed, grant released at the end.
 
@@ -120,7 +136,7 @@ def run(
     from gpuslice.host import procs
     from gpuslice.enforcer.library import find_enforcer
     from gpuslice.local.ledger import parse_policy
-    from gpuslice.local.records import Ask
+    from gpuslice.local.records import Ask, OomPolicy
     from gpuslice.spec import Request, SpecError
 
     _split_unit(memory, compute, cmd)
@@ -129,6 +145,7 @@ def run(
                                         "priority": priority, "mode": mode, "exclusive": exclusive,
                                         "engine": engine})
         parse_policy(policy)
+        oom = OomPolicy(oom_policy, None if oom_wait is None else _wait_ms(oom_wait))
     except SpecError as exc:
         raise _usage_error(exc) from None
     if request.compute_only:
@@ -144,7 +161,7 @@ def run(
         ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
                   holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
                   devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
-                  policy=policy)
+                  policy=policy, oom=oom)
         code = launcher.run_command(service, ask, cmd, wait=wait, enforcer=enforcer, say=_say)
     except SpecError as exc:
         raise cli_spec_error(exc) from None

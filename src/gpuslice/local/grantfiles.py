@@ -18,7 +18,8 @@ def write_grant_files(grant: GrantRecord, state: StateDir) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     write_slice_file(state.slice_file(grant.grant_id), slice_config(
         grant.grant, region=str(state.region_file(grant.grant_id)), device_state_dir=str(state.device_state),
-        mps_pipe_dir=grant.mps_pipe_dir, generation=grant.generation))
+        mps_pipe_dir=grant.mps_pipe_dir, generation=grant.generation, oom_policy=grant.oom.policy,
+        oom_wait_ms=grant.oom.wait_ms))
     # The region is created by the enforcer in the first process of the slice (with its configured
     # per-context overhead on each device record); until then the monitor shows nothing used.
     if os.geteuid() == 0 and grant.uid > 0:

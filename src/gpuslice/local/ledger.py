@@ -176,7 +176,7 @@ class Ledger:
                 created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=ask.uid,
                 command=ask.command, slice_file=str(self.state.slice_file(grant_id)),
                 region_file=str(self.state.region_file(grant_id)),
-                mps_pipe_dir=str(self.mps.pipe_dir(keys[0])) if keys else "")
+                mps_pipe_dir=str(self.mps.pipe_dir(keys[0])) if keys else "", oom=ask.oom)
             db.execute("INSERT INTO grants (id, record) VALUES (?, ?)",
                        (record.grant_id, json.dumps(record.to_json())))
             if ticket is not None:
