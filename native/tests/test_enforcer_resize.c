@@ -8,25 +8,6 @@
 
 #include <time.h>
 
-/* The node side's rewrite: a complete file renamed into place (a reader never sees half of it). */
-static void t_rewrite(const char *fmt, ...)
-{
-    char path[320], tmp[330], extra[2048], u0[64], u1[64];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(extra, sizeof extra, fmt, ap);
-    va_end(ap);
-    t_uuid(0, u0);
-    t_uuid(1, u1);
-    snprintf(path, sizeof path, "%s/slice.conf", t_dir);
-    snprintf(tmp, sizeof tmp, "%s/.slice.conf.new", t_dir);
-    FILE *f = fopen(tmp, "w");
-    if (!f) { perror(tmp); exit(2); }
-    fprintf(f, "version=1\ngrant=test\ndevices=%s,%s\nregion=%s\n%s", u0, u1, t_region, extra);
-    fclose(f);
-    if (rename(tmp, path)) { perror("rename"); exit(2); }
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -70,7 +51,7 @@ static void s_raise_reaches_running_process(void)
     CUdeviceptr p;
     CHECK_EQ(cuMemAlloc_v2(&p, 512 * MiB - CTX), CUDA_SUCCESS); /* exactly full */
     CHECK_EQ(cuMemAlloc_v2(&p, 256 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
-    t_rewrite("memory_limit=1g\ncontext_overhead=%llu\ngeneration=1\n", CTX);
+    t_slice("memory_limit=1g\ncontext_overhead=%llu\ngeneration=1\n", CTX);
     double took = until_alloc(256 * MiB, CUDA_SUCCESS);
     CHECK(took < 1.0, "the raise reached the running process within a second (took %.3f s)", took);
     size_t f, t;
@@ -121,7 +102,7 @@ static void s_lower_reaches_every_process(void)
     CUdeviceptr p;
     CHECK_EQ(cuMemAlloc_v2(&p, 200 * MiB), CUDA_SUCCESS);
     /* in use: 2 contexts + 300 + 200 MiB = 628 MiB; lowered to 768 MiB: 140 MiB left */
-    t_rewrite("memory_limit=768m\ncontext_overhead=%llu\ngeneration=1\n", CTX);
+    t_slice("memory_limit=768m\ncontext_overhead=%llu\ngeneration=1\n", CTX);
     double took = until_alloc(200 * MiB, CUDA_ERROR_OUT_OF_MEMORY);
     CHECK(took < 1.0, "the lower reached this process within a second (took %.3f s)", took);
     CHECK_EQ(cuMemAlloc_v2(&p, 140 * MiB), CUDA_SUCCESS); /* exactly full under the new size */
@@ -144,14 +125,14 @@ static void s_generation_orders_rewrites(void)
     t_slice("memory_limit=512m\ncontext_overhead=%llu\ngeneration=2\n", CTX);
     CHECK_EQ(t_fork(child_touch), 0);
     CHECK_EQ(region_dev(0).generation, 2);
-    t_rewrite("memory_limit=1g\ncontext_overhead=%llu\ngeneration=2\n", CTX); /* same generation: no raise */
+    t_slice("memory_limit=1g\ncontext_overhead=%llu\ngeneration=2\n", CTX); /* same generation: no raise */
     up(0);
     CHECK_EQ(region_dev(0).limit, 512 * MiB);
     CHECK(until_alloc(512 * MiB, CUDA_SUCCESS) > 1.0, "a same-generation file does not raise the slice");
-    t_rewrite("memory_limit=2g\ncontext_overhead=%llu\ngeneration=1\n", CTX); /* older: ignored */
+    t_slice("memory_limit=2g\ncontext_overhead=%llu\ngeneration=1\n", CTX); /* older: ignored */
     CHECK(until_alloc(512 * MiB, CUDA_SUCCESS) > 1.0, "an older generation does not raise the slice");
     CHECK_EQ(region_dev(0).limit, 512 * MiB);
-    t_rewrite("memory_limit=1g\ncontext_overhead=%llu\ngeneration=3\n", CTX);
+    t_slice("memory_limit=1g\ncontext_overhead=%llu\ngeneration=3\n", CTX);
     CHECK(until_alloc(512 * MiB, CUDA_SUCCESS) < 1.0, "generation 3 raises it");
     CHECK_EQ(region_dev(0).generation, 3);
 }

@@ -163,3 +163,19 @@ def test_resizes_racing_a_bind_never_over_commit(alloc):
         anns = api.get_node("n0")["metadata"]["annotations"]
         shared, _ = formats.decode_ledger(anns[formats.NODE_LEDGER], "n0").slices()
         assert sum(s.memory_limit for s in shared) <= devices("n0", 1)[0].memory_total
+
+
+def test_the_loops_list_and_follow_pods(alloc):
+    """Each side's loop hands every listed pod (and every changed one) to its step: a full round by lists."""
+    api, _ = cluster("a")
+    agent, ext = NodeResizer(api, "n0", alloc(api)), LedgerResizer(api)
+    ask(api, "a", {"memory": "31000Mi"})
+    agent.refresh()
+    assert status(api, "a")["state"] == "checked"
+    ext._event("MODIFIED", api.get_pod("default", "a"))
+    assert status(api, "a")["state"] == "granted"
+    ext.refresh()  # nothing more for the extender
+    agent._event("DELETED", api.get_pod("default", "a"))  # a deleted pod is not acted on
+    assert status(api, "a")["state"] == "granted"
+    agent.refresh()
+    assert status(api, "a")["state"] == "done" and ledger_limit(api, "a") == 31000 * MiB

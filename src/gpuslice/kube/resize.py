@@ -123,16 +123,58 @@ def answer(api: KubeAPI, pod: Mapping[str, Any], text: str, state: str, message:
     return state
 
 
-class NodeResizer:
+class PodFollower:
+    """List the pods of ``selector`` (a field selector), then follow their changes, handing each pod to
+    :meth:`handle` (one side of live resize); a pod's trouble is logged, never stops the loop."""
+
+    selector = ""
+
+    def __init__(self, api: KubeAPI, poll_interval: float = 5.0):
+        self.api = api
+        self.poll_interval = poll_interval
+        self._stop = threading.Event()
+
+    def handle(self, pod: Mapping[str, Any]) -> str | None:
+        raise NotImplementedError
+
+    def refresh(self) -> str:
+        lister = getattr(self.api, "list_pods_at", None)
+        pods, rv = lister(field_selector=self.selector) if lister else (self.api.list_pods(field_selector=self.selector), "")
+        for pod in pods:
+            self._safe(pod)
+        return rv
+
+    def _safe(self, pod: Mapping[str, Any]) -> None:
+        try:
+            self.handle(pod)
+        except Exception as exc:  # a gone pod, the API away: the next event or list tries again
+            log.warning("resize of pod %s: %s", (pod.get("metadata") or {}).get("name"), exc)
+
+    def _event(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self._safe(pod)
+
+    def start(self) -> threading.Thread:
+        watch = getattr(self.api, "watch_pods", None)
+        follow_ = (lambda rv: watch(rv, field_selector=self.selector)) if watch else None
+        t = threading.Thread(target=follow, name="gpuslice-resize", daemon=True,
+                             args=("pod resize", self.refresh, follow_, self._event, self._stop, self.poll_interval))
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class NodeResizer(PodFollower):
     """The node agent's part of live resize: check a request against the container's usage (step 1) and,
     once the extender granted it, rewrite the container's slice file from the ledger (step 3)."""
 
     def __init__(self, api: KubeAPI, node: str, allocator: Allocator, poll_interval: float = 5.0):
-        self.api = api
+        super().__init__(api, poll_interval)
         self.node = node
+        self.selector = f"spec.nodeName={node}"
         self.allocator = allocator
-        self.poll_interval = poll_interval
-        self._stop = threading.Event()
 
     def handle(self, pod: Mapping[str, Any]) -> str | None:
         """Move the pod's resize on by one step if it is this side's turn; the state written, else None."""
@@ -180,32 +222,3 @@ class NodeResizer:
         write_slice_file(path, replace(self.allocator.slice_config(grant), generation=generation))
         return generation
 
-    # ------------------------------------------------------------------------------------ the loop
-    def refresh(self) -> str:
-        selector = f"spec.nodeName={self.node}"
-        lister = getattr(self.api, "list_pods_at", None)
-        pods, rv = lister(field_selector=selector) if lister else (self.api.list_pods(field_selector=selector), "")
-        for pod in pods:
-            self._safe(pod)
-        return rv
-
-    def _safe(self, pod: Mapping[str, Any]) -> None:
-        try:
-            self.handle(pod)
-        except Exception as exc:  # one pod's trouble (a gone pod, the API away) must not stop the loop
-            log.warning("resize of pod %s: %s", (pod.get("metadata") or {}).get("name"), exc)
-
-    def _event(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind in ("ADDED", "MODIFIED"):
-            self._safe(pod)
-
-    def start(self) -> threading.Thread:
-        watch = getattr(self.api, "watch_pods", None)
-        on_node = (lambda rv: watch(rv, field_selector=f"spec.nodeName={self.node}")) if watch else None
-        t = threading.Thread(target=follow, name="gpuslice-resize", daemon=True,
-                             args=("pod resize", self.refresh, on_node, self._event, self._stop, self.poll_interval))
-        t.start()
-        return t
-
-    def stop(self) -> None:
-        self._stop.set()

@@ -10,28 +10,27 @@ pod's ``gpuslice.io/grant`` and the answer (``granted``, or ``refused`` naming t
 
 from __future__ import annotations
 
-import logging
-import threading
 from dataclasses import replace
 from typing import Any, Mapping
 
 from gpuslice.kube import formats
 from gpuslice.kube.api import KubeAPI, update_node_annotations
-from gpuslice.kube.extender.follow import follow
 from gpuslice.kube.nodestate import node_state
-from gpuslice.kube.resize import CHECKED, GRANTED, REFUSED, answer, container_of, decode_resize, pending
+from gpuslice.kube.resize import (
+    CHECKED, GRANTED, REFUSED, PodFollower, answer, container_of, decode_resize, pending,
+)
 from gpuslice.placement import NoFit, resize, resized_slices
 from gpuslice.spec import GpusliceError, SpecError
 
-log = logging.getLogger("gpuslice.extender")
 
+class LedgerResizer(PodFollower):
+    """Decides the checked resizes of every pod bound to a node."""
 
-class LedgerResizer:
+    selector = "spec.nodeName!="
+
     def __init__(self, api: KubeAPI, poll_interval: float = 5.0, attempts: int = 8):
-        self.api = api
-        self.poll_interval = poll_interval
+        super().__init__(api, poll_interval)
         self.attempts = attempts
-        self._stop = threading.Event()
 
     def handle(self, pod: Mapping[str, Any]) -> str | None:
         """Decide the pod's resize if the node agent has checked it; the state written, else None."""
@@ -69,32 +68,3 @@ class LedgerResizer:
             raise SpecError(formats.POD_RESIZE, uid, "a pod bound to a node")
         update_node_annotations(self.api, node, decide, self.attempts)
         return done["entry"]
-
-    # ------------------------------------------------------------------------------------ the loop
-    def refresh(self) -> str:
-        lister = getattr(self.api, "list_pods_at", None)
-        pods, rv = lister(field_selector="spec.nodeName!=") if lister else (self.api.list_pods(), "")
-        for pod in pods:
-            self._safe(pod)
-        return rv
-
-    def _safe(self, pod: Mapping[str, Any]) -> None:
-        try:
-            self.handle(pod)
-        except Exception as exc:  # a gone pod, the API away: the next event or list tries again
-            log.warning("resize of pod %s: %s", (pod.get("metadata") or {}).get("name"), exc)
-
-    def _event(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind in ("ADDED", "MODIFIED"):
-            self._safe(pod)
-
-    def start(self) -> threading.Thread:
-        watch = getattr(self.api, "watch_pods", None)
-        bound = (lambda rv: watch(rv, field_selector="spec.nodeName!=")) if watch else None
-        t = threading.Thread(target=follow, name="gpuslice-resize", daemon=True,
-                             args=("pod resize", self.refresh, bound, self._event, self._stop, self.poll_interval))
-        t.start()
-        return t
-
-    def stop(self) -> None:
-        self._stop.set()
