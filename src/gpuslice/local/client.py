@@ -6,8 +6,10 @@ names that field), 403 ``forbidden`` (another user's grant or process), 404 ``un
 409 ``nofit``). A GrantRecord is the grant in the one spelling of :mod:`gpuslice.spec.codec` (``grant``,
 ``exclusive``, ``slices`` of ``uuid``/``memory``/…) beside the record's own keys (``owner``, ``request``,
 ``created``, ``holder_pid``, ``holder_start``, ``child_pid``, ``child_start``, ``uid``, ``command``,
-``slice_file``, ``region_file``, ``ending_since``, and ``mps_pipe_dir`` for a spatial grant). An Ask's
-``request`` may say ``"engine": "spatial"`` (MPS-backed; one device).
+``slice_file``, ``region_file``, ``ending_since``, and ``mps_pipe_dir`` for a spatial grant, ``generation``
+once resized, ``oom_policy``/``oom_wait_ms`` when not the default). An Ask's ``request`` may say
+``"engine": "spatial"`` (MPS-backed; one device); an Ask may carry ``"oom_policy": "return"|"kill"|"wait"`` and,
+with wait, ``"oom_wait_ms"`` (0..86400000).
 The agent knows the caller from the kernel (``SO_PEERCRED``): a non-root caller's ``owner``/``uid`` are its
 own whatever the body says, and ``holder_pid`` and ``child_pid`` must be its own processes (the reclaimer
 ends the ``child_pid`` group once the holder is gone).
