@@ -67,6 +67,7 @@ class SliceView:
     oom_waiting: int = 0  # oom_policy=wait: allocations waiting now for the device to have room
     oom_waits: int = 0
     oom_wait_timeouts: int = 0
+    colocation: str = "preemptive"  # preemptive | shared | tidal (issue 13)
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,8 @@ class Monitor:
                 mode=s.mode.value, pids=pids, age_seconds=max(0.0, now - watched.created),
                 command=watched.command, exclusive=grant.exclusive, engine=s.engine.value,
                 oom_waiting=u.oom_waiting if u else 0, oom_waits=u.oom_waits if u else 0,
-                oom_wait_timeouts=u.oom_wait_timeouts if u else 0))
+                oom_wait_timeouts=u.oom_wait_timeouts if u else 0,
+                colocation=s.colocation.value))
         return out
 
     def _waiters(self, waiters: Sequence[Waiting], now: float) -> list[dict[str, Any]]:

@@ -88,7 +88,9 @@ def slices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
         Column("OOM\nrefusals", [str(x.oom_refusals) for x in s], keep=3, justify="right"),
         *([Column("OOM\nwaiting", [_waiting(x) for x in s], keep=3, justify="right")]  # oom_policy=wait in use
           if any(x.oom_waits for x in s) else []),
-        Column("priority", [x.priority for x in s], keep=1),
+        # the co-location mode beside the priority when it is not the default (preemptive): "low tidal"
+        Column("priority", [x.priority + ("" if x.colocation == "preemptive" else f" {x.colocation}") for x in s],
+               keep=1),
         Column("pids", [" ".join(map(str, x.pids)) or "-" for x in s], keep=8, wrap=True),
         Column("age", [_age(x.age_seconds) for x in s], keep=5, justify="right"),
         Column("command", [_command(x.command, wide) for x in s], keep=2, wrap=True),

@@ -8,8 +8,9 @@ names that field), 403 ``forbidden`` (another user's grant or process), 404 ``un
 ``created``, ``holder_pid``, ``holder_start``, ``child_pid``, ``child_start``, ``uid``, ``command``,
 ``slice_file``, ``region_file``, ``ending_since``, and ``mps_pipe_dir`` for a spatial grant, ``generation``
 once resized, ``oom_policy``/``oom_wait_ms`` when not the default). An Ask's ``request`` may say
-``"engine": "spatial"`` (MPS-backed; one device); an Ask may carry ``"oom_policy": "return"|"kill"|"wait"`` and,
-with wait, ``"oom_wait_ms"`` (0..86400000).
+``"engine": "spatial"`` (MPS-backed; one device), ``"colocation": "preemptive"|"shared"|"tidal"``
+and ``"tidal_schedule": "8-20:30,20-8:100"`` (issue 13; refusals name the field and what is allowed); an Ask may
+carry ``"oom_policy": "return"|"kill"|"wait"`` and, with wait, ``"oom_wait_ms"`` (0..86400000).
 The agent knows the caller from the kernel (``SO_PEERCRED``): a non-root caller's ``owner``/``uid`` are its
 own whatever the body says, and ``holder_pid`` and ``child_pid`` must be its own processes (the reclaimer
 ends the ``child_pid`` group once the holder is gone).
