@@ -44,7 +44,8 @@ if wants devices; then
   python3 -m gpuslice.cli devices >"$OUT/devices.txt" 2>&1
 fi
 wants pytest-gpu && GPUSLICE_REQUIRE_GPU=1 step pytest-gpu pytest.log 240 python3 -m pytest -m gpu -v -p no:cacheprovider \
-  tests/local/test_gpu_local.py tests/host/test_devices.py tests/enforcer/test_gpu_enforcer.py tests/kube/test_health_gpu.py
+  tests/local/test_gpu_local.py tests/local/test_gpu_resize.py tests/host/test_devices.py tests/enforcer/test_gpu_enforcer.py \
+  tests/kube/test_health_gpu.py
 wants memory-acceptance && step memory-acceptance memory.log 330 bash bench/gpu_acceptance.sh
 wants smi-nvml && step smi-nvml smi-nvml.log 60 bash bench/gpu/smi_nvml.sh
 wants local-mode && step local-mode local.log 150 bash bench/local_mode_gpu.sh

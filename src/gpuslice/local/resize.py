@@ -1,0 +1,47 @@
+"""Live resize of a local grant: the recorded request and eviction (``Ledger.resize`` checks and records)."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from gpuslice.host import procs
+from gpuslice.host.usage import held_now
+from gpuslice.local.records import GrantRecord
+from gpuslice.spec import Request, Resize
+
+
+@dataclass(frozen=True)
+class Resized:
+    """A recorded resize: the grant as it is now, and the pids ended because they held more than the new size."""
+
+    record: GrantRecord
+    evicted: tuple[int, ...] = ()
+
+    def to_json(self) -> dict:
+        return {**self.record.to_json(), "evicted": list(self.evicted)}
+
+
+def resized_request(request: Request, change: Resize) -> Request:
+    """The request as the ledger records it after ``change`` (ps shows it)."""
+    return replace(request, memory=request.memory if change.memory is None else change.memory,
+                   compute=request.compute if change.compute is None else change.compute,
+                   priority=request.priority if change.priority is None else change.priority,
+                   mode=request.mode if change.mode is None else change.mode)
+
+
+def evict(record: GrantRecord, limits: dict[str, int], region_pids: Callable[[GrantRecord], list[int]]) -> tuple[int, ...]:
+    """SIGTERM the grant's live processes that hold memory on a device whose new limit is below the slice's
+    use there: only processes proven to be the grant's (:func:`gpuslice.local.ledger.slice_processes`'s rule:
+    the enforcer recorded them in the grant's region and they still run with the same start time)."""
+    from gpuslice.local.ledger import slice_processes
+
+    held = held_now(record.watched())
+    holders = {pid for uuid, (used, pids) in held.items() if used > limits.get(uuid, used) for pid in pids}
+    ours = slice_processes(record, procs.all_stats(), region_pids).ours
+    ended = []
+    for s in ours:
+        if s.pid in holders and procs.signal_exact(s.pid, s.start, signal.SIGTERM):
+            ended.append(s.pid)
+    return tuple(sorted(ended))
