@@ -3,38 +3,20 @@
 from __future__ import annotations
 
 import os
-import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from gpuslice.enforcer import devstate as compute
+from devstatekit import build_writer, write_sample
 
-ROOT = Path(__file__).resolve().parents[2]
-NATIVE = ROOT / "native"
+from gpuslice.enforcer import devstate as compute
 
 
 @pytest.fixture(scope="module")
 def sample_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build native/tests/test_devstate.c (its --write-sample mode) with the real devstate.c."""
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler to build the native writer")
-    out = tmp_path_factory.mktemp("bin") / "devstate_writer"
-    subprocess.run(
-        [cc, "-std=c11", "-O1", "-pthread", f"-I{NATIVE / 'include'}", str(NATIVE / "tests/test_devstate.c"),
-         str(NATIVE / "src/pacing/devstate.c"), "-o", str(out)],
-        check=True,
-    )
-    return out
-
-
-def write_sample(writer: Path, d: Path) -> Path:
-    subprocess.run([str(writer), "--write-sample", str(d)], check=True, capture_output=True)
-    (p,) = list(d.glob("*.dev"))
-    return p
+    """native/tests/test_devstate.c (its --write-sample mode) built with the real devstate.c."""
+    return build_writer(tmp_path_factory.mktemp("bin") / "devstate_writer")
 
 
 def test_reads_what_the_native_side_wrote(sample_writer: Path, tmp_path: Path) -> None:

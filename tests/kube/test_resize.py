@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from devstatekit import as_grant, build_writer
 from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 from regionfile import DeviceRecord, ProcRecord, write_region
 
+from gpuslice.enforcer.devstate import read_device_state
 from gpuslice.enforcer.slicefile import read_slice_file
 from gpuslice.kube import formats
 from gpuslice.kube.allocator import Allocator, PluginConfig, device_id
@@ -179,3 +181,21 @@ def test_the_loops_list_and_follow_pods(alloc):
     assert status(api, "a")["state"] == "granted"
     agent.refresh()
     assert status(api, "a")["state"] == "done" and ledger_limit(api, "a") == 31000 * MiB
+
+
+def test_a_new_share_reaches_the_containers_running_pacers(alloc, tmp_path):
+    """The node agent's last step also moves the share in the node's pacing file, which the container's
+    running pacers read on every poll (local mode does the same: tests/local/test_resize.py)."""
+    api, _ = cluster("a")
+    allocator = alloc(api)
+    g = grant_of(api, "a")
+    allocator.allocate([device_id(g.uuids[0], 0)])
+    folder = allocator.paths(g.grant_id, local=True)["devices"]
+    folder.mkdir(parents=True, exist_ok=True)
+    [name] = Allocator.state_files(g)
+    dev = as_grant(build_writer(tmp_path / "devstate_writer"), folder, name, g.grant_id)
+    agent, ext = NodeResizer(api, "n0", allocator), LedgerResizer(api)
+    ask(api, "a", {"compute": 40})
+    for side, want in ((agent, "checked"), (ext, "granted"), (agent, "done")):
+        assert side.handle(api.get_pod("default", "a")) == want
+    assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 40.0

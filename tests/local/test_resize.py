@@ -15,9 +15,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devstatekit import as_grant, build_writer
 from nodekit import gpuslice
 from regionfile import DeviceRecord, ProcRecord, write_region
 
+from gpuslice.enforcer.devstate import read_device_state
 from gpuslice.enforcer.slicefile import read_slice_file
 from gpuslice.host import procs
 from gpuslice.host.devices import load_snapshot
@@ -202,3 +204,35 @@ def test_cli_resize(state_env):
     assert too_big.returncode == 1 and "does not fit" in too_big.stderr
     nothing = cli("resize", g.grant_id, env=state_env)
     assert nothing.returncode == 2 and "at least one of --memory" in nothing.stderr
+
+
+@pytest.fixture(scope="module")
+def pacing_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_writer(tmp_path_factory.mktemp("bin") / "devstate_writer")
+
+
+def test_a_new_share_reaches_the_running_paced_processes_at_once(ledger, pacing_writer, tmp_path):
+    """The share moves through the device's pacing file, where the running pacers read it on every poll."""
+    g = grant(ledger, "4GiB", compute=30)
+    dev = as_grant(pacing_writer, ledger.state.device_state, GPU0, g.grant_id)
+    done = ledger.resize(g.grant_id, Resize(compute=45))
+    assert done.live_share == (GPU0,) and done.to_json()["live_share"] == [GPU0]
+    assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 45.0
+    assert ledger.resize(g.grant_id, Resize(memory=parse_memory("5GiB"))).live_share == ()  # share unchanged
+    # a share of 100 % means "not paced", which only a process start decides: the slice file carries it
+    assert ledger.resize(g.grant_id, Resize(compute=100)).live_share == ()
+    assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 45.0
+
+
+def test_a_link_in_place_of_the_pacing_file_is_not_followed(ledger, pacing_writer, tmp_path):
+    g = grant(ledger, "4GiB", compute=30)
+    real = as_grant(pacing_writer, tmp_path / "elsewhere", GPU0, g.grant_id)
+    (ledger.state.device_state / f"{GPU0}.dev").symlink_to(real)
+    assert ledger.resize(g.grant_id, Resize(compute=45)).live_share == ()
+    assert {s.grant: s.set_share for s in read_device_state(real).slices}[g.grant_id] == 30.0
+
+
+def test_a_slice_with_no_paced_process_yet_takes_its_share_from_the_slice_file(ledger):
+    g = grant(ledger, "4GiB", compute=30)
+    done = ledger.resize(g.grant_id, Resize(compute=45))
+    assert done.live_share == () and read_slice_file(g.slice_file).compute == 45

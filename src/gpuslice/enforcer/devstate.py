@@ -23,6 +23,7 @@ moved, so a reader never reports half of one update.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,6 +210,24 @@ def read_all(directory: Path | str) -> list[DeviceCompute]:
     return [read_device_state(p) for p in sorted(d.glob("*.dev"))]
 
 
+def set_shares(folder: Path, grant: str, shares: dict[str, float]) -> tuple[str, ...]:
+    """Live resize of a slice's compute share on several devices: ``shares`` maps a pacing file's name
+    (``<name>.dev`` in ``folder``) to the new percent. Only shares strictly between 0 and 100 move this way
+    (0 or 100 turn pacing off or on, which a process decides at its start: the slice file carries them to
+    processes started later); a device without a paced process of the grant, or whose file is no pacing
+    file, is skipped. The names whose running pacers took the new share."""
+    done = []
+    for name, percent in shares.items():
+        if not 0 < percent < 100:
+            continue
+        try:
+            if set_share(folder / f"{name}.dev", grant, percent):
+                done.append(name)
+        except (OSError, ValueError):  # no file (no paced process there), a link, a FIFO, another format
+            continue
+    return tuple(done)
+
+
 def set_share(path: Path | str, grant: str, percent: float) -> bool:
     """Change a running slice's set share live (basis-point resolution); True if the grant was found.
 
@@ -220,9 +239,13 @@ def set_share(path: Path | str, grant: str, percent: float) -> bool:
     if not 0 < percent < 100:
         raise ValueError(f"percent: {percent} not allowed; expected 0 < percent < 100")
     path = Path(path)
-    fd = os.open(path, os.O_RDWR)
+    # never through a link or into a FIFO: the folder is world-writable, and the agent calling this is root
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         import mmap
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file")
 
         with mmap.mmap(fd, FILE_SIZE) as m:
             _check_header(bytes(m[:HEADER_SIZE]) + bytes(FILE_SIZE - HEADER_SIZE), path)

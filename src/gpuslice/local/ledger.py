@@ -54,7 +54,7 @@ from gpuslice.local.paths import StateDir
 from gpuslice.local import nofit
 from gpuslice.local.nofit import device_names, local_words
 from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
-from gpuslice.local.resize import Resized, evict, resized_request
+from gpuslice.local.resize import Resized, evict, resized_request, share_live
 from gpuslice.host.usage import below_usage
 from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place, resize, resized_slices
 from gpuslice.placement.model import describe_free
@@ -239,7 +239,8 @@ class Ledger:
             db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record.to_json()), grant_id))
             write_grant_files(record, self.state)  # inside the transaction: a failure records nothing
         evicted = evict(record, limits, self.region_pids) if over else ()
-        return Resized(record, evicted)
+        live = share_live(record, self.state.device_state) if change.compute is not None else ()
+        return Resized(record, evicted, live)
 
     def cancel(self, ticket: int) -> None:
         with self._tx() as db:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 from gpuslice.host import procs
@@ -18,9 +19,10 @@ class Resized:
 
     record: GrantRecord
     evicted: tuple[int, ...] = ()
+    live_share: tuple[str, ...] = ()  # devices whose running paced processes took the new share at once
 
     def to_json(self) -> dict:
-        return {**self.record.to_json(), "evicted": list(self.evicted)}
+        return {**self.record.to_json(), "evicted": list(self.evicted), "live_share": list(self.live_share)}
 
 
 def resized_request(request: Request, change: Resize) -> Request:
@@ -29,6 +31,15 @@ def resized_request(request: Request, change: Resize) -> Request:
                    compute=request.compute if change.compute is None else change.compute,
                    priority=request.priority if change.priority is None else change.priority,
                    mode=request.mode if change.mode is None else change.mode)
+
+
+def share_live(record: GrantRecord, device_state: Path) -> tuple[str, ...]:
+    """Give the slice's running paced processes its new compute share now, through each device's pacing file
+    (the pacers re-read it on every poll; ``gpuslice.enforcer.devstate.set_shares`` says what can move
+    live); the devices where they took it."""
+    from gpuslice.enforcer import devstate
+
+    return devstate.set_shares(device_state, record.grant_id, {s.device_uuid: s.compute for s in record.slices})
 
 
 def evict(record: GrantRecord, limits: dict[str, int], region_pids: Callable[[GrantRecord], list[int]]) -> tuple[int, ...]:
