@@ -211,14 +211,16 @@ def pacing_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_writer(tmp_path_factory.mktemp("bin") / "devstate_writer")
 
 
-def test_a_new_share_reaches_the_running_paced_processes_at_once(ledger, pacing_writer, tmp_path):
-    """The share moves through the device's pacing file, where the running pacers read it on every poll."""
+def test_a_new_share_mode_and_priority_reach_the_running_paced_processes_at_once(ledger, pacing_writer, tmp_path):
+    """They move through the device's pacing file, where the running pacers read them on every poll."""
     g = grant(ledger, "4GiB", compute=30)
     dev = as_grant(pacing_writer, ledger.state.device_state, GPU0, g.grant_id)
     done = ledger.resize(g.grant_id, Resize(compute=45))
     assert done.live_share == (GPU0,) and done.to_json()["live_share"] == [GPU0]
     assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 45.0
-    assert ledger.resize(g.grant_id, Resize(memory=parse_memory("5GiB"))).live_share == ()  # share unchanged
+    done = ledger.resize(g.grant_id, Resize(priority=Priority.HIGH, mode=ComputeMode.SOFT))
+    rec = {s.grant: s for s in read_device_state(dev).slices}[g.grant_id]
+    assert done.live_share == (GPU0,) and (rec.set_share, rec.mode, rec.priority) == (45.0, "soft", 0)
     # a share of 100 % means "not paced", which only a process start decides: the slice file carries it
     assert ledger.resize(g.grant_id, Resize(compute=100)).live_share == ()
     assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 45.0

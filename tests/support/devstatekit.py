@@ -1,5 +1,5 @@
 """A per-device pacing file written by the real native code (native/tests/test_devstate.c --write-sample with
-native/src/pacing/devstate.c): slices ``train-a`` (30 %, paced) and ``infer-b`` (unpaced) on
+native/src/pacing/devstate.c): slices ``train-a`` (30 %, paced) and ``serve-b`` (unpaced) on
 GPU-00000000-1111-2222-3333-444444444444. ``as_grant`` copies it under another device's name with
 ``train-a`` renamed, for tests whose ledger hands out its own grant ids and devices."""
 

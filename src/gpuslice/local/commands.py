@@ -223,7 +223,7 @@ def resize_lines(done) -> list[str]:
         lines.append(f"  {s.device_uuid} memory {human_bytes(s.memory_limit)} compute {s.compute}% "
                      f"({s.mode.value}) priority {s.priority.name.lower()}")
     if done.live_share:
-        lines.append(f"compute share applied to the running processes on {len(done.live_share)} device(s)")
+        lines.append(f"share, mode and priority applied to the running processes on {len(done.live_share)} device(s)")
     if done.evicted:
         lines.append("evicted (SIGTERM): " + ", ".join(f"pid {p}" for p in done.evicted))
     return lines

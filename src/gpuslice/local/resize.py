@@ -34,12 +34,12 @@ def resized_request(request: Request, change: Resize) -> Request:
 
 
 def share_live(record: GrantRecord, device_state: Path) -> tuple[str, ...]:
-    """Give the slice's running paced processes its new compute share now, through each device's pacing file
-    (the pacers re-read it on every poll; ``gpuslice.enforcer.devstate.set_shares`` says what can move
-    live); the devices where they took it."""
+    """Give the slice's running paced processes its new compute share, mode and priority now, through each
+    device's pacing file (the pacers re-read them on every poll; ``gpuslice.enforcer.devstate.set_live``
+    says what can move live); the devices where they took it."""
     from gpuslice.enforcer import devstate
 
-    return devstate.set_shares(device_state, record.grant_id, {s.device_uuid: s.compute for s in record.slices})
+    return devstate.set_shares(device_state, record.grant_id, devstate.live_values(record.slices))
 
 
 def evict(record: GrantRecord, limits: dict[str, int], region_pids: Callable[[GrantRecord], list[int]]) -> tuple[int, ...]:
