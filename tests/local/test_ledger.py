@@ -236,25 +236,22 @@ def test_processes_started_before_child_pid_was_recorded_are_found_by_marker(led
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as other users")
 def test_a_users_grant_never_signals_another_users_process(tmp_path):
-    """A user writes their own region file and could name anyone's pid there: of a grant with uid > 0, a
-    process of another user keeps the grant but is never signalled."""
+    """Anyone can put a grant's marker in their own environment: of a grant with uid 4242, the user's own
+    marked process is ended, and another user's marked process is neither signalled nor keeps the grant."""
     state = StateDir(tmp_path / "state")
-    victim = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
-    owned = subprocess.Popen(["sleep", "60"], user=4242, group=4242)
-    ledger = Ledger(state, DEVICES, node_name="n1", kill_grace=0,
-                    region_pids=lambda g: [victim.pid, owned.pid])
+    ledger = Ledger(state, DEVICES, node_name="n1", kill_grace=0)
     holder = subprocess.Popen(["sleep", "60"])
+    a = ask("4GiB", pid=holder.pid)
+    grant = ledger.acquire(Ask(a.request, "u", a.holder_pid, a.holder_start, uid=4242, devices=a.devices))
+    victim = _spawn(["sleep", "60"], grant, user=65534, group=65534)
+    owned = _spawn(["sleep", "60"], grant, user=4242, group=4242)
     try:
-        a = ask("4GiB", pid=holder.pid)
-        grant = ledger.acquire(Ask(a.request, "u", a.holder_pid, a.holder_start, uid=4242, devices=a.devices))
         holder.kill()
         holder.wait()
-        assert ledger.reclaim() == []  # nobody's process keeps it ...
-        assert owned.wait(timeout=5) == -signal.SIGKILL  # ... the user's own is ended (grace 0: SIGKILL)
-        assert victim.poll() is None  # ... and nobody's is untouched
-        victim.kill()
-        victim.wait()
+        # the user's own process is ended (grace 0: SIGKILL) and the stranger's marker keeps nothing alive
         assert ledger.reclaim() == [grant.grant_id]
+        assert owned.wait(timeout=5) == -signal.SIGKILL
+        assert victim.poll() is None  # ... and nobody else's process is touched
     finally:
         _reap(holder, victim, owned)
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice.enforcer.region import RegionError, RegionSnapshot, read_region
-from gpuslice.host import procs
 from gpuslice.spec import Grant
 
 
@@ -63,12 +62,6 @@ def read_grant_usage(watched: Watched) -> GrantUsage:
         return GrantUsage(grant.grant_id, {s.device_uuid: SliceUsage(s.device_uuid) for s in grant.slices},
                           error=str(exc))
     return _usage_of(grant, snapshot)
-
-
-def region_pids(watched: Watched) -> list[int]:
-    """Live pids the enforcer recorded in the grant's region (liveness evidence for the ledger)."""
-    usage = read_grant_usage(watched)
-    return [pid for pid in usage.pids if procs.alive(pid, 0)]
 
 
 def _usage_of(grant: Grant, snap: RegionSnapshot) -> GrantUsage:

@@ -40,7 +40,7 @@ from gpuslice.spec.errors import GpusliceError
 from gpuslice.host.devices import snapshot_json
 from gpuslice.local.errors import AgentError, UnknownGrant
 from gpuslice.host.history import History
-from gpuslice.local.ledger import Ledger, recorded_pids
+from gpuslice.local.ledger import Ledger
 from gpuslice.host.metrics import exposition
 from gpuslice.host.monitor import Monitor, NodeView
 from gpuslice.local.paths import StateDir
@@ -65,7 +65,7 @@ class Agent:
     def __init__(self, config: AgentConfig, devices: list[Device]):
         self.config = config
         self.devices = devices
-        self.ledger = Ledger(config.state, devices, region_pids=recorded_pids)
+        self.ledger = Ledger(config.state, devices)
         self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state)
         self.history = History(config.history_points)
         self.latest: NodeView | None = None

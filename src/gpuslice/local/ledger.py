@@ -32,10 +32,9 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from gpuslice.host import procs
-from gpuslice.host.usage import region_pids
 from gpuslice.local import ledgerdb
 from gpuslice.local.admission import candidate_devices, never_fits, restrict
 from gpuslice.local.errors import LedgerError, UnknownGrant
@@ -48,30 +47,16 @@ from gpuslice.spec import Device, Grant, SpecError, request_from_json, request_t
 
 SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
 
-# Extra liveness evidence, e.g. pids the enforcer recorded in the slice's region: grant -> live pids.
-RegionPids = Callable[[GrantRecord], list[int]]
-
-
-def _no_region_pids(grant: GrantRecord) -> list[int]:
-    return []
-
-
-def recorded_pids(grant: GrantRecord) -> list[int]:
-    """The live pids the enforcer recorded in the grant's region: what the agent and ``run``/``ps`` pass as
-    ``region_pids``."""
-    return region_pids(grant.watched())
-
 
 class Ledger:
     """Grants of one node. ``devices`` are the node's GPUs (NVML or a snapshot)."""
 
     def __init__(self, state: StateDir, devices: Sequence[Device], *, node_name: str | None = None,
-                 region_pids: RegionPids = _no_region_pids, kill_grace: float | None = None):
+                 kill_grace: float | None = None):
         self.kill_grace = procs.grace_seconds() if kill_grace is None else kill_grace  # a bad env: error now
         self.state = state.ensure()
         self.devices = list(devices)
         self.node_name = node_name or socket.gethostname() or "local"
-        self.region_pids = region_pids
         self._candidate_cache: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
         self._db = ledgerdb.connect(self.state.ledger)
 
@@ -260,7 +245,7 @@ class Ledger:
 
     def _end_processes(self, db: sqlite3.Connection, grant: GrantRecord, stats: list[procs.ProcStat]) -> bool:
         """The holder of ``grant`` is gone: signal what is left of its processes; True when none is left."""
-        found = slice_processes(grant, stats, self.region_pids)
+        found = slice_processes(grant, stats)
         if found.empty:
             return True
         now = time.time()
@@ -278,7 +263,7 @@ class Ledger:
         if found.unsure or not _settled(found.ours):
             return False
         # They are gone; one of them may have forked just before: look once more.
-        return slice_processes(grant, procs.all_stats(), self.region_pids).empty
+        return slice_processes(grant, procs.all_stats()).empty
 
 
 @dataclass(frozen=True)
@@ -293,22 +278,26 @@ class SliceProcesses:
         return not self.ours and not self.unsure
 
 
-def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat],
-                    region_pids: RegionPids = _no_region_pids) -> SliceProcesses:
-    """Which live processes are ``grant``'s, proven so that a stranger that reused a pid is never signalled:
+def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SliceProcesses:
+    """Which live processes are ``grant``'s, proven so that no stranger is ever signalled:
 
-    * the launched process group (``child_pid``, members started at or after ``child_start``) while its
-      leader is still the launched process (same start time: the pgid cannot have been reused);
+    * **lineage**: the launched process group (``child_pid``, members started at or after ``child_start``)
+      while its leader is still the launched process (same start time: the pgid cannot have been reused;
+      only the launcher's child could create that group, and only its session can join it);
     * once the leader is gone, the members carrying the grant's marker (``GPUSLICE_SLICE=<its slice
       file>``) in their environment; a member whose environment cannot be read is ``unsure``;
     * if the leader's pid now names another process, none of the group: a pid is reused only after its
       group has emptied;
-    * processes started since the holder that carry the marker (they left the group with ``setsid``, or the
-      launcher died before it recorded ``child_pid``);
-    * the live processes the enforcer recorded in the grant's region (pid + start time).
+    * **marker**: processes started since the holder that carry the marker (they left the group with
+      ``setsid``, or the launcher died before it recorded ``child_pid``) and whose real uid is the grant's
+      owner's: anyone can put the marker in their own environment, so it proves only processes the owner
+      could signal anyway. A process of another user that carries it is neither signalled nor counted (it
+      cannot keep someone's grant alive);
+    * of a user's grant (``uid`` > 0) a group member of another user is never signalled (``unsure``: it keeps
+      the grant).
 
-    Of a non-root user's grant (``uid`` > 0), a process of another user is never signalled (``unsure``: it
-    keeps the grant): a user writes their own region file and could name anyone's pid in it.
+    Nothing read from the slice's region counts: a region is written by the slice's own processes, so the
+    pids it lists prove nothing (issue 15: a pid planted in a root grant's region made root kill it).
     """
     by_pid = {s.pid: s for s in stats}
     ours: dict[int, procs.ProcStat] = {}
@@ -329,12 +318,9 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat],
         me = os.getpid()
         for s in stats:
             if (s.pid not in ours and s.pid != me and s.start >= grant.holder_start
-                    and procs.environ_has(s.pid, grant.marker)):
+                    and procs.environ_has(s.pid, grant.marker) and _owners(grant, s.pid)):
                 ours[s.pid] = s
-    for pid in region_pids(grant):
-        if pid in by_pid and pid != os.getpid():
-            ours.setdefault(pid, by_pid[pid])
-    if grant.uid > 0:  # a user's grant: never signal another user's process (a region file is the user's to write)
+    if grant.uid > 0:  # a user's grant: never signal another user's process
         strangers = [pid for pid in ours if procs.uid_of(pid) not in (grant.uid, None)]
         for pid in strangers:
             del ours[pid]
@@ -342,11 +328,10 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat],
     return SliceProcesses(tuple(ours.values()), unsure)
 
 
-def grant_alive(grant: GrantRecord, stats: list[procs.ProcStat], region_pids: RegionPids = _no_region_pids) -> bool:
-    """A grant lives while its holder lives, or (until the reclaimer has ended them) any of its processes."""
-    if (grant.holder_pid, grant.holder_start) in {(s.pid, s.start) for s in stats}:
-        return True
-    return not slice_processes(grant, stats, region_pids).empty
+def _owners(grant: GrantRecord, pid: int) -> bool:
+    """Whether ``pid`` runs as the grant's owner (its real uid; a grant of unknown owner, uid -1, from a ledger
+    of before owners were recorded: any)."""
+    return grant.uid < 0 or procs.real_uid(pid) == grant.uid
 
 
 def _settled(signalled: Sequence[procs.ProcStat], wait: float = SETTLE_S) -> bool:

@@ -15,10 +15,10 @@ class ViewSource:
         self.monitor = None
         if self.client is None:
             from gpuslice.host.devices import discover
-            from gpuslice.local.ledger import Ledger, recorded_pids
+            from gpuslice.local.ledger import Ledger
 
             devices = discover()
-            self.ledger = Ledger(state, devices, region_pids=recorded_pids)
+            self.ledger = Ledger(state, devices)
             self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=state.device_state)
 
     @property

@@ -20,3 +20,32 @@ def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644, enc
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+class NotRegularFile(OSError):
+    """A path that must name a plain file names something else (a FIFO, a device, a directory, a link)."""
+
+
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
+    """Open ``path`` as a plain file and return the descriptor: a symbolic link as the last component is not
+    followed (``O_NOFOLLOW``), and a FIFO or device is refused (opened with ``O_NONBLOCK`` so the open itself
+    cannot hang; the flag is cleared again for a regular file). Raises :class:`OSError` (ELOOP for a link,
+    :class:`NotRegularFile` for anything else that is not a regular file).
+
+    Root reads and writes files in folders tenants can write to (regions, pacing files, slice files); a
+    tenant could put a link there to make root read or change another file, or a FIFO to hang it."""
+    import errno
+    import fcntl
+    import stat
+
+    path = os.fspath(path)
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
