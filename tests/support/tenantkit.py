@@ -222,10 +222,15 @@ def probe(node: Node, tenant: Tenant | None, slice_file: Path | str | None, **ex
 class Probe:
     proc: subprocess.Popen
 
-    def ask(self, line: str) -> str:
+    def ask(self, line: str, timeout: float = 60.0) -> str:
+        import select
+
         assert self.proc.stdin and self.proc.stdout
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            self.proc.kill()
+            pytest.fail(f"slice_probe did not answer {line!r} within {timeout:.0f} s (hung)")
         answer = self.proc.stdout.readline().strip()
         assert answer, f"slice_probe ended before answering {line!r}: {self.proc.stderr.read() if self.proc.stderr else ''}"
         return answer

@@ -26,11 +26,12 @@ class NotRegularFile(OSError):
     """A path that must name a plain file names something else (a FIFO, a device, a directory, a link)."""
 
 
-def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, follow: bool = False) -> int:
     """Open ``path`` as a plain file and return the descriptor: a symbolic link as the last component is not
-    followed (``O_NOFOLLOW``), and a FIFO or device is refused (opened with ``O_NONBLOCK`` so the open itself
-    cannot hang; the flag is cleared again for a regular file). Raises :class:`OSError` (ELOOP for a link,
-    :class:`NotRegularFile` for anything else that is not a regular file).
+    followed (``O_NOFOLLOW``; ``follow=True`` for a path the caller chose itself), and a FIFO or device is
+    refused (opened with ``O_NONBLOCK`` so the open itself cannot hang; the flag is cleared again for a
+    regular file). Raises :class:`OSError` (ELOOP for a link, :class:`NotRegularFile` for anything else that is
+    not a regular file).
 
     Root reads and writes files in folders tenants can write to (regions, pacing files, slice files); a
     tenant could put a link there to make root read or change another file, or a FIFO to hang it."""
@@ -39,7 +40,7 @@ def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
     import stat
 
     path = os.fspath(path)
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
