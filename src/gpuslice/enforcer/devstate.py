@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice.spec.errors import GpusliceError
+from gpuslice.spec.files import open_regular
 
 MAGIC = 0x0054535645445347  # "GSDEVST\0"
 VERSION = 2
@@ -172,7 +173,7 @@ def read_device_state(path: Path | str, retries: int = 5) -> DeviceCompute:
     """Read one ``<uuid>.dev`` file consistently (see the module docstring)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:  # no link followed, no FIFO: tenants write this folder
             for _ in range(retries):
                 first = f.read(FILE_SIZE)
                 f.seek(0)
@@ -187,6 +188,14 @@ def read_device_state(path: Path | str, retries: int = 5) -> DeviceCompute:
         raise DeviceStateError(f"{path}: no such device state file") from e
     except OSError as e:
         raise DeviceStateError(f"{path}: {e.strerror}") from e
+
+
+def state_file_name(uuid: str) -> str:
+    """The name of ``uuid``'s pacing file: the pacer names it after ``cuDeviceGetUuid_v2`` printed as
+    ``GPU-<hex>``, which for a MIG instance is its own UUID (``MIG-<hex>`` in NVML)."""
+    import re
+
+    return ("GPU-" + uuid[4:] if re.fullmatch(r"MIG-[0-9a-fA-F-]{36}", uuid) else uuid) + ".dev"
 
 
 def read_all(directory: Path | str) -> list[DeviceCompute]:
@@ -208,7 +217,7 @@ def set_share(path: Path | str, grant: str, percent: float) -> bool:
     if not 0 < percent < 100:
         raise ValueError(f"percent: {percent} not allowed; expected 0 < percent < 100")
     path = Path(path)
-    fd = os.open(path, os.O_RDWR)
+    fd = open_regular(path, os.O_RDWR)
     try:
         import mmap
 

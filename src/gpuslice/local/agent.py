@@ -66,6 +66,7 @@ class Agent:
         self.config = config
         self.devices = devices
         self.ledger = Ledger(config.state, devices)
+        config.state.prepare_device_state(u for d in devices for u in (d.uuid, *(m.uuid for m in d.mig_instances)))
         self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state)
         self.history = History(config.history_points)
         self.latest: NodeView | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from gpuslice.local.errors import StateDirError
 
@@ -85,6 +86,22 @@ class StateDir:
         except OSError as exc:
             raise StateDirError(_unusable(self.root, exc)) from None
         return self
+
+
+    def prepare_device_state(self, uuids: Iterable[str]) -> None:
+        """Create the pacing file of each device (and MIG instance) as root, before any tenant can name it
+        (0666 in the sticky devices folder: every slice's processes coordinate through it, none can replace
+        it). A name a tenant took first is left alone and never followed (the enforcer refuses it)."""
+        from gpuslice.enforcer.devstate import state_file_name
+        from gpuslice.spec.files import ensure_shared_file
+
+        if os.geteuid() != 0:
+            return
+        for uuid in uuids:
+            try:
+                ensure_shared_file(self.device_state, state_file_name(uuid), 0o666)
+            except OSError:
+                pass  # the enforcer refuses a name that is not a plain file; the monitor reports it
 
 
 def _unusable(root: Path, exc: OSError) -> str:
