@@ -136,6 +136,8 @@ def test_the_enforcer_creates_a_missing_region_for_its_owner_alone(bare_node: No
         os.chown(folder, tenant.uid, tenant.gid)
     slice_file = os.path.join(folder, "slice")
     write_slice_file(slice_file, grant="g-own", memory_limit=1 << 30, region=os.path.join(folder, "region"))
+    if tenant is not None:  # the tenant's own slice file (a root-written one in its folder is refused)
+        os.chown(slice_file, tenant.uid, tenant.gid)
     p = Probe(bare_node.popen(tenant, [str(BUILD / "helpers" / "slice_probe")], stdin=subprocess.PIPE, bufsize=1,
                               env=bare_node.env_for(tenant, LD_PRELOAD=str(BUILD / "libgpuslice.so"),
                                                     GPUSLICE_SLICE=slice_file)))

@@ -37,7 +37,7 @@ from typing import Iterator, Sequence
 from gpuslice.host import procs
 from gpuslice.local import ledgerdb
 from gpuslice.local.admission import candidate_devices, never_fits, restrict
-from gpuslice.local.errors import LedgerError, UnknownGrant
+from gpuslice.local.errors import Forbidden, LedgerError, UnknownGrant
 from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
 from gpuslice.local.paths import StateDir
 from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
@@ -114,6 +114,8 @@ class Ledger:
         mine = candidate_devices(ask.request, empty)
         with self._tx() as db:
             self._reclaim(db)
+            if ticket is not None:
+                self._check_ticket(db, ticket, ask)
             if wait and ticket is None:
                 ticket = self._enqueue(db, ask)
             ahead = self._competing(db, ask, ticket if wait else None, mine)
@@ -143,6 +145,19 @@ class Ledger:
                 remove_grant_files(record.grant_id, self.state)
                 raise
             return record
+
+    @staticmethod
+    def _check_ticket(db: sqlite3.Connection, ticket: int, ask: Ask) -> None:
+        """A queue ticket belongs to the request that queued it: the same holder process (pid + start time),
+        which the agent has checked is the caller's own. Anyone else's ticket is refused, and nothing changes
+        (issue 15: a ticket taken over took the grant and the owner's place in the queue)."""
+        row = db.execute("SELECT pid, pid_start FROM waiters WHERE ticket = ?", (ticket,)).fetchone()
+        if row is None:
+            raise SpecError("ticket", ticket, "a queue ticket this request holds; it is not in the queue (granted, "
+                                              "cancelled, or its process ended): ask again without a ticket")
+        if tuple(row) != (ask.holder_pid, ask.holder_start):
+            raise Forbidden(f"queue ticket {ticket} belongs to another request (holder process {row[0]}), "
+                            f"not to holder process {ask.holder_pid}")
 
     def empty_node(self, only: Sequence[str] = ()) -> NodeState:
         """The node with nothing granted (restricted to ``only`` when given): what could ever fit."""
