@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from gpuslice.host.monitor import NodeView
 from gpuslice.spec import human_bytes
@@ -66,6 +67,8 @@ def view_renderable(view: NodeView) -> Group:
     parts = [devices_table(view), slices_table(view)]
     if view.waiters:
         parts.append(queue_table(view))
+    if view.errors:  # what the node could not read (a region, a pacing file, a ledger row): never hidden
+        parts.append(Text("\n".join(f"problem: {e}" for e in view.errors), style="yellow"))
     return Group(*parts)
 
 

@@ -41,7 +41,7 @@ from gpuslice.spec.errors import GpusliceError
 from gpuslice.host import procs
 from gpuslice.host.devices import snapshot_json
 from gpuslice.local.apibody import MAX_INT, BodyTooLarge, printable, read_json_object
-from gpuslice.local.errors import AgentError, Forbidden, UnknownGrant
+from gpuslice.local.errors import AgentError, Forbidden, LedgerError, UnknownGrant
 from gpuslice.host.history import History
 from gpuslice.local.ledger import Ledger
 from gpuslice.host.metrics import exposition
@@ -89,6 +89,7 @@ class Agent:
         with self._lock:
             grants, waiters = self.ledger.grants(), self.ledger.waiters()
             view = self.monitor.sample([g.watched() for g in grants], waiters)
+            view = replace(view, errors=(*view.errors, *self.ledger.problems()))
             self.latest = view
             self.history.add(view)
         return view
@@ -220,6 +221,8 @@ def _guard(handler):
             return _error(code, "spec", str(exc), field=exc.field, value=printable(exc.value), allowed=exc.allowed)
         except Forbidden as exc:
             return _error(403, "forbidden", str(exc))
+        except LedgerError as exc:  # the ledger refuses for now (lost grants, a locked file): say why
+            return _error(503, "ledger", str(exc))
         except GpusliceError as exc:
             return _error(500, "internal", str(exc))
         except Exception as exc:  # a defect: logged here, one line to the caller, the connection kept

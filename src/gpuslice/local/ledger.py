@@ -36,6 +36,7 @@ from typing import Iterator, Sequence
 
 from gpuslice.host import procs
 from gpuslice.local import ledgerdb
+from gpuslice.local.ledgercheck import BadRow, LostGrant, decode_rows, lost_grants, refusal as lost_refusal
 from gpuslice.local.admission import candidate_devices, never_fits, restrict
 from gpuslice.local.errors import Forbidden, LedgerError, UnknownGrant
 from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
@@ -43,7 +44,7 @@ from gpuslice.local.paths import StateDir
 from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
 from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place
 from gpuslice.placement.model import describe_free
-from gpuslice.spec import Device, Grant, SpecError, request_from_json, request_to_json
+from gpuslice.spec import Device, Grant, HoldsGrant, SpecError, request_from_json, request_to_json
 
 SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
 
@@ -58,6 +59,10 @@ class Ledger:
         self.devices = list(devices)
         self.node_name = node_name or socket.gethostname() or "local"
         self._candidate_cache: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+        self._problems: list[str] = []
+        self._bad: list[BadRow] = []
+        self._bad_waiters: list[str] = []
+        self._live_lost: list[LostGrant] = []
         self._db = ledgerdb.connect(self.state.ledger)
 
     # -------------------------------------------------------------------------------------- storage
@@ -86,10 +91,21 @@ class Ledger:
         rows = db.execute(
             "SELECT ticket, priority, enqueued, pid, pid_start, owner, request, devices FROM waiters "
             "ORDER BY priority, ticket").fetchall()
-        return [Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r)), tuple(json.loads(d or "[]")))
-                for t, p, e, pid, ps, o, r, d in rows]
+        out, self._bad_waiters = [], []
+        for t, p, e, pid, ps, o, r, d in rows:
+            try:
+                out.append(Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r)), tuple(json.loads(d or "[]"))))
+            except (ValueError, TypeError, SpecError) as exc:  # reported and skipped; gone with its process
+                self._bad_waiters.append(f"ledger {self.state.ledger}: queue ticket {t}: unreadable ({str(exc)[:80]}); "
+                                         "skipped")
+        return out
 
-    def node_state(self, grants: Sequence[GrantRecord] | None = None, only: Sequence[str] = ()) -> NodeState:
+    def problems(self) -> list[str]:
+        """What the ledger could not read at its last look (bad rows, lost grants), one line each, for ``ps``."""
+        lost = [lost_refusal(str(self.state.ledger), self._live_lost)] if self._live_lost else []
+        return [*self._problems, *self._bad_waiters, *lost]
+
+    def node_state(self, grants: Sequence[HoldsGrant] | None = None, only: Sequence[str] = ()) -> NodeState:
         """The node as placement sees it: all devices (or ``only`` these UUIDs: a card, or one MIG
         instance; a card's UUID covers its instances) with the slices granted on them."""
         grants = self.grants() if grants is None else grants
@@ -114,13 +130,16 @@ class Ledger:
         mine = candidate_devices(ask.request, empty)
         with self._tx() as db:
             self._reclaim(db)
+            if self._live_lost:
+                raise LedgerError(lost_refusal(str(self.state.ledger), self._live_lost))
             if ticket is not None:
                 self._check_ticket(db, ticket, ask)
             if wait and ticket is None:
                 ticket = self._enqueue(db, ask)
             ahead = self._competing(db, ask, ticket if wait else None, mine)
             reserved = frozenset().union(*ahead.values()) if ahead else frozenset()
-            node = self.node_state(self._grants(db), ask.devices)
+            granted = self._grants(db)
+            node = self.node_state([*granted, *(b.grant for b in self._bad if b.grant is not None)], ask.devices)
             try:
                 placed = place(ask.request, [restrict(node, drop=reserved)], policy)
             except NoFit as exc:
@@ -187,9 +206,9 @@ class Ledger:
 
     def release(self, grant_id: str) -> bool:
         """End a grant; False if it was already gone."""
-        with self._tx() as db:
+        with self._tx() as db:  # the folder goes before the row is committed: a folder never outlives its row
             gone = db.execute("DELETE FROM grants WHERE id = ?", (grant_id,)).rowcount
-        remove_grant_files(grant_id, self.state)
+            remove_grant_files(grant_id, self.state)
         return bool(gone)
 
     def reclaim(self) -> list[str]:
@@ -199,14 +218,28 @@ class Ledger:
 
     # -------------------------------------------------------------------------------------- helpers
     def _grants(self, db: sqlite3.Connection) -> list[GrantRecord]:
-        rows = db.execute("SELECT record FROM grants ORDER BY rowid").fetchall()
-        return [GrantRecord.from_json(json.loads(r[0])) for r in rows]
+        """The records that decode; the others are reported by grant id and skipped (:mod:`ledgercheck`)."""
+        good, self._bad = decode_rows(db.execute("SELECT id, record FROM grants ORDER BY rowid").fetchall())
+        self._problems = [b.describe(str(self.state.ledger)) for b in self._bad]
+        return good
 
     def _get(self, db: sqlite3.Connection, grant_id: str) -> GrantRecord:
-        row = db.execute("SELECT record FROM grants WHERE id = ?", (grant_id,)).fetchone()
+        row = db.execute("SELECT id, record FROM grants WHERE id = ?", (grant_id,)).fetchone()
         if row is None:
             raise UnknownGrant(grant_id)
-        return GrantRecord.from_json(json.loads(row[0]))
+        good, bad = decode_rows([row])
+        if bad:
+            raise LedgerError(bad[0].describe(str(self.state.ledger)))
+        return good[0]
+
+    def _find_lost(self, db: sqlite3.Connection) -> None:
+        """Grant folders the ledger has no row for: remove those no process carries any more; remember those
+        still carried (no grant is given while any is: :mod:`gpuslice.local.ledgercheck`)."""
+        recorded = {r[0] for r in db.execute("SELECT id FROM grants").fetchall()}
+        lost = lost_grants(self.state, recorded)
+        for gone in (g for g in lost if not g.pids):
+            remove_grant_files(gone.grant_id, self.state)
+        self._live_lost = [g for g in lost if g.pids]
 
     def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
         cur = db.execute(
@@ -256,6 +289,7 @@ class Ledger:
         for ticket, pid, start in db.execute("SELECT ticket, pid, pid_start FROM waiters").fetchall():
             if (pid, start) not in live:
                 db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
+        self._find_lost(db)
         return released
 
     def _end_processes(self, db: sqlite3.Connection, grant: GrantRecord, stats: list[procs.ProcStat]) -> bool:
