@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 import tempfile
@@ -80,7 +81,10 @@ SLEEPER = ("import os, sys, time; open(os.path.join(sys.argv[1], sys.argv[2]), '
            "time.sleep(120)")
 
 
-def test_ctrl_c_on_a_terminal_ends_the_demo_and_both_slices(state_env, enforcer_lib, tmp_path):
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_on_a_terminal_ends_the_demo_and_both_slices(state_env, enforcer_lib, tmp_path, inherited):
+    """Also when the demo was started with SIGINT ignored (``nohup``, a background job, some CI runners): it
+    sets the disposition it relies on itself (issue 15)."""
     env = {**state_env, "GPUSLICE_ENFORCER_LIB": str(enforcer_lib)}
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -88,6 +92,7 @@ def test_ctrl_c_on_a_terminal_ends_the_demo_and_both_slices(state_env, enforcer_
             f"run_gpu_demo(seconds=120, refresh=0.3, workload=(sys.executable, '-c', {SLEEPER!r}, {str(pids)!r}))")
     pid, master = pty.fork()
     if pid == 0:  # a terminal session running the demo in the foreground, as `make run` does
+        signal.signal(signal.SIGINT, signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL)  # kept over exec
         os.execve(sys.executable, [sys.executable, "-c", code], env)
     seen = b""
     try:

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from rich.live import Live
 
-from gpuslice.host.console import stdout_console
+from gpuslice.host.console import ctrl_c_interrupts, stdout_console
 from gpuslice.spec.errors import GpusliceError
 from gpuslice.local import workload as workload_module
 from gpuslice.local.paths import StateDir
@@ -122,7 +122,11 @@ def run_gpu_demo(seconds: float = 20.0, refresh: float = 1.0, workload: Sequence
     :mod:`gpuslice.local.workload`); it prints one JSON line. With ``check`` a failed slice raises
     :class:`DemoFailed` after the summary. Ctrl-C ends both slices and exits 130 (``SystemExit``).
     """
-    workload = tuple(workload) if workload is not None else torch_workload()
+    with ctrl_c_interrupts():  # Ctrl-C must stop the demo even when it was started with SIGINT ignored
+        return _run(seconds, refresh, tuple(workload) if workload is not None else torch_workload(), check)
+
+
+def _run(seconds: float, refresh: float, workload: tuple[str, ...], check: bool) -> list[dict]:
     state = StateDir.default()
     console = stdout_console()
     console.print(f"demo: state dir {state.root}; in another terminal: gpuslice ps, gpuslice top")
