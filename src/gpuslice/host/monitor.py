@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from gpuslice.enforcer import devstate as compute_state
 from gpuslice.host import procs
 from gpuslice.host.usage import GrantUsage, Watched, read_grant_usage
 from gpuslice.spec import Device, Priority
+
+if TYPE_CHECKING:
+    from gpuslice.host.backstop import BackstopReport
 
 UsageReader = Callable[[Watched], GrantUsage]
 RATE_WINDOW_S = 2.0  # busy-time rates average over about this long
@@ -54,6 +57,7 @@ class SliceView:
     age_seconds: float
     command: str
     exclusive: bool = False
+    memory_seen: int | None = None  # the slice's processes' device memory as NVML counts it (the backstop)
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,20 @@ class NodeView:
     slices: tuple[SliceView, ...]
     waiters: tuple[dict[str, Any], ...] = ()
     errors: tuple[str, ...] = field(default=())
+    # The backstop's last check (gpuslice.host.backstop.BackstopReport.to_json): policy, slices over their
+    # limit in NVML's count and what was done, GPU processes of no slice. Empty: no backstop runs here.
+    backstop: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def with_backstop(view: NodeView, report: "BackstopReport") -> NodeView:
+    """``view`` with the backstop's findings: each slice's NVML-counted memory, the overruns, the strangers."""
+    slices = tuple(replace(s, memory_seen=report.seen.get((s.grant_id, s.device_uuid), 0 if not report.error else None))
+                   for s in view.slices) if report.policy in ("kill", "report") else view.slices
+    errors = view.errors + ((f"backstop: {report.error}",) if report.error else ())
+    return replace(view, slices=slices, errors=errors, backstop=report.to_json())
 
 
 class Monitor:
@@ -152,7 +167,7 @@ class Monitor:
         found = {}
         for d in self.devices:
             path = self.device_state_dir / f"{d.uuid}.dev"
-            if not path.exists():
+            if not path.exists() or not path.lstat().st_size:  # none yet, or made empty by the agent: no pacer ran
                 continue
             try:
                 state = compute_state.read_device_state(path)
@@ -197,4 +212,5 @@ def view_from_json(data: dict[str, Any]) -> NodeView:
         time=data["time"], node=data["node"],
         devices=tuple(DeviceView(**d) for d in data["devices"]),
         slices=tuple(SliceView(**{**s, "pids": tuple(s["pids"])}) for s in data["slices"]),
-        waiters=tuple(data.get("waiters", ())), errors=tuple(data.get("errors", ())))
+        waiters=tuple(data.get("waiters", ())), errors=tuple(data.get("errors", ())),
+        backstop=dict(data.get("backstop") or {}))

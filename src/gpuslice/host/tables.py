@@ -67,6 +67,8 @@ def view_renderable(view: NodeView) -> Group:
     parts = [devices_table(view), slices_table(view)]
     if view.waiters:
         parts.append(queue_table(view))
+    if (view.backstop or {}).get("overruns") or (view.backstop or {}).get("unattributed"):
+        parts.append(backstop_table(view))
     if view.errors:  # what the node could not read (a region, a pacing file, a ledger row): never hidden
         parts.append(Text("\n".join(f"problem: {e}" for e in view.errors), style="yellow"))
     return Group(*parts)
@@ -84,3 +86,22 @@ def queue_table(view: NodeView) -> Table:
         queue.add_row(str(w.get("position", i)), str(w["ticket"]), w["owner"],
                       "high" if w["priority"] == 0 else "low", _age(age), devices, describe_request(w["request"]))
     return queue
+
+
+def backstop_table(view: NodeView) -> Table:
+    """What the backstop found in NVML's count: slices above their limit (and what was done), GPU processes of
+    no slice (placed by nothing, limited by nothing)."""
+    report = view.backstop
+    table = Table(title=f"backstop (NVML; policy {report.get('policy', '?')})", title_justify="left")
+    for name in ("what", "grant / pid", "gpu", "memory (NVML)", "limit", "action", "pids / command"):
+        table.add_column(name, justify="right" if name in ("memory (NVML)", "limit") else "left")
+    index = {d.uuid: d.index for d in view.devices}
+    for o in report.get("overruns", ()):
+        table.add_row("over limit", o["grant_id"], str(index.get(o["device_uuid"], "?")), human_bytes(o["used"]),
+                      human_bytes(o["limit"]), f"{o['action']} ({o['over_for']:.0f}s over)",
+                      " ".join(map(str, o["pids"])))
+    for p in report.get("unattributed", ()):
+        table.add_row("no slice", str(p["pid"]), str(index.get(p["device_uuid"], "?")),
+                      "?" if p["used"] is None else human_bytes(p["used"]), "-", "reported",
+                      (p.get("command") or "")[:40])
+    return table

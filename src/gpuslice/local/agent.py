@@ -24,7 +24,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,13 +39,15 @@ from starlette.routing import Route
 from gpuslice.spec.files import write_atomic
 from gpuslice.spec.errors import GpusliceError
 from gpuslice.host import procs
+from gpuslice.host.backstop import Backstop, Policy, Tracked, default_source
 from gpuslice.host.devices import snapshot_json
 from gpuslice.local.apibody import MAX_INT, BodyTooLarge, printable, read_json_object
 from gpuslice.local.errors import AgentError, Forbidden, LedgerError, UnknownGrant
 from gpuslice.host.history import History
 from gpuslice.local.ledger import Ledger
+from gpuslice.local.membership import attribute
 from gpuslice.host.metrics import exposition
-from gpuslice.host.monitor import Monitor, NodeView
+from gpuslice.host.monitor import Monitor, NodeView, with_backstop
 from gpuslice.local.paths import StateDir
 from gpuslice.local.records import MAX_TICKS, PID_MAX, Ask, GrantRecord
 from gpuslice.placement import NoFit
@@ -63,6 +65,7 @@ class AgentConfig:
     interval: float = 1.0
     reclaim_every: float = 5.0
     history_points: int = 600
+    backstop: Policy = field(default_factory=Policy)
 
 
 class Agent:
@@ -74,6 +77,8 @@ class Agent:
         self.ledger = Ledger(config.state, devices)
         config.state.prepare_device_state(u for d in devices for u in (d.uuid, *(m.uuid for m in d.mig_instances)))
         self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state)
+        uuids = [u for d in devices for u in ((m.uuid for m in d.mig_instances) if d.mig_instances else (d.uuid,))]
+        self.backstop = Backstop(default_source(uuids) if config.backstop.action != "off" else None, config.backstop)
         self.history = History(config.history_points)
         self.latest: NodeView | None = None
         self._lock = threading.Lock()
@@ -90,6 +95,8 @@ class Agent:
             grants, waiters = self.ledger.grants(), self.ledger.waiters()
             view = self.monitor.sample([g.watched() for g in grants], waiters)
             view = replace(view, errors=(*view.errors, *self.ledger.problems()))
+            tracked = [Tracked(g.grant_id, s.device_uuid, s.memory_limit, g.owner) for g in grants for s in g.slices]
+            view = with_backstop(view, self.backstop.check(tracked, lambda pids: attribute(grants, pids)))
             self.latest = view
             self.history.add(view)
         return view
