@@ -85,6 +85,19 @@ class Policy:
         if not 0 <= self.tolerance_bytes <= 1 << 40:
             raise SpecError("backstop_tolerance", self.tolerance_bytes, "bytes from 0 to 1 TiB")
 
+    @classmethod
+    def from_options(cls, action: str, grace: float, tolerance: str) -> "Policy":
+        """From the agents' ``--backstop``, ``--backstop-grace`` and ``--backstop-tolerance`` (a size: ``256MiB``);
+        :class:`SpecError` naming the option's field otherwise."""
+        import math
+
+        from gpuslice.spec import parse_bytes
+
+        if not isinstance(grace, (int, float)) or not math.isfinite(grace):
+            raise SpecError("backstop_grace", grace, "seconds from 0 to 86400")
+        return cls(action=action, grace=float(grace),
+                   tolerance_bytes=parse_bytes(tolerance, "backstop_tolerance", allow_zero=True))
+
     def allowed(self, limit: int) -> int:
         """What a slice may show in NVML before it counts as over its limit."""
         return limit + max(self.tolerance_bytes, int(limit * self.tolerance_ratio))

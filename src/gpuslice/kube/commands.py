@@ -179,6 +179,13 @@ def kube_agent(
                                            "containers: error, warn, info or debug."),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics with namespace/pod/"
                                      "container labels on this port (0 = off)."),
+    backstop: str = typer.Option("kill", "--backstop", help="What to do with a container whose processes hold more "
+                                 "device memory than its slice's limit in NVML's count: kill (report, then kill them "
+                                 "after --backstop-grace), report, or off. Needs hostPID (the chart sets it)."),
+    backstop_grace: float = typer.Option(5.0, "--backstop-grace", help="Seconds over the limit before a kill."),
+    backstop_tolerance: str = typer.Option("256MiB", "--backstop-tolerance", help="Device memory a slice may show "
+                                           "above its limit before it counts as over (or 2 percent, if more)."),
+    backstop_interval: float = typer.Option(2.0, "--backstop-interval", help="Seconds between backstop checks."),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Device plugin + node registration (+ metrics) for one Kubernetes node. Also
@@ -213,6 +220,15 @@ def kube_agent(
                  "split_count": "--split-count"}
         raise SpecError(flags.get(exc.field, exc.field), exc.value, exc.allowed) from None
 
+    from gpuslice.host.backstop import Policy
+
+    try:
+        policy = Policy.from_options(backstop, backstop_grace, backstop_tolerance)
+    except SpecError as exc:
+        raise SpecError("--" + exc.field.replace("_", "-"), exc.value, exc.allowed) from None
+    if not backstop_interval > 0:
+        raise SpecError("--backstop-interval", backstop_interval, "seconds above 0")
+
     def find_devices():
         found = load_snapshot(snapshot) if snapshot else discover()
         return unique_devices(found, node) if unique_uuids else found
@@ -232,24 +248,51 @@ def kube_agent(
     publisher.start()
     if rediscover_interval:
         Rediscovery(find_devices, plugin.set_devices, rediscover_interval).start()
+    guard = _start_backstop(api, node, devices, policy, backstop_interval)
     if metrics_port:
-        _serve_metrics(api, node, devices, cfg.local_state, metrics_port)
+        _serve_metrics(api, node, devices, cfg.local_state, metrics_port, guard)
     _say(f"device plugin for {resource_name} ({len(devices)} device(s) × {split_count}) on {cfg.socket_path}")
     plugin.run()
 
 
-def _serve_metrics(api, node: str, devices, state_dir: Path, port: int) -> None:
+def _start_backstop(api, node: str, devices, policy, interval: float):
+    """The backstop thread (gpuslice.kube.backstop), or None when it is off or NVML cannot count processes."""
+    from gpuslice.host.backstop import Backstop, default_source
+    from gpuslice.kube.backstop import KubeBackstop
+    from gpuslice.kube.labels import LedgerLabels
+
+    if policy.action == "off":
+        return None
+    uuids = [u for d in devices for u in ((m.uuid for m in d.mig_instances) if d.mig_instances else (d.uuid,))]
+    source = default_source(uuids)
+    if source is None:
+        _say("backstop off: no per-process device memory (a device snapshot, or NVML without process counts)")
+        return None
+    labels = LedgerLabels(api, node, ttl=interval)
+    guard = KubeBackstop(Backstop(source, policy), labels.ledger,
+                         lambda: api.list_pods(field_selector=f"spec.nodeName={node}"), interval=interval)
+    guard.start()
+    _say(f"backstop: {policy.action}, grace {policy.grace:g} s, every {interval:g} s")
+    return guard
+
+
+def _serve_metrics(api, node: str, devices, state_dir: Path, port: int, guard=None) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from gpuslice.kube.labels import KubeLabelCollector, LedgerLabels, watched_grants
     from gpuslice.host.metrics import ViewCollector
-    from gpuslice.host.monitor import Monitor
+    from gpuslice.host.monitor import Monitor, with_backstop
 
     monitor = Monitor(devices, node)
     labels = LedgerLabels(api, node)
+
+    def view():
+        sampled = monitor.sample(watched_grants(labels.ledger(), state_dir))
+        latest = guard.latest if guard is not None else None
+        return with_backstop(sampled, latest) if latest is not None else sampled
+
     registry = CollectorRegistry()
-    registry.register(KubeLabelCollector(
-        ViewCollector(lambda: monitor.sample(watched_grants(labels.ledger(), state_dir))), labels))
+    registry.register(KubeLabelCollector(ViewCollector(view), labels))
     start_http_server(port, registry=registry)
     _say(f"metrics on :{port}/metrics")
 

@@ -190,17 +190,13 @@ def agent(
 def backstop_policy(action: str, grace: float, tolerance: str) -> "Policy":
     """The --backstop* options as a Policy; a bad value is a usage error naming the option."""
     from gpuslice.host.backstop import Policy
-    from gpuslice.spec import SpecError, parse_bytes
+    from gpuslice.spec import SpecError
 
-    options = {"backstop": "--backstop", "backstop_grace": "--backstop-grace", "backstop_tolerance": "--backstop-tolerance"}
     try:
-        if not math.isfinite(grace):
-            raise SpecError("backstop_grace", grace, "seconds from 0 to 86400")
-        return Policy(action=action, grace=grace,
-                      tolerance_bytes=parse_bytes(tolerance, "backstop_tolerance", allow_zero=True))
+        return Policy.from_options(action, grace, tolerance)
     except SpecError as exc:
-        raise typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}",
-                                 param_hint=f"'{options.get(exc.field, exc.field)}'") from None
+        option = "--" + exc.field.replace("_", "-")
+        raise typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}", param_hint=f"'{option}'") from None
 
 
 def register(app: typer.Typer) -> None:
