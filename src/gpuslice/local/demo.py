@@ -44,20 +44,23 @@ class DemoFailed(GpusliceError):
     """A slice of the demo did not run to its result (the CLI prints it and exits 1)."""
 
 def _show_while_running(console, source: ViewSource, runs: list[subprocess.Popen], refresh: float) -> None:
-    """A live table on a terminal; into a log (no terminal), a table every 5 refreshes."""
+    """A live table on a terminal; into a log (no terminal), a table every 5 refreshes and whenever a slice
+    starts or ends (a short demo on a busy machine would otherwise end between two tables)."""
     if console.is_terminal:
         with Live(view_renderable(source.view()), console=console, auto_refresh=False) as live:
             while any(r.poll() is None for r in runs):
                 time.sleep(refresh)
                 live.update(view_renderable(source.view()), refresh=True)
         return
-    ticks = 0
+    ticks, shown = 0, -1
     while any(r.poll() is None for r in runs):
         time.sleep(refresh)
         ticks += 1
-        if ticks % 5 == 0:
+        view = source.view()
+        if ticks % 5 == 0 or len(view.slices) != shown:  # and whenever a slice comes or goes
+            shown = len(view.slices)
             console.print(f"--- {time.strftime('%H:%M:%S')}")
-            console.print(view_renderable(source.view()))
+            console.print(view_renderable(view))
 
 
 def torch_workload() -> tuple[str, ...]:
