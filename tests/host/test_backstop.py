@@ -141,3 +141,23 @@ def test_the_node_view_carries_what_the_backstop_saw():
     assert 'gpuslice_backstop_over_limit_bytes{device="GPU-0",grant="g-a",node="n"} 1.073741824e+09' in text
     assert 'gpuslice_unattributed_memory_bytes{device="GPU-0",node="n",pid="77"}' in text
     assert 'gpuslice_slice_memory_seen_bytes{' in text
+
+
+def test_the_gpu_benchmark_runs_end_to_end_without_a_gpu(tmp_path):
+    """bench/backstop_detection.sh --dry-run: the same agent, runs and measurements, NVML stood in for."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(repo / "src")}
+    done = subprocess.run([sys.executable, str(repo / "bench" / "gpu" / "backstop_detection.py"), "--dry-run",
+                           "--repeats", "1", "--grace", "1", "--interval", "0.2"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {r["scenario"]: r for r in map(json.loads, (tmp_path / "backstop.jsonl").read_text().splitlines())}
+    assert rows["bypass"]["killed"] and rows["collude"]["killed"] and not rows["honest"]["killed"]
+    assert rows["bypass"]["ended_s"] >= 1.0
+    assert "collude" in (tmp_path / "summary.txt").read_text()
