@@ -83,10 +83,18 @@ if sys.argv[3] != "-":
     body["ticket"] = int(sys.argv[3])
 raw = json.dumps(body).encode()
 sock.sendall(b"POST /v1/grants HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw)
+def more():
+    chunk = sock.recv(65536)
+    if not chunk:  # the agent closed the connection: say so instead of spinning on an empty read
+        sys.exit("connection closed before a full response")
+    return chunk
 data = b""
 while b"\r\n\r\n" not in data:
-    data += sock.recv(65536)
+    data += more()
 head, body = data.split(b"\r\n\r\n", 1)
+length = int(next(l.split(b":", 1)[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
+while len(body) < length:  # the body may come in a later segment than the headers
+    body += more()
 print(head.split()[1].decode(), body.decode())
 sys.stdout.flush()
 if sys.argv[4] == "hold":
