@@ -10,8 +10,10 @@ PIP_VERSION := 26.3
 
 all: $(STAMP) native
 
-# The venv is (re)built whenever pyproject.toml changes.
-$(STAMP): pyproject.toml
+# The venv is (re)built whenever pyproject.toml, setup.py or a .proto changes (setup.py generates the gRPC
+# modules of the kubelet APIs from the .proto files at install time).
+PROTOS := $(shell find src -name '*.proto')
+$(STAMP): pyproject.toml setup.py $(PROTOS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpuslice needs Python 3.11+, found " + sys.version' 
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet pip==$(PIP_VERSION)
@@ -31,7 +33,7 @@ hack:
 
 # lint-imports: the layer contracts in .importlinter (cli > kube | local | sim > host > placement | enforcer > spec).
 test: $(STAMP) native native-test hack
-	$(VENV)/bin/lint-imports --config .importlinter
+	$(VENV)/bin/lint-imports .importlinter
 	$(PY) -m pytest
 
 # Bounded fuzzing of the enforcer's config parser.

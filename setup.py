@@ -1,8 +1,9 @@
 """Build steps of gpuslice that pyproject.toml cannot express. All metadata lives in pyproject.toml.
 
-* The device plugin's gRPC modules are generated from ``src/gpuslice/kube/deviceplugin/api.proto``
-  (grpc_tools.protoc, pinned in [build-system].requires) while building, so installs never compile at run
-  time.
+* The kubelet APIs' gRPC modules are generated from the ``.proto`` files named in
+  ``src/gpuslice/kube/protogen.py`` (the device plugin's ``api.proto``, the DRA plugin and plugin-registration
+  protos) with grpc_tools.protoc (pinned in [build-system].requires) while building, so installs never
+  compile at run time.
 * A wheel carries the enforcer: ``make -C native build/libgpuslice.so`` (plain cc, no CUDA toolkit; the one
   set of compiler flags lives in native/Makefile) is copied to ``gpuslice/lib/libgpuslice.so``, where
   ``gpuslice.enforcer.library`` looks for it. A missing cc or make fails the build, naming what to install. Such
@@ -32,13 +33,12 @@ except ImportError:
         bdist_wheel = None
 
 ROOT = Path(__file__).resolve().parent
-PACKAGE_DIR = Path("gpuslice", "kube", "deviceplugin")
 NATIVE = ROOT / "native"
 ENFORCER = Path("gpuslice", "lib", "libgpuslice.so")
 
 
 def _protogen():
-    path = ROOT / "src" / PACKAGE_DIR / "protogen.py"
+    path = ROOT / "src" / "gpuslice" / "kube" / "protogen.py"
     spec = importlib.util.spec_from_file_location("_gpuslice_protogen", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -72,8 +72,10 @@ class build_py_with_generated(build_py):  # noqa: N801  (setuptools' command nam
 
     def run(self):
         super().run()
-        target = ROOT / "src" / PACKAGE_DIR if self.editable_mode else Path(self.build_lib) / PACKAGE_DIR
-        _protogen().generate(target)
+        protogen = _protogen()
+        for package in protogen.PACKAGES:
+            root = ROOT / "src" if self.editable_mode else Path(self.build_lib)
+            protogen.generate(protogen.folder(package, root), package)
         if self.editable_mode:
             return
         if _has_native():
@@ -85,7 +87,9 @@ class build_py_with_generated(build_py):  # noqa: N801  (setuptools' command nam
     def get_outputs(self, include_bytecode=True):
         outputs = list(super().get_outputs(include_bytecode))
         if not self.editable_mode:
-            outputs += [str(Path(self.build_lib) / PACKAGE_DIR / name) for name in _protogen().GENERATED]
+            protogen = _protogen()
+            outputs += [str(protogen.folder(package, Path(self.build_lib)) / name)
+                        for package in protogen.PACKAGES for name in protogen.generated_names(package)]
             if _has_native():
                 outputs.append(str(Path(self.build_lib) / ENFORCER))
         return outputs

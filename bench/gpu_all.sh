@@ -2,7 +2,7 @@
 # The GPU machine's run, in one or more calls: build the enforcer, record the devices, run the GPU
 # tests, the memory acceptance, the nvidia-smi NVML check, the local-mode run and the compute
 # benchmark; print a short table last.
-# Usage (device tool, carry .whl): bash bench/gpu_all.sh [STEP...]
+# Usage (device tool, carry .whl — filled by bash bench/gpu/fetch_wheels.sh): bash bench/gpu_all.sh [STEP...]
 #   steps: build devices pytest-gpu memory-acceptance smi-nvml local-mode compute-bench (default: all;
 #   all of them take about 12 minutes on an H100, so split them over two calls of the device tool).
 # Logs go to $OUT (or /tmp/gpuslice-out).

@@ -13,6 +13,8 @@ Start-up objects are moved out of the cyclic GC's way (``gc.freeze()``), as a lo
     # FGD weighing an openb-sized shape set (the 32 most frequent shapes of openb_pod_list_default,
     # CPU-only ones included, as the simulator's FGD sees them) instead of the 14-shape mix:
     .venv/bin/python bench/placement_latency.py --shapes openb --sizes 5000 --policies fgd
+    # while another job loads the machine: each policy timed unloaded and with one busy process, A B B A
+    .venv/bin/python bench/placement_latency.py --shapes openb --sizes 5000 --load 1
 """
 
 from __future__ import annotations
@@ -100,10 +102,15 @@ def main() -> int:
                     help="request / workload shapes: the 14-shape openb-like mix, or openb's own 32 most frequent")
     ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parent / "data" / "openb_pod_list_default.csv")
     ap.add_argument("--policies", default="binpack,spread,bestfit,fgd,random")
+    ap.add_argument("--load", type=int, default=0,
+                    help="busy-loop processes loading the machine while each policy is timed (another job); with "
+                         "--load, every policy is timed twice, unloaded and loaded, in ABBA order per size")
     args = ap.parse_args()
     if args.shapes == "openb":
         global MIX, SHAPES, WORKLOAD
         MIX, SHAPES, WORKLOAD = openb_mix(args.trace)
+    if args.load:
+        return loaded_runs(args)
     load = os.getloadavg()
     lines = [
         f"# placement latency: filter + score of one request (score_nodes), ms — {time.strftime('%Y-%m-%d %H:%M %Z')}",
@@ -170,6 +177,57 @@ def main() -> int:
                 row = f"{n:>6} {'list':>6} {pol:>8} {len(ms):>6} {q[0]:7.2f} {q[1]:7.2f} {q[2]:7.2f} {max(ms):7.2f} {'':>7}"
                 print(row, flush=True)
                 lines.append(row)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+def busy(stop) -> None:
+    """Another job: one CPU-bound process (pure Python arithmetic) until ``stop`` is set."""
+    x = 0
+    while not stop.is_set():
+        for i in range(10000):
+            x = (x * 31 + i) % 1000003
+
+
+def loaded_runs(args) -> int:
+    """Each size and policy timed without and with ``--load`` busy processes, alternating A B B A, as separate
+    interpreter runs of this script (so one run's caches and GC state do not carry into the next)."""
+    import multiprocessing as mp
+    import subprocess
+
+    base = [sys.executable, __file__, "--sizes", args.sizes, "--calls", str(args.calls), "--shapes", args.shapes,
+            "--trace", str(args.trace), "--policies", args.policies]
+    rows: dict[tuple[str, bool], list[list[str]]] = {}
+    header = ""
+    for loaded in (False, True, True, False):
+        stop = mp.Event()
+        workers = [mp.Process(target=busy, args=(stop,), daemon=True) for _ in range(args.load if loaded else 0)]
+        for w in workers:
+            w.start()
+        try:
+            out = subprocess.run(base, capture_output=True, text=True, check=True).stdout.splitlines()
+        finally:
+            stop.set()
+            for w in workers:
+                w.join(5)
+        header = "\n".join(line for line in out if line.startswith("#"))
+        for line in out:
+            parts = line.split()
+            if parts and parts[0].isdigit():
+                rows.setdefault((f"{parts[0]} {parts[2]}", loaded), []).append(parts)
+    lines = [header, f"# ABBA: unloaded, loaded ({args.load} busy process(es) on {os.cpu_count()} cores), loaded, "
+                     "unloaded; p50 / p99 ms of each run",
+             f"{'nodes policy':>16} {'unloaded p50':>14} {'unloaded p99':>14} {'loaded p50':>12} {'loaded p99':>12}"]
+    for key in dict.fromkeys(k for k, _ in rows):
+        cells = []
+        for loaded in (False, True):
+            runs = rows[(key, loaded)]
+            cells.append(" / ".join(r[4] for r in runs))
+            cells.append(" / ".join(r[6] for r in runs))
+        lines.append(f"{key:>16} {cells[0]:>14} {cells[1]:>14} {cells[2]:>12} {cells[3]:>12}")
+    print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(lines) + "\n")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# gpuslice compute benchmark on one real GPU (about 3 minutes). Achieved shares are measured by NVML
+# gpuslice compute benchmark on one real GPU (about 3 minutes; GS_COMPUTE_SHORT=1: the share-accuracy
+# and split groups only, shorter phases, about 1 minute, run by bench/gpu/packing.sh). Achieved shares are measured by NVML
 # (the driver's per-process SM utilization) and by each workload's own throughput relative to an
 # exclusive run, never taken from the enforcer (its own estimate is shown alongside).
 #   accuracy   set 10/25/50/75/90 % -> achieved mean/p5/p95 over 1-s windows (matmul, ResNet-50 train)
@@ -56,18 +57,20 @@ plain() {
   env ${ENVS:-} $W --gate "$RUN/gate.$n" --out "$RAW/$name.json" "$@" 2>>"$RAW/$name.err" &
   GP[$n]+=" $!"
 }
+# sched FULL SHORT: a workload schedule, the short one under GS_COMPUTE_SHORT=1
+sched() { if [ "${GS_COMPUTE_SHORT:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi; }
 group() {
   case $1 in
-    1) plain 1 excl_matmul --kind matmul --schedule x:4 ;;
+    1) plain 1 excl_matmul --kind matmul --schedule "$(sched x:4 x:3)" ;;
     2) gs 2 p100_matmul 100 0 --kind matmul --schedule x:4 ;;
-    3) plain 3 excl_resnet --kind resnet --schedule x:5 ;;
+    3) plain 3 excl_resnet --kind resnet --schedule "$(sched x:5 x:3)" ;;
     4) gs 4 p100_resnet 100 0 --kind resnet --schedule x:5 ;;
-    5) gs 5 acc_matmul 50 0 --kind matmul --schedule 10:5,25:5,50:5,75:5,90:5 ;;
-    6) gs 6 acc_resnet 50 0 --kind resnet --schedule 10:5,25:5,50:5,75:5,90:5 ;;
-    7) gs 7 split_a 50 0 --kind matmul --schedule 50:6,30:6 --barrier "$RUN/b7" --peers 2
-       gs 7 split_b 50 0 --kind matmul --schedule 50:6,70:6 --barrier "$RUN/b7" --peers 2 ;;
-    8) plain 8 ts_a --kind matmul --schedule x:6 --barrier "$RUN/b8" --peers 2
-       plain 8 ts_b --kind matmul --schedule x:6 --barrier "$RUN/b8" --peers 2 ;;
+    5) gs 5 acc_matmul 50 0 --kind matmul --schedule "$(sched 10:5,25:5,50:5,75:5,90:5 10:3,50:3,90:3)" ;;
+    6) gs 6 acc_resnet 50 0 --kind resnet --schedule "$(sched 10:5,25:5,50:5,75:5,90:5 25:3,75:3)" ;;
+    7) gs 7 split_a 50 0 --kind matmul --schedule "$(sched 50:6,30:6 50:4,30:4)" --barrier "$RUN/b7" --peers 2
+       gs 7 split_b 50 0 --kind matmul --schedule "$(sched 50:6,70:6 50:4,70:4)" --barrier "$RUN/b7" --peers 2 ;;
+    8) plain 8 ts_a --kind matmul --schedule "$(sched x:6 x:4)" --barrier "$RUN/b8" --peers 2
+       plain 8 ts_b --kind matmul --schedule "$(sched x:6 x:4)" --barrier "$RUN/b8" --peers 2 ;;
     9) gs 9 prio_infer 100 0 --kind infer --schedule x:11 --barrier "$RUN/b9" --peers 2
        gs 9 prio_train 100 1 --kind resnet --schedule x:6 --delay 5 --barrier "$RUN/b9" --peers 2 ;;
     10) plain 10 noprio_infer --kind infer --schedule x:11 --barrier "$RUN/b10" --peers 2
@@ -88,9 +91,11 @@ NAMES=(x "exclusive matmul" "matmul, enforcer at 100 %" "exclusive resnet" "resn
 cp "$OUT/env.txt" "$RAW/env.txt"
 python3 "$ROOT/bench/compute/nvml_sampler.py" --out "$RAW/nvml.jsonl" 2>>"$RAW/nvml.err" &
 SAMPLER=$!
-LAST=12
-group 1
-for n in $(seq 1 $LAST); do
+if [ "${GS_COMPUTE_SHORT:-0}" = 1 ]; then RUN_GROUPS=(1 3 5 6 7 8); else RUN_GROUPS=(1 2 3 4 5 6 7 8 9 10 11 12); fi
+group "${RUN_GROUPS[0]}"
+for idx in "${!RUN_GROUPS[@]}"; do
+  n=${RUN_GROUPS[$idx]}
+  nxt=${RUN_GROUPS[$((idx + 1))]:-}
   if [ "$n" = 11 ]; then
     if CUDA_MPS_PIPE_DIRECTORY=$MPSD/pipe CUDA_MPS_LOG_DIRECTORY=$MPSD/log nvidia-cuda-mps-control -d; then MPS_UP=1
     else
@@ -99,7 +104,7 @@ for n in $(seq 1 $LAST); do
       break
     fi
   fi
-  [ "$n" -lt "$LAST" ] && group $((n + 1))   # next group imports meanwhile
+  [ -n "$nxt" ] && group "$nxt"   # next group imports meanwhile
   log "${NAMES[$n]}"
   touch "$RUN/gate.$n"
   # a group that hangs must not eat the whole budget: 60 s is 3x the longest one

@@ -29,8 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 
 def parse_schedule(s: str) -> list[tuple[str, float]]:
     out = []
@@ -100,6 +98,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--gate", help="wait for this file before touching the GPU (imports overlap the previous group)")
     a = ap.parse_args()
+    import torch  # here, not at the top: dry_workload.py borrows this module's helpers on a CPU
+
     if a.kind not in ("matmul", "mlp"):
         import torchvision  # noqa: F401  (import before the gate: it is the slow part)
     if a.gate:

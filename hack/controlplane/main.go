@@ -5,6 +5,7 @@
 // Usage:
 //
 //	controlplane [--dir DIR] [--scheduler-config FILE] [--apiserver-arg=--flag=value ...]
+//	             [--controllers=NAME,...] [--controller-manager-arg=--flag=value ...]
 //
 // When everything answers, it prints exactly one line on stdout:
 //
@@ -45,6 +46,7 @@ import (
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanagerapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"sigs.k8s.io/yaml"
 )
@@ -78,6 +80,10 @@ func main() {
 			cmd := schedulerapp.NewSchedulerCommand()
 			cmd.SetArgs(os.Args[2:])
 			os.Exit(cli.Run(cmd))
+		case "kube-controller-manager":
+			cmd := controllermanagerapp.NewControllerManagerCommand()
+			cmd.SetArgs(os.Args[2:])
+			os.Exit(cli.Run(cmd))
 		}
 	}
 	if err := run(); err != nil {
@@ -91,6 +97,8 @@ type options struct {
 	schedulerConfig string
 	apiserverArgs   multiFlag
 	schedulerArgs   multiFlag
+	controllers     string
+	cmArgs          multiFlag
 	startTimeout    time.Duration
 }
 
@@ -101,6 +109,8 @@ func run() error {
 	fs.StringVar(&o.schedulerConfig, "scheduler-config", "", "KubeSchedulerConfiguration file (e.g. with extenders); clientConnection.kubeconfig is filled in")
 	fs.Var(&o.apiserverArgs, "apiserver-arg", "extra kube-apiserver flag, repeatable (e.g. --apiserver-arg=--v=4)")
 	fs.Var(&o.schedulerArgs, "scheduler-arg", "extra kube-scheduler flag, repeatable")
+	fs.StringVar(&o.controllers, "controllers", "", "also run kube-controller-manager with only these controllers (e.g. resourceclaim-controller); none when empty")
+	fs.Var(&o.cmArgs, "controller-manager-arg", "extra kube-controller-manager flag, repeatable")
 	fs.DurationVar(&o.startTimeout, "start-timeout", 3*time.Minute, "how long to wait for every part to answer")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
@@ -162,7 +172,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	died := make(chan string, 2)
+	died := make(chan string, 3)
 
 	apiArgs := []string{
 		"--etcd-servers=" + cu.String(),
@@ -241,20 +251,52 @@ func run() error {
 		return fmt.Errorf("kube-scheduler: %w (log: %s)", err, tail(filepath.Join(dir, "kube-scheduler.log")))
 	}
 
+	cmLog := ""
+	if o.controllers != "" {
+		cmPort := freePort()
+		cmLog = filepath.Join(dir, "kube-controller-manager.log")
+		cmArgs := []string{
+			"--kubeconfig=" + kubeconfig,
+			"--authentication-kubeconfig=" + kubeconfig,
+			"--authorization-kubeconfig=" + kubeconfig,
+			"--controllers=" + o.controllers,
+			"--leader-elect=false",
+			"--bind-address=127.0.0.1",
+			"--secure-port=" + strconv.Itoa(cmPort),
+			"--cert-dir=" + filepath.Join(dir, "controller-manager-certs"),
+			// Controllers act with the admin credentials of the kubeconfig: there is no token
+			// controller here to mint per-controller service-account tokens.
+			"--use-service-account-credentials=false",
+			"--kube-api-qps=500",
+			"--kube-api-burst=1000",
+			"--v=1",
+		}
+		cmArgs = append(cmArgs, o.cmArgs...)
+		cmCmd, err := startChild(self, "kube-controller-manager", cmArgs, cmLog, died)
+		if err != nil {
+			return err
+		}
+		defer stopChild(cmCmd, 15*time.Second)
+		if err := waitHTTP(ctx, died, fmt.Sprintf("https://127.0.0.1:%d/healthz", cmPort), "", o.startTimeout); err != nil {
+			return fmt.Errorf("kube-controller-manager: %w (log: %s)", err, tail(cmLog))
+		}
+	}
+
 	ready, _ := json.Marshal(map[string]any{
-		"kubeconfig":       kubeconfig,
-		"server":           server,
-		"token":            creds.token,
-		"ca_file":          creds.caCert,
-		"client_cert_file": creds.clientCert,
-		"client_key_file":  creds.clientKey,
-		"etcd":             cu.String(),
-		"scheduler_config": schedCfg,
-		"scheduler_health": schedHealth,
-		"dir":              dir,
-		"pid":              os.Getpid(),
-		"apiserver_log":    filepath.Join(dir, "kube-apiserver.log"),
-		"scheduler_log":    filepath.Join(dir, "kube-scheduler.log"),
+		"kubeconfig":             kubeconfig,
+		"server":                 server,
+		"token":                  creds.token,
+		"ca_file":                creds.caCert,
+		"client_cert_file":       creds.clientCert,
+		"client_key_file":        creds.clientKey,
+		"etcd":                   cu.String(),
+		"scheduler_config":       schedCfg,
+		"scheduler_health":       schedHealth,
+		"dir":                    dir,
+		"pid":                    os.Getpid(),
+		"apiserver_log":          filepath.Join(dir, "kube-apiserver.log"),
+		"scheduler_log":          filepath.Join(dir, "kube-scheduler.log"),
+		"controller_manager_log": cmLog,
 	})
 	fmt.Println(readyPrefix + string(ready))
 

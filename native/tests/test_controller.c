@@ -77,8 +77,18 @@ static void test_allocate(void)
         for (int k = 0; k < n; k++)
             if (s[k].active && (s[k].priority == 0 || !hi) && r[k] == 0) { CHECK(0, "active slice starved"); t = 1 << 30; break; }
     }
-    CHECK(gs_ctl_close_correction(1000, 500, 800) == -100, "close correction scales exact length by the average share");
-    CHECK(gs_ctl_inflight(10, 100, 300) == 700 && gs_ctl_inflight(10, 100, 5000) == 0, "inflight prediction");
+    /* the credit arithmetic the engine applies with compare-and-swap */
+    int64_t last = 0;
+    CHECK(gs_ctl_accrue(&last, 5000, 5000) == 0 && last == 5000, "first accrual only starts the clock");
+    CHECK(gs_ctl_accrue(&last, 15000, 5000) == 5000 && last == 15000, "10 us at 50 %% accrue 5 us");
+    CHECK(gs_ctl_refilled(-100, 50, GS_CTL_BURST_NS) == -50, "refill adds");
+    CHECK(gs_ctl_refilled(GS_CTL_BURST_NS - 10, 50, GS_CTL_BURST_NS) == GS_CTL_BURST_NS, "refill stops at the cap");
+    CHECK(gs_ctl_refilled(GS_CTL_BURST_NS + 7, 50, GS_CTL_BURST_NS) == GS_CTL_BURST_NS + 7, "the cap takes nothing away");
+    CHECK(gs_ctl_charged(0, 3 * GS_CTL_DEBT_MAX_NS) == -GS_CTL_DEBT_MAX_NS, "debt is capped");
+    CHECK(gs_ctl_charged(0, -2 * GS_CTL_WANT_CAP_NS) == GS_CTL_WANT_CAP_NS, "a refund banks at most WANT_CAP");
+    /* offered load: turns from 1.5 up, back to free below 1.0 */
+    CHECK(!gs_ctl_takes_turns(0, 14999) && gs_ctl_takes_turns(0, 15000), "turns from an offered load of 1.5");
+    CHECK(gs_ctl_takes_turns(1, 10000) && !gs_ctl_takes_turns(1, 9999), "and back below 1.0 (hysteresis)");
 }
 
 /* ---------------- the plant ---------------- */
@@ -87,7 +97,7 @@ static void test_allocate(void)
 #define MAXP 12
 #define TIMESLICE 2000000LL
 
-enum { W_SAT, W_ITER, W_BURST, W_REQ };
+enum { W_SAT, W_ITER, W_BURST, W_REQ, W_LB };
 struct item { int64_t rem; int marker; uint64_t seq; };
 struct simev { uint64_t latest, done_seq; int64_t t_done; };
 struct sproc {
@@ -99,6 +109,9 @@ struct sproc {
     int nbig; int64_t kbig;     /* W_ITER: the first nbig kernels of an iteration last kbig (phases) */
     int64_t think, on, off, period, launch_cpu;
     int64_t delay;              /* first launch this long after the start */
+    int raw;                    /* 1: no enforcer at all (the baseline: plain time-slicing) */
+    int64_t iters;              /* iterations completed after the warm-up (W_ITER, W_LB) */
+    int64_t slept_sum;          /* time the engine held its launches back */
     /* plant state */
     struct item q[QMAX + 64]; int qh, qn;
     struct simev ev[2 * GS_ENG_RING + 1];   /* + the drain event */
@@ -106,11 +119,12 @@ struct sproc {
     int64_t busy_true;          /* ground truth GPU time */
     int64_t win_busy; double wins[64]; int nwin;
     /* cpu */
-    int state; int64_t next_t, slept, iter_k, req_t, next_req;
+    int state; int64_t next_t, slept, iter_k, req_t, next_req, next_dur;
     int64_t lat[4096]; int nlat;
     int64_t next_poll;
     int64_t last_ran, gap_max;  /* longest time without GPU time after the warm-up */
     struct gs_engine eng;
+    struct gs_ticket tk;        /* one per launch, kept across its waits */
     unsigned rng;
     int started;
 };
@@ -124,6 +138,9 @@ static int64_t slice_left;
 static int MARKERS_WAIT = 1; /* see gpu_step */
 static int64_t GAP_FROM;    /* gaps are measured from here (the warm-up's end) */
 static int64_t CTX_SWITCH = 0, switch_left; /* GPU time lost per context switch: 0 = ideal plant; test_switch_cost sets 100 us */
+/* A switch away from a context whose queue ran empty (no kernel to save) may cost less than one that
+ * preempts a running kernel: < 0 = the same as CTX_SWITCH (see test_launch_bound) */
+static int64_t CTX_SWITCH_IDLE = -1;
 static int last_ctx = -1;
 static long n_switches, n_preempt; /* 100 us per context switch (see gpu_step) */
 static int sim_rec(struct sproc *p, int id)
@@ -184,7 +201,11 @@ static void gpu_step(void)
             /* a context switch costs the GPU CTX_SWITCH of nothing (measured on the H100: two
              * time-sliced matmul loops reach 92.5 % of one) */
             if (prev >= 0 && P[prev].qn > 0) n_preempt++;
-            if (last_ctx >= 0 && last_ctx != cur) { switch_left = CTX_SWITCH; n_switches++; } /* resuming the same context is free */
+            if (last_ctx >= 0 && last_ctx != cur) { /* resuming the same context is free */
+                int preempt = prev >= 0 && P[prev].qn > 0;
+                switch_left = preempt || CTX_SWITCH_IDLE < 0 ? CTX_SWITCH : CTX_SWITCH_IDLE;
+                n_switches++;
+            }
             last_ctx = cur;
         }
         if (switch_left > 0) break;  /* the context is still being loaded: its commands wait */
@@ -209,14 +230,28 @@ static void gpu_step(void)
 }
 
 static unsigned rnd(unsigned *s) { *s = *s * 1103515245u + 12345u; return (*s >> 8) & 0xffffff; }
-static int64_t kdur(struct sproc *p) { if (p->iter_k < p->nbig) return p->kbig; return p->kmin + (p->kmax > p->kmin ? (int64_t)(rnd(&p->rng) % (unsigned)(p->kmax - p->kmin)) : 0); }
+/* W_LB: kernel k of an iteration always has the same shape (its duration from a fixed pattern
+ * over [kmin, kmax], +-2 % jitter), as in an inference loop */
+static int64_t lb_dur(struct sproc *p, int64_t k)
+{
+    int64_t base = p->kmin + (p->kmax - p->kmin) * ((k * 7919 + 13) % 17) / 16;
+    return base + ((int64_t)(rnd(&p->rng) % 41) - 20) * base / 1000;
+}
+static int64_t kdur(struct sproc *p) { if (p->wl == W_LB) return lb_dur(p, p->iter_k); if (p->iter_k < p->nbig) return p->kbig; return p->kmin + (p->kmax > p->kmin ? (int64_t)(rnd(&p->rng) % (unsigned)(p->kmax - p->kmin)) : 0); }
 
-enum { S_LAUNCH, S_SYNC, S_THINK, S_IDLE };
+enum { S_LAUNCH, S_SYNC, S_THINK, S_IDLE, S_PUSH };
+/* The driver's launch call takes time: the kernel reaches the GPU LAUNCH_GAP after the start event
+ * recorded before it. Meanwhile the context's queue may be empty with its start marker already
+ * done: the pair then holds the gap too, and the GPU may switch to a neighbour, whose run then lands
+ * inside the pair (on a GPU the gap is the 2-5 us of cuLaunchKernel). 0 (the accuracy tests: they
+ * pin the controller against an ideal device) = the kernel goes with its start event; the
+ * launch-bound and overlap tests set DT, and test_launch_gap shows what it costs a lone slice. */
+static int64_t LAUNCH_GAP = 0;
 static void cpu_step(struct sproc *p)
 {
     /* the poller thread of pacer.c: poll, then sleep as long as the engine says (250 us while work
      * is queued or just launched beside neighbours, 5 ms otherwise); a launch does not wake it */
-    if (NOW >= p->next_poll) { gs_engine_poll(&p->eng, NOW); p->next_poll = NOW + gs_engine_poll_delay(&p->eng, NOW); }
+    if (!p->raw && NOW >= p->next_poll) { gs_engine_poll(&p->eng, NOW); p->next_poll = NOW + gs_engine_poll_delay(&p->eng, NOW); }
     if (p->wl == W_REQ && p->state == S_IDLE && NOW >= p->next_req) {
         p->state = S_LAUNCH; p->req_t = p->next_req; p->next_req += p->period; p->iter_k = 0;
     }
@@ -229,13 +264,19 @@ static void cpu_step(struct sproc *p)
     case S_THINK: p->state = S_LAUNCH; /* fallthrough */
     case S_LAUNCH: {
         if (p->qn >= QMAX) { p->next_t = NOW + DT; return; }
-        int slot;
-        int64_t w = gs_engine_before(&p->eng, NOW, NULL, p->slept, &slot);
-        if (w > 0) { p->slept = w; p->next_t = NOW + w; return; }
+        /* the kernel's shape decides its cost, as on a GPU: its key is its duration (to the step) */
+        if (!p->slept) p->next_dur = kdur(p);
+        uint64_t key = 1 + (uint64_t)(p->next_dur / DT);
+        int64_t w = p->raw ? 0 : gs_engine_before(&p->eng, NOW, NULL, key, p->slept, &p->tk);
+        if (w > 0) { p->slept = w; p->slept_sum += w; p->next_t = NOW + w; return; }
         p->slept = 0;
+        if (LAUNCH_GAP > 0) { p->state = S_PUSH; p->next_t = NOW + LAUNCH_GAP; return; }
+    } /* fallthrough */
+    case S_PUSH: {
+        p->state = S_LAUNCH;
         struct item *it = &p->q[(p->qh + p->qn) % (QMAX + 64)];
-        it->rem = kdur(p); it->marker = -1; it->seq = 0; p->qn++;
-        gs_engine_after(&p->eng, NULL, slot, 1);
+        it->rem = p->next_dur; it->marker = -1; it->seq = 0; p->qn++;
+        if (!p->raw) gs_engine_after(&p->eng, NOW, NULL, &p->tk, 1);
         p->next_t = NOW + p->launch_cpu;
         if (p->kper && ++p->iter_k >= p->kper) { p->state = S_SYNC; p->iter_k = 0; }
         return;
@@ -247,6 +288,7 @@ static void cpu_step(struct sproc *p)
             p->state = S_IDLE;
             return;
         }
+        if (NOW >= GAP_FROM) p->iters++;
         p->state = S_THINK; p->next_t = NOW + p->think;
         return;
     case S_IDLE: return;
@@ -255,6 +297,7 @@ static void cpu_step(struct sproc *p)
 
 static struct gs_devstate DS;
 static char DIR_[256];
+static void (*SIM_HOOK)(void); /* called every step (a test that pokes the shared state) */
 
 static void sim_reset(void)
 {
@@ -283,7 +326,7 @@ static void sim_run(double secs, double warm)
     NOW = T0;
     for (int i = 0; i < NP; i++) {
         struct sproc *p = &P[i];
-        if (gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, &SIM_OPS, p, NOW) != 0) {
+        if (!p->raw && gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, &SIM_OPS, p, NOW) != 0) {
             printf("FAIL engine init\n"); exit(1);
         }
         p->next_poll = NOW; p->next_req = NOW + 1000000 + i * 333000 + p->delay; p->state = p->wl == W_REQ ? S_IDLE : S_LAUNCH;
@@ -292,6 +335,7 @@ static void sim_run(double secs, double warm)
     int64_t end = NOW + (int64_t)(secs * 1e9), w0 = NOW + (int64_t)(warm * 1e9), wstart = w0;
     GAP_FROM = w0;
     for (; NOW < end; NOW += DT) {
+        if (SIM_HOOK) SIM_HOOK();
         for (int i = 0; i < NP; i++) cpu_step(&P[i]);
         gpu_step();
         if (NOW == w0) for (int i = 0; i < NP; i++) P[i].win_busy = 0;
@@ -300,7 +344,15 @@ static void sim_run(double secs, double warm)
             wstart = NOW;
         }
     }
-    if (!getenv("GS_KEEP")) for (int i = 0; i < NP; i++) gs_engine_fini(&P[i].eng);
+    if (getenv("GS_SIM_DEBUG"))
+        for (int i = 0; i < NP; i++)
+            if (!P[i].raw)
+                printf("    [%s] path %d offered %.2f measured %llu clean %llu dirty %llu cost_avg %lld us, charged %.3f s, "
+                       "true %.3f s\n", P[i].grant, P[i].eng.path, P[i].eng.offered_bp / 1e4,
+                       (unsigned long long)P[i].eng.measured, (unsigned long long)P[i].eng.sampled_clean,
+                       (unsigned long long)P[i].eng.sampled_dirty, (long long)(P[i].eng.cost_avg_ns / 1000),
+                       DS.procs[P[i].eng.proc].busy_total_ns / 1e9, P[i].busy_true / 1e9);
+    if (!getenv("GS_KEEP")) for (int i = 0; i < NP; i++) if (!P[i].raw) gs_engine_fini(&P[i].eng);
 }
 static void win_stats(const struct sproc *p, double *mean, double *lo, double *hi)
 {
@@ -563,6 +615,177 @@ static void test_switch_cost(void)
     CTX_SWITCH = 0;
 }
 
+
+/* ---------------- launch-bound services (issue 12) ----------------
+ * N copies of an inference loop whose CPU launches kernels more slowly than the GPU runs them (a
+ * ResNet-50 at batch 8 launches ~160 kernels of a few us each, ~25 us of CPU apart, then syncs):
+ * alone the GPU is busy ~40 % of the time, and plain time-slicing fills the gaps with the other
+ * copies' kernels. Every configuration runs beside the same copies without any enforcer (the
+ * baseline), and the aggregate is compared with it. */
+struct lb_kind { const char *name; int kper; int64_t kmin, kmax, cpu, think; };
+static const struct lb_kind LB_KINDS[] = {
+    {"resnet-like", 160, 3000, 17000, 30000, 200000},   /* ~37 % busy alone */
+    {"encoder-like", 120, 3000, 30000, 30000, 200000},  /* ~55 % busy alone */
+};
+enum { LB_RAW, LB_MEMONLY, LB_HARD, LB_SOFT, LB_NMODES };
+
+/* aggregate iterations/s of n copies in one mode; shares[i] (percent of device time, plant truth) */
+static double lb_run(const struct lb_kind *k, int n, int mode, double *shares)
+{
+    static const char *names[] = {"l0", "l1", "l2", "l3", "l4", "l5", "l6", "l7"};
+    sim_reset();
+    int share = mode == LB_HARD || mode == LB_SOFT ? 100 / n : 0;
+    for (int i = 0; i < n; i++) {
+        struct sproc *p = add(names[i], share, mode == LB_SOFT ? GS_CTL_SOFT : GS_CTL_HARD, 1, 1, W_LB, k->kmin, k->kmax);
+        p->kper = k->kper; p->launch_cpu = k->cpu; p->think = k->think; p->raw = mode == LB_RAW;
+        p->delay = i * 700000; /* not in lock step */
+        p->rng = 777u + (unsigned)i * 31u;
+    }
+    sim_run(4, 1);
+    double agg = 0;
+    for (int i = 0; i < n; i++) {
+        agg += P[i].iters / 3.0;
+        if (shares) { double m, lo, hi; win_stats(&P[i], &m, &lo, &hi); shares[i] = m; }
+    }
+    return agg;
+}
+
+/* The issue-12 goals in the plant: memory-only slices >= 0.97x plain time-slicing, equal hard (and
+ * soft) shares >= 0.9x, and each hard slice's device time within 2 points of its share, or of what
+ * it uses alone when that is less (a launch-bound copy alone keeps the GPU ~34-51 % busy). Memory-
+ * only processes must never wait and stay on the light path; the paced ones stay on the free path
+ * (their offered load is ~0.4: turns would idle the device in their gaps). */
+static void test_launch_bound(void)
+{
+    int64_t save = CTX_SWITCH, save_idle = CTX_SWITCH_IDLE, save_gap = LAUNCH_GAP;
+    CTX_SWITCH = 50000; CTX_SWITCH_IDLE = 5000; LAUNCH_GAP = DT;
+    printf("  launch-bound services (%lld us preempting / %lld us idle switches, %lld us launch gap): aggregate "
+           "iterations/s\n", (long long)(CTX_SWITCH / 1000), (long long)(CTX_SWITCH_IDLE / 1000), (long long)(LAUNCH_GAP / 1000));
+    printf("  %-13s %2s %8s | %8s | %-20s %-20s %-20s | share of device time (plant), min..max\n", "kind", "N",
+           "alone", "plain", "memory-only", "hard equal", "soft equal");
+    for (unsigned kk = 0; kk < sizeof LB_KINDS / sizeof *LB_KINDS; kk++) {
+        const struct lb_kind *k = &LB_KINDS[kk];
+        double alone_sh;
+        double alone = lb_run(k, 1, LB_RAW, &alone_sh);
+        for (int n = 2; n <= 8; n++) {
+            double agg[LB_NMODES], sh[LB_NMODES][8];
+            int light = 1, free_path = 1;
+            int64_t slept = 0;
+            for (int m = 0; m < LB_NMODES; m++) {
+                agg[m] = lb_run(k, n, m, sh[m]);
+                for (int i = 0; i < n; i++) {
+                    if (m == LB_MEMONLY) { light &= P[i].eng.path == GS_DS_PATH_LIGHT; slept += P[i].slept_sum; }
+                    if (m == LB_HARD) free_path &= P[i].eng.path == GS_DS_PATH_FREE;
+                }
+            }
+            char cell[LB_NMODES][32];
+            for (int m = 1; m < LB_NMODES; m++) snprintf(cell[m], sizeof cell[m], "%8.1f (%.2fx)", agg[m], agg[m] / agg[LB_RAW]);
+            int share = 100 / n;
+            double lo = 1e9, hi = -1e9, want = fmin(share, alone_sh);
+            for (int i = 0; i < n; i++) { lo = fmin(lo, sh[LB_HARD][i]); hi = fmax(hi, sh[LB_HARD][i]); }
+            printf("  %-13s %2d %8.1f | %8.1f | %-20s %-20s %-20s | hard %d%%: %.1f..%.1f (alone %.1f)\n", k->name, n,
+                   alone, agg[LB_RAW], cell[LB_MEMONLY], cell[LB_HARD], cell[LB_SOFT], share, lo, hi, alone_sh);
+            CHECK(agg[LB_MEMONLY] >= 0.97 * agg[LB_RAW], "%s N=%d: memory-only %.1f < 0.97 x plain %.1f", k->name, n,
+                  agg[LB_MEMONLY], agg[LB_RAW]);
+            CHECK(light && slept == 0, "%s N=%d: memory-only processes stay light and never wait (slept %lld ns)", k->name,
+                  n, (long long)slept);
+            CHECK(agg[LB_HARD] >= 0.9 * agg[LB_RAW], "%s N=%d: equal hard %.1f < 0.9 x plain %.1f", k->name, n, agg[LB_HARD],
+                  agg[LB_RAW]);
+            CHECK(agg[LB_SOFT] >= 0.9 * agg[LB_RAW], "%s N=%d: equal soft %.1f < 0.9 x plain %.1f", k->name, n, agg[LB_SOFT],
+                  agg[LB_RAW]);
+            CHECK(hi <= share + 2 && lo >= want - 2, "%s N=%d: hard %d%% slices got %.1f..%.1f of the device (alone %.1f)",
+                  k->name, n, share, lo, hi, alone_sh);
+            CHECK(free_path, "%s N=%d: the launch-bound paced processes take the free path", k->name, n);
+        }
+    }
+    CTX_SWITCH = save; CTX_SWITCH_IDLE = save_idle; LAUNCH_GAP = save_gap;
+}
+
+/* Shares while contexts overlap: paced slices beside unpaced neighbours the pacer cannot hold back,
+ * so the GPU time-slices them and event pairs hold the neighbours' runs. The cap must still hold on
+ * the plant's ground truth (summing raw pairs would charge the neighbours' time slices too). */
+static void test_overlap(void)
+{
+    int64_t save = CTX_SWITCH, save_idle = CTX_SWITCH_IDLE, save_gap = LAUNCH_GAP;
+    CTX_SWITCH = 50000; CTX_SWITCH_IDLE = 5000; LAUNCH_GAP = DT;
+    /* a launch-bound service capped at 20 % beside three saturating unpaced loops of 1 ms kernels:
+     * time-slicing alone would give it 25 % */
+    sim_reset();
+    struct sproc *p = add("lb20", 20, GS_CTL_HARD, 1, 1, W_LB, 3000, 60000);
+    p->kper = 100; p->launch_cpu = 50000; p->think = 100000; /* ~34 us kernels 55 us apart: ~60 % alone */
+    for (int i = 0; i < 3; i++) add(i == 0 ? "sat0" : i == 1 ? "sat1" : "sat2", 0, GS_CTL_HARD, 1, 1, W_SAT, 1000000, 1000000);
+    sim_run(6, 2);
+    expect_share(p, 20, 2, "launch-bound 20% beside 3 unpaced loops");
+    CHECK(p->eng.sampled_dirty > p->eng.sampled_clean, "its pairs overlapped neighbours (%llu dirty, %llu clean)",
+          (unsigned long long)p->eng.sampled_dirty, (unsigned long long)p->eng.sampled_clean);
+    for (int i = 1; i < 4; i++) CHECK(P[i].slept_sum == 0 && P[i].eng.path == GS_DS_PATH_LIGHT, "unpaced loop %d never waits", i);
+    /* a saturating 30 % slice (turns path, but no one to take turns with) beside two unpaced
+     * launch-bound services: their short kernels land inside its pairs */
+    sim_reset();
+    struct sproc *q = add("sat30", 30, GS_CTL_HARD, 1, 1, W_SAT, 300000, 300000);
+    for (int i = 0; i < 2; i++) {
+        struct sproc *r = add(i ? "lb-b" : "lb-a", 0, GS_CTL_HARD, 1, 1, W_LB, 3000, 17000);
+        r->kper = 160; r->launch_cpu = 30000; r->think = 200000; r->delay = i * 900000;
+    }
+    sim_run(6, 2);
+    expect_share(q, 30, 2, "saturating 30% beside 2 unpaced launch-bound");
+    CHECK(q->eng.path == GS_DS_PATH_TURNS, "the saturating slice takes the turns path (%d)", q->eng.path);
+    /* both kinds paced on one device: launch-bound 30 % (free) and saturating 50 % (turns) */
+    sim_reset();
+    struct sproc *a = add("lb30", 30, GS_CTL_HARD, 1, 1, W_LB, 3000, 60000);
+    a->kper = 100; a->launch_cpu = 50000; a->think = 50000;
+    struct sproc *b = add("sat50", 50, GS_CTL_HARD, 1, 1, W_SAT, 400000, 400000);
+    sim_run(6, 2);
+    expect_share(a, 30, 2, "launch-bound 30% beside saturating 50%");
+    expect_share(b, 50, 2, "saturating 50% beside launch-bound 30%");
+    CHECK(a->eng.path == GS_DS_PATH_FREE && b->eng.path == GS_DS_PATH_TURNS, "paths free / turns (%d, %d)", a->eng.path,
+          b->eng.path);
+    CTX_SWITCH = save; CTX_SWITCH_IDLE = save_idle; LAUNCH_GAP = save_gap;
+}
+
+/* A soft slice alone is allowed the whole device: whatever it is charged, it must not pile up debt
+ * (two streams, launch gaps can charge a little above the wall time), or a neighbour's arrival
+ * would leave it starved for seconds. The hook puts the debt at its floor while it runs alone. */
+static void poke_debt(void)
+{
+    if (NOW != T0 + 2500000000LL) return;
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++)
+        if ((DS.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(DS.slices[i].grant, "soft"))
+            DS.slices[i].credit_ns = -GS_CTL_DEBT_MAX_NS;
+}
+static void test_soft_alone_keeps_no_debt(void)
+{
+    sim_reset();
+    add("soft", 50, GS_CTL_SOFT, 1, 0, W_SAT, 200000, 200000);
+    struct sproc *h = add("hard", 50, GS_CTL_HARD, 1, 0, W_SAT, 200000, 200000);
+    h->delay = 3000000000LL;
+    SIM_HOOK = poke_debt;
+    sim_run(6, 0);
+    SIM_HOOK = NULL;
+    /* windows 3 and 4 (t = 3..5 s): the neighbour runs since t = 3 */
+    printf("  soft alone then a neighbour: soft %.1f %% / %.1f %% in the two windows after it came\n", P[0].wins[3],
+           P[0].wins[4]);
+    CHECK(P[0].nwin >= 5 && P[0].wins[3] >= 45 && P[0].wins[4] >= 48, "soft slice starved after its neighbour came: %.1f %.1f",
+          P[0].wins[3], P[0].wins[4]);
+}
+
+/* What the launch gap costs a lone paced slice: a pair started on an empty queue holds the time the
+ * kernel takes to arrive (the plant's 5 us per 200 us kernel: 2.5 %; the H100's matmul at 10-50 %
+ * came out 1.0 point low, 2026-11-23-h100-compute.txt). Reported, and bounded at the +-2 goal. */
+static void test_launch_gap(void)
+{
+    int64_t save_gap = LAUNCH_GAP;
+    LAUNCH_GAP = DT;
+    const double shares[] = {10, 50, 90};
+    for (unsigned k = 0; k < 3; k++) {
+        sim_reset();
+        add("gap", shares[k], GS_CTL_HARD, 1, 0, W_SAT, 200000, 200000);
+        sim_run(6, 2);
+        expect_share(&P[0], shares[k], 2, "5 us launch gap, 200 us kernels");
+    }
+    LAUNCH_GAP = save_gap;
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -575,6 +798,10 @@ int main(void)
     test_resume_bounded();
     test_pessimistic_events();
     test_switch_cost();
+    test_launch_bound();
+    test_overlap();
+    test_launch_gap();
+    test_soft_alone_keeps_no_debt();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);
     if (DIR_[0] && system(cmd) != 0) printf("note: could not remove %s\n", DIR_);

@@ -151,7 +151,9 @@ static int write_sample(const char *d)
     ds.slices[s].throttled_total_ns = 987654321;
     ds.slices[s].launches = 4242;
     ds.procs[p].busy_total_ns = 123456789;
-    ds.procs[p].flags |= GS_DS_PROC_BUSY;
+    ds.procs[p].flags = (ds.procs[p].flags | GS_DS_PROC_BUSY | GS_DS_PROC_TURNS) & ~GS_DS_PROC_LIGHT;
+    ds.procs[p].path = GS_DS_PATH_TURNS;
+    ds.procs[p].offered_bp = 123456; /* 12.3456 */
     gs_devstate_join_locked(&ds, "serve-b", 10000, GS_CTL_SOFT, 1, 0, 0, getpid(), 1, &s, &p);
     ds.slices[s].achieved_bp = -1;
     gs_devstate_unlock(&ds);

@@ -65,7 +65,7 @@ static double run(double kern, double secs, double *starved)
 {
     double busy = 0, t0 = now_s(), d0 = run_delay_s();
     while (now_s() - t0 < secs) {
-        gs_pacer_before_launch(0, NULL);
+        gs_pacer_before_launch(0, NULL, 42);
         double k0 = now_s();
         spin(kern);
         busy += now_s() - k0;
@@ -76,9 +76,18 @@ static double run(double kern, double secs, double *starved)
     return 100.0 * busy / wall;
 }
 
+/* Whether an achieved share holds the target: never more than 3 points over; at most 3 under, plus
+ * the part of the run this thread spent waiting for a CPU (a starved thread cannot use its share: its
+ * wake-ups come late and its allowance is capped at one burst, but no starvation excuses going over). */
+static int holds(double got, double target, double starved)
+{
+    return got < target + 3 && got > target - 3 - 100 * starved;
+}
+
 /* The achieved share over `secs` after a short settle, within +-3 points of `target`. A miss while
  * the thread waited for a CPU more than 2 % of the time is measured again, up to 4 times: a busy
- * test box must not fail the pacer, and a miss on a quiet one still does. */
+ * test box must not fail the pacer, and a miss on a quiet one still does. When every attempt was
+ * starved (a CI box 3x oversubscribed saw 60-80 %), the last is judged with holds(). */
 static double held_share(double target, double secs, const char *what)
 {
     double got = 0, starved = 0;
@@ -90,7 +99,9 @@ static double held_share(double target, double secs, const char *what)
                target, 100 * starved, attempt);
         if (starved <= 0.02) break;
     }
-    CHECK(0, "%s: achieved %.2f against %.0f (the last attempt waited for a CPU %.1f%% of the time)", what, got, target, 100 * starved);
+    CHECK(starved > 0.02 && holds(got, target, starved),
+          "%s: achieved %.2f against %.0f (the last attempt waited for a CPU %.1f%% of the time)", what, got, target,
+          100 * starved);
     return got;
 }
 
@@ -130,7 +141,20 @@ static int scenario(const char *dir, int share)
         CHECK(s->share_bp == (uint32_t)share * 100, "published share %u", s->share_bp);
         if (share > 0 && share < 100) {
             CHECK(s->paced == 1 && s->launches > 100, "paced, launches counted (%llu)", (unsigned long long)s->launches);
-            CHECK(s->achieved_bp > (share - 3) * 100 && s->achieved_bp < (share + 3) * 100, "published achieved %d bp", s->achieved_bp);
+            /* the published figure is the last complete 1-s window, which may hold a stretch this
+             * thread waited for a CPU (held_share measured again then): a window missed while
+             * starved is run again, up to 4 times; a miss on a quiet box still fails */
+            int32_t a = s->achieved_bp;
+            double starved = 0;
+            for (int attempt = 1; attempt < 4 && !(a > (share - 3) * 100 && a < (share + 3) * 100); attempt++) {
+                run(0.0005, 1.1, &starved);
+                printf("  published achieved %d bp against %d%%, %.1f%% waiting for a CPU (attempt %d)\n", a, share,
+                       100 * starved, attempt);
+                a = __atomic_load_n(&s->achieved_bp, __ATOMIC_RELAXED);
+                if (starved <= 0.02) break;
+            }
+            CHECK(holds(a / 100.0, share, starved > 0.02 ? starved : 0), "published achieved %d bp (%.1f%% starved)", a,
+                  100 * starved);
             CHECK(s->throttled_total_ns > 0, "throttled time counted");
         } else {
             CHECK(s->paced == 0, "100 %% is not paced");
@@ -176,6 +200,8 @@ static void ptsz_child(const char *dir)
         return;
     }
     void *const PT = (void *)0x2, *const OTHER = (void *)0x5150;
+    /* every launch below has a kernel shape of its own (grid x): the first launches of a shape are
+     * always measured (costmodel.h), so each must record an event pair */
     struct { const char *what; int ptsz; void *stream, *expect; } cases[] = {
         {"cuLaunchKernel_ptsz, stream 0", 1, NULL, PT},
         {"cuLaunchKernel, stream 0", 0, NULL, NULL},
@@ -183,12 +209,13 @@ static void ptsz_child(const char *dir)
     };
     for (unsigned k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         unsigned long r0 = gsdouble_event_records, l0 = gsdouble_launches;
+        unsigned gx = 1 + k;
         gsdouble_last_event_stream = gsdouble_last_capture_query = (void *)-2;
-        CUresult r = cases[k].ptsz ? cuLaunchKernel_ptsz(NULL, 1, 1, 1, 1, 1, 1, 0, (CUstream)cases[k].stream, NULL, NULL)
-                                   : cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, (CUstream)cases[k].stream, NULL, NULL);
+        CUresult r = cases[k].ptsz ? cuLaunchKernel_ptsz(NULL, gx, 1, 1, 1, 1, 1, 0, (CUstream)cases[k].stream, NULL, NULL)
+                                   : cuLaunchKernel(NULL, gx, 1, 1, 1, 1, 1, 0, (CUstream)cases[k].stream, NULL, NULL);
         CHECK(r == CUDA_SUCCESS && gsdouble_launches == l0 + 1, "%s: launched (%d)", cases[k].what, r);
-        CHECK(gsdouble_event_records == r0 + 2, "%s: a paced launch records an event pair (%lu)", cases[k].what,
-              gsdouble_event_records - r0);
+        CHECK(gsdouble_event_records == r0 + 2, "%s: a paced launch of a new shape records an event pair (%lu)",
+              cases[k].what, gsdouble_event_records - r0);
         CHECK(gsdouble_last_event_stream == cases[k].expect, "%s: events recorded on stream %p, expected %p",
               cases[k].what, gsdouble_last_event_stream, cases[k].expect);
         CHECK(gsdouble_last_capture_query == cases[k].expect, "%s: capture checked on stream %p, expected %p",
@@ -197,11 +224,12 @@ static void ptsz_child(const char *dir)
     /* the other _ptsz entry points name the same stream */
     CUlaunchConfig cfg;
     memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = 4;
     gsdouble_last_event_stream = (void *)-2;
     CHECK(cuLaunchKernelEx_ptsz(&cfg, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_last_event_stream == PT,
           "cuLaunchKernelEx_ptsz, stream 0: events on %p", gsdouble_last_event_stream);
     gsdouble_last_event_stream = (void *)-2;
-    CHECK(cuLaunchCooperativeKernel_ptsz(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL) == CUDA_SUCCESS && gsdouble_last_event_stream == PT,
+    CHECK(cuLaunchCooperativeKernel_ptsz(NULL, 5, 1, 1, 1, 1, 1, 0, NULL, NULL) == CUDA_SUCCESS && gsdouble_last_event_stream == PT,
           "cuLaunchCooperativeKernel_ptsz, stream 0: events on %p", gsdouble_last_event_stream);
     gsdouble_last_event_stream = (void *)-2;
     CHECK(cuGraphLaunch_ptsz(NULL, NULL) == CUDA_SUCCESS && gsdouble_last_event_stream == PT,
@@ -210,63 +238,122 @@ static void ptsz_child(const char *dir)
      * timed (an event record would join the graph); the legacy stream's still are */
     gsdouble_capture_stream = PT;
     unsigned long r0 = gsdouble_event_records, l0 = gsdouble_launches;
-    CHECK(cuLaunchKernel_ptsz(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_launches == l0 + 1,
+    CHECK(cuLaunchKernel_ptsz(NULL, 6, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_launches == l0 + 1,
           "launch under capture passes");
     CHECK(gsdouble_event_records == r0, "no event recorded into a capturing per-thread stream (%lu)", gsdouble_event_records - r0);
-    CHECK(cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0 + 2,
+    CHECK(cuLaunchKernel(NULL, 7, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0 + 2,
           "the legacy stream, not capturing, is still timed (%lu)", gsdouble_event_records - r0);
     gsdouble_capture_stream = (void *)-1;
 }
 
-/* the unpaced path's cost per launch (before + after), which is what a 100 % slice pays */
-static void check_unpaced_cost(const char *dir)
+static int cmp_double(const void *a, const void *b)
 {
-    char text[512], err[256];
-    struct gs_config cfg;
-    snprintf(text, sizeof text, "version=1\ncompute=100\ngrant=cost\npriority=0\ndevice_state_dir=%s\n", dir);
-    if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) == 0 && gs_pacer_init(&cfg) == 0) {
-        gs_pacer_before_launch(0, NULL); /* set-up */
-        gs_pacer_after_launch(0, NULL, 0);
-        enum { N = 1000000 };
-        double t0 = now_s();
-        for (int i = 0; i < N; i++) {
-            gs_pacer_before_launch(0, NULL);
-            gs_pacer_after_launch(0, NULL, 0);
-        }
-        double ns = (now_s() - t0) / N * 1e9;
-        printf("  unpaced path: %.0f ns per launch (this build)\n", ns);
-        /* generous for sanitizer builds; a plain -O2 build measures ~20-40 ns */
-        CHECK(ns < 1500, "unpaced launch path costs %.0f ns", ns);
-        gs_pacer_shutdown();
-    } else {
-        CHECK(0, "config for the cost check: %s", err);
-    }
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
-/* the measured path's own cost per launch (before + after: lock, events, capture check, harvest),
- * what a paced slice pays on the CPU; the double's events cost ~20 ns, a real cuEventRecord
- * ~1-2 us more each. 99 % so the gate is never what is measured. */
-static void check_measured_cost(const char *dir)
+static int64_t mono_ns_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ns per launch (before + after) of the pacer as configured by `slice`, over n launches of one
+ * kernel shape, `cpu` seconds of CPU work apart (left out of the result); *pairs: event records per
+ * launch. beside: a device state in which a high-priority slice stays active (its record refreshed
+ * every 1000 launches), or NULL. */
+static double launch_cost(const char *dir, const char *slice, int n, double cpu, struct gs_devstate *beside,
+                          int hi_slice, double *pairs)
+{
+    char err[256];
+    struct gs_config cfg;
+    if (gs_config_parse_text(slice, strlen(slice), &cfg, err, sizeof err) != 0 || gs_pacer_init(&cfg) != 0) {
+        CHECK(0, "config for a cost check: %s", err);
+        return 0;
+    }
+    (void)dir;
+    /* the neighbour is active before the first launch, which decides the path (kept for 10 ms) */
+    if (beside) __atomic_store_n(&beside->slices[hi_slice].last_active_ns, mono_ns_now(), __ATOMIC_RELAXED);
+    for (int i = 0; i < 64; i++) { /* set-up, and the shape's first (measured) launches */
+        gs_pacer_before_launch(0, NULL, 7);
+        gs_pacer_after_launch(0, NULL, 0);
+    }
+    unsigned long r0 = gsdouble_event_records;
+    /* the calls are timed themselves (the CPU work between them is not: subtracting a loop of it
+     * alone went negative on a loaded box); the median of 100 batches leaves out batches that waited
+     * for a CPU */
+    enum { BATCHES = 100 };
+    double per[BATCHES];
+    for (int b = 0; b < BATCHES; b++) {
+        double in_calls = 0;
+        for (int i = b * (n / BATCHES); i < (b + 1) * (n / BATCHES); i++) {
+            if (beside && i % 1000 == 0) __atomic_store_n(&beside->slices[hi_slice].last_active_ns, mono_ns_now(), __ATOMIC_RELAXED);
+            double t = now_s();
+            gs_pacer_before_launch(0, NULL, 7);
+            gs_pacer_after_launch(0, NULL, 0);
+            in_calls += now_s() - t;
+            if (cpu > 0) spin(cpu);
+        }
+        per[b] = in_calls / (n / BATCHES) * 1e9;
+    }
+    qsort(per, BATCHES, sizeof per[0], cmp_double);
+    double ns = per[BATCHES / 2];
+    if (pairs) *pairs = (double)(gsdouble_event_records - r0) / 2.0 / n;
+    gs_pacer_shutdown();
+    return ns;
+}
+
+/* the unpaced path's cost per launch (before + after), which is what a 100 % or memory-only slice
+ * pays; then the free path (a paced launch-bound process: one atomic charge, an event pair for 1
+ * launch in 16 of a shape) and the measured path (lock, event pair, harvest on every launch: the
+ * turns and priority paths), what a paced slice pays on the CPU. The double's events cost ~20 ns,
+ * a real cuEventRecord ~1-2 us more each. Share 99 so the gate is never what is measured. */
+static void check_launch_costs(const char *dir)
 {
     char text[512], err[256];
-    struct gs_config cfg;
-    snprintf(text, sizeof text, "version=1\ncompute=99\ngrant=cost-paced\npriority=0\ndevice_state_dir=%s\n", dir);
-    if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) == 0 && gs_pacer_init(&cfg) == 0) {
-        gs_pacer_before_launch(0, NULL);
-        gs_pacer_after_launch(0, NULL, 0);
-        enum { N = 200000 };
-        double t0 = now_s();
-        for (int i = 0; i < N; i++) {
-            gs_pacer_before_launch(0, NULL);
-            gs_pacer_after_launch(0, NULL, 0);
-        }
-        double ns = (now_s() - t0) / N * 1e9;
-        printf("  measured path: %.0f ns per launch (this build, the double's events)\n", ns);
-        CHECK(ns < 20000, "measured launch path costs %.0f ns", ns);
-        gs_pacer_shutdown();
-    } else {
-        CHECK(0, "config for the measured cost check: %s", err);
+    snprintf(text, sizeof text, "version=1\ncompute=100\ngrant=cost\npriority=0\ndevice_state_dir=%s\n", dir);
+    double ns = launch_cost(dir, text, 1000000, 0, NULL, 0, NULL);
+    printf("  unpaced path: %.0f ns per launch (this build)\n", ns);
+    /* generous for sanitizer builds; a plain -O2 build measures ~20-40 ns */
+    CHECK(ns < 1500, "unpaced launch path costs %.0f ns", ns);
+
+    /* 2 us of CPU between launches, as in a launch-bound loop: back-to-back launches of the double's
+     * empty kernels would offer a load near 1 (the pair spans the launch call) and might take turns */
+    double pairs = 0;
+    snprintf(text, sizeof text, "version=1\ncompute=99\ngrant=cost-free\npriority=1\ndevice_state_dir=%s\n", dir);
+    double free_ns = launch_cost(dir, text, 200000, 2e-6, NULL, 0, &pairs);
+    printf("  free path: %.0f ns per launch, %.3f event pairs per launch (this build, the double's events)\n", free_ns, pairs);
+    CHECK(free_ns < 3000, "free launch path costs %.0f ns", free_ns);
+    CHECK(pairs > 0.03 && pairs < 0.1, "free path measures about 1 launch in 16 of a shape (%.3f)", pairs);
+
+    /* a high-priority slice stays active on the device: this low-priority process takes the
+     * measured (priority) path on every launch */
+    struct gs_devstate ds;
+    unsigned char b[16];
+    char uuid[64];
+    for (int k = 0; k < 16; k++) b[k] = (unsigned char)(k * 17);
+    b[0] = 0xA0; /* the double's uuid of device 0 */
+    snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+             b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    int hs = -1, hp = -1;
+    if (gs_devstate_open(&ds, dir, uuid, err, sizeof err) != 0 || gs_devstate_lock(&ds) != 0) {
+        CHECK(0, "device state for the measured cost check: %s", err);
+        return;
     }
+    CHECK(gs_devstate_join_locked(&ds, "cost-high", 10000, 0, 1, 0, 0, (int32_t)getpid(), 999, &hs, &hp) == 0, "high slice");
+    gs_devstate_unlock(&ds);
+    snprintf(text, sizeof text, "version=1\ncompute=99\ngrant=cost-paced\npriority=1\ndevice_state_dir=%s\n", dir);
+    double measured_ns = launch_cost(dir, text, 200000, 0, &ds, hs, &pairs);
+    printf("  measured path: %.0f ns per launch, %.2f event pairs per launch (this build, the double's events)\n",
+           measured_ns, pairs);
+    CHECK(measured_ns < 20000, "measured launch path costs %.0f ns", measured_ns);
+    CHECK(pairs > 0.99, "the priority path measures every launch (%.2f)", pairs);
+    if (gs_devstate_lock(&ds) == 0) {
+        gs_devstate_leave_locked(&ds, hp);
+        gs_devstate_unlock(&ds);
+    }
+    gs_devstate_close(&ds);
 }
 
 int main(void)
@@ -298,8 +385,7 @@ int main(void)
     scenario(dir, 30);
     scenario(dir, 70);
     scenario(dir, 100);
-    check_unpaced_cost(dir);
-    check_measured_cost(dir);
+    check_launch_costs(dir);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", dir);

@@ -25,10 +25,12 @@ def test_usage_error_exits_two() -> None:
     assert result.returncode == 2 and "No such option" in result.stderr
 
 
-def test_runtime_error_exits_one_with_one_clear_line() -> None:
-    result = _gpuslice("devices", "--snapshot", "no-such-card")
+def test_runtime_error_exits_one_with_one_clear_line(tmp_path) -> None:
+    (tmp_path / "bad.json").write_text("{")
+    result = _gpuslice("devices", "--snapshot", str(tmp_path / "bad.json"))
     assert result.returncode == 1
-    assert "error:" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error:") and len(result.stderr.splitlines()) == 1
+    assert "Traceback" not in result.stderr
 
 
 def test_devices_json_is_a_loadable_snapshot(capsys: pytest.CaptureFixture) -> None:
@@ -53,3 +55,28 @@ def test_every_verb_has_help() -> None:
     assert {"devices", "version", "demo"} <= set(verbs)
     for verb in verbs:
         assert _gpuslice(verb, "--help").returncode == 0, verb
+
+
+def test_no_driver_points_at_the_snapshots_a_broken_driver_does_not(monkeypatch, capsys) -> None:
+    """Without a driver `devices` (and every verb that needs GPUs) says how to explore anyway: the
+    bundled snapshots and GPUSLICE_DEVICE_SNAPSHOT; a driver that runs but fails gets no such hint."""
+    from gpuslice.host import devices as discovery
+    from gpuslice.host.errors import NoGpuError
+
+    def no_driver():
+        raise NoGpuError("no NVIDIA driver found (NVML could not start: NVML Shared Library Not Found)")
+
+    monkeypatch.delenv("GPUSLICE_DEVICE_SNAPSHOT", raising=False)
+    monkeypatch.setattr(discovery, "discover_report", no_driver)
+    assert main(["devices"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no NVIDIA driver found")
+    assert "gpuslice devices --snapshot h100-80gb" in err and "GPUSLICE_DEVICE_SNAPSHOT=h100-80gb" in err
+    assert "nothing is enforced" in err
+
+    def broken():
+        raise discovery.NvmlError("NVML started but could not count the GPUs (nvmlDeviceGetCount: Unknown Error)")
+
+    monkeypatch.setattr(discovery, "discover_report", broken)
+    assert main(["devices"]) == 1
+    assert "--snapshot" not in capsys.readouterr().err

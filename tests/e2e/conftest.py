@@ -93,33 +93,20 @@ class ControlPlane:
         return client.ApiClient(cfg)
 
 
-def scheduler_config_yaml(extender_port: int) -> str:
-    """The same extender wiring the Helm chart renders (deploy/helm/gpuslice/templates/configmap.yaml):
-    every resource name the extender reads, only the advertised count checked by kube-scheduler."""
-    from gpuslice.kube.resources import ResourceNames
+def scheduler_config_yaml(extender_port: int, chart_config: str) -> str:
+    """The chart's KubeSchedulerConfiguration (deploy/helm/gpuslice/templates/configmap.yaml, as rendered), pointed
+    at the extender on ``extender_port``, leader election off (one scheduler, restarted by tests), and a
+    ``default-scheduler`` profile beside the gpuslice one (for pods the tests send to it: DRA, CPU-only)."""
+    import yaml
 
-    resources = list(ResourceNames().all())
-    managed = "\n".join(
-        f"      - name: {r}\n        ignoredByScheduler: {'false' if r == 'nvidia.com/gpu' else 'true'}" for r in resources
-    )
-    return f"""apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-  - schedulerName: {SCHEDULER_NAME}
-  - schedulerName: default-scheduler
-extenders:
-  - urlPrefix: "http://127.0.0.1:{extender_port}"
-    filterVerb: filter
-    prioritizeVerb: prioritize
-    bindVerb: bind
-    weight: 1
-    enableHTTPS: false
-    nodeCacheCapable: true
-    httpTimeout: 30s
-    ignorable: false
-    managedResources:
-{managed}
-"""
+    cfg = yaml.safe_load(chart_config)
+    cfg["leaderElection"] = {"leaderElect": False}
+    (ext,) = cfg["extenders"]
+    ext["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    names = [p["schedulerName"] for p in cfg["profiles"]]
+    assert names == [SCHEDULER_NAME], names
+    cfg["profiles"].append({"schedulerName": "default-scheduler"})
+    return yaml.safe_dump(cfg)
 
 
 def _read_ready(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -148,14 +135,17 @@ def _read_ready(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def control_plane(tmp_path_factory: pytest.TempPathFactory, chart_docs: list[dict[str, Any]]) -> Iterator[ControlPlane]:
     harness = require_harness()
     workdir = tmp_path_factory.mktemp("controlplane")
     extender_port = free_port()
     sched_cfg = workdir / "scheduler-config.yaml"
-    sched_cfg.write_text(scheduler_config_yaml(extender_port))
+    (configmap,) = [d for d in chart_docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler-config")]
+    sched_cfg.write_text(scheduler_config_yaml(extender_port, configmap["data"]["config.yaml"]))
     proc = subprocess.Popen(
-        [str(harness), "--dir", str(workdir / "state"), "--scheduler-config", str(sched_cfg)],
+        # resourceclaim-controller: pods naming a ResourceClaimTemplate get their claims (the DRA tests).
+        [str(harness), "--dir", str(workdir / "state"), "--scheduler-config", str(sched_cfg),
+         "--controllers=resourceclaim-controller"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -352,29 +342,31 @@ def agent_identity(control_plane: ControlPlane, chart_identities: dict[str, str]
     """``agent_identity(node)``: a kubeconfig for the chart's agent ServiceAccount as the DaemonSet pod on
     ``node`` holds it — a token bound to a pod of that account bound to that node, so the API server names
     the node in the token's user (``authentication.kubernetes.io/node-name``), which the chart's agent
-    policies check. The pod itself never runs (there is no kubelet)."""
+    policies check. The pod itself never runs (there is no kubelet). ``account``: another release's agent
+    account (the DRA tests install the chart's mode: dra objects as release "gd")."""
     from kubernetes import client
 
     core = client.CoreV1Api(control_plane.api())
     folder = tmp_path_factory.mktemp("agent-identities")
-    made: dict[str, str] = {}
+    made: dict[tuple[str, str], str] = {}
     lock = threading.Lock()
 
-    def identity(node: str) -> str:
+    def identity(node: str, account: str = "gs-gpuslice-agent") -> str:
         with lock:
-            if node in made:
-                return made[node]
+            if (node, account) in made:
+                return made[(node, account)]
+        prefix = "agent" if account == "gs-gpuslice-agent" else account
         pod = core.create_namespaced_pod(CHART_NAMESPACE, {
-            "metadata": {"name": f"agent-{node}"},
-            "spec": {"nodeName": node, "serviceAccountName": "gs-gpuslice-agent",
+            "metadata": {"name": f"{prefix}-{node}"},
+            "spec": {"nodeName": node, "serviceAccountName": account,
                      "containers": [{"name": "agent", "image": "gpuslice"}]}})
-        tok = core.create_namespaced_service_account_token("gs-gpuslice-agent", CHART_NAMESPACE, {"spec": {
+        tok = core.create_namespaced_service_account_token(account, CHART_NAMESPACE, {"spec": {
             "expirationSeconds": 3 * 3600,
             "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name,
                                "uid": pod.metadata.uid}}}).status.token
-        path = write_kubeconfig(control_plane, folder / f"agent-{node}.kubeconfig", "gs-gpuslice-agent", tok)
+        path = write_kubeconfig(control_plane, folder / f"{prefix}-{node}.kubeconfig", account, tok)
         with lock:
-            made[node] = path
+            made[(node, account)] = path
         return path
 
     return identity

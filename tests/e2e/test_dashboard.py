@@ -4,6 +4,7 @@ agent whose grants' regions are fed with scripted usage while the page is open."
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -24,6 +25,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "bench" / "results" / "2026-11-22-cpu-dashboard.png"  # GPUSLICE_SAVE_SCREENSHOT=1 rewrites it
+
+
+TICK = re.compile(r"0|[1-9]\d* (B|KiB|MiB|GiB|TiB)|\d+(\.\d+)?%")  # a round number and a unit, or zero
 
 
 def chromium() -> str:
@@ -118,6 +122,11 @@ def test_dashboard_plots_live_data(state_env, tmp_path):
                 assert len(counts) == expected, (plot, counts)
                 # every slice has points; of the devices only GPU 0 carries the two slices' data
                 assert all(c >= 5 for c in (counts if plot.startswith("slice") else counts[:1])), (plot, counts)
+            ticks = {p: page.eval_on_selector_all(f"#plot-{p} text.tick", "els => els.map(e => e.textContent)")
+                     for p in ("slice-memory", "device-memory", "slice-compute")}
+            assert ticks["device-memory"] == ["0", "20 GiB", "40 GiB", "60 GiB", "80 GiB"], ticks  # 79.6 GiB H100s
+            assert ticks["slice-compute"] == ["0%", "25%", "50%", "75%", "100%"], ticks
+            assert all(TICK.fullmatch(t) for t in ticks["slice-memory"]) and ticks["slice-memory"][0] == "0", ticks
             rows = page.eval_on_selector_all("#grants tbody tr", "rows => rows.map(r => r.innerText)")
             assert len(rows) == 2 and all("alice" in r for r in rows)
             assert any("30%" in r for r in rows) and any("60%" in r for r in rows)
@@ -158,4 +167,46 @@ def test_dashboard_plots_live_data(state_env, tmp_path):
     finally:
         if feeder is not None:
             feeder.stop.set()
+        agent.stop()
+
+
+# Data tops the axes must read well at: nothing, a few bytes, just under a unit, a slice, an H100, petabytes.
+SCALES = [0, 1.1, 1023, 3000, 300 * MiB, GiB, 4.4 * GiB, 24 * GiB, 81559 * MiB, 640 * GiB, 3 * 2**40, 5 * 2**50]
+
+
+def test_dashboard_axes_are_round_with_units_at_every_scale_and_at_zero(state_env):
+    """With nothing granted (all usage zero) the memory axes read 0 … 1 GiB in round steps, not
+    `0.8250000000000001 B`; the page's own tick function gives, at every scale from zero to petabytes, 0
+    and at most four equal round steps in one unit that reach the data's top and no further than one step."""
+    browser_path = chromium()
+    from playwright.sync_api import sync_playwright
+
+    agent = AgentProcess(state_env, interval=0.2)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=browser_path, args=ARGS)
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page.goto(agent.url, wait_until="load")
+            page.wait_for_function("Number(document.body.dataset.updates || 0) >= 2", timeout=20000)
+            labels = {p: page.eval_on_selector_all(f"#plot-{p} text.tick", "els => els.map(e => e.textContent)")
+                      for p in ("slice-memory", "device-memory", "slice-compute", "device-compute")}
+            assert labels["slice-memory"] == ["0", "256 MiB", "512 MiB", "768 MiB", "1 GiB"], labels
+            assert labels["device-memory"] == ["0", "20 GiB", "40 GiB", "60 GiB", "80 GiB"], labels
+            assert labels["slice-compute"] == labels["device-compute"] == ["0%", "25%", "50%", "75%", "100%"]
+            # the labels sit on the grid lines they name, evenly spaced from the bottom of the plot up
+            ys = page.eval_on_selector_all("#plot-slice-memory text.tick",
+                                           "els => els.map(e => Number(e.getAttribute('y')))")
+            gaps = {round(b - a, 6) for a, b in zip(ys[1:], ys)}
+            assert len(gaps) == 1 and gaps.pop() > 0, ys
+            for top in SCALES:
+                axis = page.evaluate("([v]) => niceAxis(v, 'bytes')", [top])
+                ticks, names = axis["ticks"], axis["labels"]
+                step = ticks[1] - ticks[0]
+                assert ticks[0] == 0 and 2 <= len(ticks) <= 5, (top, axis)
+                assert all(abs((b - a) - step) < 1e-6 * step for a, b in zip(ticks, ticks[1:])), (top, axis)
+                assert axis["top"] == ticks[-1] and (top or GiB) <= ticks[-1] < (top or GiB) + step, (top, axis)
+                assert all(TICK.fullmatch(n) for n in names) and len(set(names)) == len(names), (top, names)
+            assert page.evaluate("niceAxis(0, 'percent')")["labels"] == ["0%", "25%", "50%", "75%", "100%"]
+            browser.close()
+    finally:
         agent.stop()

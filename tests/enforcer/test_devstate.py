@@ -54,9 +54,12 @@ def test_reads_what_the_native_side_wrote(sample_writer: Path, tmp_path: Path) -
     # v2: the writer's PID namespace and a heartbeat taken at join (CLOCK_MONOTONIC, like time.monotonic())
     assert a.processes[0].pid_namespace == os.stat("/proc/self/ns/pid").st_ino
     assert 0 <= a.processes[0].heartbeat_age() < 60
+    # v3: the path its launches take and its offered load
+    assert (a.processes[0].path, a.processes[0].offered_load, a.processes[0].measured) == ("turns", 12.3456, True)
     # the writer process has exited; its records stay until a native process reaps them
     assert (b.set_share, b.achieved_share, b.mode, b.priority, b.paced) == (100.0, None, "soft", 0, False)
     assert len(b.processes) == 1 and not b.processes[0].measured
+    assert (b.processes[0].path, b.processes[0].offered_load) == ("light", None)
     assert compute.read_all(tmp_path)[0].slices == dev.slices
 
 
@@ -85,17 +88,20 @@ def test_hand_packed_slice_fields() -> None:
     poff = compute.PROC_OFF + 100 * compute.PROC_SIZE
     struct.pack_into("<iIiI", buf, poff, 4242, 1 | 2, 3, 0)
     struct.pack_into("<qQq", buf, poff + 64, 7_500_000_000, 4026532178, 1_000_000_000)  # heartbeat, pidns, joined
+    struct.pack_into("<IB", buf, poff + 88, 4200, 1)  # v3: offered load 0.42, the free path
     (s,) = compute.parse_device_state(bytes(buf)).slices
     assert (s.grant, s.set_share, s.rate, s.achieved_share, s.throttled_share) == ("hello", 45.0, 52.0, 51.5, 12.34)
     assert (s.mode, s.weight, s.priority, s.paced) == ("soft", 7, 0, True)
     assert [(p.pid, p.busy, p.pid_namespace, p.heartbeat_s) for p in s.processes] == [(4242, True, 4026532178, 7.5)]
+    assert (s.processes[0].path, s.processes[0].offered_load) == ("free", 0.42)
     assert s.processes[0].heartbeat_age(10.0) == pytest.approx(2.5)
 
 
 @pytest.mark.parametrize(
     ("buf", "err", "match"),
     [
-        (_blank(version=3), compute.UnknownDeviceStateVersion, "version 3"),
+        (_blank(version=4), compute.UnknownDeviceStateVersion, "version 4"),
+        (_blank(version=2), compute.UnknownDeviceStateVersion, "version 2"),  # same layout, other writers' rules
         (_blank(version=1, size=16640), compute.UnknownDeviceStateVersion, "version 1"),  # the 64-byte records
         (_blank(size=999), compute.UnknownDeviceStateVersion, "size 999"),
         (_blank(magic=0x1234), compute.DeviceStateError, "not a gpuslice device state"),

@@ -37,6 +37,7 @@ def assert_same_as_c(cfg: SliceConfig, c: dict[str, str]) -> None:
         assert c[key] == getattr(cfg, key), key
     assert c["fail_open"] == str(int(cfg.fail_open))
     assert c["context_overhead"] == ("default" if cfg.context_overhead is None else str(cfg.context_overhead))
+    assert c["engine"] == cfg.engine and c["mps_pipe_dir"] == cfg.mps_pipe_dir
 
 
 def test_round_trip_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
@@ -94,6 +95,10 @@ BAD = [
     (f"version=1\ndevices={A},{A}\n", "devices"),
     ("version=1\njust some words\n", "line"),
     ("version=1\nmemory_limit=99999999999999999999\n", "memory_limit"),
+    ("version=1\nengine=mps\n", "engine"),
+    ("version=1\nengine=spatial\nmps_pipe_dir=relative\n", "mps_pipe_dir"),
+    ("version=1\nmps_pipe_dir=/run/mps\n", "mps_pipe_dir"),
+    (f"version=1\ndevices={A},{B}\nengine=spatial\n", "engine"),
 ]
 
 
@@ -108,6 +113,25 @@ def test_bad_files_refused_by_both_naming_the_key(tmp_path: Path, native_build: 
     assert rc == 2 and err.startswith("error: ")
     if key != "line":
         assert key.split(".")[0] in err, err
+
+
+def test_spatial_slice_round_trip_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
+    cfg = SliceConfig(devices=(A,), memory_limit=4 * GiB, compute=25, engine="spatial",
+                      mps_pipe_dir="/var/run/gpuslice/mps", region="/run/r")
+    p = tmp_path / "s"
+    write_slice_file(p, cfg)
+    assert "engine=spatial\nmps_pipe_dir=/var/run/gpuslice/mps\n" in p.read_text()
+    assert read_slice_file(p) == cfg
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)
+
+
+def test_time_sliced_files_are_written_as_before() -> None:
+    """No engine key for the default: slice files of time-sliced slices are unchanged."""
+    from gpuslice.enforcer.slicefile import format_slice
+
+    assert "engine" not in format_slice(SliceConfig(devices=(A,), memory_limit=GiB))
 
 
 def test_overrides_equal_to_the_default_are_dropped() -> None:
@@ -145,7 +169,14 @@ def configs(draw: st.DrawFn) -> SliceConfig:
                        region=draw(st.sampled_from(["", "/run/g.region"])),
                        oom_policy=draw(st.sampled_from(["return", "kill"])),
                        log_level=draw(st.sampled_from(["error", "warn", "info", "debug"])),
-                       fail_open=draw(st.booleans()), context_overhead=draw(st.none() | st.integers(0, 2**40)))
+                       fail_open=draw(st.booleans()), context_overhead=draw(st.none() | st.integers(0, 2**40)),
+                       **_engine(draw, devs))
+
+
+def _engine(draw: st.DrawFn, devs: tuple[str, ...]) -> dict[str, str]:
+    if len(devs) > 1 or not draw(st.booleans()):
+        return {}
+    return {"engine": "spatial", "mps_pipe_dir": draw(st.sampled_from(["", "/run/mps"]))}
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -120,6 +120,7 @@ def _fake_pynvml(cards: list[dict], fail_init: bool = False, count_error: int | 
         "nvmlDeviceGetAttributes_v2": on("nvmlDeviceGetAttributes_v2", attributes),
         "nvmlDeviceGetNumaNodeId": on("nvmlDeviceGetNumaNodeId", lambda h: h.get("numa", -1)),
         "nvmlDeviceGetComputeMode": on("nvmlDeviceGetComputeMode", lambda h: h.get("cmode", 0)),
+        "nvmlDeviceGetCudaComputeCapability": on("nvmlDeviceGetCudaComputeCapability", lambda h: h.get("cc", (9, 0))),
         "nvmlDeviceGetNvLinkState": on("nvmlDeviceGetNvLinkState", lambda h, link: int(bool(link_end(h, link)))),
         "nvmlDeviceGetNvLinkRemoteDeviceType": on("nvmlDeviceGetNvLinkRemoteDeviceType", remote_type),
         "nvmlDeviceGetNvLinkRemotePciInfo": on(
@@ -206,7 +207,7 @@ def test_the_double_refuses_names_and_arguments_the_real_module_refuses() -> Non
 # --------------------------------------------------------------------------------------------- reading cards
 def test_nvml_discovery_reads_every_field(monkeypatch: pytest.MonkeyPatch, cuda) -> None:
     mig = {"uuid": "MIG-a", "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb", "mem": 20 * GiB, "bus": "", "sms": 42}
-    cards = [_card(0, links=["00000000:01:00.0"]), _card(1, links=["00000000:00:00.0"], mig=[mig], cmode=3)]
+    cards = [_card(0, links=["00000000:01:00.0"], cc=(8, 0)), _card(1, links=["00000000:00:00.0"], mig=[mig], cmode=3)]
     _use(monkeypatch, cards)
     cuda({"00000000:00:00.0": 108, "00000000:01:00.0": 108})
     found = discovery.discover_nvml()
@@ -216,6 +217,7 @@ def test_nvml_discovery_reads_every_field(monkeypatch: pytest.MonkeyPatch, cuda)
     assert found[1].mig_enabled and found[1].mig_instances[0].profile == "3g.20gb"
     assert found[1].mig_instances[0].sm_count == 42 and found[1].compute_mode == "ExclusiveProcess"
     assert found[1].numa_node == 0 and found[0].pci_bus_id == "00000000:00:00.0"
+    assert found[0].compute_capability == "8.0"
 
 
 def test_report_carries_driver_host_and_time(monkeypatch: pytest.MonkeyPatch, cuda) -> None:
@@ -301,9 +303,11 @@ def test_a_lost_gpu_is_reported_and_the_others_still_found(monkeypatch: pytest.M
 def test_optional_queries_that_are_not_supported_leave_the_gpu_readable(monkeypatch: pytest.MonkeyPatch, cuda) -> None:
     no = real_nvml.NVML_ERROR_NOT_SUPPORTED
     _use(monkeypatch, [_card(0, fail={"nvmlDeviceGetComputeMode": no, "nvmlDeviceGetNumaNodeId": no,
-                                      "nvmlDeviceGetMigMode": no, "nvmlDeviceGetPciInfo": no})])
+                                      "nvmlDeviceGetMigMode": no, "nvmlDeviceGetPciInfo": no,
+                                      "nvmlDeviceGetCudaComputeCapability": no})])
     (card,) = discovery.discover_nvml()
     assert card.compute_mode == "Unknown" and not card.mig_enabled and card.pci_bus_id == ""
+    assert card.compute_capability == ""
 
 
 def test_a_mig_instance_that_cannot_be_read_names_its_slot(monkeypatch: pytest.MonkeyPatch, cuda) -> None:

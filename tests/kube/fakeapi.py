@@ -25,6 +25,7 @@ class FakeAPI:
         self._lock = threading.Lock()
         self.calls: list[str] = []
         self.fail_bind: set[str] = set()  # pod names whose binding POST fails (to test rollback)
+        self.quotas: list[dict[str, Any]] = []  # ResourceQuota objects (add_quota)
 
     # ------------------------------------------------------------------ setup helpers
     def add_node(self, name: str, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -45,6 +46,16 @@ class FakeAPI:
             pod.setdefault("status", {"phase": "Pending"})
             self.pods[(meta["namespace"], meta["name"])] = pod
             return copy.deepcopy(pod)
+
+    def add_quota(self, namespace: str, name: str, hard: Mapping[str, str]) -> None:
+        with self._lock:
+            self.quotas.append({"apiVersion": "v1", "kind": "ResourceQuota",
+                                "metadata": {"name": name, "namespace": namespace}, "spec": {"hard": dict(hard)}})
+
+    def list_resource_quotas(self, namespace: str = "") -> list[dict[str, Any]]:
+        with self._lock:
+            self.calls.append(f"list quotas {namespace}")
+            return [copy.deepcopy(q) for q in self.quotas if not namespace or q["metadata"]["namespace"] == namespace]
 
     def delete_pod(self, namespace: str, name: str) -> None:
         with self._lock:
@@ -91,9 +102,9 @@ class FakeAPI:
                 raise NotFound(f"pod {namespace}/{name} not found", 404)
             return copy.deepcopy(self.pods[(namespace, name)])
 
-    def list_pods(self, field_selector: str = "", resource_version: str = "") -> list[dict[str, Any]]:
+    def list_pods(self, field_selector: str = "", resource_version: str = "", namespace: str = "") -> list[dict[str, Any]]:
         with self._lock:
-            pods = [copy.deepcopy(p) for p in self.pods.values()]
+            pods = [copy.deepcopy(p) for (ns, _), p in self.pods.items() if not namespace or ns == namespace]
         if field_selector.startswith("spec.nodeName="):
             want = field_selector.split("=", 1)[1]
             pods = [p for p in pods if p.get("spec", {}).get("nodeName") == want]

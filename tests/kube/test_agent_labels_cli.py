@@ -134,23 +134,34 @@ def test_scheduler_verb_serves_extender_and_tls_webhook(tmp_path):
         proc.wait(10)
 
 
+def plain(text: str) -> str:
+    from clitext import plain as unboxed  # tests/support: sentences out of rich's error box
+
+    return unboxed(text)
+
+
 def _scheduler(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpuslice.cli", "scheduler", *args],
                           capture_output=True, text=True, timeout=60)
 
 
 def test_scheduler_verb_refuses_webhook_without_tls_and_nothing_to_serve(tmp_path):
+    """Command lines that cannot work are usage errors (exit 2, the contract of every verb) naming what to
+    change; credentials that exist but do not load are gpuslice's failure (exit 1)."""
     none = str(tmp_path / "none")
     r = _scheduler("--kubeconfig", none)
-    assert r.returncode == 1 and "needs --tls-cert and --tls-key" in r.stderr, r.stderr
+    assert r.returncode == 2 and "needs --tls-cert and --tls-key" in r.stderr, r.stderr
     r = _scheduler("--kubeconfig", none, "--port", "0", "--webhook-port", "0")
-    assert r.returncode == 1 and "nothing to serve" in r.stderr, r.stderr
+    assert r.returncode == 2 and "nothing to serve" in r.stderr, r.stderr
     r = _scheduler("--kubeconfig", none, "--webhook-port", "0", "--allocation-timeout", "-1")
-    assert r.returncode == 1 and "--allocation-timeout" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--allocation-timeout" in r.stderr, r.stderr
     r = _scheduler("--kubeconfig", none, "--webhook-port", "0", "--port", "70000")
-    assert r.returncode == 1 and "--port" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--port" in r.stderr, r.stderr
     # The extender alone still needs credentials (it is the part that talks to the API server).
     r = _scheduler("--kubeconfig", none, "--webhook-port", "0")
+    assert r.returncode == 2 and "not found" in plain(r.stderr) and "--kubeconfig" in r.stderr, r.stderr
+    (tmp_path / "empty").write_text("")
+    r = _scheduler("--kubeconfig", str(tmp_path / "empty"), "--webhook-port", "0")
     assert r.returncode == 1 and "Kubernetes credentials" in r.stderr, r.stderr
 
 
@@ -191,8 +202,9 @@ def test_agent_kubernetes_is_the_kube_agent_verb(tmp_path, capsys):
     assert main(["agent", "--split-count", "4", "--kubernetes", "--help"]) == 0  # kube-agent's option parses
     assert "gpuslice kube-agent" in capsys.readouterr().out
     assert main(["agent", "--split-count", "4"]) == 2  # the local agent has no such option
+    (tmp_path / "empty").write_text("")
     r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "agent", "--kubernetes", "--node", "n1",
-                        "--snapshot", "h100-80gb", "--kubeconfig", str(tmp_path / "none")],
+                        "--snapshot", "h100-80gb", "--kubeconfig", str(tmp_path / "empty")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "Kubernetes credentials" in r.stderr, r.stderr  # kube-agent's own error
 
@@ -229,7 +241,7 @@ def test_kube_agent_enforcer_flags_reach_the_slice_files(monkeypatch, tmp_path, 
     for bad, flag in ((["--oom-policy", "explode"], "--oom-policy"), (["--enforcer-log-level", "loud"],
                                                                         "--enforcer-log-level")):
         monkeypatch.setattr(kube_api, "connect", lambda kubeconfig=None: pytest.fail("connected before checking"))
-        assert main(base + bad) == 1
+        assert main(base + bad) == 2  # a value the flag does not take: a usage error
         err = capsys.readouterr().err
         assert flag in err and bad[1] in err, err
     assert "cfg" not in seen

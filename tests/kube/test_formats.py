@@ -7,7 +7,7 @@ import json
 import pytest
 from kubefixtures import H100, devices
 
-from gpuslice.kube import formats, resources
+from gpuslice.kube import formats, nodestate, resources
 from gpuslice.spec import ComputeMode, Device, GiB, Grant, MigInstance, Priority, Slice, SpecError
 
 CFG = resources.KubeConfig()
@@ -87,3 +87,69 @@ def test_allocation_lock_annotation_round_trips_and_names_bad_fields():
         with pytest.raises(SpecError) as exc:
             formats.decode_allocating(bad)
         assert exc.value.field == field, bad
+
+
+# ------------------------------------------------------------------ init containers and sidecars
+def _pod(*containers):
+    return formats.PodGrant(node="n1", pod_uid="u9", namespace="ns", pod="p", containers=tuple(
+        formats.ContainerGrant(name, Grant(formats.grant_id_for("u9", name), tuple(
+            Slice(u, m * GiB, c) for u, m, c in slices), exclusive), kind)
+        for name, kind, exclusive, slices in containers))
+
+
+def _held(grant):
+    """{uuid: (memory GiB, compute, slices)} of what the pod holds, and the UUIDs held whole."""
+    out, whole = {}, set()
+    for slices, excl in grant.charges():
+        for s in slices:
+            mem, comp, n = out.get(s.device_uuid, (0, 0, 0))
+            out[s.device_uuid] = (mem + s.memory_limit // GiB, comp + s.compute, n + 1)
+            if excl:
+                whole.add(s.device_uuid)
+    return out, whole
+
+
+def test_an_init_container_counts_only_where_it_is_larger_than_the_app_containers():
+    """HAMi's max(sum(app), max(init)) per device, memory and compute each; sidecars add to both sides."""
+    g = _pod(("init", "init", False, [("G0", 20, 10), ("G1", 6, 0)]),
+             ("side", "sidecar", False, [("G0", 2, 5)]),
+             ("a", "app", False, [("G0", 8, 30)]),
+             ("b", "app", False, [("G0", 4, 0), ("G2", 3, 0)]))
+    held, whole = _held(g)
+    # G0: sidecar 2 + max(app 12, init 20) = 22 GiB; compute 5 + max(30, 10) = 35; three slices (no extra slot)
+    assert held["G0"] == (22, 35, 3)
+    assert held["G1"] == (6, 0, 1)   # only the init container there: its own slice
+    assert held["G2"] == (3, 0, 1) and whole == set()
+    plain = _pod(("a", "app", False, [("G0", 8, 30)]), ("b", "app", False, [("G0", 4, 0)]))
+    assert [len(s) for s, _ in plain.charges()] == [1, 1]  # without init containers: the grants as they are
+
+
+def test_a_device_any_container_holds_whole_is_held_whole_as_one_slice():
+    g = _pod(("init", "init", True, [("G0", 80, 100)]), ("a", "app", False, [("G0", 10, 20), ]),
+             ("b", "app", False, [("G1", 5, 0)]))
+    held, whole = _held(g)
+    assert held["G0"] == (80, 100, 1) and whole == {"G0"} and held["G1"] == (5, 0, 1)
+    # the node view applies it without complaint, and a slice elsewhere still fits beside G1
+    devs = devices("n1", 2)
+    g = _pod(("init", "init", True, [(devs[0].uuid, 70, 100)]), ("a", "app", False, [(devs[0].uuid, 10, 20)]))
+    nd = formats.decode_node_devices(formats.encode_node_devices(devs))
+    st = nodestate.node_state("n1", nd, formats.Ledger({}).with_entry(g))
+    assert st.devices[0].exclusive_taken and st.devices[0].used_memory == 70 * GiB and st.devices[1].is_idle
+
+
+def test_container_kind_round_trips_and_app_objects_keep_their_old_spelling():
+    g = _pod(("init", "init", False, [("G0", 1, 0)]), ("a", "app", False, [("G0", 1, 0)]))
+    text = formats.encode_pod_grant(g)
+    items = json.loads(text)["containers"]
+    assert items[0]["kind"] == "init" and "kind" not in items[1]
+    assert formats.decode_pod_grant(text) == g
+    items[0]["kind"] = "helper"
+    with pytest.raises(SpecError) as exc:
+        formats.decode_pod_grant(json.dumps({**json.loads(text), "containers": items}))
+    assert exc.value.field == "gpuslice.io/grant.containers[0].kind"
+
+
+def test_device_cordon_reads_hami_and_gpuslice_names():
+    node = {"metadata": {"annotations": {"hami.io/device-cordon": " GPU-a, GPU-b ,", "gpuslice.io/device-cordon": "GPU-c"}}}
+    assert formats.cordoned(node) == {"GPU-a", "GPU-b", "GPU-c"}
+    assert formats.cordoned({"metadata": {}}) == frozenset()

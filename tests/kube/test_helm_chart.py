@@ -203,12 +203,15 @@ def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> N
 def test_every_knob_reaches_the_components(helm: Path) -> None:
     objs = render(helm, "sharing.splitCount=4", "json:sharing.memoryScaling=1.5", "defaults.memory=4096",
                   "defaults.cores=30", "defaults.gpuNum=2", "policies.node=spread", "policies.gpu=fgd",
-                  "sharing.computeMode=soft", "resourceName=gpuslice.io/gpu", "agent.deviceNodes=none",
+                  "sharing.computeMode=soft", "sharing.engine=spatial", "resourceName=gpuslice.io/gpu",
+                  "agent.deviceNodes=none",
                   "agent.rediscoverInterval=120", "agent.healthRecovery=0", "agent.enforcer.oomPolicy=kill",
                   "agent.enforcer.failOpen=true", "agent.enforcer.logLevel=debug",
                   "scheduler.extender.allocationTimeout=120", "scheduler.extender.staleAfter=600")
     agent = args_of(objs, "DaemonSet", "agent")
     assert (flag(agent, "--oom-policy"), flag(agent, "--enforcer-log-level")) == ("kill", "debug")
+    env = {e["name"]: e.get("value") for e in one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"  # the MPS binaries of spatial slices
     assert "--fail-open" in agent and "--no-fail-open" not in agent
     extender = args_of(objs, "Deployment", "extender")
     assert (flag(extender, "--allocation-timeout"), flag(extender, "--stale-after")) == ("120", "600")
@@ -221,7 +224,7 @@ def test_every_knob_reaches_the_components(helm: Path) -> None:
         assert flag(args, "--policy") == "node=spread,gpu=fgd"
         assert (flag(args, "--default-mem"), flag(args, "--default-cores"), flag(args, "--default-gpu-num")) == \
             ("4096", "30", "2")
-        assert flag(args, "--mode") == "soft"
+        assert flag(args, "--mode") == "soft" and flag(args, "--default-engine") == "spatial"
         assert flag(args, "--resource-name") == "gpuslice.io/gpu"
     # The advertised name is the one kube-scheduler checks against node capacity.
     managed = {m["name"]: m["ignoredByScheduler"] for m in scheduler_config(objs)["extenders"][0]["managedResources"]}
@@ -286,6 +289,30 @@ def test_guard_refuses_gpu_pods_that_bypass_the_gpuslice_scheduler(helm: Path) -
     assert "gs-gpuslice-guard" not in {o["metadata"]["name"] for o in off if o["kind"].startswith("ValidatingAdmission")}
 
 
+def test_migration_knobs_reach_the_webhook_the_guard_and_the_extender(helm: Path) -> None:
+    """HAMi side by side: pods naming hami-scheduler pass the guard (scheduler.guard.allowSchedulers), the
+    webhook sees only labelled namespaces (namespaceSelector), and once HAMi is gone its scheduler name is
+    adopted (adoptSchedulers → --adopt-scheduler in both containers). Quotas on by default (--quotas)."""
+    objs = render(helm, "json:scheduler.guard.allowSchedulers=[\"hami-scheduler\"]",
+                  "json:scheduler.webhook.namespaceSelector={\"matchLabels\": {\"gpuslice.io/scheduler\": \"on\"}}")
+    (rule,) = by_kind(objs, "ValidatingAdmissionPolicy")["gs-gpuslice-guard"]["spec"]["validations"]
+    assert rule["expression"].endswith("|| object.spec.schedulerName == 'hami-scheduler'")
+    (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["namespaceSelector"]["matchLabels"] == {"gpuslice.io/scheduler": "on"}
+    assert hook["namespaceSelector"]["matchExpressions"][0]["operator"] == "NotIn"  # still skips its own namespace
+    for container in ("extender", "webhook"):
+        args = args_of(objs, "Deployment", container)
+        assert [a for a in args if a.startswith("--adopt-scheduler")] == ["--adopt-scheduler=default-scheduler"]
+        assert "--quotas" in args
+    adopted = render(helm, "json:scheduler.adoptSchedulers=[\"default-scheduler\", \"hami-scheduler\"]", "quotas.enabled=false")
+    args = args_of(adopted, "Deployment", "webhook")
+    assert [a for a in args if a.startswith("--adopt-")] == ["--adopt-scheduler=default-scheduler",
+                                                             "--adopt-scheduler=hami-scheduler"]
+    assert "--no-quotas" in args
+    guard = by_kind(adopted, "ValidatingAdmissionPolicy")["gs-gpuslice-guard"]["spec"]["validations"][0]
+    assert "hami-scheduler" not in guard["expression"]
+
+
 def test_webhook_failure_policy_defaults_to_ignore_and_the_docs_agree(helm: Path) -> None:
     """One decision, written once in the chart and once in the adapters' README: Ignore + the guard."""
     (hook,) = one(render(helm), "MutatingWebhookConfiguration")["webhooks"]
@@ -348,12 +375,20 @@ def test_cert_manager_option_replaces_the_jobs(helm: Path) -> None:
 
 def test_service_monitor_option(helm: Path) -> None:
     objs = render(helm, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom")
-    sm = one(objs, "ServiceMonitor")
-    assert sm["metadata"]["labels"]["release"] == "prom"
-    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
-    metrics_svc = by_kind(objs, "Service")["gs-gpuslice-metrics"]
-    assert sm["spec"]["selector"]["matchLabels"] == metrics_svc["spec"]["selector"]
-    assert metrics_svc["spec"]["clusterIP"] == "None"
+    monitors = by_kind(objs, "ServiceMonitor")
+    assert set(monitors) == {"gs-gpuslice", "gs-gpuslice-scheduler"}  # the agents', the extender's (quotas)
+    for sm_name, svc_name in (("gs-gpuslice", "gs-gpuslice-metrics"), ("gs-gpuslice-scheduler", "gs-gpuslice-scheduler-metrics")):
+        sm = monitors[sm_name]
+        assert sm["metadata"]["labels"]["release"] == "prom"
+        assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+        metrics_svc = by_kind(objs, "Service")[svc_name]
+        assert sm["spec"]["selector"]["matchLabels"] == metrics_svc["spec"]["selector"]
+        assert metrics_svc["spec"]["clusterIP"] == "None"
+    extender = next(c for c in one(objs, "Deployment")["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")
+    assert "--metrics-port=9401" in extender["args"] and extender["ports"] == [
+        {"name": "metrics", "containerPort": 9401, "protocol": "TCP"}]
+    assert "gs-gpuslice-scheduler" not in by_kind(render(helm, "metrics.serviceMonitor.enabled=true",
+                                                         "metrics.schedulerPort=0"), "ServiceMonitor")
 
 
 # ------------------------------------------------------------------------------------------- RBAC
@@ -382,11 +417,15 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
     agent = _rules(objs, "ClusterRole", "gs-gpuslice-agent")
     assert agent == {("", "nodes", v, "") for v in ("get", "patch")} | {("", "pods", v, "") for v in ("list", "patch")}
 
-    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods.
+    # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods, watch pods' usage;
+    # with namespace quotas (the default) list ResourceQuotas (the webhook, on the same account, lists a
+    # namespace's pods).
     extender = _rules(objs, "ClusterRole", "gs-gpuslice-extender")
-    assert extender == ({("", "nodes", v, "") for v in ("get", "list", "watch", "patch")}
-                        | {("", "pods", v, "") for v in ("get", "list", "patch")}
-                        | {("", "pods/binding", "create", "")})
+    base = ({("", "nodes", v, "") for v in ("get", "list", "watch", "patch")}
+            | {("", "pods", v, "") for v in ("get", "list", "watch", "patch")}
+            | {("", "pods/binding", "create", "")})
+    assert extender == base | {("", "resourcequotas", "list", "")}
+    assert _rules(render(helm, "quotas.enabled=false"), "ClusterRole", "gs-gpuslice-extender") == base
 
     lease = _rules(objs, "Role", "gs-gpuslice-scheduler-lease")
     assert lease == {("coordination.k8s.io", "leases", "create", ""),
@@ -474,6 +513,7 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
         ("defaults.memory=-1", "memory"),
         ("defaults.gpuNum=65", "gpuNum"),
         ("sharing.computeMode=fast", "computeMode"),
+        ("sharing.engine=mig", "engine"),
         ("policies.node=worst", "node"),
         ("policies.gpu=topologyy", "gpu"),
         ("metrics.port=70000", "port"),

@@ -47,6 +47,29 @@ def test_defaults_follow_hami():
     assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}).exclusive
 
 
+def test_compute_only_containers_share_the_device():
+    """gpuslice's one departure from HAMi (issue 12): cores without memory and without defaultMem get the same
+    percent of each device's memory, not the whole card, so a second compute-only container still fits; the
+    note (an admission warning) says so. An explicit 100 % memory, defaultMem, cores 100 and no cores keep
+    HAMi's meaning."""
+    req = podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}), CFG)
+    r = req.containers[0].request
+    assert r.memory == MemoryAmount(percent=30.0) and r.compute == 30 and not r.exclusive
+    (note,) = req.notes
+    assert "30% of each device's memory" in note and "nvidia.com/gpumem" in note and "defaultMem" in note
+    assert _one({"nvidia.com/gpu": "2", "gpuslice.io/gpu-compute": "25"}).memory == MemoryAmount(percent=25.0)
+    # the cluster's default cores make a plain GPU container compute-only as well
+    assert _one({"nvidia.com/gpu": "1"}, resources.KubeConfig(default_cores=20)).memory == MemoryAmount(percent=20.0)
+    # what was asked for, or the cluster's defaultMem, stands
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem-percentage": "100"}).memory is None
+    cfg = resources.KubeConfig(default_memory_mib=2048)
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}, cfg).memory == MemoryAmount(bytes=2048 * MiB)
+    assert _one({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}).memory is None  # exclusive: the whole card
+    assert _one({"nvidia.com/gpu": "1"}).memory is None  # no compute share: the whole device, as HAMi
+    assert not podrequest.pod_request(pod("p", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000",
+                                                "nvidia.com/gpucores": "30"}), CFG).notes
+
+
 def test_default_gpu_num_zero_leaves_a_container_without_count_as_non_gpu():
     """HAMi (mutateContainerResource): memory/cores but no count and defaultGPUNum 0 -> not a GPU
     container; we say so in a note (the webhook's admission warning) instead of refusing the pod."""
@@ -88,7 +111,7 @@ def test_no_gpu_is_empty():
 @pytest.mark.parametrize("limits, needle", [
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpumem-percentage": "50"}, "not both"),
     ({"nvidia.com/gpu": "1", "gpuslice.io/gpu": "2"}, "contradict"),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}, "1 to 100"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"}, "from 0 to 100"),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"}, "0 to 100"),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3Gi"}, "MiB"),
     ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, "at least 1"),
@@ -116,12 +139,19 @@ def test_pod_policy_annotations():
     assert r.containers[0].request.mode is ComputeMode.SOFT and r.containers[0].request.models == ("A100", "H100")
 
 
-def test_init_containers_with_gpus_are_refused():
+def test_init_containers_and_sidecars_ask_for_gpus_like_app_containers():
+    """HAMi mutates and counts GPU init containers; a native sidecar (restartPolicy Always) is one too.
+    They come first, in spec order: the order the kubelet allocates devices in."""
     p = pod("p", {"nvidia.com/gpu": "1"})
-    p["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
-    with pytest.raises(SpecError) as exc:
-        podrequest.pod_request(p, CFG)
-    assert exc.value.field.startswith("spec.initContainers[0]")
+    p["spec"]["initContainers"] = [
+        {"name": "fetch", "resources": {"limits": {"nvidia.com/gpumem": "2000"}}},
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        {"name": "plain", "image": "busybox"}]
+    req = podrequest.pod_request(p, CFG)
+    assert [(c.name, c.kind, c.index, c.part) for c in req.containers] == [
+        ("fetch", "init", 0, "initContainers"), ("proxy", "sidecar", 1, "initContainers"), ("main", "app", 0, "containers")]
+    assert req.containers[0].request.memory == MemoryAmount(bytes=2000 * MiB) and req.containers[0].request.count == 1
+    assert not req.simple
 
 
 def test_request_json_round_trip():
@@ -180,3 +210,41 @@ def test_use_gputype_picks_among_models_and_keeps_placement_exact():
     with pytest.raises(NoFit) as exc:
         place(none.containers[0].request, [st])
     assert "V100" in exc.value.reason
+
+
+# ------------------------------------------------------------------------------------------ engines
+def _gpu_pod(annotations: dict[str, str], count: str = "1") -> dict:
+    return {"metadata": {"name": "p", "annotations": annotations},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {
+                "nvidia.com/gpu": count, "nvidia.com/gpumem": "4000", "nvidia.com/gpucores": "25"}}}]}}
+
+
+def test_the_engine_comes_from_the_annotation_hamis_mps_mode_or_the_cluster_default():
+    from gpuslice.kube.podrequest import pod_request
+    from gpuslice.kube.resources import KubeConfig
+    from gpuslice.spec import Engine
+
+    cfg = KubeConfig()
+    engine = lambda anns, c=cfg: pod_request(_gpu_pod(anns), c).containers[0].request.engine
+    assert engine({}) is Engine.TIMESLICE
+    assert engine({"gpuslice.io/engine": "spatial"}) is Engine.SPATIAL
+    assert engine({"nvidia.com/vgpu-mode": "mps"}) is Engine.SPATIAL
+    assert engine({"nvidia.com/vgpu-mode": "mps", "gpuslice.io/engine": "spatial"}) is Engine.SPATIAL
+    assert engine({}, KubeConfig(default_engine=Engine.SPATIAL)) is Engine.SPATIAL
+    assert engine({"gpuslice.io/engine": "timeslice"}, KubeConfig(default_engine=Engine.SPATIAL)) is Engine.TIMESLICE
+    assert pod_request(_gpu_pod({"nvidia.com/vgpu-mode": "mps"}), cfg).mode == "hami-core"  # whole GPUs only
+
+
+@pytest.mark.parametrize("anns, count, field, words", [
+    ({"gpuslice.io/engine": "fast"}, "1", "metadata.annotations[gpuslice.io/engine]", "timeslice or spatial"),
+    ({"gpuslice.io/engine": "timeslice", "nvidia.com/vgpu-mode": "mps"}, "1",
+     "metadata.annotations[gpuslice.io/engine]", "vgpu-mode: mps asks for MPS-backed"),
+    ({"gpuslice.io/engine": "spatial"}, "2", "spec.containers[0](main).resources.limits", "one device's MPS daemon"),
+])
+def test_engine_contradictions_are_refused_naming_the_annotation(anns, count, field, words):
+    from gpuslice.kube.podrequest import pod_request
+    from gpuslice.kube.resources import KubeConfig
+
+    with pytest.raises(SpecError) as exc:
+        pod_request(_gpu_pod(anns, count), KubeConfig())
+    assert exc.value.field == field and words in exc.value.allowed

@@ -252,3 +252,48 @@ def test_certificate_checks_are_rate_limited(tmp_path):
     now[0] = 5.0
     assert tls.current() is not first and tls.reloads == 1
     assert len(builds) == 2 and other.cert.exists()
+
+
+def test_a_pod_of_another_scheduler_is_left_to_it_unless_adopted(https):
+    """HAMi overrides default-scheduler only: volcano keeps its pod (a warning says gpuslice's device plugin
+    serves only what its scheduler placed; forged grant marks still go). A name listed in
+    adopt_schedulers (hami-scheduler once HAMi is gone) is taken over like default-scheduler."""
+    p = pod("train", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}, annotations={formats.POD_GRANT: "forged"})
+    p["spec"]["schedulerName"] = "volcano"
+    resp = answer(https, review(p))
+    out = patched(p, resp)
+    assert out["spec"]["schedulerName"] == "volcano" and formats.POD_GRANT not in out["metadata"]["annotations"]
+    assert "'volcano' is kept" in resp["warnings"][0]
+    p["spec"]["schedulerName"] = "hami-scheduler"
+    cfg = resources.KubeConfig(adopt_schedulers=("default-scheduler", "hami-scheduler"))
+    resp = webhook.mutate(review(p), cfg)["response"]
+    assert patched(p, resp)["spec"]["schedulerName"] == "gpuslice-scheduler"
+
+
+def test_mig_names_and_init_containers_are_rewritten_over_https(https):
+    """nvidia.com/mig-<profile> becomes the advertised count plus gpuslice.io/mig-profile (in limits and
+    requests); a GPU init container gets its count filled like an app container."""
+    p = pod("mig", {"nvidia.com/mig-1g.10gb": "2"})
+    p["spec"]["initContainers"] = [{"name": "prep", "image": "busybox",
+                                    "resources": {"limits": {"nvidia.com/gpumem": "2000"}}}]
+    resp = answer(https, review(p))
+    out = patched(p, resp)
+    main = out["spec"]["containers"][0]["resources"]
+    assert main["limits"] == {"nvidia.com/gpu": "2"} and main["requests"] == {"nvidia.com/gpu": "2"}
+    assert out["metadata"]["annotations"]["gpuslice.io/mig-profile"] == "main=1g.10gb"
+    assert out["spec"]["initContainers"][0]["resources"] == {
+        "limits": {"nvidia.com/gpumem": "2000", "nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+    assert any("served as nvidia.com/gpu: 2" in w for w in resp["warnings"])
+    req = podrequest.pod_request(out, CFG)  # what the extender reads from the admitted pod
+    assert [(c.name, c.kind) for c in req.containers] == [("prep", "init"), ("main", "app")]
+    assert req.containers[1].mig.profile == "1g.10gb" and req.containers[1].mig.count == 2
+
+
+def test_quota_refusal_is_forbidden_with_the_reason():
+    def over(namespace, pod_, req):
+        return f"namespace {namespace} is over its GPU memory quota"
+    p = pod("big", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"})
+    resp = webhook.mutate(review(p), CFG, over)["response"]
+    assert not resp["allowed"] and resp["status"]["code"] == 403 and resp["status"]["reason"] == "Forbidden"
+    assert resp["status"]["message"] == "gpuslice: namespace default is over its GPU memory quota"
+    assert webhook.mutate(review(pod("cpu", {"cpu": "1"})), CFG, over)["response"]["allowed"]  # no GPU: not asked

@@ -92,7 +92,9 @@ def test_ctrl_c_on_a_terminal_ends_the_demo_and_both_slices(state_env, enforcer_
             f"run_gpu_demo(seconds=120, refresh=0.3, workload=(sys.executable, '-c', {SLEEPER!r}, {str(pids)!r}))")
     pid, master = pty.fork()
     if pid == 0:  # a terminal session running the demo in the foreground, as `make run` does
-        signal.signal(signal.SIGINT, signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL)  # kept over exec
+        # "default": as from an interactive shell, which gives a foreground job SIGINT's default action;
+        # "ignored": as from `nohup`/`make test &` (exec keeps it ignored): the demo must set it itself
+        signal.signal(signal.SIGINT, signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL)
         os.execve(sys.executable, [sys.executable, "-c", code], env)
     seen = b""
     try:

@@ -54,14 +54,68 @@ def test_nofit_says_what_is_free(ledger):
     ledger.acquire(ask("60GiB"))
     with pytest.raises(NoFit) as err:
         ledger.acquire(ask("30GiB"))
-    assert "30.0 GiB" in err.value.reason and "free now" in err.value.reason and GPU0 in err.value.reason
+    assert "30.0 GiB" in err.value.reason and "free now" in err.value.reason and "GPU 0" in err.value.reason
     ledger.acquire(ask("30GiB", devices=()))  # another device takes it
+
+
+def test_nofit_names_devices_by_index_and_says_what_to_do_next(ledger):
+    """The refusal speaks this machine's language — GPU 0, not a UUID or a node name — and offers next
+    steps that work: --wait, a smaller size or share that really fits now, ps."""
+    ledger.acquire(ask("60GiB", compute=50))
+    with pytest.raises(NoFit) as err:
+        ledger.acquire(ask("20GiB"))
+    text = err.value.reason
+    lines = text.splitlines()
+    assert lines[0] == "does not fit now: needs 20.0 GiB on 1 device; largest free is 19.6 GiB on GPU 0"
+    assert lines[1] == "free now: GPU 0: 19.6 GiB, 50% compute, 9 slots free"
+    assert lines[2] == ("next: --wait queues it until it fits; --memory 19.6GiB fits now; "
+                        "`gpuslice ps` shows who holds the devices")
+    assert not any(d.uuid in text for d in DEVICES) and "n1" not in text
+    with pytest.raises(NoFit, match="--compute 50 fits now"):
+        ledger.acquire(ask("5GiB", compute=60))
+    assert isinstance(ledger.acquire(ask("5GiB", compute=50)), GrantRecord)  # the share offered fits
+    assert isinstance(ledger.acquire(ask("14.6GiB")), GrantRecord)  # and what is left of the size offered
+
+
+def test_nofit_groups_devices_with_the_same_room_and_offers_fewer_whole_devices(ledger):
+    ledger.acquire(ask("70GiB"))
+    whole = Ask(request=Request(count=8, exclusive=True), owner="t", holder_pid=os.getpid(),
+                holder_start=procs.start_time(os.getpid()))
+    with pytest.raises(NoFit) as err:
+        ledger.acquire(whole)
+    text = err.value.reason
+    assert "GPU 1–7: 79.6 GiB, 100% compute, 10 slots free each" in text and "--gpus 7 fits now" in text
+    assert isinstance(ledger.acquire(replace(whole, request=Request(count=7, exclusive=True))), GrantRecord)
 
 
 def test_compute_shares_cannot_exceed_100(ledger):
     ledger.acquire(ask("1GiB", compute=70))
     with pytest.raises(NoFit):
         ledger.acquire(ask("1GiB", compute=40))
+
+
+def test_compute_only_requests_share_the_device(ledger):
+    """``--compute 30`` without ``--memory`` (issue 12) gets 30 % of the device's memory, recorded in the
+    grant's request, so more compute-only slices fit beside it; a request without a share still takes the
+    whole memory, and an explicit size is kept."""
+    total = DEVICES[0].memory_total
+    only = Ask(request=Request(compute=30), owner="t", holder_pid=os.getpid(),
+               holder_start=procs.start_time(os.getpid()), devices=(GPU0,))
+    first = ledger.acquire(only)
+    assert isinstance(first, GrantRecord) and first.slices[0].memory_limit == total * 30 // 100
+    assert first.request.memory == parse_memory("30%") and f"memory_limit={total * 30 // 100}" in Path(
+        first.slice_file).read_text()
+    second = ledger.acquire(replace(only, request=Request(compute=60)))
+    assert isinstance(second, GrantRecord) and second.slices[0].device_uuid == GPU0
+    assert second.slices[0].memory_limit == total * 60 // 100
+    with pytest.raises(NoFit):  # 90 % of the memory and of the time are spoken for
+        ledger.acquire(replace(only, request=Request(compute=20)))
+    third = ledger.acquire(ask("4GiB", compute=10))
+    assert third.slices[0].memory_limit == 4 * GiB
+    for g in (first, second, third):
+        ledger.release(g.grant_id)
+    whole = ledger.acquire(replace(only, request=Request()))
+    assert whole.slices[0].memory_limit == total  # no compute share: the whole device, as before
 
 
 HOLDER = textwrap.dedent("""

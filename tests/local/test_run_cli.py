@@ -139,6 +139,31 @@ def test_a_waiter_for_gpu0_does_not_block_gpu3_and_ps_shows_the_queue(env):
             assert waiter.returncode == 0, err  # granted once GPU 0 was freed
 
 
+def test_compute_only_runs_share_a_device_and_ps_shows_their_memory(env):
+    """Issue 12: `run --compute 30` without --memory took the whole card, so a second compute-only run was
+    refused ("largest free is 0 B"). Now each gets its compute share of the memory, says so, and ps shows it."""
+    total = DEVICES[0].memory_total
+    first = gpuslice("run", "--device", "0", "--compute", "30", "--", "sh", "-c", SHOW + "; sleep 30", env=env)
+    try:
+        lines = [first.stdout.readline().strip()]
+        while not lines[-1].startswith("compute="):  # the slice file, up to its compute line
+            lines.append(first.stdout.readline().strip())
+            assert lines[-1], lines
+        assert lines[0] == DEVICES[0].uuid and f"memory_limit={total * 30 // 100}" in lines, lines
+        code, out, err = run(env, "--device", "0", "--compute", "60", "--", "sh", "-c", SHOW)
+        assert code == 0, err
+        assert f"memory_limit={total * 60 // 100}" in out.splitlines() and "compute=60" in out.splitlines()
+        assert "no --memory: the slice gets 60% of each device's memory" in err
+        (s,) = _ps(env)["slices"]
+        assert s["memory_limit"] == total * 30 // 100 and s["compute_set"] == 30, s
+        table = subprocess.run([os.sys.executable, "-m", "gpuslice.cli", "ps"], env=env, capture_output=True,
+                               text=True, timeout=60).stdout
+        assert "23.9 GiB" in table, table  # 30 % of the H100's 79.6 GiB in the limit column, not the card
+    finally:
+        first.terminate()  # the launcher ends its command's tree (and so the pipe) on SIGTERM
+        first.communicate(timeout=60)
+
+
 @pytest.mark.parametrize("args, option, words", [
     (("top", "--interval", "0"), "--interval", "seconds above 0"),
     (("top", "--interval", "nan"), "--interval", "seconds above 0"),

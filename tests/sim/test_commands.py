@@ -14,6 +14,8 @@ from gpuslice.sim.report import summarise
 from gpuslice.sim.runner import parse_policies, plan, run_jobs
 from gpuslice.spec import SpecError
 
+from clitext import plain
+
 from .conftest import write_nodes, write_pods
 
 
@@ -58,12 +60,30 @@ def test_same_seed_same_report_numbers(small_trace, tmp_path):
     (["--policy", "tetris"], "binpack, spread, bestfit, fgd, random"),
     (["--mode", "fast"], "inflation or timeline"),
     (["--repeats", "0"], "1 to 100"),
+    (["--ratio", "0"], "above 0"),
+    (["--cpu-tasks", "some"], "include or skip"),
+    (["--seed", "-1"], "0 or more"),
+    (["--split-count", "0"], "1 or more"),
+    (["--workers", "-2"], "0 or more"),
 ])
-def test_bad_options_exit_1_naming_allowed_values(small_trace, tmp_path, capsys, argv, message):
+def test_bad_options_are_usage_errors_naming_option_and_allowed_values(small_trace, tmp_path, capsys, argv, message):
+    """A value the option does not take is a usage error (exit 2, the contract of every verb), and the
+    message names the option as typed and what it accepts; nothing is written."""
     pods, nodes = small_trace
-    code = main(["simulate", "--trace", str(pods), "--nodes", str(nodes), "--out", str(tmp_path), *argv])
-    assert code == 1
-    assert message in capsys.readouterr().err
+    code = main(["simulate", "--trace", str(pods), "--nodes", str(nodes), "--out", str(tmp_path / "o"), *argv])
+    assert code == 2
+    err = plain(capsys.readouterr().err)
+    assert message in err and f"'{argv[0]}'" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("which", ["--trace", "--nodes"])
+def test_missing_csv_is_not_found_usage_error(small_trace, tmp_path, capsys, which):
+    pods, nodes = small_trace
+    paths = {"--trace": str(pods), "--nodes": str(nodes), which: str(tmp_path / "nope.csv")}
+    code = main(["simulate", "--trace", paths["--trace"], "--nodes", paths["--nodes"], "--out", str(tmp_path / "o")])
+    err = plain(capsys.readouterr().err)
+    assert code == 2 and "nope.csv' not found" in err and f"'{which}'" in err and "not allowed" not in err
 
 
 def test_missing_trace_file_is_refused(tmp_path):
@@ -135,5 +155,5 @@ def test_memory_scaling_option_reaches_the_replay(small_trace, tmp_path):
 def test_memory_scaling_out_of_range_is_refused(small_trace, tmp_path, capsys):
     pods, nodes = small_trace
     assert main(["simulate", "--trace", str(pods), "--nodes", str(nodes), "--memory-scaling", "0",
-                 "--out", str(tmp_path)]) == 1
-    assert "memory_scaling" in capsys.readouterr().err
+                 "--out", str(tmp_path)]) == 2
+    assert "'--memory-scaling': 0.0 is not allowed" in plain(capsys.readouterr().err)

@@ -287,3 +287,18 @@ def test_whole_number_passes_ints_in_range_and_raises_the_callers_error_type_and
     with pytest.raises(KeyError_) as err:
         whole_number("weight", 17, 1, 16, allowed="1 to 16", error=KeyError_)
     assert err.value.args == ("weight", 17, "1 to 16")
+
+
+@given(st.integers(min_value=0, max_value=100), st.integers(min_value=1, max_value=8), st.booleans())
+def test_compute_only_requests_get_their_share_of_the_memory(compute: int, count: int, exclusive: bool) -> None:
+    """Issue 12's rule, for every compute share: a share below 100 without memory means sharing the device,
+    so the request gets that percent of each device's memory; anything else is left as it is."""
+    r = Request(count=count, compute=compute, exclusive=exclusive)
+    d = r.with_default_memory()
+    if 0 < compute < 100 and not exclusive:
+        assert r.compute_only and d.memory == MemoryAmount(percent=float(compute))
+        assert d.with_default_memory() == d and d.compute == compute and d.count == count  # idempotent
+    else:
+        assert not r.compute_only and d is r  # no share, 100 % or exclusive: whole devices, as before
+    sized = Request(count=count, compute=compute, memory=MemoryAmount(bytes=2**30), exclusive=exclusive)
+    assert sized.with_default_memory() is sized  # a size given is kept

@@ -15,6 +15,9 @@ enum gs_source { GS_SRC_NONE = 0, GS_SRC_SLICE_FILE = 1, GS_SRC_HAMI_ENV = 2 };
 enum gs_mode { GS_MODE_HARD = 0, GS_MODE_SOFT = 1, GS_MODE_OFF = 2 };
 enum gs_oom_policy { GS_OOM_RETURN = 0, GS_OOM_KILL = 1 };
 enum gs_log_level { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
+/* How the device's compute is shared: the pacer takes turns (timeslice), or the slice's processes are
+ * clients of the device's MPS daemon and run at once on a fraction of the SMs (spatial: not paced). */
+enum gs_sharing_engine { GS_ENGINE_TIMESLICE = 0, GS_ENGINE_SPATIAL = 1 };
 
 struct gs_config {
     int source;                              /* enum gs_source; NONE = not in a slice: pass through */
@@ -39,6 +42,8 @@ struct gs_config {
      * to the region: device_limit/memory_limit above stay the slice's, shared by all its processes. */
     uint64_t process_limit;
     char warning[256];                       /* non-fatal remarks for the log ("" = none), e.g. an env value ignored */
+    int engine;                              /* enum gs_sharing_engine; spatial covers at most one device */
+    char mps_pipe_dir[GS_PATH_LEN];          /* spatial: the device's MPS pipe directory ("" = the environment's) */
 };
 
 /* Parse slice-file text into *out (defaults first). Returns 0, or -1 with a one-line reason in err

@@ -5,14 +5,15 @@
  * shares and rates are basis points (10000 = the whole device). See native/README-compute.md.
  *
  * The loop, per slice and per device:
- *   credit(t) = clamp( credit + rate * dt - busy , -GS_CTL_DEBT_MAX_NS, GS_CTL_BURST_NS )
- * "busy" is the slice's measured GPU time (events, see pacer_core.c). credit is the integral of the
- * error (allowed - used): the I term. A launch is let through when
- *   credit - predicted_inflight >= 0
- * where predicted_inflight is the GPU time already queued but not yet run (the P term: it acts on
- * the error that is coming, so the queue cannot run far ahead of the allowance and the 1-s windows
- * stay tight). The clamp at +BURST is the anti-windup: time a slice leaves unused is not banked
- * beyond one burst. */
+ *   credit(t) = clamp( credit + rate * dt - charged , -GS_CTL_DEBT_MAX_NS, GS_CTL_BURST_NS )
+ * "charged" is the GPU time of the slice's launches, charged when they are made at their kernel
+ * shape's learned cost and corrected by sampled event pairs (costmodel.h, pacer_core.c). credit is
+ * the integral of the error (allowed - used): the I term. A launch is let through when
+ *   credit + LOOKAHEAD >= 0
+ * and since queued work is charged already, this acts on the error that is coming (the P term of a
+ * design that charged at completion), so the queue cannot run far ahead of the allowance and the
+ * 1-s windows stay tight. The clamp at +BURST is the anti-windup: time a slice leaves unused is not
+ * banked beyond one burst. */
 #ifndef GPUSLICE_CONTROLLER_H
 #define GPUSLICE_CONTROLLER_H
 #include <stdint.h>
@@ -87,7 +88,7 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
 #define GS_CTL_WAIT_MAX_NS      250000LL
 /* The pacer's poller harvests events and refreshes the shared state this often while the process
  * has work queued: it bounds how stale a neighbour's "busy" flag is at a hand-over. With nothing
- * queued it sleeps IDLE_POLL, except while a measured process beside neighbours launched within
+ * queued it sleeps IDLE_POLL, except while a paced process beside neighbours launched within
  * POLL_ACTIVE: a launch made while the poller sleeps sets the busy flag, and only a poll (or the next
  * launch) clears it when the work is done. Sleeping 5 ms there left a finished high-priority
  * request "busy" for up to 5 ms, and a low-priority trainer beside a loop with 2 ms think times got
@@ -95,6 +96,10 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  * cheaper than 4000 wake-ups a second of an idle process. */
 #define GS_CTL_POLL_NS          250000LL
 #define GS_CTL_IDLE_POLL_NS    5000000LL
+/* A process on the free path (README-compute.md, "Paths") is polled every ms while it launches: its
+ * poller publishes the sums, refills the credit and harvests sampled pairs; a throttled launch polls
+ * by itself. 250 us there cost a launch-bound service 4000 lock round trips a second for nothing. */
+#define GS_CTL_POLL_FREE_NS    1000000LL
 #define GS_CTL_POLL_ACTIVE_NS 1000000000LL
 #define GS_CTL_WINDOW_NS    1000000000LL
 /* Turns: a paced process opens a busy period only when no other process's queued work is predicted
@@ -124,28 +129,54 @@ struct gs_ctl_slice {
  * Writes rate_bp[i] for every i. */
 void gs_ctl_allocate(const struct gs_ctl_slice *s, int n, uint32_t *rate_bp);
 
-/* Credit of one slice (the integral term). */
+/* Credit of one slice (the integral term). Launches charge it when they are made (the kernel's
+ * predicted cost, corrected when a sampled pair is measured), so work already queued is already
+ * paid for: the P term of the earlier design (outstanding x mean cost) is the charge itself. */
 struct gs_ctl_bucket {
-    int64_t credit_ns;   /* allowance minus measured use, clamped */
+    int64_t credit_ns;   /* allowance minus charged use, clamped */
     int64_t last_ns;     /* time of last refill */
 };
 /* cap_ns: BURST normally; a slice that is waiting for its turn on the device (it wants to run but a
  * neighbour holds the GPU) may bank up to WANT_CAP, so waiting does not cost it its share. */
 void gs_ctl_refill(struct gs_ctl_bucket *b, int64_t now, uint32_t rate_bp, int64_t cap_ns);
+/* The two halves of gs_ctl_refill, for a credit that launches change concurrently (pacer_core.c
+ * applies them with a compare-and-swap): the allowance accrued since *last_ns (which it advances),
+ * and the credit after adding it under the anti-windup cap. */
+int64_t gs_ctl_accrue(int64_t *last_ns, int64_t now, uint32_t rate_bp);
+int64_t gs_ctl_refilled(int64_t credit_ns, int64_t add_ns, int64_t cap_ns);
 void gs_ctl_charge(struct gs_ctl_bucket *b, int64_t busy_ns);  /* negative = refund */
-/* 0 = launch now; else how long to sleep before asking again (WAIT_MIN..WAIT_MAX). */
-int64_t gs_ctl_gate(const struct gs_ctl_bucket *b, uint32_t rate_bp, int64_t inflight_ns);
+/* The credit after a charge (clamped at -DEBT_MAX and +WANT_CAP). */
+int64_t gs_ctl_charged(int64_t credit_ns, int64_t busy_ns);
+/* 0 = launch now; else how long to sleep before asking again (WAIT_MIN..WAIT_MAX). A launch may go
+ * while credit + LOOKAHEAD - need_ns >= 0, where the credit already holds every queued launch's
+ * charge and need_ns is 0, or TURN_MIN when the launch starts a turn beside rivals. (The launch's
+ * own charge is not needed up front: a kernel longer than BURST + LOOKAHEAD could never go.) */
+int64_t gs_ctl_gate(const struct gs_ctl_bucket *b, uint32_t rate_bp, int64_t need_ns);
 
-/* Predicted GPU time still queued: n launches of mean cost each, minus the time the current busy
- * period has already run (clamped at 0). cost_ns == 0 (unknown yet) predicts 0. */
-int64_t gs_ctl_inflight(uint32_t n_launches, int64_t cost_ns, int64_t elapsed_ns);
+/* Offered load: the GPU time a process's launches ask for per second of its own CPU time between
+ * launches (sleeps in the pacer and blocking inside the driver's launch call left out, each gap
+ * capped at GAP_CAP so a synchronize or think time counts as no more than 1 ms). Above 1 the CPU
+ * runs ahead of the GPU: the process alone would keep the device busy (a matmul loop: ~15-40, a
+ * ResNet-50 training step: ~3). Below 1 it is launch-bound: the GPU idles between its kernels
+ * (ResNet-50 inference at batch 8: ~0.4), and plain time-slicing fills those gaps with the
+ * neighbours' kernels at no cost. Only processes above 1 gain from taking turns (fewer preempting
+ * context switches, see Turns in README-compute.md); turns would idle the device in a launch-bound
+ * process's gaps. Measured over LOAD_WINDOW, with hysteresis between TURNS_ON and TURNS_OFF. */
+#define GS_CTL_LOAD_WINDOW_NS 100000000LL
+#define GS_CTL_GAP_CAP_NS       1000000LL
+/* time inside the driver's launch call counted as the launch's own CPU work; beyond it the call was
+ * blocked on a full launch queue (the GPU is behind, which is what a high load means) */
+#define GS_CTL_CALL_CPU_NS        20000LL
+#define GS_CTL_TURNS_ON_BP        15000u
+#define GS_CTL_TURNS_OFF_BP       10000u
+#define GS_CTL_LOAD_MIN_LAUNCHES  16
+/* 1 = a process with this offered load (basis points, 10000 = 1.0) takes turns; was = its state now */
+int gs_ctl_takes_turns(int was, uint32_t offered_bp);
 
-/* Exact correction at the end of a busy period. While a period is open the pacer charges wall time
- * divided by the number of contexts busy on the device (host clock: cheap, immediate). When the
- * period closes the events give its exact GPU length; the charge is scaled to it:
- *   returns the amount to add to the charge (negative = refund), given the wall time accrued so far,
- *   the amount charged for it, and the exact length. */
-int64_t gs_ctl_close_correction(int64_t accrued_wall_ns, int64_t charged_ns, int64_t exact_ns);
+/* A sampled pair is "clean" (nothing else could have run inside it) when no other process on the
+ * device launched within CLEAN_GUARD before it and none has measured work outstanding: then its
+ * time is charged as measured; otherwise the shape's learned cost is charged (costmodel.h). */
+#define GS_CTL_CLEAN_GUARD_NS   2000000LL
 
 /* Windowed achieved share (for gpuslice ps and the tests): busy time in the current window; when a
  * window is complete, achieved_bp is set from it and a new window starts. */

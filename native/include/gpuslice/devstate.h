@@ -8,7 +8,11 @@
  *   offset 256   GS_DS_MAX_SLICES slice records of 256 bytes (struct gs_ds_slice)
  *   offset 256+32*256 = 8448   GS_DS_MAX_PROCS process records of 128 bytes (struct gs_ds_proc)
  *   size 8448 + 128*128 = 24832 bytes
- * (version 1 had 64-byte process records without heartbeat_ns / pidns / joined_ns.)
+ * (version 1 had 64-byte process records without heartbeat_ns / pidns / joined_ns. Version 3 keeps
+ * the layout of version 2 and adds offered_bp and path to the process record, but changes what the
+ * fields mean to the writers: a slice's credit_ns is changed by launches without the lock (atomic
+ * add/sub) and only processes flagged TURNS take turns; a version-2 enforcer writing the same file
+ * would overwrite those charges and wait for turns no one offers, so the two must not share it.)
  *
  * Readers check magic, version, size and the record offsets/sizes in the header and refuse what they
  * do not know. A layout change bumps GS_DS_VERSION.
@@ -31,7 +35,7 @@
 #include <stdint.h>
 
 #define GS_DS_MAGIC 0x0054535645445347ULL /* "GSDEVST\0" little-endian */
-#define GS_DS_VERSION 2u
+#define GS_DS_VERSION 3u
 #define GS_DS_MAX_SLICES 32
 #define GS_DS_MAX_PROCS 128
 #define GS_DS_HEADER_SIZE 256
@@ -73,10 +77,11 @@ struct gs_ds_slice {            /* 256 bytes */
     uint8_t paced;              /*  11 1 = share is enforced (0 < share < 100 %, mode != off) */
     uint32_t rate_bp;           /*  12 rate the controller allots right now */
     char grant[128];            /*  16 grant id (slice identity across processes) */
-    int64_t credit_ns;          /* 144 controller credit (struct gs_ctl_bucket) */
+    int64_t credit_ns;          /* 144 controller credit (struct gs_ctl_bucket); launches charge it with
+                                       atomic adds outside the lock, refills are compare-and-swap */
     int64_t credit_last_ns;     /* 152 */
     int64_t last_active_ns;     /* 160 last launch by any process of the slice */
-    uint64_t busy_total_ns;     /* 168 measured GPU time, ever */
+    uint64_t busy_total_ns;     /* 168 GPU time charged, ever (measured pairs and learned costs) */
     uint64_t throttled_total_ns;/* 176 time launches were held back, ever (summed over threads) */
     uint64_t launches;          /* 184 launches seen, ever */
     int64_t win_start_ns;       /* 192 current window (struct gs_ctl_window) */
@@ -91,6 +96,9 @@ struct gs_ds_slice {            /* 256 bytes */
 #define GS_DS_PROC_IN_USE 1u
 #define GS_DS_PROC_BUSY 2u      /* has GPU work outstanding (measured with events) */
 #define GS_DS_PROC_LIGHT 4u     /* unpaced: no events, busy = launched within PRIO_HOLD */
+#define GS_DS_PROC_TURNS 8u     /* takes turns with the other TURNS processes (offered load > 1) */
+/* proc.path: how the process's launches go through the pacer now (README-compute.md) */
+enum { GS_DS_PATH_LIGHT = 0, GS_DS_PATH_FREE = 1, GS_DS_PATH_TURNS = 2, GS_DS_PATH_PRIORITY = 3 };
 struct gs_ds_proc {             /* 128 bytes */
     int32_t pid;                /*  0 */
     uint32_t flags;             /*  4 */
@@ -105,7 +113,9 @@ struct gs_ds_proc {             /* 128 bytes */
     int64_t heartbeat_ns;       /* 64 refreshed by the owner at least every GS_DS_HEARTBEAT_NS */
     uint64_t pidns;             /* 72 inode of the owner's PID namespace (/proc/self/ns/pid), 0 unknown */
     int64_t joined_ns;          /* 80 when the record was taken (with pid, id, pidns: the owner's identity) */
-    unsigned char pad[40];      /* 88 */
+    uint32_t offered_bp;        /* 88 offered load (GPU time asked per CPU second, 10000 = 1.0), paced only */
+    uint8_t path;               /* 92 GS_DS_PATH_* */
+    unsigned char pad[35];      /* 93 */
 };
 
 struct gs_devstate {

@@ -1,17 +1,28 @@
-/* gpuslice pacer engine: one per (process, device). It measures the process's GPU time with an
- * event pair per busy period, publishes it in the per-device state, runs the controller and tells
- * the launch hook how long to hold a launch back. It never sleeps and never calls CUDA itself: GPU
- * operations come through gs_gpu_ops (CUDA events in pacer.c, a simulated device in the tests),
- * time comes in as an argument. All state changes happen under the device state lock. */
+/* gpuslice pacer engine: one per (process, device). It charges the process's launches to its slice's
+ * credit (learned per-kernel costs, corrected by sampled event pairs), publishes them in the
+ * per-device state, runs the controller and tells the launch hook how long to hold a launch back. It
+ * never sleeps and never calls CUDA itself: GPU operations come through gs_gpu_ops (CUDA events in
+ * pacer.c, a simulated device in the tests), time comes in as an argument.
+ *
+ * Paths (README-compute.md, "Paths"), re-decided every 10 ms:
+ *   light     not paced (no share, 100 %, mode off): two relaxed stores per launch, never waits;
+ *   free      paced, launch-bound: one atomic charge per launch against the slice's credit, no lock,
+ *             an event pair for 1 launch in 16 of each kernel shape; waits only while over its share;
+ *   turns     paced, offered load above 1 (it would keep the device busy alone): every launch under
+ *             the state lock with an event pair, taking turns with the other turn-taking processes
+ *             so two saturating loops do not preempt each other every hardware time slice;
+ *   priority  a low-priority process while a high-priority slice is active: measured like turns,
+ *             pausing while the high-priority one has work (it takes no turns). */
 #ifndef GPUSLICE_PACER_CORE_H
 #define GPUSLICE_PACER_CORE_H
 #include <stdint.h>
 #include "gpuslice/controller.h"
+#include "gpuslice/costmodel.h"
 #include "gpuslice/devstate.h"
 
-/* Launches measured at once per process and device: each launch gets an event pair (start recorded
- * before it, end after it on the same stream). When all 256 are outstanding the next launch waits
- * for the oldest to finish (a paced slice never has that much queued; see README-compute.md). */
+/* Launches measured at once per process and device: each measured launch gets an event pair (start
+ * recorded before it, end after it on the same stream). When all 256 are outstanding the next
+ * measured launch waits for the oldest to finish; a sampled (free) launch goes unmeasured instead. */
 #define GS_ENG_RING 256
 
 struct gs_gpu_ops {
@@ -32,34 +43,54 @@ struct gs_gpu_ops {
 
 enum { GS_RING_FREE = 0, GS_RING_RESERVED = 1, GS_RING_RECORDED = 2, GS_RING_VOID = 3 };
 
+/* What gs_engine_before hands to gs_engine_after for one launch. The caller keeps one ticket for
+ * all the gs_engine_before calls of one launch (it sums the sleeps). */
+struct gs_ticket {
+    int slot;            /* event pair, -1 = not measured */
+    int64_t charged;     /* charged to the credit at launch (refunded if the launch fails) */
+    int64_t slept_total; /* slept for this launch so far */
+};
+
 struct gs_engine {
     struct gs_devstate *ds;
     int slice, proc;
     const struct gs_gpu_ops *ops;
     void *ops_ctx;
-    int light_base;       /* unpaced high-priority (or mode off): needs no measurement for itself */
-    int light;            /* now publishing activity only, no events (light_base and no low-priority
-                             neighbour that must know when our queue is empty) */
-    int64_t light_check_ns;
+    int light_base;       /* unpaced (share 0/100 %, mode off): needs no measurement for itself */
+    int path;             /* GS_DS_PATH_*, re-decided every PATH_RECHECK (atomic: launch threads read it) */
+    int turns;            /* paced and saturating (offered load): takes turns when measured */
+    int64_t path_check_ns;
     int drain_wanted;     /* light, high priority, a low-priority slice active: track queue drain */
     int drain_pending;    /* a drain record may still be running (atomic; launch threads + poller) */
     uint32_t drain_gen;   /* bumped after each drain record (atomic), see gs_engine_poll */
     uint8_t ring[GS_ENG_RING];
+    uint64_t ring_key[GS_ENG_RING];   /* kernel shape of each pair (0 = none: charge as measured) */
+    int64_t ring_charged[GS_ENG_RING]; /* charged at its launch */
+    int64_t ring_launch_ns[GS_ENG_RING];
     int head, tail, outstanding;   /* pairs handed out: [tail, head) */
-    int64_t cost_ns;      /* mean GPU time per launch (EWMA of measured pairs), 0 = unknown */
+    struct gs_costmodel cm;
+    int64_t cost_ns;      /* mean GPU time per measured launch (EWMA of pairs), 0 = unknown */
     int64_t cost_dev_ns;  /* mean absolute deviation (EWMA): neighbours are told a late-biased end
                              (mean + 2 dev), because entering early costs an overlap, late only a
                              short idle gap bounded by the poll */
-    int64_t cost_avg_ns;  /* long-run mean GPU time per launch (EWMA 1/64), for the P term: the
-                             fast mean follows phases of a loop (20 launches of 500 us, then 200 of
-                             10 us), so right after the big ones it predicted each small launch at
-                             ~400 us, held them back, and the GPU waited for the CPU to launch them
-                             (simulation: a 90 % slice of such a loop reached 80 %) */
+    int64_t cost_avg_ns;  /* long-run mean GPU time per launch (EWMA 1/64): the charge of a launch
+                             whose kernel shape is not known yet. The fast mean follows phases of a
+                             loop (20 launches of 500 us, then 200 of 10 us), so right after the big
+                             ones it would charge each small launch ~400 us (simulation: a 90 %
+                             slice of such a loop reached 80 %) */
+    /* offered load (see controller.h): GPU time asked and CPU time between launches, summed by the
+     * launching threads, turned into offered_bp by the poller every LOAD_WINDOW */
+    int64_t ol_cost, ol_cpu, ol_launches, ol_start_ns;
+    int64_t last_before_ns, last_after_ns; /* the previous launch: when it went, when its call returned */
+    uint32_t offered_bp;
+    /* published by the poller under the lock (launching threads only add to these) */
+    int64_t pub_charged, pub_launches, pub_throttled;
     int64_t last_reap_ns;
     uint32_t rate_bp;     /* cached allocation (recomputed every ms) */
     int others;           /* other processes on the device (recounted every ms): 0 = skip the scans */
     int64_t rate_at_ns;
-    uint64_t measured, event_errors;
+    uint64_t measured, sampled_clean, sampled_dirty, event_errors;
+    uint32_t unknown_seen; /* launches of shapes the full table cannot hold (sampled 1 in 16) */
     /* identity of our process record, and what to join again with if a reaper of another PID
      * namespace freed it as stale (see devstate.h) */
     char grant[128];
@@ -75,20 +106,32 @@ struct gs_engine {
 int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *grant, uint32_t share_bp,
                    int mode, int weight, int priority, int32_t pid, uint32_t id,
                    const struct gs_gpu_ops *ops, void *ops_ctx, int64_t now);
-/* Before a launch on `stream`: 0 = launch now (*slot is the event pair to hand to gs_engine_after,
- * -1 = not measured); >0 = sleep that many ns and ask again. slept_ns: how long the caller slept
- * since its previous call for this same launch (0 the first time). */
-int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, int64_t slept_ns, int *slot);
-/* After the launch (ok = the driver accepted it): records the pair's end event, or with slot -1 on the
- * light path the drain event when neighbours need it. Reads no clock: it runs on every launch. */
-void gs_engine_after(struct gs_engine *e, void *stream, int slot, int ok);
-/* Periodic: detect completion, accrue, refill, publish, heartbeat (see gs_engine_poll_delay). */
+/* Before a launch of kernel shape `key` (gs_cost_key; 0 = unknown) on `stream`: 0 = launch now
+ * (*t goes to gs_engine_after); >0 = sleep that many ns and ask again. slept_ns: how long the caller
+ * slept since its previous call for this same launch (0 the first time). */
+int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_t key, int64_t slept_ns,
+                         struct gs_ticket *t);
+/* After the launch (ok = the driver accepted it): records the pair's end event, or on the light path
+ * the drain event when neighbours need it; refunds a refused launch. now: the clock after the launch
+ * for a paced engine (its offered load leaves out time blocked in the driver); 0 when not read (the
+ * light path reads no clock here: it runs on every launch). */
+void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struct gs_ticket *t, int ok);
+/* Periodic: detect completion, charge, refill, publish, heartbeat (see gs_engine_poll_delay). */
 void gs_engine_poll(struct gs_engine *e, int64_t now);
 /* How long the poller may sleep after gs_engine_poll(e, now): POLL while work is queued, or while
- * a measured process beside neighbours launched within POLL_ACTIVE; IDLE_POLL otherwise. pacer.c's
+ * a paced process beside neighbours launched within POLL_ACTIVE; IDLE_POLL otherwise. pacer.c's
  * poller and the simulation in tests/test_controller.c both poll by this. */
 int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now);
 void gs_engine_fini(struct gs_engine *e);
 /* The rate the controller currently allots this engine's slice (basis points). */
 uint32_t gs_engine_rate(struct gs_engine *e, int64_t now);
+
+/* ---- shared by pacer_core.c and turns.c (not for callers) ---- */
+int gs_eng_proc_busy(const struct gs_ds_proc *p, int64_t now);
+int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now);
+/* Under the state lock: how long a measured launch must wait now (0: go): a low-priority process
+ * yields to high-priority work, a paced one to its credit, a turn-taking one takes its turn. */
+int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_ds_proc *me, int64_t now);
+/* Lock-free: the path this engine's launches take now (re-decided every PATH_RECHECK). */
+int gs_eng_path(struct gs_engine *e, int64_t now);
 #endif

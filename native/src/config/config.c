@@ -158,9 +158,9 @@ struct parse {
 
 static const char *keys[] = {"version", "grant", "devices", "memory_limit", "compute", "mode",
                              "weight", "priority", "region", "device_state_dir", "oom_policy",
-                             "log_level", "fail_open", "context_overhead"};
+                             "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir"};
 enum { K_VERSION, K_GRANT, K_DEVICES, K_MEMORY_LIMIT, K_COMPUTE, K_MODE, K_WEIGHT, K_PRIORITY, K_REGION,
-       K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD };
+       K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD, K_ENGINE, K_MPS_PIPE_DIR };
 
 /* memory_limit.<uuid>=<bytes> */
 static int parse_override(struct parse *p, const char *key, const char *val, int lineno, char *err, size_t errlen)
@@ -226,8 +226,9 @@ static int apply_key(struct parse *p, int k, const char *key, char *val, int lin
         else if (parse_int(val, 0, 1, &c->priority)) FAIL("slice file line %d: priority: '%.40s' is not allowed; expected 0 (high) or 1 (low)", lineno, val);
         break;
     case K_REGION:
-    case K_DEVICE_STATE_DIR: {
-        char *dst = k == K_REGION ? c->region : c->device_state_dir;
+    case K_DEVICE_STATE_DIR:
+    case K_MPS_PIPE_DIR: {
+        char *dst = k == K_REGION ? c->region : k == K_MPS_PIPE_DIR ? c->mps_pipe_dir : c->device_state_dir;
         if (val[0] != '/') FAIL("slice file line %d: %s: '%.80s' is not an absolute path", lineno, key, val);
         if (strlen(val) >= GS_PATH_LEN) FAIL("slice file line %d: %s: longer than %d characters", lineno, key, GS_PATH_LEN - 1);
         snprintf(dst, GS_PATH_LEN, "%s", val);
@@ -246,6 +247,10 @@ static int apply_key(struct parse *p, int k, const char *key, char *val, int lin
         break;
     case K_CONTEXT_OVERHEAD:
         if (gs_parse_bytes(val, &c->context_overhead) || c->context_overhead == GS_UNLIMITED) FAIL("slice file line %d: context_overhead: '%.40s' is not a byte size", lineno, val);
+        break;
+    case K_ENGINE:
+        if (!strcmp(val, "spatial")) c->engine = GS_ENGINE_SPATIAL;
+        else if (strcmp(val, "timeslice")) FAIL("slice file line %d: engine: '%.40s' is not allowed; expected timeslice or spatial", lineno, val);
         break;
     }
     return 0;
@@ -266,7 +271,7 @@ static int parse_line(struct parse *p, char *line, int lineno, char *err, size_t
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
         if (!strcmp(key, keys[i])) k = i;
     if (k < 0 && !strncmp(key, "memory_limit.", 13)) return parse_override(p, key, val, lineno, err, errlen);
-    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead)", lineno, key);
+    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead engine mps_pipe_dir)", lineno, key);
     if (p->seen & (1u << k)) FAIL("slice file line %d: duplicate key '%s'", lineno, key);
     p->seen |= 1u << k;
     return apply_key(p, k, key, val, lineno, err, errlen);
@@ -286,6 +291,9 @@ static int finish(struct parse *p, char *err, size_t errlen)
         if (!found) FAIL("slice file: memory_limit.%s: that device is not in devices=", p->ov[j].uuid);
     }
     if (p->nov && c->device_count == 0) FAIL("slice file: memory_limit.<uuid> given but devices= is missing");
+    /* A process is the client of one MPS daemon, and the node side runs one per device. */
+    if (c->engine == GS_ENGINE_SPATIAL && c->device_count > 1) FAIL("slice file: engine=spatial covers one device; devices= lists %d", c->device_count);
+    if (c->mps_pipe_dir[0] && c->engine != GS_ENGINE_SPATIAL) FAIL("slice file: mps_pipe_dir given but engine is not spatial");
     return 0;
 }
 
@@ -618,6 +626,7 @@ void gs_config_dump(const struct gs_config *c, char *buf, size_t len)
     if (c->process_limit == GS_UNLIMITED) p = cat(buf, len, p, "process_limit=unlimited\n");
     else p = cat(buf, len, p, "process_limit=%llu\n", (unsigned long long)c->process_limit);
     if (c->warning[0]) p = cat(buf, len, p, "warning=%s\n", c->warning);
-    if (c->context_overhead == GS_UNLIMITED) cat(buf, len, p, "context_overhead=default\n");
-    else cat(buf, len, p, "context_overhead=%llu\n", (unsigned long long)c->context_overhead);
+    if (c->context_overhead == GS_UNLIMITED) p = cat(buf, len, p, "context_overhead=default\n");
+    else p = cat(buf, len, p, "context_overhead=%llu\n", (unsigned long long)c->context_overhead);
+    cat(buf, len, p, "engine=%s\nmps_pipe_dir=%s\n", c->engine ? "spatial" : "timeslice", c->mps_pipe_dir);
 }

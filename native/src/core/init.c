@@ -12,6 +12,7 @@
 
 #include "gpuslice/fork.h"
 #include "gpuslice/log.h"
+#include "gpuslice/mps.h"
 #include "gpuslice/pacer.h"
 #include "gpuslice/state.h"
 
@@ -62,12 +63,14 @@ static void do_init(void)
         g_state = GS_STATE_PASSTHROUGH; /* not in a slice */
         return;
     }
+    gs_mps_apply(&gs_cfg); /* before the real cuInit, which reads the MPS variables; spatial only */
     gs_shared = gs_region_open(gs_cfg.region, err, sizeof err);
     if (!gs_shared) {
         own_failure(err);
         return;
     }
-    if (gs_pacer_init(&gs_cfg) != 0) {
+    /* Spatial slices are not paced: MPS runs their kernels at once on their share of the SMs. */
+    if (gs_cfg.engine != GS_ENGINE_SPATIAL && gs_pacer_init(&gs_cfg) != 0) {
         if (!gs_cfg.fail_open) {
             own_failure("compute pacer failed to start");
             return;

@@ -1,13 +1,16 @@
 /* Launch hooks: hand every kernel/graph launch to the compute pacer (src/pacing/, owned by the
- * compute part) before and after the real launch. The device passed is the current context's ordinal. */
+ * compute part) before and after the real launch. The device passed is the current context's ordinal;
+ * the key names the launch's kernel shape (function, grid, block, shared memory; a graph by its
+ * executable), whose cost the pacer learns (costmodel.h). */
 #define _GNU_SOURCE
+#include "gpuslice/costmodel.h"
 #include "gpuslice/hooks_common.h"
 #include "gpuslice/pacer.h"
 
-#define PACED(stream, call)                                                    \
+#define PACED(stream, key, call)                                               \
     do {                                                                       \
         int dev_ = gs_current_ordinal();                                       \
-        gs_pacer_before_launch(dev_, (void *)(stream));                        \
+        gs_pacer_before_launch(dev_, (void *)(stream), (key));                 \
         CUresult r_ = (call);                                                  \
         gs_pacer_after_launch(dev_, (void *)(stream), r_);                     \
         return r_;                                                             \
@@ -35,7 +38,8 @@
     {                                                                                              \
         __typeof__(&name) real = GS_REAL(name);                                                    \
         GS_PROLOGUE(real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));                     \
-        PACED(SM(s), real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));                    \
+        PACED(SM(s), gs_cost_key(f, gx, gy, gz, bx, by, bz, shmem),                                 \
+              real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));                           \
     }
 
 #define LAUNCH_EX(name, SM)                                                                        \
@@ -43,7 +47,11 @@
     {                                                                                              \
         __typeof__(&name) real = GS_REAL(name);                                                    \
         GS_PROLOGUE(real(cfg, f, params, extra));                                                  \
-        PACED(SM(cfg ? cfg->hStream : NULL), real(cfg, f, params, extra));                         \
+        PACED(SM(cfg ? cfg->hStream : NULL),                                                       \
+              cfg ? gs_cost_key(f, cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ, cfg->blockDimX,          \
+                                cfg->blockDimY, cfg->blockDimZ, cfg->sharedMemBytes)                 \
+                  : gs_cost_key(f, 0, 0, 0, 0, 0, 0, 0),                                           \
+              real(cfg, f, params, extra));                                                        \
     }
 
 #define LAUNCH_COOP(name, SM)                                                                      \
@@ -52,7 +60,8 @@
     {                                                                                              \
         __typeof__(&name) real = GS_REAL(name);                                                    \
         GS_PROLOGUE(real(f, gx, gy, gz, bx, by, bz, shmem, s, params));                            \
-        PACED(SM(s), real(f, gx, gy, gz, bx, by, bz, shmem, s, params));                           \
+        PACED(SM(s), gs_cost_key(f, gx, gy, gz, bx, by, bz, shmem),                                 \
+              real(f, gx, gy, gz, bx, by, bz, shmem, s, params));                                  \
     }
 
 #define GRAPH_LAUNCH(name, SM)                                                                     \
@@ -60,7 +69,7 @@
     {                                                                                              \
         __typeof__(&name) real = GS_REAL(name);                                                    \
         GS_PROLOGUE(real(g, s));                                                                   \
-        PACED(SM(s), real(g, s));                                                                  \
+        PACED(SM(s), gs_cost_key(g, 0, 0, 0, 0, 0, 0, 1), real(g, s));                            \
     }
 
 #define LAUNCH_HOOK(name, generator, SM) generator(name, SM)

@@ -80,59 +80,60 @@ void gs_ctl_allocate(const struct gs_ctl_slice *s, int n, uint32_t *rate_bp)
     }
 }
 
-void gs_ctl_refill(struct gs_ctl_bucket *b, int64_t now, uint32_t rate_bp, int64_t cap_ns)
+int64_t gs_ctl_accrue(int64_t *last_ns, int64_t now, uint32_t rate_bp)
 {
-    if (b->last_ns == 0 || now < b->last_ns) {  /* first use, or a clock that went backwards */
-        b->last_ns = now;
-        return;
+    if (*last_ns == 0 || now < *last_ns) {  /* first use, or a clock that went backwards */
+        *last_ns = now;
+        return 0;
     }
-    int64_t dt = now - b->last_ns;
-    b->last_ns = now;
+    int64_t dt = now - *last_ns;
+    *last_ns = now;
     /* dt * rate can overflow only for dt > 10^15 ns (11 days); clamp dt first */
     if (dt > GS_CTL_DEBT_MAX_NS) dt = GS_CTL_DEBT_MAX_NS;
-    int64_t before = b->credit_ns;
-    b->credit_ns += dt * (int64_t)rate_bp / GS_BP_FULL;
-    /* anti-windup: never bank past the cap (but do not take away what is already there) */
-    int64_t cap = before > cap_ns ? before : cap_ns;
-    if (b->credit_ns > cap) b->credit_ns = cap;
+    return dt * (int64_t)rate_bp / GS_BP_FULL;
 }
 
-void gs_ctl_charge(struct gs_ctl_bucket *b, int64_t busy_ns)
+int64_t gs_ctl_refilled(int64_t credit_ns, int64_t add_ns, int64_t cap_ns)
 {
-    b->credit_ns -= busy_ns;
-    if (b->credit_ns < -GS_CTL_DEBT_MAX_NS) b->credit_ns = -GS_CTL_DEBT_MAX_NS;
-    if (b->credit_ns > GS_CTL_WANT_CAP_NS) b->credit_ns = GS_CTL_WANT_CAP_NS;
+    /* anti-windup: never bank past the cap (but do not take away what is already there) */
+    int64_t cap = credit_ns > cap_ns ? credit_ns : cap_ns;
+    int64_t c = credit_ns + add_ns;
+    return c > cap ? cap : c;
 }
 
-int64_t gs_ctl_gate(const struct gs_ctl_bucket *b, uint32_t rate_bp, int64_t inflight_ns)
+void gs_ctl_refill(struct gs_ctl_bucket *b, int64_t now, uint32_t rate_bp, int64_t cap_ns)
+{
+    int64_t add = gs_ctl_accrue(&b->last_ns, now, rate_bp);
+    b->credit_ns = gs_ctl_refilled(b->credit_ns, add, cap_ns);
+}
+
+int64_t gs_ctl_charged(int64_t credit_ns, int64_t busy_ns)
+{
+    int64_t c = credit_ns - busy_ns;
+    if (c < -GS_CTL_DEBT_MAX_NS) c = -GS_CTL_DEBT_MAX_NS;
+    if (c > GS_CTL_WANT_CAP_NS) c = GS_CTL_WANT_CAP_NS;
+    return c;
+}
+
+void gs_ctl_charge(struct gs_ctl_bucket *b, int64_t busy_ns) { b->credit_ns = gs_ctl_charged(b->credit_ns, busy_ns); }
+
+int64_t gs_ctl_gate(const struct gs_ctl_bucket *b, uint32_t rate_bp, int64_t need_ns)
 {
     if (rate_bp >= GS_BP_FULL) return 0;
-    int64_t need = inflight_ns - b->credit_ns - GS_CTL_LOOKAHEAD_NS; /* credit missing before this launch */
+    int64_t need = need_ns - b->credit_ns - GS_CTL_LOOKAHEAD_NS; /* credit missing before this launch */
     if (need <= 0) return 0;
     if (rate_bp == 0) return GS_CTL_WAIT_MAX_NS;
-    /* time until the refill covers the gap (the queue also drains meanwhile, so this is an upper
-     * bound; WAIT_MAX keeps the re-check frequent) */
+    /* time until the refill covers the gap (an upper bound when other launches are refunded
+     * meanwhile; WAIT_MAX keeps the re-check frequent) */
     int64_t w = need * GS_BP_FULL / rate_bp;
     if (w < GS_CTL_WAIT_MIN_NS) w = GS_CTL_WAIT_MIN_NS;
     if (w > GS_CTL_WAIT_MAX_NS) w = GS_CTL_WAIT_MAX_NS;
     return w;
 }
 
-int64_t gs_ctl_inflight(uint32_t n_launches, int64_t cost_ns, int64_t elapsed_ns)
+int gs_ctl_takes_turns(int was, uint32_t offered_bp)
 {
-    if (cost_ns <= 0 || n_launches == 0) return 0;
-    int64_t q = (int64_t)n_launches * cost_ns - elapsed_ns;
-    return q > 0 ? q : 0;
-}
-
-int64_t gs_ctl_close_correction(int64_t accrued_wall_ns, int64_t charged_ns, int64_t exact_ns)
-{
-    if (exact_ns < 0) return 0;  /* no exact length (event error): keep the host estimate */
-    if (accrued_wall_ns <= 0) return exact_ns;  /* nothing accrued yet: charge it all, alone */
-    /* the share of the GPU this period had on average while it was open = charged / wall; the
-     * exact length replaces the wall estimate at that same share */
-    double f = (double)charged_ns / (double)accrued_wall_ns;
-    return (int64_t)((double)exact_ns * f) - charged_ns;
+    return was ? offered_bp >= GS_CTL_TURNS_OFF_BP : offered_bp >= GS_CTL_TURNS_ON_BP;
 }
 
 void gs_ctl_window_add(struct gs_ctl_window *w, int64_t now, int64_t busy_ns, int64_t throttled_ns)

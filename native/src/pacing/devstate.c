@@ -24,6 +24,8 @@ _Static_assert(offsetof(struct gs_ds_proc, busy_total_ns) == 40, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, heartbeat_ns) == 64, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, pidns) == 72, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, joined_ns) == 80, "proc layout");
+_Static_assert(offsetof(struct gs_ds_proc, offered_bp) == 88, "proc layout");
+_Static_assert(offsetof(struct gs_ds_proc, path) == 92, "proc layout");
 
 static int64_t mono_ns(void)
 {
@@ -68,7 +70,9 @@ static int validate(const struct gs_ds_header *h, char *err, size_t errlen)
     if (h->version != GS_DS_VERSION || h->size != GS_DS_FILE_SIZE || h->slice_off != GS_DS_SLICE_OFF ||
         h->slice_size != GS_DS_SLICE_SIZE || h->proc_off != GS_DS_PROC_OFF || h->proc_size != GS_DS_PROC_SIZE ||
         h->max_slices != GS_DS_MAX_SLICES || h->max_procs != GS_DS_MAX_PROCS) {
-        snprintf(err, errlen, "device state: version %u size %u not known (this build: version %u size %u)",
+        snprintf(err, errlen,
+                 "device state: version %u size %u not known (this build: version %u size %u): processes of "
+                 "different gpuslice versions cannot coordinate; remove the file once none of the other version runs",
                  h->version, h->size, GS_DS_VERSION, (unsigned)GS_DS_FILE_SIZE);
         return -1;
     }

@@ -74,7 +74,7 @@ static struct {
     struct gs_pdev dev[GS_MAX_DEVICES];
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static _Thread_local int tl_slot = -1;
+static _Thread_local struct gs_ticket tl_ticket = {-1, 0, 0};
 
 static int64_t mono_ns(void)
 {
@@ -179,7 +179,8 @@ static void *poller_main(void *arg)
             if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) continue;
             /* events belong to the application's context; make it current in this thread (a light
              * engine with nothing outstanding only refreshes its heartbeat: no CUDA call) */
-            if (!d->eng.light || d->eng.outstanding > 0 || __atomic_load_n(&d->eng.drain_pending, __ATOMIC_ACQUIRE))
+            if (__atomic_load_n(&d->eng.path, __ATOMIC_RELAXED) != GS_DS_PATH_LIGHT || d->eng.outstanding > 0 ||
+                __atomic_load_n(&d->eng.drain_pending, __ATOMIC_ACQUIRE))
                 cu.ctx_set(d->ctx);
             int64_t now = mono_ns();
             gs_engine_poll(&d->eng, now);
@@ -317,21 +318,18 @@ static struct gs_pdev *device(int dev)
     return st == 1 ? d : NULL;
 }
 
-void gs_pacer_before_launch(int dev, void *stream)
+void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
 {
-    tl_slot = -1;
+    tl_ticket.slot = -1;
+    tl_ticket.charged = 0;
     if (!g.enabled) return;
     struct gs_pdev *d = device(dev);
     if (!d) return;
     int64_t slept = 0;
     for (;;) {
         int64_t t0 = mono_ns();
-        int slot;
-        int64_t w = gs_engine_before(&d->eng, t0, stream, slept, &slot);
-        if (w <= 0) {
-            tl_slot = slot;
-            return;
-        }
+        int64_t w = gs_engine_before(&d->eng, t0, stream, key, slept, &tl_ticket);
+        if (w <= 0) return;
         sleep_ns(w);
         slept = mono_ns() - t0;
     }
@@ -339,12 +337,15 @@ void gs_pacer_before_launch(int dev, void *stream)
 
 void gs_pacer_after_launch(int dev, void *stream, int cu_result)
 {
-    int slot = tl_slot;
-    tl_slot = -1;
+    struct gs_ticket t = tl_ticket;
+    tl_ticket.slot = -1;
+    tl_ticket.charged = 0;
     if (!g.enabled || dev < 0 || dev >= GS_MAX_DEVICES) return;  /* slot < 0: the engine may record a drain */
     struct gs_pdev *d = &g.dev[dev];
     if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) return;
-    gs_engine_after(&d->eng, stream, slot, cu_result == CU_OK);
+    /* a paced engine leaves the time blocked in the driver's launch call out of its offered load;
+     * the light path reads no clock after the launch */
+    gs_engine_after(&d->eng, d->eng.paced ? mono_ns() : 0, stream, &t, cu_result == CU_OK);
 }
 
 void gs_pacer_shutdown(void)

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import typer
 
+from gpuslice.host.console import stdout_console
 from gpuslice.host.errors import NoGpuError
 from gpuslice.host import devices as discovery
 
 
 def demo(
-    out: Path = typer.Option(Path("out/demo"), "--out", help="Where the simulation report is written."),
+    out: Path = typer.Option(Path("out/demo"), "--out", metavar="DIR", help="Where the simulation report is written."),
     force_simulation: bool = typer.Option(False, "--simulate", help="Run the trace simulation even on a GPU box."),
 ) -> None:
     """Run the demo: two live slices on GPU 0, or (no GPU) the openb trace simulation."""
@@ -34,6 +35,9 @@ def demo(
             gpu_reason = str(exc)
     typer.echo(f"demo: no GPU path ({gpu_reason}); running the openb trace simulation instead")
     from gpuslice.sim.demo import run_default
+    from gpuslice.sim.explain import INTRO
+
+    stdout_console().print(f"demo: {INTRO}", markup=False, highlight=False)
 
     report = run_default(out)
     typer.echo(f"demo: report written to {report}")

@@ -5,10 +5,14 @@ The native pacer (``native/src/pacing/``, layout in ``native/include/gpuslice/de
 mmap'd by every paced process on the node. This module reads it for ``gpuslice ps`` / the monitor
 and refuses versions it does not know with :class:`UnknownDeviceStateVersion`.
 
-Version 2 (this reader) added to every process record its PID namespace (the inode of
-``/proc/<pid>/ns/pid``) and a heartbeat: pids are only meaningful inside their own namespace, so the
-enforcers of different pods on one node judge each other's liveness by the heartbeat. The reader
-reports both; ``ProcessCompute.pid`` is the pid *in that namespace*.
+Version 2 added to every process record its PID namespace (the inode of ``/proc/<pid>/ns/pid``) and a
+heartbeat: pids are only meaningful inside their own namespace, so the enforcers of different pods on one
+node judge each other's liveness by the heartbeat. The reader reports both; ``ProcessCompute.pid`` is the
+pid *in that namespace*. Version 3 (this reader) keeps that layout and adds to each process record the path
+its launches take through the pacer (``light``, ``free``, ``turns``, ``priority``: README-compute.md,
+"Paths") and its offered load (GPU time its launches ask for per second of its own CPU time); the writers
+also changed how they share a slice's credit, so the enforcers of versions 2 and 3 refuse each other's
+files.
 
 Reads take no lock (the writers hold a process-shared pthread mutex Python cannot join); the
 header's ``updates`` counter is read before and after the copy and the copy is retried when it
@@ -26,7 +30,7 @@ from gpuslice.spec.errors import GpusliceError
 from gpuslice.spec.files import open_regular
 
 MAGIC = 0x0054535645445347  # "GSDEVST\0"
-VERSION = 2
+VERSION = 3
 HEADER_SIZE = 256
 SLICE_SIZE = 256
 PROC_SIZE = 128
@@ -38,10 +42,11 @@ FILE_SIZE = PROC_OFF + MAX_PROCS * PROC_SIZE
 
 _HEADER = struct.Struct("<QIIIIIIIIqqQ64s")  # up to the uuid; the mutex follows at 128
 _SLICE = struct.Struct("<IIBBBBI128sqqqQQQqqqiiq")
-_PROC = struct.Struct("<iIiIqqqQqqqQq")  # v2: + heartbeat_ns, pidns, joined_ns (then padding to 128)
+_PROC = struct.Struct("<iIiIqqqQqqqQqIB")  # v2: + heartbeat_ns, pidns, joined_ns; v3: + offered_bp, path
 _MODES = {0: "hard", 1: "soft", 2: "off"}
 _SLICE_IN_USE = 1
 _PROC_IN_USE, _PROC_BUSY, _PROC_LIGHT = 1, 2, 4
+_PATHS = {0: "light", 1: "free", 2: "turns", 3: "priority"}
 _SHARE_OFFSET = 4  # share_bp inside a slice record
 
 
@@ -57,10 +62,12 @@ class UnknownDeviceStateVersion(DeviceStateError):
 class ProcessCompute:
     pid: int  # inside its own PID namespace (see pid_namespace)
     busy: bool  # has GPU work outstanding right now (measured with events)
-    measured: bool  # False: unpaced and alone, only its launch activity is published
+    measured: bool  # False: on the light path, only its launch activity is published
     busy_total_s: float
     pid_namespace: int = 0  # inode of the process's PID namespace; 0 = unknown
     heartbeat_s: float = 0.0  # CLOCK_MONOTONIC seconds (time.monotonic() on Linux) of its last heartbeat
+    path: str = "light"  # light | free | turns | priority (how its launches go through the pacer now)
+    offered_load: float | None = None  # GPU seconds its launches ask per CPU second (paced only; None = not yet)
 
     def heartbeat_age(self, now_monotonic: float | None = None) -> float:
         """Seconds since the process last proved alive (stale after 5 s: the native side frees it)."""
@@ -122,9 +129,8 @@ def parse_device_state(buf: bytes, path: Path | str = "<bytes>") -> DeviceComput
     uuid = _check_header(buf, path)
     procs_by_slice: dict[int, list[ProcessCompute]] = {}
     for i in range(MAX_PROCS):
-        pid, flags, slice_idx, _id, _since, _last, _seen, busy_total, _expect, _want, beat, pidns, _joined = (
-            _PROC.unpack_from(buf, PROC_OFF + i * PROC_SIZE)
-        )
+        (pid, flags, slice_idx, _id, _since, _last, _seen, busy_total, _expect, _want, beat, pidns, _joined, offered_bp,
+         path) = _PROC.unpack_from(buf, PROC_OFF + i * PROC_SIZE)
         if not flags & _PROC_IN_USE:
             continue
         procs_by_slice.setdefault(slice_idx, []).append(
@@ -135,6 +141,8 @@ def parse_device_state(buf: bytes, path: Path | str = "<bytes>") -> DeviceComput
                 busy_total_s=busy_total / 1e9,
                 pid_namespace=pidns,
                 heartbeat_s=beat / 1e9,
+                path=_PATHS.get(path, f"unknown({path})"),
+                offered_load=offered_bp / 10000.0 if offered_bp else None,
             )
         )
     slices = []

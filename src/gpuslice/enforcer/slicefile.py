@@ -30,7 +30,8 @@ _UUID_RE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/-]+$")
 _MODES = {"hard": "hard", "force": "hard", "soft": "soft", "default": "soft", "off": "off", "disable": "off"}
 _LOG_LEVELS = ("error", "warn", "info", "debug")
 _KEYS = ("version", "grant", "devices", "memory_limit", "compute", "mode", "weight", "priority", "region",
-         "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead")
+         "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir")
+ENGINES = ("timeslice", "spatial")
 MAX_DEVICES = 16
 PATH_MAX = 1023
 U64_MAX = 2**64 - 1
@@ -62,7 +63,9 @@ def _valid_uuid(u: str) -> bool:
 class SliceConfig:
     """One process group's slice. ``memory_limit`` None = no default limit; ``memory_limits`` holds
     per-device overrides keyed by UUID (each must be in ``devices``). ``context_overhead`` None = the
-    enforcer's built-in measured default."""
+    enforcer's built-in measured default. ``engine="spatial"``: the processes are MPS clients of the
+    daemon whose pipe directory is ``mps_pipe_dir`` (as they see it; "" = their environment's), not paced;
+    such a slice covers at most one device."""
 
     devices: tuple[str, ...] = ()
     memory_limit: int | None = None
@@ -78,6 +81,8 @@ class SliceConfig:
     log_level: str = "warn"
     fail_open: bool = False
     context_overhead: int | None = None
+    engine: str = "timeslice"
+    mps_pipe_dir: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -119,7 +124,14 @@ class SliceConfig:
             raise SliceFileError("log_level", self.log_level, "error, warn, info or debug")
         if not isinstance(self.fail_open, bool):
             raise SliceFileError("fail_open", self.fail_open, "True or False")
-        for key in ("region", "device_state_dir"):
+        if self.engine not in ENGINES:
+            raise SliceFileError("engine", self.engine, "timeslice or spatial")
+        if self.engine == "spatial" and len(self.devices) > 1:
+            raise SliceFileError("engine", self.engine, "timeslice for a slice of more than one device "
+                                 "(a spatial slice is served by the MPS daemon of one device)")
+        if self.mps_pipe_dir and self.engine != "spatial":
+            raise SliceFileError("mps_pipe_dir", self.mps_pipe_dir, "none unless engine is spatial")
+        for key in ("region", "device_state_dir", "mps_pipe_dir"):
             v = getattr(self, key)
             if v and (not v.startswith("/") or len(v) > PATH_MAX or any(c in v for c in "\n\r#\0")
                       or v != v.strip()):
@@ -159,21 +171,27 @@ def format_slice(cfg: SliceConfig) -> str:
     lines += [f"oom_policy={cfg.oom_policy}", f"log_level={cfg.log_level}", f"fail_open={int(cfg.fail_open)}"]
     if cfg.context_overhead is not None:
         lines.append(f"context_overhead={cfg.context_overhead}")
+    if cfg.engine != "timeslice":  # time-sliced slice files stay what they were before engines
+        lines.append(f"engine={cfg.engine}")
+    if cfg.mps_pipe_dir:
+        lines.append(f"mps_pipe_dir={cfg.mps_pipe_dir}")
     return "\n".join(lines) + "\n"
 
 
 def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_policy: str = "return",
-                 log_level: str = "warn", fail_open: bool = False) -> SliceConfig:
+                 log_level: str = "warn", fail_open: bool = False, mps_pipe_dir: str = "") -> SliceConfig:
     """The slice file of ``grant``: its devices and memory limits (per device where they differ), the first
-    slice's compute share, mode, weight and priority (a grant's slices share them), the region and
-    device-state paths as the slice's processes see them, and the node's enforcer settings."""
+    slice's compute share, mode, weight, priority and engine (a grant's slices share them), the region,
+    device-state and (spatial) MPS pipe paths as the slice's processes see them, and the node's enforcer
+    settings."""
     first = grant.slices[0]
+    spatial = first.engine is spec.Engine.SPATIAL
     return SliceConfig(
         devices=grant.uuids, memory_limit=first.memory_limit,
         memory_limits={s.device_uuid: s.memory_limit for s in grant.slices}, grant=grant.grant_id,
         compute=first.compute, mode=first.mode.value, weight=first.weight, priority=int(first.priority),
         region=region, device_state_dir=device_state_dir, oom_policy=oom_policy, log_level=log_level,
-        fail_open=fail_open)
+        fail_open=fail_open, engine=first.engine.value, mps_pipe_dir=mps_pipe_dir if spatial else "")
 
 
 def write_slice_file(path: str | os.PathLike[str], config: SliceConfig | None = None, **fields_: Any) -> SliceConfig:
@@ -264,9 +282,13 @@ def _value(key: str, val: str, lineno: int, path: str | None) -> dict[str, Any]:
         if val not in _MODES:
             raise bad("hard, soft or off")
         return {key: _MODES[val]}
-    if key in ("region", "device_state_dir"):
+    if key in ("region", "device_state_dir", "mps_pipe_dir"):
         if not val.startswith("/") or len(val) > PATH_MAX:
             raise bad("an absolute path")
+        return {key: val}
+    if key == "engine":
+        if val not in ENGINES:
+            raise bad("timeslice or spatial")
         return {key: val}
     allowed = {"oom_policy": ("return", "kill"), "log_level": _LOG_LEVELS}[key]
     if val not in allowed:

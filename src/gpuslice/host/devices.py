@@ -57,7 +57,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from gpuslice.host.errors import NoGpuError, SnapshotError
+from gpuslice.host.errors import NoGpuError, SnapshotError, SnapshotNotFound
 from gpuslice.spec import Device, MigInstance, SpecError
 
 log = logging.getLogger("gpuslice.devices")
@@ -270,9 +270,17 @@ def _read_card(pynvml: Any, index: int, partial: dict[str, str]) -> _Card:
         mig_instances=_mig_instances(pynvml, handle) if mig_enabled else (),
         compute_mode="Unknown" if compute_mode is None else _COMPUTE_MODES.get(compute_mode, "Unknown"),
         pci_bus_id=bus_id,
+        compute_capability=_compute_capability(pynvml, handle),
     ))
     _read_links(pynvml, handle, card)
     return card
+
+
+def _compute_capability(pynvml: Any, handle: Any) -> str:
+    """``"9.0"`` from ``nvmlDeviceGetCudaComputeCapability``; "" when NVML does not say (an older binding)."""
+    call = getattr(pynvml, "nvmlDeviceGetCudaComputeCapability", None)
+    found = _optional(pynvml, call, handle) if call is not None else None
+    return f"{int(found[0])}.{int(found[1])}" if found else ""
 
 
 def model_of(name: str) -> str:
@@ -432,8 +440,8 @@ def _read_snapshot_text(path_or_name: str) -> tuple[str, str]:
     if re.fullmatch(r"[a-z0-9-]+", path_or_name) and path_or_name in bundled_snapshots():
         resource = resources.files("gpuslice.host") / "snapshots" / f"{path_or_name}.json"
         return resource.read_text(), f"bundled snapshot {path_or_name}"
-    raise SnapshotError(
-        f"snapshot {path_or_name!r}: no such file and no bundled snapshot of that name "
+    raise SnapshotNotFound(
+        f"snapshot {path_or_name!r} not found: no such file and no bundled snapshot of that name "
         f"(bundled: {', '.join(bundled_snapshots())})"
     )
 
@@ -510,6 +518,7 @@ def _device_from_json(entry: Any, where: str) -> Device:
             mig_instances=_migs_from_json(entry.get("mig_instances", []), where),
             compute_mode=entry.get("compute_mode", "Default"),
             pci_bus_id=entry.get("pci_bus_id", ""),
+            compute_capability=entry.get("compute_capability", ""),
         )
     except SpecError as exc:
         raise SnapshotError(f"{where}: {exc}") from None
@@ -544,6 +553,7 @@ def device_to_json(device: Device) -> dict[str, Any]:
         "mig_instances": [m.__dict__ for m in device.mig_instances],
         "compute_mode": device.compute_mode,
         "pci_bus_id": device.pci_bus_id,
+        "compute_capability": device.compute_capability,
     }
 
 

@@ -11,3 +11,7 @@ class NoGpuError(GpusliceError):
 
 class SnapshotError(GpusliceError):
     """A device snapshot file is missing or malformed."""
+
+
+class SnapshotNotFound(SnapshotError):
+    """No snapshot file and no bundled snapshot of that name."""

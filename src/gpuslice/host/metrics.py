@@ -80,6 +80,7 @@ class ViewCollector(Collector):
         yield from _families(DEVICE_METRICS, DEVICE_LABELS, (
             ([view.node, d.uuid, str(d.index), d.name], d) for d in view.devices))
         yield from _backstop_families(view)
+        yield from _engine_families(view)
         grants = _g("gpuslice_grants", "Grants held on this node.", ["node"])
         grants.add_metric([view.node], len({s.grant_id for s in view.slices}))
         queue = _g("gpuslice_queue_length", "Requests waiting for a grant.", ["node"])
@@ -104,6 +105,26 @@ def _backstop_families(view: NodeView) -> Iterator:
     for k in report.get("kills_total", ()):
         kills.add_metric([view.node, k["grant"], k["device"]], k["kills"])
     yield from (over, strangers, kills)
+
+
+def _engine_families(view: NodeView) -> Iterator:
+    """The engine of each slice, and the node's MPS daemons (1 in the series of their current state)."""
+    info = _g("gpuslice_slice_info", "1 per slice; its engine (timeslice | spatial), mode and priority.",
+              [*SLICE_LABELS, "engine", "mode", "priority"])
+    for s in view.slices:
+        info.add_metric([view.node, s.grant_id, s.device_uuid, str(s.device_index), s.owner, "", "", "", s.engine,
+                         s.mode, s.priority], 1)
+    yield info
+    daemons = _g("gpuslice_mps_daemon", "1 per MPS control daemon of spatial slices, labelled with its state "
+                 "(running, fault: its logs report a fatal client error, down: its process is gone).",
+                 ["node", "device", "uid", "state"])
+    faults = _g("gpuslice_mps_daemon_faults", "Fatal-error lines in the daemon's logs since it started.",
+                ["node", "device", "uid"])
+    for d in view.mps:
+        daemons.add_metric([view.node, d["device"], str(d["uid"]), d["state"]], 1)
+        faults.add_metric([view.node, d["device"], str(d["uid"])], len(d.get("faults") or ()))
+    yield daemons
+    yield faults
 
 
 def exposition(latest: Callable[[], NodeView | None]) -> bytes:

@@ -7,6 +7,11 @@ slice's busy time over wall time across the samples of the last ``RATE_WINDOW_S`
 two samples; none on a slice's first sample) — a window, not the last interval, so that fast sampling
 (the dashboard's 0.2 s) does not turn the step-wise busy counters into a jumpy line. ``ps``, ``top``,
 the metrics and the dashboard all render a :class:`NodeView`.
+
+A spatial slice (MPS) is not paced, so the pacer measures nothing for it: its compute achieved is
+``None`` (shown as ``-``), its ``engine`` says ``spatial`` and ``mps`` the state of its device's daemon
+(``running``, ``fault``, ``down``); the node view lists the daemons (``mps``) and puts a line in ``errors``
+for each one that is not running.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from gpuslice.enforcer import devstate as compute_state
 from gpuslice.host import procs
+from gpuslice.host.mpsfleet import DaemonStatus, MpsDaemons
 from gpuslice.host.usage import GrantUsage, Watched, read_grant_usage
-from gpuslice.spec import Device, Priority
+from gpuslice.spec import Device, Engine, Priority
 
 if TYPE_CHECKING:
     from gpuslice.host.backstop import BackstopReport
@@ -58,6 +64,8 @@ class SliceView:
     command: str
     exclusive: bool = False
     memory_seen: int | None = None  # the slice's processes' device memory as NVML counts it (the backstop)
+    engine: str = "timeslice"
+    mps: str = ""  # spatial: the state of the device's MPS daemon (running | fault | down | none)
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,7 @@ class NodeView:
     # The backstop's last check (gpuslice.host.backstop.BackstopReport.to_json): policy, slices over their
     # limit in NVML's count and what was done, GPU processes of no slice. Empty: no backstop runs here.
     backstop: dict[str, Any] = field(default_factory=dict)
+    mps: tuple[dict[str, Any], ...] = ()  # the node's MPS daemons (DaemonStatus.to_json)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,11 +111,12 @@ class Monitor:
     """Turns (devices, grants, regions) into NodeViews; keeps the last busy counters for rates."""
 
     def __init__(self, devices: Sequence[Device], node: str, read_usage: UsageReader = read_grant_usage,
-                 device_state_dir: Path | None = None):
+                 device_state_dir: Path | None = None, mps: MpsDaemons | None = None):
         self.devices = list(devices)
         self.node = node
         self.read_usage = read_usage
         self.device_state_dir = device_state_dir
+        self.mps = mps
         # device (or MIG instance) UUID -> the card's index
         self._index = {u: d.index for d in self.devices for u in (d.uuid, *(m.uuid for m in d.mig_instances))}
         self._last: dict[tuple[str, str], deque[tuple[float, int]]] = {}  # (grant, device) -> [(t, busy_ns)]
@@ -118,12 +128,27 @@ class Monitor:
         errors: list[str] = []
         seen: set[tuple[str, str]] = set()
         paced = self._compute(errors)
+        daemons = self._daemons(errors)
         stats = procs.all_stats() if grants else []
         for watched in grants:
             slices += self._slices(watched, paced, stats, now, errors, seen)
+        slices = [_with_daemon(s, daemons) for s in slices]
         self._last = {k: v for k, v in self._last.items() if k in seen}
         return NodeView(time=now, node=self.node, devices=tuple(self._devices(slices)), slices=tuple(slices),
-                        waiters=tuple(self._waiters(waiters, now)), errors=tuple(errors))
+                        waiters=tuple(self._waiters(waiters, now)), errors=tuple(errors),
+                        mps=tuple(d.to_json() for d in daemons))
+
+    def _daemons(self, errors: list[str]) -> list[DaemonStatus]:
+        """The MPS daemons of spatial slices, a line in ``errors`` for each that is not running."""
+        if self.mps is None:
+            return []
+        daemons = self.mps.status()
+        for d in daemons:
+            if d.state != "running":
+                user = "" if d.uid < 0 else f" (uid {d.uid})"
+                why = f": {d.faults[-1]}" if d.faults else ""
+                errors.append(f"MPS daemon of {d.device}{user}: {d.state}{why}")
+        return daemons
 
     def _slices(self, watched: Watched, paced: dict[tuple[str, str], compute_state.SliceCompute],
                 stats: list[procs.ProcStat], now: float, errors: list[str],
@@ -143,6 +168,8 @@ class Monitor:
             busy = max(u.busy_ns if u else 0, int(pc.busy_total_s * 1e9) if pc else 0)
             rate = self._rate(key, now, busy) if usage.readable or pc else None
             achieved = pc.achieved_share if pc and pc.achieved_share is not None else rate
+            if s.engine is Engine.SPATIAL:
+                achieved = None  # not paced: the pacer measures nothing, and MPS shares SMs, not time
             throttled = max((u.throttled_ns if u else 0) / 1e9, pc.throttled_total_s if pc else 0.0)
             out.append(SliceView(
                 grant_id=grant.grant_id, owner=watched.owner, device_uuid=s.device_uuid,
@@ -151,7 +178,7 @@ class Monitor:
                 compute_achieved=achieved, throttled_seconds=throttled,
                 oom_refusals=u.oom_refusals if u else 0, priority=Priority(s.priority).name.lower(),
                 mode=s.mode.value, pids=pids, age_seconds=max(0.0, now - watched.created),
-                command=watched.command, exclusive=grant.exclusive))
+                command=watched.command, exclusive=grant.exclusive, engine=s.engine.value))
         return out
 
     def _waiters(self, waiters: Sequence[Waiting], now: float) -> list[dict[str, Any]]:
@@ -206,6 +233,15 @@ class Monitor:
         return out
 
 
+def _with_daemon(view: SliceView, daemons: Sequence[DaemonStatus]) -> SliceView:
+    """A spatial slice's view with its device's daemon state (the worst of its users' daemons)."""
+    if view.engine != Engine.SPATIAL.value:
+        return view
+    states = [d.state for d in daemons if d.device == view.device_uuid]
+    worst = next((s for s in ("down", "fault", "running") if s in states), "none")
+    return replace(view, mps=worst)
+
+
 def view_from_json(data: dict[str, Any]) -> NodeView:
     """Inverse of NodeView.to_json (for ``ps`` reading the agent's /v1/status)."""
     return NodeView(
@@ -213,4 +249,4 @@ def view_from_json(data: dict[str, Any]) -> NodeView:
         devices=tuple(DeviceView(**d) for d in data["devices"]),
         slices=tuple(SliceView(**{**s, "pids": tuple(s["pids"])}) for s in data["slices"]),
         waiters=tuple(data.get("waiters", ())), errors=tuple(data.get("errors", ())),
-        backstop=dict(data.get("backstop") or {}))
+        backstop=dict(data.get("backstop") or {}), mps=tuple(data.get("mps", ())))

@@ -1,13 +1,24 @@
-"""Rich tables of a NodeView for ``gpuslice ps`` and ``gpuslice top``."""
+"""Rich tables of a NodeView for ``gpuslice ps`` and ``gpuslice top``, fitted to the terminal.
+
+What stays when the terminal is narrow (``Column.keep``, 0 = always): which grant, on which device, its
+memory used and limit, compute achieved and set; then priority, the command, OOM refusals, owner, age;
+the peak, throttling and pids go first. ``--wide`` shows every column and the whole command; ``--json`` every value.
+"""
 
 from __future__ import annotations
 
-from rich.console import Group
+from typing import Callable
+
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from gpuslice.host.console import Column, fit_table
 from gpuslice.host.monitor import NodeView
 from gpuslice.spec import human_bytes
+
+COMMAND_SHORT = 40  # characters of a command shown when not --wide
 
 
 def _pct(value: float | None) -> str:
@@ -23,9 +34,16 @@ def _age(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _set(share: int, whole: bool) -> str:
-    """A compute share as set: whole devices are all theirs; 0 on a shared device is not paced."""
+def _set(share: int, whole: bool, engine: str = "timeslice") -> str:
+    """A compute share as set: whole devices are all theirs; 0 on a shared device is not paced; a spatial
+    slice's share is its fraction of the SMs (MPS)."""
+    if engine == "spatial":
+        return f"{share}% SMs" if 0 < share < 100 else "all SMs"
     return "whole" if whole else (f"{share}%" if share else "unpaced")
+
+
+def _command(text: str, wide: bool) -> str:
+    return text if wide or len(text) <= COMMAND_SHORT else text[:COMMAND_SHORT - 1] + "…"
 
 
 def describe_request(r: dict) -> str:
@@ -38,70 +56,121 @@ def describe_request(r: dict) -> str:
     return text + (f", compute {r['compute']}%" if r["compute"] else ", compute unpaced")
 
 
-def devices_table(view: NodeView) -> Table:
-    table = Table(title=f"devices on {view.node}", title_justify="left")
-    for name in ("#", "name", "memory used", "granted", "total", "compute achieved", "granted %", "slices"):
-        table.add_column(name, justify="left" if name == "name" else "right")
-    for d in view.devices:
-        table.add_row(str(d.index), d.name, human_bytes(d.memory_used), human_bytes(d.memory_granted),
-                      human_bytes(d.memory_total), _pct(d.compute_achieved),
-                      "100% (whole)" if d.held_whole else f"{d.compute_granted}%", str(d.slices))
-    return table
+def devices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
+    d = view.devices
+    columns = [
+        Column("#", [str(x.index) for x in d], justify="right"),
+        Column("name", [x.name for x in d], keep=3, wrap=True),
+        Column("memory\nused", [human_bytes(x.memory_used) for x in d], justify="right"),
+        Column("granted", [human_bytes(x.memory_granted) for x in d], justify="right"),
+        Column("total", [human_bytes(x.memory_total) for x in d], keep=2, justify="right"),
+        Column("compute\nachieved", [_pct(x.compute_achieved) for x in d], justify="right"),
+        Column("granted\n%", ["100% (whole)" if x.held_whole else f"{x.compute_granted}%" for x in d],
+               justify="right", short=["100%" if x.held_whole else f"{x.compute_granted}%" for x in d]),
+        Column("slices", [str(x.slices) for x in d], keep=1, justify="right"),
+    ]
+    return fit_table(columns, width, wide=wide, title=f"devices on {view.node}", title_justify="left")
 
 
-def slices_table(view: NodeView) -> Table:
-    table = Table(title="slices", title_justify="left")
-    for name in ("grant", "owner", "gpu", "memory used", "limit", "peak", "compute", "set", "throttled",
-                 "OOM refusals", "priority", "pids", "age", "command"):
-        table.add_column(name, justify="right" if name in ("gpu", "memory used", "limit", "peak", "compute", "set",
-                                                          "throttled", "OOM refusals", "age") else "left")
-    for s in view.slices:
-        table.add_row(s.grant_id, s.owner, str(s.device_index), human_bytes(s.memory_used), human_bytes(s.memory_limit),
-                      human_bytes(s.memory_peak), _pct(s.compute_achieved), _set(s.compute_set, s.exclusive),
-                      f"{s.throttled_seconds:.1f}s", str(s.oom_refusals), s.priority,
-                      " ".join(map(str, s.pids)) or "-", _age(s.age_seconds), s.command[:40])
-    return table
+def slices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
+    s = view.slices
+    columns = [
+        Column("grant", [x.grant_id for x in s]),
+        Column("owner", [x.owner for x in s], keep=4),  # keep: see the module's docstring
+        Column("gpu", [str(x.device_index) for x in s], justify="right"),
+        Column("memory\nused", [human_bytes(x.memory_used) for x in s], justify="right"),
+        Column("limit", [human_bytes(x.memory_limit) for x in s], justify="right"),
+        Column("peak", [human_bytes(x.memory_peak) for x in s], keep=6, justify="right"),
+        Column("compute", [_pct(x.compute_achieved) for x in s], justify="right"),
+        Column("set", [_set(x.compute_set, x.exclusive, x.engine) for x in s], justify="right"),
+        Column("throttled", [f"{x.throttled_seconds:.1f}s" for x in s], keep=7, justify="right"),
+        Column("OOM\nrefusals", [str(x.oom_refusals) for x in s], keep=3, justify="right"),
+        Column("priority", [x.priority for x in s], keep=1),
+        Column("pids", [" ".join(map(str, x.pids)) or "-" for x in s], keep=8, wrap=True),
+        Column("age", [_age(x.age_seconds) for x in s], keep=5, justify="right"),
+        Column("command", [_command(x.command, wide) for x in s], keep=2, wrap=True),
+    ]
+    return fit_table(columns, width, wide=wide, title="slices", title_justify="left")
 
 
-def view_renderable(view: NodeView) -> Group:
-    parts = [devices_table(view), slices_table(view)]
-    if view.waiters:
-        parts.append(queue_table(view))
-    if (view.backstop or {}).get("overruns") or (view.backstop or {}).get("unattributed"):
-        parts.append(backstop_table(view))
-    if view.errors:  # what the node could not read (a region, a pacing file, a ledger row): never hidden
-        parts.append(Text("\n".join(f"problem: {e}" for e in view.errors), style="yellow"))
-    return Group(*parts)
+def mps_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
+    """The MPS daemons of spatial slices: device, user, pid, state and the last fault their logs report."""
+    index = {d.uuid: d.index for d in view.devices}
+    m = view.mps
+    last = [(d.get("faults") or [""])[-1] for d in m]
+    columns = [
+        Column("gpu", [str(index.get(d["device"], "?")) for d in m], justify="right"),
+        Column("user", ["agent" if d["uid"] < 0 else str(d["uid"]) for d in m]),
+        Column("pid", [str(d["pid"] or "-") for d in m], keep=2, justify="right"),
+        Column("state", [d["state"] for d in m]),
+        Column("last fault", [f if wide else f[:80] for f in last], keep=1, wrap=True),
+    ]
+    return fit_table(columns, width, wide=wide, title="MPS daemons (spatial slices)", title_justify="left")
 
 
-def queue_table(view: NodeView) -> Table:
+def queue_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
     """The wait queue in order: place (1 = first), ticket, who, priority, how long it waits, for what."""
-    queue = Table(title="waiting", title_justify="left")
-    for name in ("#", "ticket", "owner", "priority", "waiting", "devices", "request"):
-        queue.add_column(name, justify="right" if name in ("#", "ticket", "waiting") else "left")
+    rows = []
     for i, w in enumerate(view.waiters, 1):
         indexes = w.get("device_indexes") or []
         devices = ",".join(str(x) if x >= 0 else "?" for x in indexes) if indexes else "any"
         age = w.get("age_seconds", max(0.0, view.time - w.get("enqueued", view.time)))
-        queue.add_row(str(w.get("position", i)), str(w["ticket"]), w["owner"],
-                      "high" if w["priority"] == 0 else "low", _age(age), devices, describe_request(w["request"]))
-    return queue
+        rows.append((str(w.get("position", i)), str(w["ticket"]), w["owner"], "high" if w["priority"] == 0 else "low",
+                     _age(age), devices, describe_request(w["request"])))
+    spec = [("#", 0, "right", False), ("ticket", 2, "right", False), ("owner", 3, "left", False),
+            ("priority", 1, "left", False), ("waiting", 0, "right", False), ("devices", 1, "left", False),
+            ("request", 0, "left", True)]
+    columns = [Column(h, [r[k] for r in rows], keep=keep, justify=justify, wrap=wrap)
+               for k, (h, keep, justify, wrap) in enumerate(spec)]
+    return fit_table(columns, width, wide=wide, title="waiting", title_justify="left")
 
 
-def backstop_table(view: NodeView) -> Table:
+def backstop_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
     """What the backstop found in NVML's count: slices above their limit (and what was done), GPU processes of
     no slice (placed by nothing, limited by nothing)."""
-    report = view.backstop
-    table = Table(title=f"backstop (NVML; policy {report.get('policy', '?')})", title_justify="left")
-    for name in ("what", "grant / pid", "gpu", "memory (NVML)", "limit", "action", "pids / command"):
-        table.add_column(name, justify="right" if name in ("memory (NVML)", "limit") else "left")
+    report = view.backstop or {}
     index = {d.uuid: d.index for d in view.devices}
-    for o in report.get("overruns", ()):
-        table.add_row("over limit", o["grant_id"], str(index.get(o["device_uuid"], "?")), human_bytes(o["used"]),
-                      human_bytes(o["limit"]), f"{o['action']} ({o['over_for']:.0f}s over)",
-                      " ".join(map(str, o["pids"])))
-    for p in report.get("unattributed", ()):
-        table.add_row("no slice", str(p["pid"]), str(index.get(p["device_uuid"], "?")),
-                      "?" if p["used"] is None else human_bytes(p["used"]), "-", "reported",
-                      (p.get("command") or "")[:40])
-    return table
+    rows = [("over limit", o["grant_id"], str(index.get(o["device_uuid"], "?")), human_bytes(o["used"]),
+             human_bytes(o["limit"]), f"{o['action']} ({o['over_for']:.0f}s over)", " ".join(map(str, o["pids"])))
+            for o in report.get("overruns", ())]
+    rows += [("no slice", str(p["pid"]), str(index.get(p["device_uuid"], "?")),
+              "?" if p["used"] is None else human_bytes(p["used"]), "-", "reported",
+              _command(p.get("command") or "", wide)) for p in report.get("unattributed", ())]
+    spec = [("what", 0, "left", False), ("grant / pid", 0, "left", False), ("gpu", 0, "right", False),
+            ("memory\n(NVML)", 0, "right", False), ("limit", 0, "right", False), ("action", 1, "left", True),
+            ("pids / command", 2, "left", True)]
+    columns = [Column(h, [r[k] for r in rows], keep=keep, justify=justify, wrap=wrap)
+               for k, (h, keep, justify, wrap) in enumerate(spec)]
+    return fit_table(columns, width, wide=wide, title=f"backstop (NVML; policy {report.get('policy', '?')})",
+                     title_justify="left")
+
+
+class Fitted:
+    """A renderable built for the width it is drawn at (``top`` redraws after a terminal resize, and a
+    ``Live`` display knows its width only when it renders)."""
+
+    def __init__(self, build: Callable[[int], Group]):
+        self.build = build
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.build(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.build(options.max_width))
+
+
+def view_renderable(view: NodeView, wide: bool = False) -> Fitted:
+    """The node view (devices, slices, MPS daemons when there are spatial slices, the queue when anyone
+    waits, the backstop's findings when it has any, and what could not be read) at whatever width it is drawn."""
+    def build(width: int) -> Group:
+        parts = [devices_table(view, width, wide), slices_table(view, width, wide)]
+        if view.mps:
+            parts.append(mps_table(view, width, wide))
+        if view.waiters:
+            parts.append(queue_table(view, width, wide))
+        if (view.backstop or {}).get("overruns") or (view.backstop or {}).get("unattributed"):
+            parts.append(backstop_table(view, width, wide))
+        if view.errors:  # what the node could not read (a region, a pacing file, a ledger row): never hidden
+            parts.append(Text("\n".join(f"problem: {e}" for e in view.errors), style="yellow"))
+        return Group(*parts)
+    return Fitted(build)

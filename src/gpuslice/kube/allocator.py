@@ -10,8 +10,17 @@ pods wait anyway (the lock timed out or is off) Allocate refuses rather than gue
 another's grant would over-commit the device once either ends. Within the pod, the kubelet allocates
 containers in spec order: the container whose granted UUIDs equal the IDs' UUIDs (GetPreferredAllocation
 steers to them), else the first in spec order. Once every container of the pod is allocated, the pod is
-removed from the Node's ``gpuslice.io/allocating`` (the lock is released). The ledger is the truth; a
-pod annotation that disagrees is ignored and logged.
+removed from the Node's ``gpuslice.io/allocating`` (the lock is released). Init containers and sidecars come
+first, in spec order, as the kubelet allocates them (an app container may be handed an init container's
+device IDs again — the kubelet reuses them — which is why the order, not the IDs, decides). The ledger is
+the truth; a pod annotation that disagrees is ignored and logged.
+
+A spatial container (``engine: spatial``) is a client of its device's MPS control daemon, which Allocate
+starts on first use (:class:`gpuslice.host.mpsfleet.MpsDaemons` under ``<state>/kube/mps``; one per device and
+user — the container's ``runAsUser``, else the agent's own) and mounts: the daemon's pipe directory at
+``/var/run/gpuslice/mps`` (``CUDA_MPS_PIPE_DIRECTORY``, also written into the slice file) and its shared-memory
+folder at ``/dev/shm`` (MPS clients and server talk through /dev/shm). :class:`gpuslice.kube.mpsnode.MpsNode`
+stops a daemon once no spatial container of the node ledger needs it.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -26,9 +36,11 @@ from typing import Any, Callable, Mapping, Sequence
 from gpuslice.enforcer.devstate import state_file_name
 from gpuslice.enforcer.region import create_region
 from gpuslice.enforcer.slicefile import SliceConfig, slice_config, write_slice_file
+from gpuslice.host.mps import MpsError, client_env
+from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
 from gpuslice.kube import formats
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
-from gpuslice.spec import Device, GpusliceError, SpecError
+from gpuslice.spec import Device, Engine, GpusliceError, SpecError
 from gpuslice.spec.files import ensure_shared_file, write_atomic
 
 log = logging.getLogger("gpuslice.deviceplugin")
@@ -45,6 +57,8 @@ CONTAINER_REGION_DIR = "/var/run/gpuslice/region"
 CONTAINER_DEVICE_STATE = "/var/run/gpuslice/devices"
 CONTAINER_LIB = "/usr/local/gpuslice/lib/libgpuslice.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
+CONTAINER_MPS_PIPE = "/var/run/gpuslice/mps"
+CONTAINER_SHM = "/dev/shm"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
@@ -70,6 +84,10 @@ class PluginConfig:
     log_level: str = "warn"                           # the enforcer's: error, warn, info, debug
     fail_open: bool = False
     watch_interval: float = 1.0                       # how often the kubelet socket is checked
+    mps_control: Path | None = None                   # nvidia-cuda-mps-control (None: found on PATH when needed)
+    # Each MPS daemon gets a /dev/shm of its own (a private mount namespace; the agent is privileged), which
+    # its client containers get at /dev/shm. Off: the daemons share this process's /dev/shm (tests).
+    mps_private_shm: bool = True
 
     def __post_init__(self) -> None:
         if self.device_nodes not in ("auto", "always", "none"):
@@ -120,6 +138,8 @@ class Allocator:
         self.cfg = cfg
         self.devices = devices
         self._lock = threading.Lock()
+        self.mps = MpsDaemons(cfg.local_state / "kube" / "mps", cfg.mps_control, shm=cfg.mps_private_shm)
+        self.mps_started: dict[DaemonKey, float] = {}  # by Allocate: kept even before the ledger shows them
 
     # ------------------------------------------------------------------------------------ finding
     def candidates(self, count: int) -> list[Match]:
@@ -148,7 +168,10 @@ class Allocator:
                                     meta.get("namespace"), meta.get("name"), formats.POD_GRANT)
                 except SpecError as exc:
                     log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
-            order = {c.get("name"): i for i, c in enumerate((pod.get("spec") or {}).get("containers") or [])}
+            spec = pod.get("spec") or {}
+            # The kubelet allocates init containers (and sidecars) first, in order, then the app containers.
+            listed = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+            order = {c.get("name"): i for i, c in enumerate(listed) if isinstance(c, dict)}
             for g in sorted(entry.containers, key=lambda c: order.get(c.container, 1 << 30)):
                 if g.container not in done and len(g.slices) == count:
                     out.append(Match(pod, entry, g))
@@ -158,8 +181,11 @@ class Allocator:
     def find(self, ids: Sequence[str]) -> Match:
         uuids = {uuid_of(i) for i in ids}
         found = self.one_pod(self.candidates(len(ids)), len(ids))
+        # After an init container the kubelet hands its device IDs to the app containers again, so the
+        # IDs may name another container's devices: such a pod is matched by spec order alone.
+        reused = any(c.kind == "init" for m in found[:1] for c in m.entry.containers)
         for m in found:
-            if set(m.grant.uuids) == uuids:
+            if set(m.grant.uuids) == uuids and not reused:
                 return m
         if found:
             return found[0]
@@ -214,7 +240,19 @@ class Allocator:
         """The grant as the enforcer's slice file (paths as the container sees them)."""
         return slice_config(grant.grant, region=f"{CONTAINER_REGION_DIR}/region",
                             device_state_dir=CONTAINER_DEVICE_STATE, oom_policy=self.cfg.oom_policy,
-                            log_level=self.cfg.log_level, fail_open=self.cfg.fail_open)
+                            log_level=self.cfg.log_level, fail_open=self.cfg.fail_open,
+                            mps_pipe_dir=CONTAINER_MPS_PIPE)
+
+    @staticmethod
+    def daemon_key(grant: formats.ContainerGrant, pod: Mapping[str, Any]) -> DaemonKey | None:
+        """The MPS daemon a spatial container is a client of (None for a time-sliced one)."""
+        spatial = [s for s in grant.slices if s.engine is Engine.SPATIAL]
+        return DaemonKey.for_client(spatial[0].device_uuid, run_as_user(pod, grant.container)) if spatial else None
+
+    def mps_paths(self, key: DaemonKey) -> tuple[Path, Path]:
+        """The daemon's pipe and shared-memory folders as the host (the kubelet) sees them."""
+        folder = self.cfg.host_state_dir / "kube" / "mps" / key.name
+        return folder / "pipe", folder / "shm"
 
     def paths(self, grant_id: str, local: bool) -> dict[str, Path]:
         state = self.cfg.local_state if local else self.cfg.host_state_dir
@@ -258,7 +296,7 @@ class Allocator:
         if not local["preload"].exists() or local["preload"].read_text() != text:
             write_atomic(local["preload"], text, 0o644)
 
-    def response(self, grant: formats.ContainerGrant) -> dict[str, Any]:
+    def response(self, grant: formats.ContainerGrant, mps: DaemonKey | None = None) -> dict[str, Any]:
         """The ContainerAllocateResponse as plain data (envs, mounts, devices). Mounts, in order (the
         container runtime mounts parents before children):
 
@@ -281,6 +319,13 @@ class Allocator:
         ]
         envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(grant.uuids), "GPUSLICE_SLICE": CONTAINER_SLICE,
                 "GPUSLICE_GRANT": grant.grant_id}
+        if mps is not None:  # a spatial container: its device's MPS daemon
+            pipe, shm = self.mps_paths(mps)
+            mounts.append((CONTAINER_MPS_PIPE, str(pipe), False))
+            if self.cfg.mps_private_shm:
+                mounts.append((CONTAINER_SHM, str(shm), False))
+            for item in grant.slices:
+                envs.update(client_env(item, CONTAINER_MPS_PIPE))
         return {"envs": envs, "mounts": mounts, "devices": self.device_nodes(grant)}
 
     def device_nodes(self, grant: formats.ContainerGrant) -> list[str]:
@@ -306,6 +351,13 @@ class Allocator:
         with self._lock:  # one Allocate at a time: the "allocated" marks must not interleave
             match = self.find(ids)
             self.write_files(match.grant)
+            key = self.daemon_key(match.grant, match.pod)
+            if key is not None:  # first use of the device's daemon starts it
+                try:
+                    self.mps.ensure(key)
+                except MpsError as exc:
+                    raise AllocateError(f"spatial container {match.grant.container}: {exc}") from None
+                self.mps_started[key] = time.monotonic()
             meta = match.pod["metadata"]
             done = formats.decode_allocated(((meta.get("annotations") or {}).get(formats.POD_ALLOCATED)))
             done.add(match.grant.container)
@@ -313,7 +365,7 @@ class Allocator:
                                            {formats.POD_ALLOCATED: formats.encode_allocated(done)}, uid=meta["uid"])
             if {c.container for c in match.entry.containers} <= done:
                 self.release_lock(match.entry.pod_uid)
-            return match, self.response(match.grant)
+            return match, self.response(match.grant, key)
 
     def release_lock(self, pod_uid: str, attempts: int = 8) -> bool:
         """Remove the pod from the Node's ``gpuslice.io/allocating`` (resourceVersion-conditioned, retried on
@@ -331,3 +383,15 @@ class Allocator:
         except (KubeError, SpecError) as exc:
             log.warning("releasing the allocation lock of pod %s on %s: %s", pod_uid, self.cfg.node, exc)
         return False
+
+
+def run_as_user(pod: Mapping[str, Any], container: str) -> int:
+    """The container's ``securityContext.runAsUser``, else the pod's; -1 when neither says (the image decides)."""
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if isinstance(c, dict) and c.get("name") == container:
+            uid = (c.get("securityContext") or {}).get("runAsUser")
+            if isinstance(uid, int) and not isinstance(uid, bool):
+                return uid
+    uid = (spec.get("securityContext") or {}).get("runAsUser")
+    return uid if isinstance(uid, int) and not isinstance(uid, bool) else -1

@@ -43,10 +43,11 @@ class KubeAPI(Protocol):
     def patch_node_annotations(self, name: str, changes: Mapping[str, str | None], *,
                                resource_version: str | None = None) -> dict[str, Any]: ...
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
-    def list_pods(self, field_selector: str = "", resource_version: str = "") -> list[dict[str, Any]]: ...
+    def list_pods(self, field_selector: str = "", resource_version: str = "", namespace: str = "") -> list[dict[str, Any]]: ...
     def patch_pod_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None], *,
                               uid: str | None = None, resource_version: str | None = None) -> dict[str, Any]: ...
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def list_resource_quotas(self, namespace: str = "") -> list[dict[str, Any]]: ...
 
 
 def update_node_annotations(api: KubeAPI, name: str,
@@ -124,6 +125,12 @@ class ClientAPI:
             raise kind(f"{method} {path}: {status} {message}", status, reason)
         return json.loads(text) if text else {}
 
+    def request(self, method: str, path: str, body: Any = None, content_type: str | None = None,
+                query: list[tuple[str, str]] | None = None, timeout: float | None = None) -> Any:
+        """Any API call (``GET /apis/resource.k8s.io/v1/...``) as JSON; errors as :class:`KubeError` (409
+        :class:`Conflict`, 404 :class:`NotFound`). For adapters with calls of their own (``kube.dra.api``)."""
+        return self._call(method, path, body, content_type, query, timeout)
+
     # ------------------------------------------------------------------------------------ nodes
     def get_node(self, name: str) -> dict[str, Any]:
         return self._call("GET", f"/api/v1/nodes/{quote(name)}")
@@ -134,10 +141,22 @@ class ClientAPI:
 
     def watch_nodes(self, resource_version: str, timeout_seconds: int = 60) -> Iterator[tuple[str, dict[str, Any]]]:
         """Yield ``(type, node)`` events after ``resource_version`` until the server ends the watch."""
+        return self._watch("/api/v1/nodes", resource_version, timeout_seconds)
+
+    def watch_pods(self, resource_version: str, timeout_seconds: int = 60,
+                   field_selector: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+        """Yield ``(type, pod)`` events of all namespaces after ``resource_version`` (``field_selector``
+        narrows them, e.g. ``spec.nodeName!=``) until the server ends the watch."""
+        return self._watch("/api/v1/pods", resource_version, timeout_seconds, field_selector)
+
+    def _watch(self, path: str, resource_version: str, timeout_seconds: int,
+               field_selector: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
         query = [("watch", "true"), ("resourceVersion", resource_version),
                  ("timeoutSeconds", str(timeout_seconds)), ("allowWatchBookmarks", "true")]
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
         headers = {"Accept": "application/json"}
-        m, url, hdrs, _, _ = self.client.param_serialize(method="GET", resource_path="/api/v1/nodes",
+        m, url, hdrs, _, _ = self.client.param_serialize(method="GET", resource_path=path,
                                                          query_params=query, header_params=headers,
                                                          auth_settings=["BearerToken"])
         resp = self.client.rest_client.pool_manager.request(
@@ -145,7 +164,7 @@ class ClientAPI:
         try:
             if resp.status >= 400:
                 kind = Conflict if resp.status == 409 else KubeError
-                raise kind(f"watch nodes: {resp.status}", resp.status,
+                raise kind(f"watch {path}: {resp.status}", resp.status,
                            "Expired" if resp.status == 410 else "")
             buffer = b""
             for chunk in resp.stream(65536):
@@ -167,13 +186,25 @@ class ClientAPI:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
 
-    def list_pods(self, field_selector: str = "", resource_version: str = "") -> list[dict[str, Any]]:
+    def list_pods(self, field_selector: str = "", resource_version: str = "", namespace: str = "") -> list[dict[str, Any]]:
         """``resource_version="0"`` lets the API server answer from its watch cache (cheap, may lag a
-        little); the default reads through to etcd (fresh)."""
+        little); the default reads through to etcd (fresh). ``namespace``: that namespace's pods only."""
+        return self.list_pods_at(field_selector, resource_version, namespace)[0]
+
+    def list_pods_at(self, field_selector: str = "", resource_version: str = "",
+                     namespace: str = "") -> tuple[list[dict[str, Any]], str]:
+        """:meth:`list_pods` and the list's resourceVersion (to watch from)."""
         query = [("fieldSelector", field_selector)] if field_selector else []
         if resource_version:
             query.append(("resourceVersion", resource_version))
-        return list(self._call("GET", "/api/v1/pods", query=query, timeout=60).get("items") or [])
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+        doc = self._call("GET", path, query=query, timeout=60)
+        return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion", ""))
+
+    def list_resource_quotas(self, namespace: str = "") -> list[dict[str, Any]]:
+        """The ResourceQuotas of ``namespace`` ('' = every namespace)."""
+        path = f"/api/v1/namespaces/{quote(namespace)}/resourcequotas" if namespace else "/api/v1/resourcequotas"
+        return list(self._call("GET", path, timeout=30).get("items") or [])
 
     def patch_pod_annotations(self, namespace: str, name: str, changes: Mapping[str, str | None], *,
                               uid: str | None = None, resource_version: str | None = None) -> dict[str, Any]:

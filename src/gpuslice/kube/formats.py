@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpuslice.placement import DEFAULT_SPLIT_COUNT
@@ -36,12 +36,24 @@ POD_POLICY = "gpuslice.io/policy"             # per pod: "fgd" or "node=spread,g
 POD_NODE_POLICY = "gpuslice.io/node-policy"   # per pod, node level only
 POD_GPU_POLICY = "gpuslice.io/gpu-policy"     # per pod, GPU level only
 POD_COMPUTE_MODE = "gpuslice.io/compute-mode"  # per pod: hard | soft | off
+POD_ENGINE = "gpuslice.io/engine"             # per pod: timeslice | spatial (MPS-backed)
 HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"
 HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 HAMI_USE_TYPE = "nvidia.com/use-gputype"
 HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
 HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
 HAMI_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+HAMI_USE_INDEX = "nvidia.com/use-gpuindexes"             # per pod: device indexes (nvidia-smi's) allowed
+HAMI_NOUSE_INDEX = "nvidia.com/nouse-gpuindexes"         # per pod: device indexes not to use
+HAMI_VULKAN = "hami.io/vulkan"                           # per pod: HAMi's Vulkan layer (not applied, warned)
+# HAMi's other pod annotations and its device cordon (read by gpuslice.kube.hami) and ours beside them.
+HAMI_VGPU_MODE = "nvidia.com/vgpu-mode"                  # per pod: hami-core | mig | mps (= engine spatial)
+HAMI_NUMA_BIND = "nvidia.com/numa-bind"                  # per pod: "true" = each container's devices on one NUMA node
+HAMI_SCORING_WEIGHTS = "hami.io/device-scoring-weights"  # per pod: "slot=1,core=1,memory=3"
+HAMI_MIG_PREFERENCE = "nvidia.com/mig-profile-preference"  # per pod (dynamic MIG): not applied, warned
+POD_MIG_PROFILE = "gpuslice.io/mig-profile"              # per pod: "3g.40gb" or "main=3g.40gb,side=1g.10gb"
+HAMI_DEVICE_CORDON = "hami.io/device-cordon"             # per Node: GPU UUIDs that take nothing new
+NODE_DEVICE_CORDON = "gpuslice.io/device-cordon"         # the same under gpuslice's name
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -182,12 +194,23 @@ def decode_node_devices(text: Any) -> NodeDevices:
 
 
 # ------------------------------------------------------------------------------------- grants
+CONTAINER_KINDS = ("app", "init", "sidecar")  # spec.containers; spec.initContainers; those with restartPolicy Always
+
+
 @dataclass(frozen=True)
 class ContainerGrant(HoldsGrant):
-    """The grant of one container: its name and the :class:`Grant` (id ``k-<pod uid>-<container>``)."""
+    """The grant of one container: its name, the :class:`Grant` (id ``k-<pod uid>-<container>``) and the
+    container's kind: ``app`` (``spec.containers``), ``init`` (an init container: it runs alone, before the
+    app containers, so its slices are not added to theirs — :meth:`PodGrant.charges`) or ``sidecar`` (an
+    init container with ``restartPolicy: Always``: it runs beside everything after it)."""
 
     container: str
     grant: Grant
+    kind: str = "app"
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONTAINER_KINDS:
+            raise SpecError("kind", self.kind, "one of " + ", ".join(CONTAINER_KINDS))
 
 
 @dataclass(frozen=True)
@@ -210,6 +233,65 @@ class PodGrant:
     def slices(self) -> list[Slice]:
         return [s for c in self.containers for s in c.slices]
 
+    def charges(self) -> tuple[tuple[tuple[Slice, ...], bool], ...]:
+        """What the pod holds on its node, as ``(slices, exclusive)`` pairs for placement's ``apply``.
+
+        Without init containers: each container's grant. An init container runs alone before the app
+        containers (beside the sidecars declared before it), so per device the pod holds the sidecars'
+        slices plus the larger of the app containers' sum and the largest init slice — memory and compute
+        each (HAMi's ``max(sum(app), max(init))``, per device): the first app or sidecar slice on a device is
+        raised by what an init container needs beyond the app containers there, or, with none there, the
+        init containers' largest memory and compute become one slice. A device any container holds whole is
+        held whole by the pod, as one slice."""
+        if not any(c.kind == "init" for c in self.containers):
+            return tuple((c.slices, c.exclusive) for c in self.containers)
+        running = [c for c in self.containers if c.kind != "init"]
+        inits = [c for c in self.containers if c.kind == "init"]
+        app_sum: dict[str, list[int]] = {}
+        for c in running:
+            if c.kind == "app":
+                for sl in c.slices:
+                    total = app_sum.setdefault(sl.device_uuid, [0, 0])
+                    total[0] += sl.memory_limit
+                    total[1] += sl.compute
+        init_max: dict[str, list[Any]] = {}
+        for c in inits:
+            for sl in c.slices:
+                top = init_max.setdefault(sl.device_uuid, [0, 0, sl])
+                top[0], top[1] = max(top[0], sl.memory_limit), max(top[1], sl.compute)
+        whole = {u for c in self.containers if c.exclusive for u in c.uuids}
+        shared: list[Slice] = []
+        held: dict[str, Slice] = {}
+        raised: set[str] = set()
+        for c in running:
+            for sl in c.slices:
+                u = sl.device_uuid
+                if u in init_max and u not in raised:
+                    raised.add(u)
+                    mem, comp = app_sum.get(u, [0, 0])
+                    sl = replace(sl, memory_limit=sl.memory_limit + max(0, init_max[u][0] - mem),
+                                 compute=min(100, sl.compute + max(0, init_max[u][1] - comp)))
+                if u in whole:
+                    prev = held.get(u)
+                    held[u] = sl if prev is None else replace(
+                        prev, memory_limit=prev.memory_limit + sl.memory_limit,
+                        compute=min(100, prev.compute + sl.compute))
+                else:
+                    shared.append(sl)
+        for u, (mem, comp, sl) in init_max.items():
+            if u not in raised:
+                sl = replace(sl, memory_limit=mem, compute=comp)
+                if u in whole:
+                    held[u] = sl
+                else:
+                    shared.append(sl)
+        out: list[tuple[tuple[Slice, ...], bool]] = []
+        if shared:
+            out.append((tuple(shared), False))
+        if held:
+            out.append((tuple(held.values()), True))
+        return tuple(out)
+
 
 def grant_id_for(pod_uid: str, container: str) -> str:
     """A grant id unique per pod and container: ``k-<pod uid>-<container>`` (≤ 128 characters)."""
@@ -218,7 +300,9 @@ def grant_id_for(pod_uid: str, container: str) -> str:
 
 
 def _containers_json(containers: Iterable[ContainerGrant]) -> list[dict[str, Any]]:
-    return [{"name": c.container, **grant_to_json(c.grant)} for c in containers]
+    # "kind" only for init containers and sidecars: an app container's object is what it always was.
+    return [{"name": c.container, **grant_to_json(c.grant), **({"kind": c.kind} if c.kind != "app" else {})}
+            for c in containers]
 
 
 def _containers_from(where: str, raw: Any) -> tuple[ContainerGrant, ...]:
@@ -229,7 +313,11 @@ def _containers_from(where: str, raw: Any) -> tuple[ContainerGrant, ...]:
         cw = f"{where}[{n}]"
         if not isinstance(item, dict):
             raise SpecError(cw, item, "an object with name, grant, exclusive, slices")
-        out.append(ContainerGrant(container=_str(f"{cw}.name", item.get("name")), grant=grant_from_json(item, cw)))
+        kind = item.get("kind", "app")
+        if kind not in CONTAINER_KINDS:
+            raise SpecError(f"{cw}.kind", kind, "one of " + ", ".join(CONTAINER_KINDS))
+        out.append(ContainerGrant(container=_str(f"{cw}.name", item.get("name")), grant=grant_from_json(item, cw),
+                                  kind=kind))
     return tuple(out)
 
 
@@ -270,13 +358,14 @@ class Ledger:
         return Ledger({k: v for k, v in self.entries.items() if k not in drop})
 
     def slices(self) -> tuple[list[Slice], set[str]]:
-        """All granted slices and the UUIDs held whole."""
+        """What the grants hold (:meth:`PodGrant.charges`: init containers counted as HAMi does) and the
+        UUIDs held whole."""
         shared, exclusive = [], set()
         for g in self.entries.values():
-            for c in g.containers:
-                shared.extend(c.slices)
-                if c.exclusive:
-                    exclusive.update(c.uuids)
+            for slices, whole in g.charges():
+                shared.extend(slices)
+                if whole:
+                    exclusive.update(s.device_uuid for s in slices)
         return shared, exclusive
 
     def by_grant_id(self) -> dict[str, tuple[PodGrant, ContainerGrant]]:
@@ -334,6 +423,21 @@ def encode_allocating(uids: Iterable[str]) -> str | None:
     """The annotation value, or ``None`` (delete the key) when no pod holds the lock."""
     uids = sorted(set(uids))
     return _dump({"version": FORMAT_VERSION, "pods": uids}) if uids else None
+
+
+def cordoned(obj: Mapping[str, Any]) -> frozenset[str]:
+    """Device UUIDs a Node's ``hami.io/device-cordon`` / ``gpuslice.io/device-cordon`` take out of new
+    placement (comma-separated; the grants already there stay). Anything but a string is refused."""
+    anns = annotations(obj)
+    out: set[str] = set()
+    for key in (HAMI_DEVICE_CORDON, NODE_DEVICE_CORDON):
+        value = anns.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise SpecError(key, value, "GPU UUIDs separated by commas")
+        out |= {u.strip() for u in value.split(",") if u.strip()}
+    return frozenset(out)
 
 
 def device_counts(grant: PodGrant) -> frozenset[int]:

@@ -11,7 +11,8 @@ The exporter (``gpuslice.host.metrics``) labels every slice series with ``grant`
   :class:`~gpuslice.host.usage.Watched` grants (region files at ``<state>/kube/regions/<id>/region``,
   where the device plugin mounts them), so ``Monitor.sample`` reads Kubernetes slices exactly like local ones;
 * :class:`KubeLabelCollector` — wraps any prometheus collector (``ViewCollector``) and fills the empty
-  ``namespace``/``pod``/``container`` labels of series that carry a ``grant`` label.
+  ``namespace``/``pod``/``container`` labels of series that carry a ``grant`` label;
+* :func:`serve_metrics` — the node exporter of a kube agent (device plugin: ledger grants; DRA: prepared claims).
 """
 
 from __future__ import annotations
@@ -103,3 +104,25 @@ class KubeLabelCollector(Collector):
                     if not sample.labels[key]:
                         sample.labels[key] = getattr(found, key)
             yield family
+
+
+def serve_metrics(devices: list, node: str, port: int, watched: Callable[[], list[Watched]],
+                  resolve: Callable[[str], KubeLabels | None], mps=None, backstop=None) -> None:
+    """Serve ``/metrics`` on ``port``: the node monitor's series of the ``watched()`` grants, labelled by
+    ``resolve``; ``mps``: the spatial slices' MPS daemons (their state and faults), when the node has any;
+    ``backstop()``: the backstop's last report (NVML-counted memory, overruns, GPU processes of no slice)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from gpuslice.host.metrics import ViewCollector
+    from gpuslice.host.monitor import Monitor, with_backstop
+
+    monitor = Monitor(devices, node, mps=mps)
+
+    def view():
+        sampled = monitor.sample(watched())
+        latest = backstop() if backstop is not None else None
+        return with_backstop(sampled, latest) if latest is not None else sampled
+
+    registry = CollectorRegistry()
+    registry.register(KubeLabelCollector(ViewCollector(view), resolve))
+    start_http_server(port, registry=registry)

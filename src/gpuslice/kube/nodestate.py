@@ -60,6 +60,6 @@ def node_state(name: str, devices: NodeDevices, ledger: Ledger, *,
 
 
 def apply_grant(state: NodeState, grant: PodGrant) -> NodeState:
-    for c in grant.containers:
-        state = apply(state, c.slices, exclusive=c.exclusive)
+    for slices, whole in grant.charges():
+        state = apply(state, slices, exclusive=whole)
     return state

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 
@@ -36,109 +35,27 @@ from gpuslice.kube import formats
 from gpuslice.kube.allocator import API_VERSION, AllocateError, Allocator, PluginConfig, device_id, uuid_of
 from gpuslice.kube.api import KubeAPI, KubeError
 from gpuslice.kube.deviceplugin import load
-from gpuslice.spec import Device, GpusliceError, SpecError
+from gpuslice.kube.grpcserve import serve_unix, stop as stop_server
+from gpuslice.kube.devicestate import DeviceTracker, HealthSource
+from gpuslice.spec import Device, SpecError
 
 log = logging.getLogger("gpuslice.deviceplugin")
 
 
-# ---------------------------------------------------------------------------------------- health
-class HealthSource(Protocol):
-    """Reports device health changes: call ``report(uuid, healthy, reason)``; return when ``stop`` is set.
-    ``devices`` is a callable returning the plugin's current devices (or, for callers outside the plugin,
-    a plain list: :func:`gpuslice.kube.health.current_devices` reads both)."""
-
-    def run(self, devices: Any, report: Callable[[str, bool, str], None],
-            stop: threading.Event) -> None: ...
-
-
-class StaticHealth:
-    """No events: every device stays as it is (tests change health with :meth:`DevicePlugin.set_health`)."""
-
-    def run(self, devices, report, stop) -> None:
-        stop.wait()
-
-
 # ---------------------------------------------------------------------------------------- gRPC
-class DevicePlugin:
-    """The plugin's state and its gRPC server; :meth:`run` keeps it registered until ``stop()``."""
+class DevicePlugin(DeviceTracker):
+    """The plugin's state (devices and health: :class:`DeviceTracker`) and its gRPC server; :meth:`run` keeps it registered until ``stop()``."""
 
     def __init__(self, cfg: PluginConfig, devices: Sequence[Device], api: KubeAPI | None, *,
                  health: HealthSource | None = None, on_health: Callable[[dict[str, str]], None] | None = None,
                  on_devices: Callable[[list[Device], dict[str, str]], None] | None = None):
+        super().__init__(devices, health=health, on_health=on_health, on_devices=on_devices)
         self.cfg = cfg
-        self._devices = list(devices)
         self.api = api
-        self.health_source = health or StaticHealth()
-        self.on_health = on_health
-        self.on_devices = on_devices  # called with (devices, health) after a discovery changed the list
-        self._vanished: set[str] = set()  # listed devices the last discovery did not find
-        self._faulty: set[str] = set()    # devices the health source reported unhealthy
-        self._health = {d.uuid: formats.HEALTHY for d in devices}
-        self._cond = threading.Condition()
-        self._version = 0
-        self._stop = threading.Event()
         self._server: grpc.Server | None = None
         self.registrations = 0
         self.allocator = Allocator(api, cfg, self.devices) if api is not None else None
-        self._health_thread: threading.Thread | None = None
         self.pb2, self.pb2_grpc = load()
-
-    # ------------------------------------------------------------------------------------ health
-    @property
-    def health(self) -> dict[str, str]:
-        with self._cond:
-            return dict(self._health)
-
-    def _state(self, uuid: str) -> str:
-        return formats.UNHEALTHY if uuid in self._faulty or uuid in self._vanished else formats.HEALTHY
-
-    def set_health(self, uuid: str, healthy: bool, reason: str = "") -> None:
-        """What the health source says about a device. A device is Unhealthy while the health source says
-        so *or* discovery no longer finds it; each reason clears on its own."""
-        with self._cond:
-            if uuid not in self._health:
-                return
-            (self._faulty.discard if healthy else self._faulty.add)(uuid)
-            state = self._state(uuid)
-            if self._health[uuid] == state:
-                return
-            self._health[uuid] = state
-            self._version += 1
-            self._cond.notify_all()
-            snapshot = dict(self._health)
-        log.warning("device %s is %s%s", uuid, state, f" ({reason})" if reason else "")
-        if self.on_health:
-            self.on_health(snapshot)
-
-    def devices(self) -> list[Device]:
-        """The devices served now (discovered ones, and vanished ones kept as Unhealthy)."""
-        with self._cond:
-            return list(self._devices)
-
-    def set_devices(self, devices: Sequence[Device]) -> bool:
-        """A new discovery. New devices are added Healthy; known ones take the new description (a MIG
-        layout may have changed); devices that vanished stay listed as Unhealthy (the kubelet keeps their
-        pods, the ledger may still name them) until a later discovery finds them again (then they are
-        Healthy unless the health source still reports a fault).
-        Returns whether anything changed; then ``on_devices`` hears of it (the node annotation)."""
-        now = {d.uuid: d for d in devices}
-        with self._cond:
-            before = (list(self._devices), dict(self._health))
-            listed = {d.uuid for d in self._devices}
-            self._devices = [now.get(d.uuid, d) for d in self._devices] + [d for d in devices if d.uuid not in listed]
-            self._vanished = {d.uuid for d in self._devices if d.uuid not in now}
-            self._health = {d.uuid: self._state(d.uuid) for d in self._devices}
-            changed = (self._devices, self._health) != before
-            if changed:
-                self._version += 1
-                self._cond.notify_all()
-            snapshot = (list(self._devices), dict(self._health))
-        if changed:
-            log.warning("devices changed: %d listed, unhealthy: %s", len(snapshot[0]),
-                        sorted(u for u, h in snapshot[1].items() if h != formats.HEALTHY) or "none")
-            if self.on_devices:
-                self.on_devices(*snapshot)
-        return changed
 
     def device_list(self) -> Any:
         pb = self.pb2
@@ -217,23 +134,13 @@ class DevicePlugin:
     # ------------------------------------------------------------------------------------ lifecycle
     def serve(self) -> None:
         """Start the gRPC server on the plugin socket (replacing a stale file)."""
-        path = self.cfg.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gpuslice-dp"))
-        self.pb2_grpc.add_DevicePluginServicer_to_server(self._servicer(), server)
-        if server.add_insecure_port(f"unix://{path}") == 0:
-            raise GpusliceError(f"cannot listen on {path}")
-        server.start()
-        self._server = server
+        self._server = serve_unix([self.cfg.socket_path],
+                                  lambda server: self.pb2_grpc.add_DevicePluginServicer_to_server(self._servicer(), server),
+                                  workers=16, name="gpuslice-dp")
 
     def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait(2)
-            self._server = None
+        stop_server(self._server)
+        self._server = None
 
     def register(self, timeout: float = 5.0) -> None:
         """Call the kubelet's Registration.Register for our socket and resource name."""
@@ -249,11 +156,6 @@ class DevicePlugin:
         log.info("registered %s at %s with the kubelet (%d)", self.cfg.resource_name, self.cfg.socket_path,
                  self.registrations)
 
-    def stop(self) -> None:
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-
     @staticmethod
     def _ident(path: Path) -> tuple[int, int] | None:
         try:
@@ -261,15 +163,6 @@ class DevicePlugin:
             return (st.st_ino, st.st_ctime_ns)
         except FileNotFoundError:
             return None
-
-    def start_health(self) -> threading.Thread:
-        """Run the health source in a thread until :meth:`stop` (it sees the current device list)."""
-        if self._health_thread is None:
-            self._health_thread = threading.Thread(target=self.health_source.run,
-                                                   args=(self.devices, self.set_health, self._stop),
-                                                   name="gpuslice-health", daemon=True)
-            self._health_thread.start()
-        return self._health_thread
 
     def run(self) -> None:
         """Serve, register, and start over whenever our socket disappears or the kubelet's is recreated."""

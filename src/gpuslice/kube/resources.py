@@ -15,7 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping, Sequence
 
 from gpuslice.placement import PlacementPolicy
-from gpuslice.spec import ComputeMode, SpecError, whole_number
+from gpuslice.spec import ComputeMode, Engine, SpecError, whole_number
 
 # ------------------------------------------------------------------------------------- configuration
 # HAMi's default resource names (its chart's resourceName, resourceMem, resourceMemPercentage,
@@ -113,8 +113,12 @@ class KubeConfig:
     default_cores: int = 0
     default_gpu_num: int = 1
     default_mode: ComputeMode = ComputeMode.HARD
+    default_engine: Engine = Engine.TIMESLICE  # for pods without gpuslice.io/engine (chart: sharing.engine)
     scheduler_name: str = "gpuslice-scheduler"
     policy: PlacementPolicy = field(default_factory=PlacementPolicy)
+    # Pods naming these schedulers (or none) are sent to scheduler_name; a pod naming another is left to
+    # it, as HAMi does (which takes over default-scheduler only).
+    adopt_schedulers: tuple[str, ...] = ("default-scheduler",)
 
     def __post_init__(self) -> None:
         whole_number("default_memory_mib", self.default_memory_mib, 0, allowed="a whole number of MiB, 0 = whole device")
@@ -122,6 +126,9 @@ class KubeConfig:
         whole_number("default_gpu_num", self.default_gpu_num, 0, 64, allowed="a whole number from 0 to 64 (0 = no default)")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", self.scheduler_name or ""):
             raise SpecError("scheduler_name", self.scheduler_name, "a DNS subdomain like gpuslice-scheduler")
+        if not isinstance(self.adopt_schedulers, tuple) or not all(
+                isinstance(n, str) and re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", n) for n in self.adopt_schedulers):
+            raise SpecError("adopt_schedulers", self.adopt_schedulers, "scheduler names (DNS subdomains) like default-scheduler")
 
 
 def parse_quantity(key: str, value: Any) -> Decimal:

@@ -71,8 +71,9 @@ def _endpoint(handler: Callable[[Any], Any], bad: tuple[type[Exception], ...]):
 
 
 def make_app(extender: Extender | None = None, cfg: resources.KubeConfig | None = None, *,
-             webhook_enabled: bool = True) -> Starlette:
-    """The Starlette app: extender routes when ``extender`` is given, ``/mutate`` when ``webhook_enabled``."""
+             webhook_enabled: bool = True, quota: webhook.QuotaCheck | None = None) -> Starlette:
+    """The Starlette app: extender routes when ``extender`` is given, ``/mutate`` when ``webhook_enabled``
+    (checking namespace GPU quotas with ``quota``, :class:`gpuslice.kube.quota.AdmissionQuota`)."""
     cfg = cfg or (extender.cfg if extender else resources.KubeConfig())
     routes = [Route("/healthz", lambda r: PlainTextResponse("ok"), methods=["GET"])]
     if extender is not None:
@@ -80,7 +81,7 @@ def make_app(extender: Extender | None = None, cfg: resources.KubeConfig | None 
                    Route("/prioritize", _endpoint(extender.prioritize, (BadRequest,)), methods=["POST"]),
                    Route("/bind", _endpoint(extender.bind, (BadRequest,)), methods=["POST"])]
     if webhook_enabled:
-        routes.append(Route("/mutate", _endpoint(lambda body: webhook.mutate(body, cfg), (webhook.BadReview, BadRequest)),
+        routes.append(Route("/mutate", _endpoint(lambda body: webhook.mutate(body, cfg, quota), (webhook.BadReview, BadRequest)),
                             methods=["POST"]))
     return Starlette(routes=routes)
 

@@ -3,7 +3,13 @@
 For a Pod CREATE whose containers ask for GPU slices (HAMi's resource names or ours), the response
 JSONPatch:
 
-* sets ``spec.schedulerName`` to the gpuslice scheduler (the kube-scheduler profile that calls our extender);
+* sets ``spec.schedulerName`` to the gpuslice scheduler (the kube-scheduler profile that calls our extender)
+  when the pod names no scheduler or one of ``adopt_schedulers`` (``default-scheduler``); a pod naming
+  another scheduler is left to it, as HAMi does, with a warning;
+* rewrites ``nvidia.com/mig-<profile>: N`` (NVIDIA's MIG names, which no node advertises under gpuslice) to
+  the advertised count N plus the pod annotation ``gpuslice.io/mig-profile``;
+* fills counts of init containers and sidecars too (HAMi mutates and counts them);
+* refuses a pod over its namespace's GPU quota (``quota``: :class:`gpuslice.kube.quota.AdmissionQuota`) with 403;
 * fills HAMi's default count: a container with GPU memory / cores / memory percent but no GPU count gets
   ``defaultGPUNum`` devices (limits and requests; the memory and cores defaults need no field: the
   extender applies them when it parses the pod's limits, as here); the advertised count (``nvidia.com/gpu``) is added when the count was given only as ``gpuslice.io/gpu``
@@ -28,10 +34,10 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gpuslice.spec.errors import GpusliceError
-from gpuslice.kube import escapes, formats, podrequest, resources
+from gpuslice.kube import escapes, formats, hami, podrequest, resources
 from gpuslice.spec import SpecError
 
 ADMISSION_VERSION = "admission.k8s.io/v1"
@@ -56,7 +62,8 @@ def _review(uid: str, allowed: bool, patch: list[dict[str, Any]] | None = None, 
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     if not allowed:
-        response["status"] = {"code": code, "message": message, "reason": "Invalid" if code == 422 else "BadRequest"}
+        reason = {422: "Invalid", 403: "Forbidden"}.get(code, "BadRequest")
+        response["status"] = {"code": code, "message": message, "reason": reason}
     return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
 
 
@@ -77,8 +84,12 @@ def parse_review(body: Any) -> tuple[str, Mapping[str, Any]]:
     return uid, request
 
 
-def mutate(body: Any, cfg: resources.KubeConfig) -> dict[str, Any]:
-    """Answer one AdmissionReview. Raises :class:`BadReview` for malformed payloads (HTTP 400)."""
+QuotaCheck = Callable[[str, Mapping[str, Any], podrequest.PodRequest], str]
+
+
+def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None) -> dict[str, Any]:
+    """Answer one AdmissionReview. Raises :class:`BadReview` for malformed payloads (HTTP 400). ``quota``
+    (namespace, pod, request) says why the pod would pass its namespace's GPU quota ('' when it does not)."""
     uid, request = parse_review(body)
     kind = request.get("kind") or {}
     if not isinstance(kind, dict) or kind.get("kind") != "Pod" or kind.get("group", "") != "":
@@ -101,27 +112,47 @@ def mutate(body: Any, cfg: resources.KubeConfig) -> dict[str, Any]:
     if escape:
         return _review(uid, False, message=f"gpuslice: {escape}")
     spec = pod["spec"]
+    named = spec.get("schedulerName") or ""
+    if named and named != cfg.scheduler_name and named not in cfg.adopt_schedulers:
+        # HAMi leaves a pod that names another scheduler to it; so do we (only the forged marks go).
+        return _review(uid, True, _forged(pod), warnings=(*req.notes, (
+            f"spec.schedulerName {named!r} is kept (gpuslice takes over pods of {', '.join(cfg.adopt_schedulers)}); "
+            f"gpuslice's device plugin allocates {cfg.names.advertised} only to pods {cfg.scheduler_name} placed")))
     if spec.get("nodeName"):
         return _review(uid, False, message=(
             f"gpuslice: spec.nodeName {spec['nodeName']!r} is not allowed on a pod asking for GPU slices; "
             f"expected no nodeName (the {cfg.scheduler_name} scheduler must place it so that its grant is recorded)"))
+    if quota is not None:
+        namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default")
+        why = quota(namespace, pod, req)
+        if why:
+            return _review(uid, False, message=f"gpuslice: {why}", code=403)
     patch: list[dict[str, Any]] = []
     if spec.get("schedulerName") != cfg.scheduler_name:
         op = "replace" if "schedulerName" in spec else "add"
         patch.append({"op": op, "path": "/spec/schedulerName", "value": cfg.scheduler_name})
-    # Every GPU container must ask for the advertised resource: the kubelet calls the device plugin's
-    # Allocate only for it. Filled in when missing (HAMi's defaultGPUNum, or the count given under
-    # gpuslice.io/gpu), in limits and requests alike (extended resources need them equal).
+    notes = list(req.notes)
+    patch += _mig_rewrite(pod, req, cfg, notes)
+    patch += _count_fill(pod, req, cfg)
+    patch += _forged(pod)
+    return _review(uid, True, patch, warnings=notes)
+
+
+def _count_fill(pod: Mapping[str, Any], req: podrequest.PodRequest, cfg: resources.KubeConfig) -> list[dict[str, Any]]:
+    """Every GPU container must ask for the advertised resource: the kubelet calls the device plugin's
+    Allocate only for it. Filled in when missing (HAMi's defaultGPUNum, a count given only as
+    gpuslice.io/gpu, or MIG instances asked by nvidia.com/mig-<profile>), in limits and requests alike
+    (extended resources need them equal); init containers and sidecars too (HAMi mutates them)."""
+    patch: list[dict[str, Any]] = []
     count_name = cfg.names.advertised
-    containers = spec.get("containers") or []
     for c in req.containers:
-        container = containers[c.index]
+        container = pod["spec"][c.part][c.index]
         res = container.get("resources")
         given = res.get("limits") if isinstance(res, dict) else None
         if isinstance(given, dict) and count_name in given:
             continue
         value = str(c.request.count)
-        base = f"/spec/containers/{c.index}/resources"
+        base = f"/spec/{c.part}/{c.index}/resources"
         if not isinstance(res, dict):
             patch.append({"op": "add", "path": base, "value": {"limits": {count_name: value},
                                                                 "requests": {count_name: value}}})
@@ -131,11 +162,44 @@ def mutate(body: Any, cfg: resources.KubeConfig) -> dict[str, Any]:
                 patch.append({"op": "add", "path": f"{base}/{part}/{_escape(count_name)}", "value": value})
             else:
                 patch.append({"op": "add", "path": f"{base}/{part}", "value": {count_name: value}})
+    return patch
+
+
+def _mig_rewrite(pod: Mapping[str, Any], req: podrequest.PodRequest, cfg: resources.KubeConfig,
+                 notes: list[str]) -> list[dict[str, Any]]:
+    """MIG instances asked by ``nvidia.com/mig-<profile>: N`` (NVIDIA's mixed strategy): no node advertises
+    that name under gpuslice, whose device plugin serves MIG instances as devices of the advertised
+    resource. The name is removed (``_count_fill`` adds the count) and the profile goes into the pod's
+    ``gpuslice.io/mig-profile``, which the extender reads."""
+    asked = [c for c in req.containers if c.mig is not None and c.mig.resource]
+    if not asked:
+        return []
+    patch: list[dict[str, Any]] = []
+    for c in asked:
+        assert c.mig is not None
+        res = pod["spec"][c.part][c.index].get("resources") or {}
+        for part in ("limits", "requests"):
+            if isinstance(res.get(part), dict) and c.mig.resource in res[part]:
+                patch.append({"op": "remove",
+                              "path": f"/spec/{c.part}/{c.index}/resources/{part}/{_escape(c.mig.resource)}"})
+        notes.append(f"spec.{c.part}[{c.index}]({c.name}): {c.mig.resource}: {c.mig.count} is served as "
+                     f"{cfg.names.advertised}: {c.mig.count} with {formats.POD_MIG_PROFILE} {c.name}={c.mig.profile}")
+    profiles = {c.name: c.mig.profile for c in req.containers if c.mig is not None and c.mig.profile}
     anns = (pod.get("metadata") or {}).get("annotations")
-    for forged in (formats.POD_GRANT, formats.POD_ALLOCATED):  # only the extender and the plugin write these
-        if isinstance(anns, dict) and forged in anns:
-            patch.append({"op": "remove", "path": f"/metadata/annotations/{_escape(forged)}"})
-    return _review(uid, True, patch, warnings=req.notes)
+    value = hami.encode_mig_profiles(profiles)
+    if not isinstance(anns, dict):
+        patch.append({"op": "add", "path": "/metadata/annotations", "value": {formats.POD_MIG_PROFILE: value}})
+    else:
+        op = "replace" if formats.POD_MIG_PROFILE in anns else "add"
+        patch.append({"op": op, "path": f"/metadata/annotations/{_escape(formats.POD_MIG_PROFILE)}", "value": value})
+    return patch
+
+
+def _forged(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Removal of grant marks a pod was created with: only the extender and the plugin write these."""
+    anns = (pod.get("metadata") or {}).get("annotations")
+    return [{"op": "remove", "path": f"/metadata/annotations/{_escape(forged)}"}
+            for forged in (formats.POD_GRANT, formats.POD_ALLOCATED) if isinstance(anns, dict) and forged in anns]
 
 
 def apply_json_patch(doc: Any, patch: list[dict[str, Any]]) -> Any:

@@ -44,7 +44,7 @@ from gpuslice.host.devices import snapshot_json
 from gpuslice.local.apibody import MAX_INT, BodyTooLarge, printable, read_json_object
 from gpuslice.local.errors import AgentError, Forbidden, LedgerError, UnknownGrant
 from gpuslice.host.history import History
-from gpuslice.local.ledger import Ledger
+from gpuslice.local.ledger import Ledger, recorded_pids
 from gpuslice.local.membership import attribute
 from gpuslice.host.metrics import exposition
 from gpuslice.host.monitor import Monitor, NodeView, with_backstop
@@ -74,9 +74,10 @@ class Agent:
     def __init__(self, config: AgentConfig, devices: list[Device]):
         self.config = config
         self.devices = devices
-        self.ledger = Ledger(config.state, devices)
+        self.ledger = Ledger(config.state, devices, region_pids=recorded_pids)
         config.state.prepare_device_state(u for d in devices for u in (d.uuid, *(m.uuid for m in d.mig_instances)))
-        self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state)
+        self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state,
+                               mps=self.ledger.mps)
         uuids = [u for d in devices for u in ((m.uuid for m in d.mig_instances) if d.mig_instances else (d.uuid,))]
         self.backstop = Backstop(default_source(uuids) if config.backstop.action != "off" else None, config.backstop)
         self.history = History(config.history_points)

@@ -30,7 +30,8 @@ def _say(text: str) -> None:
 
 # Option names of `run` for the fields of a request: errors name what the user typed.
 RUN_OPTIONS = {"count": "gpus", "memory": "memory", "compute": "compute", "priority": "priority", "mode": "mode",
-               "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device"}
+               "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device",
+               "engine": "engine"}
 
 
 def cli_spec_error(exc: "SpecError") -> "SpecError":
@@ -43,8 +44,9 @@ def cli_spec_error(exc: "SpecError") -> "SpecError":
 
 def _usage_error(exc: "SpecError") -> typer.BadParameter:
     """A bad option value (whatever the node): click's usage error, exit code 2, naming the option."""
-    exc = cli_spec_error(exc)
-    return typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}", param_hint=f"'--{exc.field}'")
+    from gpuslice.host.cliargs import usage_error
+
+    return usage_error(exc, RUN_OPTIONS)
 
 
 def _positive(value: float, option: str, unit: str, example: str) -> float:
@@ -55,30 +57,65 @@ def _positive(value: float, option: str, unit: str, example: str) -> float:
     return value
 
 
+def _split_unit(memory: str | None, compute: str, cmd: list[str]) -> None:
+    """``--memory 4 GiB -- train.py``: the shell split the size, so ``GiB`` would be run as the command
+    and the slice would be 4 MiB (a bare number is MiB). Refused (exit 2) with the spelling that works;
+    a ``%`` after ``--compute 30`` (or after a bare ``--memory``) the same way."""
+    from gpuslice.spec import SpecError, parse_memory
+
+    word = cmd[0] if cmd else ""
+    bare_memory = bool(memory) and memory.replace(".", "", 1).isdigit()  # type: ignore[union-attr]
+    if word == "%":
+        typed = ([f"--compute {compute}%"] if compute.isdigit() and compute != "0" else []) + \
+                ([f"--memory {memory}%"] if bare_memory else [])
+        if typed:
+            raise typer.BadParameter(f"'%' stands alone: write {' or '.join(typed)} without a space (as typed, "
+                                     "'%' would run as the command)", param_hint="'--compute' / '--memory'")
+        return
+    if bare_memory and word.isalpha():
+        try:
+            parse_memory(f"{memory}{word}")
+        except SpecError:
+            return  # not a unit: a command that happens to follow a bare MiB number
+        raise typer.BadParameter(f"'{memory} {word}': write the unit without a space, --memory {memory}{word} "
+                                 f"(as typed, the slice would be {memory} MiB and '{word}' would run as the command)",
+                                 param_hint="'--memory'")
+
+
 @verb("run")
 def run(
     cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice, after --."),
-    gpus: int = typer.Option(1, "--gpus", help="How many devices. With --memory: a slice of that size on each of "
+    gpus: int = typer.Option(1, "--gpus", metavar="N",
+                             help="How many devices. With --memory: a slice of that size on each of "
                              "GPUS distinct devices, which others may share; without --memory (or with "
                              "--exclusive): GPUS whole idle devices."),
-    memory: Optional[str] = typer.Option(None, "--memory", help="Memory limit per device: 4GiB, 4096Mi, 50%. "
-                                         "Default: the whole device."),
-    compute: str = typer.Option("0", "--compute", help="Compute share of each device in percent (0 = not paced)."),
-    priority: str = typer.Option("low", "--priority", help="high or low."),
-    mode: str = typer.Option("hard", "--mode", help="Compute sharing mode: hard, soft or off."),
+    memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE",
+                                         help="Memory limit per device: 4GiB, 4096Mi, 50%. Default: with "
+                                         "--compute below 100 the same percent of each device's memory (the "
+                                         "slice shares the device), else the whole device."),
+    compute: str = typer.Option("0", "--compute", metavar="PCT",
+                                help="Compute share of each device in percent (0 = not paced)."),
+    priority: str = typer.Option("low", "--priority", metavar="high|low", help="high or low."),
+    mode: str = typer.Option("hard", "--mode", metavar="hard|soft|off",
+                             help="Compute sharing mode: hard, soft or off."),
     exclusive: bool = typer.Option(False, "--exclusive", help="Whole idle devices, shared with nobody."),
-    device: Optional[str] = typer.Option(None, "--device", help="Restrict to these devices: index or UUID, "
+    device: Optional[str] = typer.Option(None, "--device", metavar="LIST",
+                                         help="Restrict to these devices: index or UUID, "
                                          "comma separated."),
     wait: bool = typer.Option(False, "--wait", help="Queue until the request fits instead of failing "
                               "(a request that cannot fit even on an empty node is refused at once)."),
-    policy: str = typer.Option("binpack", "--policy", help="Placement policy: binpack, spread, bestfit, fgd, "
+    policy: str = typer.Option("binpack", "--policy", metavar="POLICY",
+                               help="Placement policy: binpack, spread, bestfit, fgd, "
                                "random, or node=<policy>,gpu=<policy>."),
+    engine: str = typer.Option("timeslice", "--engine", help="How the device's compute is shared: timeslice "
+                               "(launches paced, exact shares) or spatial (an MPS client: kernels of the device's "
+                               "spatial slices run at once, the share is its fraction of the SMs; one device)."),
 ) -> None:
     """Run CMD in a slice: grant, enforcer preloaded, output streamed, grant released at the end.
 
     Exit codes: the command's own; 2 for a bad option value; 1 when this node cannot grant the request
     (e.g. more devices or memory than it has; it names the option) or gpuslice itself fails."""
-    from gpuslice.local.service import open_service, private_ledger_warning
+    from gpuslice.local.service import open_service, private_ledger_warning, snapshot_note
     from gpuslice.local import launcher
     from gpuslice.host import procs
     from gpuslice.enforcer.library import find_enforcer
@@ -86,19 +123,24 @@ def run(
     from gpuslice.local.records import Ask
     from gpuslice.spec import Request, SpecError
 
+    _split_unit(memory, compute, cmd)
     try:  # values wrong whatever the node: usage errors
         request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
-                                        "priority": priority, "mode": mode, "exclusive": exclusive})
+                                        "priority": priority, "mode": mode, "exclusive": exclusive,
+                                        "engine": engine})
         parse_policy(policy)
     except SpecError as exc:
         raise _usage_error(exc) from None
+    if request.compute_only:
+        _say(f"no --memory: the slice gets {request.compute}% of each device's memory, the same share as its "
+             "compute, so others can share the device (give --memory to choose)")
     try:  # this node cannot do it: runtime errors (exit 1), named as the options
         enforcer = str(find_enforcer())
         state = StateDir.default()
         service, devices = open_service(state)
-        warning = private_ledger_warning(service, state)
-        if warning:
-            _say(warning)
+        for note in (private_ledger_warning(service, state), snapshot_note()):
+            if note:
+                _say(note)
         ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
                   holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
                   devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
@@ -110,11 +152,13 @@ def run(
 
 
 @verb("ps")
-def ps(as_json: bool = typer.Option(False, "--json", help="Print the node view as JSON.")) -> None:
+def ps(as_json: bool = typer.Option(False, "--json", help="Print the node view as JSON (every value, in full)."),
+       wide: bool = typer.Option(False, "--wide", help="Every column and the whole command, even past the "
+                                 "terminal's width.")) -> None:
     """Show devices, slices (memory limit/used, compute set/achieved, processes, priority, age) and the queue."""
     import json
 
-    from gpuslice.host.console import stdout_console
+    from gpuslice.host.console import print_table, stdout_console
     from gpuslice.host.tables import view_renderable
     from gpuslice.local.viewsource import ViewSource
 
@@ -122,14 +166,16 @@ def ps(as_json: bool = typer.Option(False, "--json", help="Print the node view a
     if as_json:
         typer.echo(json.dumps(view.to_json(), indent=1))
         return
-    stdout_console().print(view_renderable(view))
+    print_table(stdout_console(), view_renderable(view, wide), wide)
 
 
 @verb("top")
 def top(
-    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes."),
-    count: int = typer.Option(0, "--count", help="Stop after this many refreshes (0 = until Ctrl-C)."),
+    interval: float = typer.Option(1.0, "--interval", metavar="SECONDS", help="Seconds between refreshes."),
+    count: int = typer.Option(0, "--count", metavar="N", help="Stop after this many refreshes (0 = until Ctrl-C)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON line per refresh instead of the table."),
+    wide: bool = typer.Option(False, "--wide", help="Every column and the whole command (a terminal crops "
+                              "what passes its edge; a pipe gets it all)."),
 ) -> None:
     """Live view of the slices of this node (refreshing)."""
     from gpuslice.local.top import run_top
@@ -138,16 +184,18 @@ def top(
     if count < 0:
         raise typer.BadParameter(f"{count} is not allowed; expected a number of refreshes, 0 (until Ctrl-C) or more",
                                  param_hint="'--count'")
-    run_top(StateDir.default(), interval, count, as_json)
+    run_top(StateDir.default(), interval, count, as_json, wide)
 
 
 @verb("agent")
 def agent(
-    port: int = typer.Option(9477, "--port", help="HTTP port of the dashboard and /metrics (0 = any free, -1 = off)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="HTTP address (localhost by default)."),
-    interval: float = typer.Option(1.0, "--interval", help="Seconds between usage samples."),
-    history_minutes: float = typer.Option(10.0, "--history", help="Minutes of history the dashboard shows."),
-    reclaim_interval: float = typer.Option(5.0, "--reclaim-interval",
+    port: int = typer.Option(9477, "--port", metavar="PORT",
+                             help="HTTP port of the dashboard and /metrics (0 = any free, -1 = off)."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="HTTP address (localhost by default)."),
+    interval: float = typer.Option(1.0, "--interval", metavar="SECONDS", help="Seconds between usage samples."),
+    history_minutes: float = typer.Option(10.0, "--history", metavar="MINUTES",
+                                          help="Minutes of history the dashboard shows."),
+    reclaim_interval: float = typer.Option(5.0, "--reclaim-interval", metavar="SECONDS",
                                            help="Seconds between checks for grants whose processes are gone."),
     backstop: str = typer.Option("kill", "--backstop", help="What to do with a slice whose processes hold more "
                                  "device memory than its limit in NVML's count (which no process can forge): kill "

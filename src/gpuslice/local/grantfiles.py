@@ -29,7 +29,8 @@ def write_grant_files(grant: GrantRecord, state: StateDir) -> None:
     folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
     os.chmod(folder, FOLDER_MODE)
     write_slice_file(state.slice_file(grant.grant_id), slice_config(
-        grant.grant, region=str(state.region_file(grant.grant_id)), device_state_dir=str(state.device_state)))
+        grant.grant, region=str(state.region_file(grant.grant_id)), device_state_dir=str(state.device_state),
+        mps_pipe_dir=grant.mps_pipe_dir))
     # No device records yet: the enforcer in the slice's first process adds each device with its configured
     # per-context overhead; until then the monitor shows nothing used.
     owner = grant.uid if os.geteuid() == 0 and grant.uid > 0 else -1

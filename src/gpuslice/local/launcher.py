@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from gpuslice.spec.errors import GpusliceError
-from gpuslice.host import procs
+from gpuslice.host import mps, procs
 from gpuslice.local.client import GrantService
 from gpuslice.local.errors import LaunchError
 from gpuslice.local.records import Ask, GrantRecord
@@ -90,6 +90,8 @@ def child_environment(grant: GrantRecord, enforcer: str, base: dict[str, str] | 
     env["GPUSLICE_SLICE"] = grant.slice_file
     env["CUDA_VISIBLE_DEVICES"] = ",".join(s.device_uuid for s in grant.slices)
     env["GPUSLICE_GRANT"] = grant.grant_id
+    for item in grant.slices:  # a spatial slice: a client of its device's MPS daemon
+        env.update(mps.client_env(item, grant.mps_pipe_dir))
     return env
 
 
@@ -330,9 +332,32 @@ def _release_quietly(service: GrantService, grant_id: str, say: Callable[[str], 
             return
         except Exception as exc:  # the agent's reclaimer will release it once our processes are gone
             if attempt == 2:
+                if _release_in_ledger(service, grant_id):
+                    say(f"the agent did not answer ({exc}); released grant {grant_id} in its ledger file")
+                    return
                 say(f"warning: could not release grant {grant_id} now ({exc}); it is reclaimed when "
                     "its processes are gone")
             time.sleep(0.2)
+
+
+def _release_in_ledger(service: GrantService, grant_id: str) -> bool:
+    """The agent is gone (killed): release in the ledger file of its state dir, when we may write it, so that
+    neither the grant nor an MPS daemon whose last client it was waits for the next agent or ``ps``."""
+    socket_path = getattr(service, "socket_path", None)
+    if socket_path is None:
+        return False
+    from gpuslice.local.ledger import Ledger, recorded_pids
+    from gpuslice.local.paths import StateDir
+
+    try:
+        ledger = Ledger(StateDir(socket_path.parent), [], region_pids=recorded_pids)
+        try:
+            ledger.release(grant_id)
+        finally:
+            ledger.close()
+    except Exception:  # not ours to write (a root agent's ledger) or unreadable: the next agent reclaims it
+        return False
+    return True
 
 
 def describe_grant(grant: GrantRecord) -> str:
@@ -343,7 +368,11 @@ def describe_grant(grant: GrantRecord) -> str:
     def one(s) -> str:
         if grant.exclusive and not s.compute:
             return f"{s.device_uuid} whole device: memory {human_bytes(s.memory_limit)}, all of its compute"
-        compute = f"compute {s.compute}% ({s.mode.value})" if s.compute else "compute unpaced"
+        if s.engine.value == "spatial":
+            compute = (f"compute {s.compute}% of the SMs (spatial, MPS)" if 0 < s.compute < 100
+                       else "compute: every SM (spatial, MPS)")
+        else:
+            compute = f"compute {s.compute}% ({s.mode.value})" if s.compute else "compute unpaced"
         held = " whole device:" if grant.exclusive else ""
         return f"{s.device_uuid}{held} memory {human_bytes(s.memory_limit)} {compute}"
 

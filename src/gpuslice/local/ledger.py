@@ -15,6 +15,14 @@ next pass (any ``run``/``ps``, or the agent every few seconds).
 A request that cannot fit even on an empty node (more devices than there are, more memory than any device
 holds) is refused at once (:func:`gpuslice.local.admission.never_fits`), never queued.
 
+Spatial grants (``Engine.SPATIAL``) are clients of their device's MPS control daemon, which the ledger owns
+through :class:`gpuslice.host.mpsfleet.MpsDaemons` (``<state>/mps``): a grant is recorded only once its
+daemon runs (started on first use, inside the grant's transaction: a daemon that cannot start refuses the
+grant, nothing half-applied), and every change — a release, every reclaim pass (any ``run``/``ps``/``top``,
+the agent every few seconds, an agent starting) — makes the running daemons exactly those the recorded
+spatial grants need. A daemon whose last slice ended while nobody was there to stop it (a killed agent or
+launcher) is stopped at the next pass; one that died is started again.
+
 The wait queue is ordered by priority (high first), then arrival. A request is placed only on devices that
 no live waiter ahead of it could use (:func:`gpuslice.local.admission.candidate_devices`): a big waiting
 request is not starved by a stream of small ones that compete for its devices, and requests for other
@@ -32,32 +40,55 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from gpuslice.host import procs
+from gpuslice.host.mps import MpsError
+from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons, Reconciled
+from gpuslice.host.usage import region_pids
 from gpuslice.local import ledgerdb
 from gpuslice.local.ledgercheck import BadRow, LostGrant, decode_rows, lost_grants, refusal as lost_refusal
 from gpuslice.local.admission import candidate_devices, never_fits, restrict
 from gpuslice.local.errors import Forbidden, LedgerError, UnknownGrant
 from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
 from gpuslice.local.paths import StateDir
+from gpuslice.local import nofit
+from gpuslice.local.nofit import device_names, local_words
 from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
 from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place
 from gpuslice.placement.model import describe_free
-from gpuslice.spec import Device, Grant, HoldsGrant, SpecError, request_from_json, request_to_json
+from gpuslice.spec import Device, Engine, Grant, GpusliceError, HoldsGrant, SpecError, request_from_json, request_to_json
 
 SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
+
+# Pids the enforcer recorded in a grant's region: grant -> the live ones. Used for one thing only: whether a
+# faulted MPS daemon still has clients (its restart waits for them). Never evidence that a process belongs to
+# a slice: a region is its user's to write (issue 15), so it never keeps a grant alive nor gets a pid signalled.
+RegionPids = Callable[[GrantRecord], list[int]]
+
+
+def _no_region_pids(grant: GrantRecord) -> list[int]:
+    return []
+
+
+def recorded_pids(grant: GrantRecord) -> list[int]:
+    """The live pids the enforcer recorded in the grant's region (MPS client evidence, see RegionPids)."""
+    return region_pids(grant.watched())
 
 
 class Ledger:
     """Grants of one node. ``devices`` are the node's GPUs (NVML or a snapshot)."""
 
     def __init__(self, state: StateDir, devices: Sequence[Device], *, node_name: str | None = None,
-                 kill_grace: float | None = None):
+                 region_pids: RegionPids = _no_region_pids, kill_grace: float | None = None,
+                 mps: MpsDaemons | None = None):
         self.kill_grace = procs.grace_seconds() if kill_grace is None else kill_grace  # a bad env: error now
         self.state = state.ensure()
         self.devices = list(devices)
         self.node_name = node_name or socket.gethostname() or "local"
+        self.region_pids = region_pids  # MPS client evidence only (see RegionPids)
+        self.mps = mps if mps is not None else MpsDaemons(self.state.mps)
+        self.mps_problems: dict[DaemonKey, str] = {}  # of the last reconcile pass, for ps
         self._candidate_cache: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
         self._problems: list[str] = []
         self._bad: list[BadRow] = []
@@ -121,8 +152,13 @@ class Ledger:
         """Grant ``ask`` now, or (``wait``) queue it and say where it stands.
 
         Raises :class:`SpecError` (naming the field) for a request that cannot fit even on an empty node,
-        and :class:`NoFit` when it does not fit now and ``wait`` is false."""
+        and :class:`NoFit` when it does not fit now and ``wait`` is false. A compute-only request is granted
+        the same fraction of each device's memory (:meth:`Request.with_default_memory`), and recorded so."""
+        ask = replace(ask, request=ask.request.with_default_memory())
         policy = parse_policy(ask.policy)
+        if ask.request.engine is Engine.SPATIAL and not self.mps.available():
+            raise SpecError("engine", "spatial", "timeslice on this node: it has no nvidia-cuda-mps-control (the "
+                            "driver's MPS binaries; GPUSLICE_MPS_CONTROL names another path)")
         empty = self.empty_node(ask.devices)
         refusal = never_fits(ask.request, empty, restricted=bool(ask.devices))
         if refusal is not None:
@@ -143,23 +179,33 @@ class Ledger:
             try:
                 placed = place(ask.request, [restrict(node, drop=reserved)], policy)
             except NoFit as exc:
-                reason = self._why_waiting(ask, node, policy, exc, len(ahead))
+                reason, plain = self._why_waiting(ask, node, policy, len(ahead))
                 if not wait:
-                    hint = "; use --wait to queue behind them" if ahead else ""
-                    raise NoFit(reason + hint, exc.per_node) from None
+                    if plain is None:  # it fits, but only on devices that waiters ahead of it want
+                        raise NoFit(reason + "; use --wait to queue behind them", exc.per_node) from None
+                    text = nofit.refusal(plain, node, self.devices, ask.request, wait=False)
+                    also = f"\nalso: {len(ahead)} request(s) ahead in the queue want these devices" if ahead else ""
+                    raise NoFit(text + also, exc.per_node) from None
                 return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)
             grant_id = new_grant_id()
+            keys = daemon_keys(placed.slices, ask.uid)
             record = GrantRecord(
                 grant=Grant(grant_id, placed.slices, placed.exclusive), owner=ask.owner, request=ask.request,
                 created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=ask.uid,
                 command=ask.command, slice_file=str(self.state.slice_file(grant_id)),
-                region_file=str(self.state.region_file(grant_id)))
+                region_file=str(self.state.region_file(grant_id)),
+                mps_pipe_dir=str(self.mps.pipe_dir(keys[0])) if keys else "")
             db.execute("INSERT INTO grants (id, record) VALUES (?, ?)",
                        (record.grant_id, json.dumps(record.to_json())))
             if ticket is not None:
                 db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
             try:  # inside the transaction: a failure rolls the grant back, nothing half-applied
                 write_grant_files(record, self.state)
+                for key in keys:  # first use of the device's daemon starts it
+                    self.mps.ensure(key)
+            except MpsError as exc:
+                remove_grant_files(record.grant_id, self.state)
+                raise GpusliceError(f"engine spatial: {exc}") from None
             except BaseException:
                 remove_grant_files(record.grant_id, self.state)
                 raise
@@ -183,15 +229,19 @@ class Ledger:
         node = NodeState.from_devices(self.node_name, self.devices)
         return restrict(node, only) if only else node
 
-    def _why_waiting(self, ask: Ask, node: NodeState, policy: PlacementPolicy, exc: NoFit, ahead: int) -> str:
-        """The reason a request is not placed now: waiters ahead of it, or what is free."""
+    def _why_waiting(self, ask: Ask, node: NodeState, policy: PlacementPolicy, ahead: int) -> tuple[str, str | None]:
+        """Why a request is not placed now, in one line (the queue shows it), devices named by index; and
+        placement's own reason when it does not fit even ignoring the queue (None: only waiters ahead of it
+        hold it back)."""
         try:
             place(ask.request, [node], policy)
         except NoFit as plain:  # it does not fit even ignoring the queue: say what is free
-            text = f"{plain.reason}; free now: {describe_free(node)}"
-            return text + (f"; and {ahead} request(s) ahead in the queue want these devices" if ahead else "")
+            text = (f"{local_words(plain.reason, node, self.devices)}; "
+                    f"free now: {describe_free(node, device_names(self.devices))}")
+            return text + (f"; and {ahead} request(s) ahead in the queue want these devices" if ahead else ""), \
+                plain.reason
         return (f"{ahead} request(s) wait ahead in the queue for the devices this one could use "
-                f"(it fits now only on devices they wait for)")
+                f"(it fits now only on devices they wait for)"), None
 
     def cancel(self, ticket: int) -> None:
         with self._tx() as db:
@@ -205,9 +255,10 @@ class Ledger:
             return record
 
     def release(self, grant_id: str) -> bool:
-        """End a grant; False if it was already gone."""
+        """End a grant (and the MPS daemon its spatial slice was the last of); False if it was already gone."""
         with self._tx() as db:  # the folder goes before the row is committed: a folder never outlives its row
             gone = db.execute("DELETE FROM grants WHERE id = ?", (grant_id,)).rowcount
+            self._reconcile_mps(db)
             remove_grant_files(grant_id, self.state)
         return bool(gone)
 
@@ -290,7 +341,28 @@ class Ledger:
             if (pid, start) not in live:
                 db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
         self._find_lost(db)
+        self._reconcile_mps(db)
         return released
+
+    def _reconcile_mps(self, db: sqlite3.Connection) -> Reconciled | None:
+        """Run exactly the MPS daemons the recorded spatial grants need (under the ledger's write lock, so
+        no other process grants or releases meanwhile). Problems are kept for ``ps``, never raised: a
+        release or reclaim pass must not fail because a daemon would not stop."""
+        grants = self._grants(db)
+        owners: dict[DaemonKey, list[GrantRecord]] = {}
+        for g in grants:
+            for key in daemon_keys(g.slices, g.uid):
+                owners.setdefault(key, []).append(g)
+        if not owners and not self.mps.known():
+            self.mps_problems = {}
+            return None
+
+        def busy(key: DaemonKey) -> bool:  # a live process of a slice served by the daemon: a client
+            return any(self.region_pids(g) for g in owners.get(key, ()))
+
+        done = self.mps.reconcile(owners, busy)
+        self.mps_problems = dict(done.problems)
+        return done
 
     def _end_processes(self, db: sqlite3.Connection, grant: GrantRecord, stats: list[procs.ProcStat]) -> bool:
         """The holder of ``grant`` is gone: signal what is left of its processes; True when none is left."""
@@ -391,6 +463,13 @@ def _settled(signalled: Sequence[procs.ProcStat], wait: float = SETTLE_S) -> boo
             return False
         time.sleep(0.02)
     return True
+
+
+def daemon_keys(slices: Sequence, uid: int) -> list[DaemonKey]:
+    """The MPS daemons the spatial ``slices`` of a grant of user ``uid`` are clients of: one per device, run as
+    that user when the node side is root (MPS serves one user per server at a time), else as the node side's
+    own user."""
+    return [DaemonKey.for_client(s.device_uuid, uid) for s in slices if s.engine is Engine.SPATIAL]
 
 
 def parse_policy(text: str) -> PlacementPolicy:

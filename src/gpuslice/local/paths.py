@@ -9,6 +9,7 @@
     <state>/grants/<id>/slice    the slice file of a grant (GPUSLICE_SLICE points here)
     <state>/grants/<id>/region   the slice's region (created by the enforcer, read by the monitor)
     <state>/devices/             per-device state shared by the enforcers (compute pacing)
+    <state>/mps/                 the MPS control daemons of spatial slices (gpuslice.host.mpsfleet)
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class StateDir:
     @property
     def device_state(self) -> Path:
         return self.root / "devices"
+
+    @property
+    def mps(self) -> Path:
+        return self.root / "mps"
 
     def grant_dir(self, grant_id: str) -> Path:
         return self.grants / grant_id

@@ -96,6 +96,7 @@ class GrantRecord(HoldsGrant):
     # When the reclaimer found the holder gone and sent SIGTERM to the slice's processes (0: not yet);
     # SIGKILL follows once $GPUSLICE_KILL_GRACE has passed since then.
     ending_since: float = 0.0
+    mps_pipe_dir: str = ""  # a spatial grant: its device's MPS daemon (CUDA_MPS_PIPE_DIRECTORY)
 
     @property
     def marker(self) -> str:
@@ -113,7 +114,7 @@ class GrantRecord(HoldsGrant):
                 "created": self.created, "holder_pid": self.holder_pid, "holder_start": self.holder_start,
                 "child_pid": self.child_pid, "child_start": self.child_start, "uid": self.uid,
                 "command": self.command, "slice_file": self.slice_file, "region_file": self.region_file,
-                "ending_since": self.ending_since}
+                "ending_since": self.ending_since, **({"mps_pipe_dir": self.mps_pipe_dir} if self.mps_pipe_dir else {})}
 
     @classmethod
     def from_json(cls, data: Any) -> "GrantRecord":
@@ -124,7 +125,8 @@ class GrantRecord(HoldsGrant):
                    holder_start=int(data["holder_start"]), child_pid=int(data.get("child_pid", 0)),
                    child_start=int(data.get("child_start", 0)), uid=int(data.get("uid", -1)),
                    command=data.get("command", ""), slice_file=data.get("slice_file", ""),
-                   region_file=data.get("region_file", ""), ending_since=float(data.get("ending_since", 0.0)))
+                   region_file=data.get("region_file", ""), ending_since=float(data.get("ending_since", 0.0)),
+                   mps_pipe_dir=str(data.get("mps_pipe_dir", "")))
 
 
 @dataclass(frozen=True)

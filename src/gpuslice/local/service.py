@@ -25,6 +25,18 @@ def open_service(state: StateDir) -> tuple[GrantService, list[Device]]:
     return Ledger(state, devices), devices
 
 
+def snapshot_note() -> str | None:
+    """One line when the devices come from a snapshot (``GPUSLICE_DEVICE_SNAPSHOT``): grants and slice files
+    are real, but there is no GPU behind them, so nothing is enforced."""
+    from gpuslice.host.devices import SNAPSHOT_ENV
+
+    name = os.environ.get(SNAPSHOT_ENV)
+    if not name:
+        return None
+    return (f"note: devices come from the snapshot {name!r} ({SNAPSHOT_ENV}), not from NVML: the grant is recorded "
+            "and the slice file written, but no GPU is behind them, so nothing is enforced")
+
+
 def private_ledger_warning(service: GrantService, state: StateDir) -> str | None:
     """One line for a non-root user granting from a ledger of their own on a machine other people use.
 

@@ -17,11 +17,12 @@ class ViewSource:
         self.monitor = None
         if self.client is None:
             from gpuslice.host.devices import discover
-            from gpuslice.local.ledger import Ledger
+            from gpuslice.local.ledger import Ledger, recorded_pids
 
             devices = discover()
-            self.ledger = Ledger(state, devices)
-            self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=state.device_state)
+            self.ledger = Ledger(state, devices, region_pids=recorded_pids)
+            self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=state.device_state,
+                                   mps=self.ledger.mps)
 
     @property
     def where(self) -> str:

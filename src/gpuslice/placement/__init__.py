@@ -38,6 +38,11 @@ The model
 * Everything else gets shared slices: one on one device, or — ``count > 1`` with a memory size, HAMi's
   ``nvidia.com/gpu: 2`` + ``gpumem`` — one on each of ``count`` distinct devices of one node, which
   others may still share.
+* A device runs one **engine** at a time (``Request.engine`` / ``Slice.engine``: ``timeslice`` or
+  ``spatial``, MPS-backed): a slice fits only on a device with no slices or with slices of its engine
+  (``DeviceState.engine``, ``Fleet.engine``); the device is free for either engine again once its last
+  slice is released. FGD's fragmentation terms do not weigh engines (shapes of the workload are counted
+  as if any device could take them).
 * A multi-device request takes at most one MIG instance of a card (instances of one card share its
   memory system; to a program asking for two GPUs they are not two).
 * ``models`` restricts devices (``V100M16|V100M32``); a name matches a device's model, its MIG profile or
@@ -48,15 +53,19 @@ Policies (``PlacementPolicy(node=..., gpu=..., topology=True, seed=0)``, each le
 GPU level (which device inside a node; for ``count`` shared slices the ``count`` best), for a shared request:
   ``binpack`` most used after placing (memory share + compute share), ``spread`` least used,
   ``bestfit`` least absolute memory left (then compute), ``fgd`` least fragmentation increase (below),
-  ``random`` any fitting device. For whole devices: ``bestfit`` the smallest that holds the request,
-  ``fgd`` the devices whose loss raises fragmentation least, others in index order.
+  ``random`` any fitting device, ``topology-aware`` the least connected device (fewest NVLink peers, then
+  fewest devices on its NUMA node; HAMi's policy of that name). With ``weights=(slot, core, memory)``
+  (HAMi's device scoring weights) binpack / spread weigh slots, compute and memory shares so. For whole
+  devices: ``bestfit`` the smallest that holds the request, ``fgd`` the devices whose loss raises
+  fragmentation least, ``topology-aware`` the least connected first, others in index order.
 Node level (score 0..100, the highest wins; ties go to the earliest node in the caller's order, except
 ``fgd``, which breaks its own ties):
   ``binpack`` = 100 × node GPU allocation after placing, ``spread`` = 100 − that,
   ``bestfit`` = 100 × (1 − remaining), remaining = mean of free device share (normalised by the widest
   node) and free CPU (normalised by the largest node) — the FGD paper's Best-fit,
   ``fgd`` = ⌊100 · σ(−ΔF)⌋ (the FGD authors' integer score, below) + 0.5 × the node's fixed rank,
-  ``random`` uniform.
+  ``random`` uniform, ``topology-aware`` = the fewest devices first (90 × (1 − (devices − 1) / widest)),
+  then the fullest (+ 10 × allocation).
 Topology (``count > 1``): a topology score — 100 when every pair is NVLink-connected, else
 40 × (share of linked pairs) + 60 if all on one NUMA node — blends into the node score as
 ``(1 − w) · policy + w · topology`` (``w = topology_weight``, 0.3). On a node that describes its
@@ -100,6 +109,7 @@ workload comes from is the caller's: the simulator learns it from the arrivals, 
 
 from gpuslice.placement.core import filter_nodes, fits, node_fragmentation, place, place_host, score_nodes
 from gpuslice.placement.fleet import Fleet
+from gpuslice.placement.mix import WorkloadMix
 from gpuslice.placement.model import (
     DEFAULT_SPLIT_COUNT,
     POLICIES,
@@ -116,6 +126,6 @@ from gpuslice.placement.model import (
 
 __all__ = [
     "DEFAULT_SPLIT_COUNT", "POLICIES", "DeviceState", "NodeState", "NoFit", "Placement", "PlacementPolicy",
-    "TaskShape", "Workload", "Fleet", "apply", "release", "place", "place_host", "score_nodes", "filter_nodes",
+    "TaskShape", "Workload", "WorkloadMix", "Fleet", "apply", "release", "place", "place_host", "score_nodes", "filter_nodes",
     "fits", "node_fragmentation",
 ]

@@ -96,7 +96,8 @@ def place(request: Request, nodes: Nodes, policy: PlacementPolicy | None = None,
     for j in np.flatnonzero(scored.chosen[best]):
         device = fleet.static[i][int(j)]
         slices.append(Slice(device_uuid=device.uuid, memory_limit=int(fit.need[i, j]), compute=request.compute,
-                            priority=request.priority, mode=request.mode, weight=request.weight))
+                            priority=request.priority, mode=request.mode, weight=request.weight,
+                            engine=request.engine))
     return Placement(node=fleet.names[i], slices=tuple(slices), score=float(scored.score[best]),
                      exclusive=fit.shape.whole)
 

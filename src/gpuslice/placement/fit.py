@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from gpuslice.placement.fleet import Fleet
+from gpuslice.placement.fleet import ENGINE_CODE, Fleet
 from gpuslice.placement.model import TaskShape
 
 
@@ -74,6 +74,11 @@ def usable_count(fleet: Fleet, dev_ok: np.ndarray, rows: np.ndarray | None = Non
     return counts
 
 
+def engine_ok(fleet: Fleet, shape: TaskShape) -> np.ndarray:
+    """[N, G] the device takes a slice of the shape's engine: it has no slices, or slices of that engine."""
+    return (fleet.slots_used == 0) | (fleet.engine == ENGINE_CODE[shape.engine])
+
+
 def fit_shape(fleet: Fleet, shape: TaskShape) -> Fit:
     """The devices that can take one device's part of ``shape`` and the nodes that can take all of it."""
     need = memory_need(fleet, shape)
@@ -81,7 +86,7 @@ def fit_shape(fleet: Fleet, shape: TaskShape) -> Fit:
     if shape.whole:
         dev_ok = model_ok & (fleet.slots_used == 0) & ~fleet.excl & (need <= whole_cap(fleet))
     else:
-        dev_ok = (model_ok & ~fleet.excl & (fleet.slots_used < fleet.split)
+        dev_ok = (model_ok & ~fleet.excl & (fleet.slots_used < fleet.split) & engine_ok(fleet, shape)
                   & (fleet.mem_cap - fleet.mem_used >= need) & (100 - fleet.comp_used >= shape.compute))
     node_ok = dev_ok.any(axis=1) if shape.count <= 1 else usable_count(fleet, dev_ok) >= shape.count
     node_ok = (node_ok & (fleet.cpu_total - fleet.cpu_used >= shape.cpu_milli)
@@ -89,4 +94,4 @@ def fit_shape(fleet: Fleet, shape: TaskShape) -> Fit:
     return Fit(shape, need, dev_ok, node_ok)
 
 
-__all__ = ["Fit", "fit_shape", "memory_need", "model_mask", "static_array", "usable_count", "whole_cap"]
+__all__ = ["Fit", "engine_ok", "fit_shape", "memory_need", "model_mask", "static_array", "usable_count", "whole_cap"]

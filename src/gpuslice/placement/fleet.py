@@ -14,10 +14,13 @@ from typing import Sequence
 
 import numpy as np
 
-from gpuslice.placement.model import DeviceState, NodeState, Placement
-from gpuslice.spec import Slice, SpecError
+from gpuslice.placement.model import DeviceState, NodeState, Placement, engine_conflict
+from gpuslice.spec import Engine, Slice, SpecError
 
 UNTRACKED = np.int64(2**62)  # CPU / host memory of a node that does not track them: never the limit
+# The engine column: 0 while a device has no slices, else the code of its slices' engine.
+ENGINE_CODE = {None: 0, Engine.TIMESLICE: 1, Engine.SPATIAL: 2}
+ENGINE_OF = {code: engine for engine, code in ENGINE_CODE.items()}
 
 
 class Fleet:
@@ -43,6 +46,7 @@ class Fleet:
         self.slots_used = np.zeros(shape, np.int64)
         self.split = np.zeros(shape, np.int64)
         self.excl = np.zeros(shape, bool)
+        self.engine = np.zeros(shape, np.int8)
         self.kind = np.zeros(shape, np.int32)
         self.numa = np.full(shape, -1, np.int32)
         self.cpu_total = np.full(n, UNTRACKED, np.int64)
@@ -82,7 +86,7 @@ class Fleet:
         parent_ids: dict[str, int] = {}
         # Built as flat Python lists, then converted once: per-element numpy stores cost ~10x more.
         cells: list[tuple] = []
-        pad = (False, 1, 1, 0, 0, 0, 0, False, 0, -1)
+        pad = (False, 1, 1, 0, 0, 0, 0, False, 0, -1, 0)
         for i, node in enumerate(nodes):
             if node.cpu_milli is not None:
                 self.cpu_total[i], self.cpu_used[i] = node.cpu_milli, node.cpu_used
@@ -99,7 +103,7 @@ class Fleet:
                     self.kinds.append(d)
                 cells.append((True, d.memory_total, int(d.memory_total * d.memory_scaling), d.used_memory,
                               d.used_compute, d.slice_count, d.split_count, d.exclusive_taken, kind,
-                              -1 if d.numa_node is None else d.numa_node))
+                              -1 if d.numa_node is None else d.numa_node, ENGINE_CODE[d.engine]))
                 if d.nvlink_peers or d.numa_node is not None:
                     self.has_topology[i] = True
                 if d.parent_uuid:
@@ -110,8 +114,9 @@ class Fleet:
             columns = list(zip(*cells))
             for name, column, dtype in zip(
                     ("valid", "mem_total", "mem_cap", "mem_used", "comp_used", "slots_used", "split", "excl",
-                     "kind", "numa"), columns,
-                    (bool, np.int64, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int32, np.int32)):
+                     "kind", "numa", "engine"), columns,
+                    (bool, np.int64, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int32, np.int32,
+                     np.int8)):
                 setattr(self, name, np.array(column, dtype).reshape(shape))
 
     def __len__(self) -> int:
@@ -147,34 +152,39 @@ class Fleet:
                 cpu_milli: int, host_memory: int) -> None:
         # Running totals per device: several slices of one call may land on one device (a ledger
         # rebuilt in one go), and each must be checked against what the ones before it took.
-        updates: dict[int, tuple[int, int, int, bool]] = {}
+        updates: dict[int, tuple[int, int, int, bool, int]] = {}
         for s in slices:
             where = self.pos.get(s.device_uuid)
             if where is None or where[0] != i:
                 raise SpecError("device_uuid", s.device_uuid, f"a UUID of a device on node {self.names[i]}")
             j = where[1]
-            mem0, comp0, slots0, excl0 = updates.get(j) or (
-                int(self.mem_used[i, j]), int(self.comp_used[i, j]), int(self.slots_used[i, j]), bool(self.excl[i, j]))
+            mem0, comp0, slots0, excl0, eng0 = updates.get(j) or (
+                int(self.mem_used[i, j]), int(self.comp_used[i, j]), int(self.slots_used[i, j]), bool(self.excl[i, j]),
+                int(self.engine[i, j]))
             mem = mem0 + sign * s.memory_limit
             comp = comp0 + sign * s.compute
             slots = slots0 + sign
             if sign > 0 and (excl0 or (exclusive and slots0)):
                 raise SpecError("device_uuid", s.device_uuid, "a device not held whole by another grant")
+            if sign > 0 and slots0 and eng0 != ENGINE_CODE[s.engine]:
+                raise SpecError("engine", s.engine.value, engine_conflict(ENGINE_OF[eng0], slots0, s.device_uuid))
+            eng = ENGINE_CODE[s.engine] if sign > 0 else (eng0 if slots > 0 else 0)
             excl = exclusive if sign > 0 else (False if exclusive else excl0)
             # A device held whole may carry its physical memory even where a reserve (scaling < 1)
             # keeps shared slices below it.
             cap = max(int(self.mem_cap[i, j]), int(self.mem_total[i, j])) if excl else int(self.mem_cap[i, j])
             if not (0 <= mem <= cap and 0 <= comp <= 100 and 0 <= slots <= self.split[i, j]):
                 raise SpecError("slices", s, f"a slice that fits on {s.device_uuid} without over-commit")
-            updates[j] = (mem, comp, slots, excl)
+            updates[j] = (mem, comp, slots, excl, eng)
         cpu = int(self.cpu_used[i]) + sign * cpu_milli
         hm = int(self.hm_used[i]) + sign * host_memory
         if self.cpu_total[i] != UNTRACKED and not 0 <= cpu <= self.cpu_total[i]:
             raise SpecError("cpu_milli", cpu_milli, f"CPU that fits on node {self.names[i]}")
         if self.hm_total[i] != UNTRACKED and not 0 <= hm <= self.hm_total[i]:
             raise SpecError("host_memory", host_memory, f"host memory that fits on node {self.names[i]}")
-        for j, (mem, comp, slots, excl) in updates.items():  # all checks passed: nothing is half-applied
+        for j, (mem, comp, slots, excl, eng) in updates.items():  # all checks passed: nothing is half-applied
             self.mem_used[i, j], self.comp_used[i, j], self.slots_used[i, j], self.excl[i, j] = mem, comp, slots, excl
+            self.engine[i, j] = eng
         if self.cpu_total[i] != UNTRACKED:
             self.cpu_used[i] = cpu
         if self.hm_total[i] != UNTRACKED:
@@ -190,7 +200,8 @@ class Fleet:
         i = self._rows(node)
         devices = tuple(
             replace(d, used_memory=int(self.mem_used[i, j]), used_compute=int(self.comp_used[i, j]),
-                    slice_count=int(self.slots_used[i, j]), exclusive_taken=bool(self.excl[i, j]))
+                    slice_count=int(self.slots_used[i, j]), exclusive_taken=bool(self.excl[i, j]),
+                    engine=ENGINE_OF[int(self.engine[i, j])])
             for j, d in enumerate(self.static[i]))
         tracked_cpu = self.cpu_total[i] != UNTRACKED
         tracked_hm = self.hm_total[i] != UNTRACKED

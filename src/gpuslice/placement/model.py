@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 from gpuslice.spec.errors import GpusliceError
-from gpuslice.spec import Device, MemoryAmount, Request, Slice, SpecError, human_bytes, whole_number
+from gpuslice.spec import Device, Engine, MemoryAmount, Request, Slice, SpecError, human_bytes, whole_number
 
-POLICIES = ("binpack", "spread", "bestfit", "fgd", "random")
+POLICIES = ("binpack", "spread", "bestfit", "fgd", "random", "topology-aware")
 DEFAULT_SPLIT_COUNT = 10  # HAMi's deviceSplitCount default: at most 10 slices share one device
 
 
@@ -25,7 +25,10 @@ class DeviceState:
     ``memory_total`` is the physical memory; ``memory_scaling`` (HAMi's ``deviceMemoryScaling``) lets the
     sum of memory limits reach ``memory_total * memory_scaling`` (oversubscription, > 1) or keeps a
     reserve (< 1). Percent requests always resolve against the physical ``memory_total``.
-    ``exclusive_taken`` marks a device given whole to one grant: nobody else may share it.
+    ``exclusive_taken`` marks a device given whole to one grant: nobody else may share it. ``engine`` is
+    the engine of the slices on the device (``None`` while it has none): a device runs one engine at a time,
+    so a slice of the other engine does not fit until the last of them ends (slices without a stated
+    engine are time-sliced).
     """
 
     uuid: str
@@ -42,10 +45,15 @@ class DeviceState:
     exclusive_taken: bool = False
     profile: str = ""  # MIG profile (e.g. "3g.40gb") when this device is a MIG instance
     parent_uuid: str = ""  # the physical GPU of a MIG instance
+    engine: Engine | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.uuid, str) or not self.uuid:
             raise SpecError("uuid", self.uuid, "a device UUID like GPU-…")
+        if self.engine is not None and (not isinstance(self.engine, Engine) or self.slice_count == 0):
+            raise SpecError("engine", self.engine, "None on a device without slices, else an Engine")
+        if self.engine is None and self.slice_count:  # states written before engines: time-sliced
+            object.__setattr__(self, "engine", Engine.TIMESLICE)
         for name, low in (("memory_total", 1), ("split_count", 1), ("used_memory", 0),
                           ("used_compute", 0), ("slice_count", 0), ("sm_count", 0)):
             whole_number(name, getattr(self, name), low)
@@ -93,6 +101,10 @@ class DeviceState:
     def is_idle(self) -> bool:
         """Nothing granted: the device can be given whole."""
         return self.slice_count == 0 and not self.exclusive_taken
+
+    def takes(self, engine: Engine) -> bool:
+        """Whether a slice of ``engine`` may join this device now (one engine per device)."""
+        return self.engine is None or self.engine is engine
 
     def matches(self, models: Sequence[str]) -> bool:
         """True if ``models`` is empty or names this device's model, its MIG profile or ``model/profile``."""
@@ -192,19 +204,28 @@ def _change(node: NodeState, slices: Sequence[Slice], exclusive: bool, sign: int
         if sign > 0:
             if d.exclusive_taken or (exclusive and d.slice_count):
                 raise SpecError("device_uuid", s.device_uuid, "a device not held whole by another grant")
+            if not d.takes(s.engine):
+                raise SpecError("engine", s.engine.value, engine_conflict(d.engine, d.slice_count, s.device_uuid))
             d = replace(d, used_memory=d.used_memory + s.memory_limit, used_compute=d.used_compute + s.compute,
-                        slice_count=d.slice_count + 1, exclusive_taken=exclusive)
+                        slice_count=d.slice_count + 1, exclusive_taken=exclusive, engine=s.engine)
         else:
             if d.slice_count < 1 or d.used_memory < s.memory_limit or d.used_compute < s.compute:
                 raise SpecError("slices", s, f"a slice that is granted on {s.device_uuid}")
             d = replace(d, used_memory=d.used_memory - s.memory_limit, used_compute=d.used_compute - s.compute,
-                        slice_count=d.slice_count - 1, exclusive_taken=False if exclusive else d.exclusive_taken)
+                        slice_count=d.slice_count - 1, exclusive_taken=False if exclusive else d.exclusive_taken,
+                        engine=d.engine if d.slice_count > 1 else None)
         changed[s.device_uuid] = d  # DeviceState's own checks refuse any over-commit here
     cpu_used = node.cpu_used + sign * cpu_milli
     mem_used = node.host_memory_used + sign * host_memory
     return replace(node, devices=tuple(changed.get(d.uuid, d) for d in node.devices),
                    cpu_used=cpu_used if node.cpu_milli is not None else node.cpu_used,
                    host_memory_used=mem_used if node.host_memory is not None else node.host_memory_used)
+
+
+def engine_conflict(engine: Engine | None, slices: int, uuid: str) -> str:
+    """What a slice must be to join device ``uuid``, which holds ``slices`` slices of ``engine``."""
+    name = engine.value if engine is not None else "none"
+    return f"{name}, the engine of the {slices} slice(s) on {uuid} (a device runs one engine at a time)"
 
 
 def apply(node: NodeState, slices: Sequence[Slice], *, exclusive: bool = False,
@@ -225,7 +246,10 @@ class PlacementPolicy:
     """How to choose: ``node`` ranks nodes, ``gpu`` picks devices inside a node (HAMi's two knobs).
 
     ``topology`` adds a score for multi-device requests (NVLink clique > same NUMA > scattered), blended
-    into the node score with ``topology_weight``. ``seed`` makes ``random`` reproducible.
+    into the node score with ``topology_weight``. ``seed`` makes ``random`` reproducible. ``weights``
+    (``(slot, core, memory)``, HAMi's ``hami.io/device-scoring-weights``) makes ``binpack`` and ``spread``
+    rank devices by ``slot·slots share + core·compute share + memory·memory share`` after placing; ``None``
+    is gpuslice's own ranking (memory share + compute share).
     """
 
     node: str = "binpack"
@@ -233,6 +257,7 @@ class PlacementPolicy:
     topology: bool = True
     topology_weight: float = 0.3
     seed: int = 0
+    weights: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("node", "gpu"):
@@ -241,6 +266,10 @@ class PlacementPolicy:
                 raise SpecError(f"policy.{name}", value, "one of " + ", ".join(POLICIES))
         if not 0 <= self.topology_weight <= 1:
             raise SpecError("policy.topology_weight", self.topology_weight, "a number from 0 to 1")
+        w = self.weights
+        if w is not None and (not isinstance(w, tuple) or len(w) != 3 or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 1000 for x in w) or not any(w)):
+            raise SpecError("policy.weights", w, "(slot, core, memory): whole numbers 0..1000, at least one above 0")
 
     @classmethod
     def parse(cls, text: str, **kwargs: object) -> "PlacementPolicy":
@@ -295,6 +324,7 @@ class TaskShape:
     models: tuple[str, ...] = ()
     cpu_milli: int = 0
     host_memory: int = 0
+    engine: Engine = Engine.TIMESLICE
 
     def __hash__(self) -> int:
         # Shapes key the fragmentation caches on every call; hashing their fields each time showed up
@@ -302,15 +332,19 @@ class TaskShape:
         cached = self.__dict__.get("_hash")
         if cached is None:
             cached = hash((self.count, self.memory, self.compute, self.exclusive, self.models, self.cpu_milli,
-                           self.host_memory))
+                           self.host_memory, self.engine))
             object.__setattr__(self, "_hash", cached)
         return cached
 
     @classmethod
     def of(cls, request: Request, cpu_milli: int = 0, host_memory: int = 0) -> "TaskShape":
-        return cls(count=request.count, memory=request.memory, compute=request.compute,
+        # A request for whole devices takes idle devices whatever compute share it names (HAMi's
+        # ``gpucores: 100`` or none): one shape, so the workload counts them together and ranks them alike
+        # (the extender's pods say 100, the simulator's tasks 0; the typical set's order once told them apart).
+        whole = request.exclusive or (request.count > 1 and request.memory is None)
+        return cls(count=request.count, memory=request.memory, compute=0 if whole else request.compute,
                    exclusive=request.exclusive, models=tuple(request.models),
-                   cpu_milli=cpu_milli, host_memory=host_memory)
+                   cpu_milli=cpu_milli, host_memory=host_memory, engine=request.engine)
 
     @property
     def whole(self) -> bool:
@@ -336,7 +370,8 @@ class TaskShape:
             kind = f"{self.count} whole device(s)"
         else:
             kind = "1 shared device" if self.count == 1 else f"{self.count} shared devices (distinct)"
-        return f"{kind}, {mem}, compute {self.compute}%"
+        engine = ", spatial engine" if self.engine is Engine.SPATIAL else ""
+        return f"{kind}, {mem}, compute {self.compute}%{engine}"
 
 
 @dataclass(frozen=True)
@@ -381,14 +416,43 @@ class Workload:
         return sum(c for _, c in self.counts)
 
 
-def describe_free(node: NodeState) -> str:
-    """One line of what is free on a node, for refusal messages."""
-    free = [f"{d.uuid}: {human_bytes(d.free_memory)} / {d.free_compute}% / {d.free_slots} slots"
-            for d in node.devices]
-    return "; ".join(free) if free else "no devices"
+def describe_free(node: NodeState, names: Mapping[str, str] | None = None) -> str:
+    """One line of what is free on a node, for refusal messages. ``names`` maps device UUIDs to what a
+    person calls them (``GPU 0``; the caller knows, placement does not); neighbours with the same room
+    are told once (``GPU 1–7: 79.6 GiB, 100% compute, 10 slots free each``); a device whose slices are
+    spatial says so (``(spatial engine)``): it takes no time-sliced slice."""
+    if not node.devices:
+        return "no devices"
+    names = names or {}
+    groups: list[list[DeviceState]] = []
+    for d in node.devices:
+        room = (d.free_memory, d.free_compute, d.free_slots, d.engine)
+        if groups and (groups[-1][0].free_memory, groups[-1][0].free_compute, groups[-1][0].free_slots,
+                       groups[-1][0].engine) == room:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    parts = []
+    for group in groups:
+        first, last = (names.get(d.uuid, d.uuid) for d in (group[0], group[-1]))
+        label = first if len(group) == 1 else _span(first, last, len(group))
+        d = group[0]
+        each = " each" if len(group) > 1 else ""
+        engine = " (spatial engine)" if d.engine is Engine.SPATIAL else ""  # time-sliced is the default
+        parts.append(f"{label}: {human_bytes(d.free_memory)}, {d.free_compute}% compute, "
+                     f"{d.free_slots} slots free{each}{engine}")
+    return "; ".join(parts)
+
+
+def _span(first: str, last: str, count: int) -> str:
+    """``GPU 1`` … ``GPU 7`` → ``GPU 1–7``; names without a shared stem → ``first … last (n devices)``."""
+    stem = first.rstrip("0123456789")
+    if stem and stem != first and last.startswith(stem) and last[len(stem):].isdigit():
+        return f"{first}–{last[len(stem):]}"
+    return f"{first} … {last} ({count} devices)"
 
 
 __all__ = [
     "DEFAULT_SPLIT_COUNT", "POLICIES", "DeviceState", "NodeState", "PlacementPolicy", "Placement", "NoFit",
-    "TaskShape", "Workload", "apply", "release", "describe_free",
+    "TaskShape", "Workload", "apply", "release", "describe_free", "engine_conflict",
 ]

@@ -6,9 +6,11 @@ a full cluster from a request no node could ever take. Read-only over a :class:`
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
-from gpuslice.placement.fit import Fit, model_mask, usable_count
+from gpuslice.placement.fit import Fit, engine_ok, model_mask, usable_count
 from gpuslice.placement.fleet import UNTRACKED, Fleet
 from gpuslice.placement.model import describe_free
 from gpuslice.spec import human_bytes
@@ -29,7 +31,22 @@ def _need_text(fit: Fit, i: int, j: int | None = None) -> str:
     else:
         per = "1 device" if shape.count == 1 else f"{shape.count} distinct devices"
     extra = f", compute {shape.compute}%" if shape.compute else ""
+    extra += f", {shape.engine.value} engine" if shape.engine.value != "timeslice" else ""
     return f"needs {mem}{extra} on {per}"
+
+
+def _other_engine(fleet: Fleet, fit: Fit, rows: slice | int) -> bool:
+    """Devices (of ``rows``) would take the request but for their slices' engine."""
+    shape = fit.shape
+    room = (model_mask(fleet, shape.models)[rows] & ~fleet.excl[rows] & (fleet.slots_used[rows] < fleet.split[rows])
+            & (fleet.mem_cap[rows] - fleet.mem_used[rows] >= fit.need[rows])
+            & (100 - fleet.comp_used[rows] >= shape.compute))
+    return bool((room & ~engine_ok(fleet, shape)[rows]).any())
+
+
+def _engine_text(fit: Fit) -> str:
+    other = "spatial" if fit.shape.engine.value == "timeslice" else "timeslice"
+    return f"devices with room run {other} slices (a device runs one engine at a time)"
 
 
 def _host_short(fleet: Fleet, fit: Fit, i: int) -> str | None:
@@ -59,6 +76,8 @@ def why_not_node(fleet: Fleet, fit: Fit, i: int) -> str:
     if shape.count > 1 and fit.dev_ok[i].any():
         room = int(usable_count(fleet, fit.dev_ok[i:i + 1], np.array([i]))[0])
         return f"{_need_text(fit, i)}; {room} device(s) with room (one MIG instance per card counts)"
+    if not shape.whole and shape.count == 1 and _other_engine(fleet, fit, i):
+        return f"{_need_text(fit, i)}; {_engine_text(fit)}"
     state = fleet.node_state(i)
     best = max((d for d, ok in zip(state.devices, model_ok) if ok), key=lambda d: d.free_memory)
     j = [d.uuid for d in state.devices].index(best.uuid)
@@ -95,7 +114,9 @@ def why_not(fleet: Fleet, fit: Fit) -> str:
                 f"(node {fleet.names[k]})")
     text = f"{_need_text(fit, int(i), int(j))}; largest free is {human_bytes(max(0, int(free[i, j])))} {where}"
     room = (model_ok & (fleet.mem_cap - fleet.mem_used >= fit.need)).any()
-    if room and not fit.dev_ok.any():
+    if not fit.dev_ok.any() and _other_engine(fleet, fit, slice(None)):
+        text += f"; {_engine_text(fit)}"
+    elif room and not fit.dev_ok.any():
         text += "; devices with that memory lack compute or slice slots"
     elif fit.dev_ok.any():
         text += "; devices fit but no node has the CPU / host memory"
@@ -109,4 +130,12 @@ def why_not_host(fleet: Fleet, cpu_free: np.ndarray, cpu_milli: int, host_memory
     return f"needs {cpu_milli}m CPU and {human_bytes(host_memory)} host memory on one node{where}"
 
 
-__all__ = ["why_not", "why_not_host", "why_not_node"]
+def name_devices(text: str, names: Mapping[str, str]) -> str:
+    """A refusal message with device UUIDs replaced by what a person calls them (``GPU 0``), as given by
+    the caller (placement sees UUIDs only). Longer UUIDs first: a MIG instance's never hides in another."""
+    for uuid in sorted(names, key=len, reverse=True):
+        text = text.replace(uuid, names[uuid])
+    return text
+
+
+__all__ = ["name_devices", "why_not", "why_not_host", "why_not_node"]

@@ -18,7 +18,8 @@ fits may start before an earlier one that does not — backfill). Queueing delay
 FGD's workload ("the request shapes seen so far") is the arrived tasks' shapes, each task counted once
 (``TaskShape.demand_weight``), refreshed into the typical set (most frequent shapes covering 95 %, at most
 ``FGD_MAX_SHAPES`` — the paper's popularity threshold) at 1, 2, 4, … arrivals and then every
-``typical_refresh`` (1,024) arrivals; weights are current at every arrival. (The FGD authors' simulator
+``typical_refresh`` (1,024) arrivals; weights are current at every arrival
+(:class:`gpuslice.placement.WorkloadMix`, the same the Kubernetes extender learns with). (The FGD authors' simulator
 fixes the typical set up front from the whole trace, which a scheduler does not have; on openb the
 learnt set gives the same allocation within noise.)
 """
@@ -36,7 +37,7 @@ import numpy as np
 from gpuslice.placement import (
     Fleet, NoFit, PlacementPolicy, TaskShape, Workload, node_fragmentation, place, place_host,
 )
-from gpuslice.placement.core import FGD_MAX_SHAPES
+from gpuslice.placement.mix import WorkloadMix
 from gpuslice.sim.trace import NodeSpec, Task, build_nodes
 from gpuslice.spec import SpecError
 
@@ -73,33 +74,6 @@ def _shape(task: Task) -> TaskShape:
     if request is None:
         return TaskShape(count=0, cpu_milli=task.cpu_milli)
     return TaskShape.of(request, cpu_milli=task.cpu_milli)
-
-
-class _Mix:
-    """Counts of shapes seen; the typical set is re-chosen every ``refresh`` observations."""
-
-    def __init__(self, refresh: int):
-        self.counts: dict[TaskShape, float] = {}
-        self.refresh = refresh
-        self.seen = 0
-        self.typical: tuple[TaskShape, ...] = ()
-
-    def observe(self, shape: TaskShape) -> None:
-        self.counts[shape] = self.counts.get(shape, 0.0) + shape.demand_weight
-        self.seen += 1
-        # Re-chosen at 1, 2, 4, … arrivals and then every `refresh`: often while the mix is still being
-        # learnt, rarely once it is known (each change of the set re-derives FGD's cached terms).
-        seen = self.seen
-        if (seen & (seen - 1)) == 0 and seen < self.refresh or seen % self.refresh == 0:
-            chosen = Workload(tuple(self.counts.items())).typical(0.95, FGD_MAX_SHAPES)
-            typical = tuple(s for s, _ in chosen.counts)
-            # The shapes tuple keys placement's fragmentation caches: keep the same tuple (same order)
-            # while the membership is unchanged, so only a real change of the mix costs a recompute.
-            if set(typical) != set(self.typical):
-                self.typical = typical
-
-    def workload(self) -> Workload:
-        return Workload(tuple((s, self.counts[s]) for s in self.typical))
 
 
 @dataclass
@@ -191,7 +165,7 @@ def run_inflation(tasks: Sequence[Task], specs: Sequence[NodeSpec], policy: Plac
     cluster = Cluster.build(specs, config)
     sequence = draw_inflation(tasks, cluster.capacity, config)
     rng = np.random.default_rng([config.seed, 7])  # the random policy's own stream
-    mix = _Mix(config.typical_refresh)
+    mix = WorkloadMix(config.typical_refresh)
     points = int(round(config.ratio * 100)) + 1
     alloc_curve = np.full(points, np.nan)
     frag_curve = np.full(points, np.nan)
@@ -263,7 +237,7 @@ def run_timeline(tasks: Sequence[Task], specs: Sequence[NodeSpec], policy: Place
     start_clock = time.perf_counter()
     cluster = Cluster.build(specs, config)
     rng = np.random.default_rng([config.seed, 7])
-    mix = _Mix(config.typical_refresh)
+    mix = WorkloadMix(config.typical_refresh)
     uses_workload = "fgd" in (policy.node, policy.gpu)
     order = sorted(range(len(timed)), key=lambda i: (timed[i].creation, i))
     t0 = timed[order[0]].creation or 0

@@ -1,4 +1,5 @@
-"""Summaries, CSV, a rich table and a self-contained HTML report (PNG plots embedded) of replays."""
+"""Summaries, CSV and a self-contained HTML report (PNG plots embedded) of replays; the words and the
+terminal table live in :mod:`gpuslice.sim.explain`."""
 
 from __future__ import annotations
 
@@ -6,15 +7,16 @@ import base64
 import csv
 import html
 import io
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from rich.table import Table
 
 from gpuslice.sim.engine import InflationResult, TimelineResult
+from gpuslice.sim.explain import INTRO, POLICY_WORDS, columns_of, fmt, glossary, takeaways
 from gpuslice.sim.runner import Outcome
 
 LOADS = (90, 95, 100)
@@ -151,47 +153,6 @@ def _timeline_row(trace: str, policy: str, r: TimelineResult) -> Row:
 
 
 # ------------------------------------------------------------------------------------------ outputs
-INFLATION_COLUMNS = [
-    ("alloc_90", "alloc@90%", "{:.2f}"), ("alloc_95", "alloc@95%", "{:.2f}"), ("alloc_100", "alloc@100%", "{:.2f}"),
-    ("unalloc_100", "unalloc GPU %@100", "{:.2f}"), ("idle_gpus_100", "idle GPUs@100", "{:.0f}"),
-    ("alloc_end", "alloc@end", "{:.2f}"), ("frag_100", "frag%@100", "{:.2f}"),
-    ("gain_vs_bestfit", "Δ vs bestfit (pts)", "{:+.2f}"), ("published_gain", "published FGD Δ", "{:+.2f}"),
-    ("unalloc_change_vs_bestfit", "unalloc vs bestfit", "{:+.1f}%"),
-    ("failed", "failed tasks", "{:.0f}"), ("seconds", "s/run", "{:.1f}"),
-]
-TIMELINE_COLUMNS = [
-    ("tasks", "tasks", "{:.0f}"), ("never_started", "never started", "{:.0f}"), ("waited", "waited", "{:.0f}"),
-    ("delay_mean", "mean delay s", "{:.0f}"), ("delay_p95", "p95 delay s", "{:.0f}"), ("delay_p99", "p99 delay s", "{:.0f}"),
-    ("util_mean", "mean util % (arrivals)", "{:.2f}"), ("util_peak", "peak util %", "{:.2f}"), ("queued_peak", "peak queue", "{:.0f}"),
-    ("frag_mean", "mean frag %", "{:.2f}"), ("seconds", "s/run", "{:.1f}"),
-]
-
-
-def _columns(mode: str):
-    return INFLATION_COLUMNS if mode == "inflation" else TIMELINE_COLUMNS
-
-
-def _fmt(row: Row, key: str, form: str) -> str:
-    value = row.values.get(key)
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return "–"
-    return form.format(value)
-
-
-def rich_table(rows: Sequence[Row], mode: str) -> Table:
-    title = ("GPU allocation (% of capacity) as arrived load reaches 90/95/100 % — workload inflation"
-             if mode == "inflation" else "Time-ordered replay: queueing and utilisation")
-    table = Table(title=title)
-    table.add_column("trace")
-    table.add_column("policy")
-    for _, label, _ in _columns(mode):
-        table.add_column(label, justify="right")
-    for row in rows:
-        if row.mode == mode:
-            table.add_row(row.trace, row.policy, *[_fmt(row, k, f) for k, _, f in _columns(mode)])
-    return table
-
-
 def write_csv(rows: Sequence[Row], path: Path) -> None:
     keys = sorted({k for r in rows for k in r.values})
     with Path(path).open("w", newline="") as handle:
@@ -282,15 +243,31 @@ def _plots(rows: Sequence[Row]) -> list[tuple[str, str]]:
 
 
 def _html_table(rows: Sequence[Row], mode: str) -> str:
-    cols = _columns(mode)
-    head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in cols)
+    cols = columns_of(mode, rows)
+    head = "".join(f"<th>{html.escape(c.flat)}</th>" for c in cols)
     body = []
     for r in rows:
         if r.mode != mode:
             continue
-        cells = "".join(f"<td>{html.escape(_fmt(r, k, f))}</td>" for k, _, f in cols)
+        cells = "".join(f"<td>{html.escape(fmt(r, c.key, c.form))}</td>" for c in cols)
         body.append(f"<tr><td>{html.escape(r.trace)}</td><td>{html.escape(r.policy)}</td>{cells}</tr>")
     return f"<table><tr><th>trace</th><th>policy</th>{head}</tr>{''.join(body)}</table>"
+
+
+def _html_glossary(rows: Sequence[Row], mode: str) -> str:
+    items = "".join(f"<dt>{html.escape(name)}</dt><dd>{html.escape(meaning)}</dd>"
+                    for name, meaning in glossary(mode, rows))
+    return f"<details open><summary>What the columns mean</summary><dl class='glossary'>{items}</dl></details>"
+
+
+def _html_summary(rows: Sequence[Row]) -> str:
+    """The report's opening: why this matters to gpuslice, what was compared, what won (this run's numbers)."""
+    policies = list(dict.fromkeys(r.policy for r in rows))
+    words = "".join(f"<li>{html.escape(POLICY_WORDS.get(p, p))}</li>" for p in policies)
+    found = "".join(f"<p class='takeaway'>{html.escape(line)}</p>" for line in takeaways(rows))
+    intro = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(INTRO))
+    return (f"<p>{intro}</p><h2>What this run found</h2>{found}"
+            f"<p>The policies compared:</p><ul>{words}</ul>")
 
 
 METHOD_NOTE = """
@@ -317,16 +294,24 @@ integer points ⌊100·σ(−ΔF)⌋ and equal points go to the first node in a 
 def write_html(rows: Sequence[Row], path: Path, params: dict[str, str]) -> None:
     modes = [m for m in ("inflation", "timeline") if any(r.mode == m for r in rows)]
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>gpuslice simulate</title><style>",
+        "<!doctype html><html><head><meta charset='utf-8'><title>gpuslice — which placement policy keeps the "
+        "GPUs busy</title><style>",
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
         "font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}td:first-child,"
-        "td:nth-child(2){text-align:left}th{background:#f3f3f3}img{max-width:100%}</style></head><body>",
-        "<h1>gpuslice simulate — placement policies on a cluster trace</h1>",
-        "<p>" + " · ".join(f"<b>{html.escape(k)}</b>: {html.escape(v)}" for k, v in params.items()) + "</p>",
+        "td:nth-child(2){text-align:left}th{background:#f3f3f3}img{max-width:100%}"
+        ".takeaway{font-size:1.1em;background:#f4f8ff;border-left:4px solid #1f77b4;padding:.5em .8em}"
+        ".glossary dt{font-weight:bold;margin-top:.3em}.glossary dd{margin-left:1.5em}</style></head><body>",
+        "<h1>gpuslice — which placement policy keeps a shared GPU cluster busy</h1>",
+        _html_summary(rows),
+        "<p><small>" + " · ".join(f"<b>{html.escape(k)}</b>: {html.escape(v)}" for k, v in params.items())
+        + "</small></p>",
     ]
     for mode in modes:
-        parts.append(f"<h2>{'Workload inflation' if mode == 'inflation' else 'Time-ordered replay'}</h2>")
+        seeds = sorted({r.seeds for r in rows if r.mode == mode})
+        note = "" if seeds == [1] else f" (means over {'/'.join(map(str, seeds))} seeds per policy)"
+        parts.append(f"<h2>{'Workload inflation' if mode == 'inflation' else 'Time-ordered replay'}{note}</h2>")
         parts.append(_html_table(rows, mode))
+        parts.append(_html_glossary(rows, mode))
     comparison = [c for c in published_comparison(rows) if "pub_gain" in c]
     if comparison:
         body = "".join(

@@ -5,7 +5,7 @@ parser, their one JSON spelling, and the typed errors.
 module         owns
 =============  =============================================================================================
 ``units``      memory sizes and compute shares as written by humans and manifests (``4GiB``, ``50%``, ``30``)
-``model``      ``Priority``, ``ComputeMode``, ``Request``, ``Slice``, ``Grant``, ``Device``, ``MigInstance``
+``model``      ``Priority``, ``ComputeMode``, ``Engine``, ``Request``, ``Slice``, ``Grant``, ``Device``, ``MigInstance``
 ``codec``      the one JSON spelling of ``Request``, ``Slice`` and ``Grant`` on every wire
 ``errors``     ``GpusliceError`` (runtime, exit 1) and ``SpecError`` (field, value, what is allowed)
 ``files``      whole-file atomic writes (readers see the old text or the new, never a part)
@@ -20,14 +20,14 @@ from gpuslice.spec.codec import (
 )
 from gpuslice.spec.errors import GpusliceError, SpecError
 from gpuslice.spec.model import (
-    COMPUTE_MODES, ComputeMode, Device, Grant, HoldsGrant, MigInstance, Priority, Request, Slice, parse_models, whole_number,
+    COMPUTE_MODES, ComputeMode, Device, Engine, Grant, HoldsGrant, MigInstance, Priority, Request, Slice, parse_models, whole_number,
 )
 from gpuslice.spec.units import (
     GiB, KiB, MemoryAmount, MiB, TiB, format_bytes, human_bytes, parse_bytes, parse_compute, parse_memory,
 )
 
 __all__ = [
-    "COMPUTE_MODES", "ComputeMode", "Device", "GiB", "Grant", "GpusliceError", "HoldsGrant", "KiB", "MemoryAmount", "MiB",
+    "COMPUTE_MODES", "ComputeMode", "Device", "Engine", "GiB", "Grant", "GpusliceError", "HoldsGrant", "KiB", "MemoryAmount", "MiB",
     "MigInstance", "Priority", "Request", "Slice", "SpecError", "TiB", "format_bytes", "grant_from_json",
     "grant_to_json", "human_bytes", "parse_bytes", "parse_compute", "parse_memory", "parse_models",
     "request_from_json", "request_to_json", "slice_from_json", "slice_to_json", "whole_number",

@@ -3,13 +3,16 @@ socket API, Kubernetes annotations (``gpuslice.io/grant``, ``gpuslice.io/ledger`
 
 ====================  ===================================================================================
 ``Slice``             ``{"uuid": "GPU-…", "memory": <bytes>, "compute": 0..100, "priority": 0|1,
-                      "mode": "hard"|"soft"|"off", "weight": 1..16}`` (compute, priority, mode and weight
-                      may be left out: 0, 1 = low, hard, 1)
+                      "mode": "hard"|"soft"|"off", "weight": 1..16, "engine": "spatial"}`` (compute,
+                      priority, mode, weight and engine may be left out: 0, 1 = low, hard, 1, timeslice;
+                      ``engine`` is written only when it is not ``timeslice``, so documents of slices
+                      without it read and write as before)
 ``Grant``             ``{"grant": "<id>", "exclusive": bool, "slices": [Slice, …]}`` — a record that
                       contains a grant (a ledger row, a pod's container) adds its own keys beside these
 ``Request``           ``{"count": 1..64, "memory": "4GiB"|"50%"|null, "compute": 0..100, "priority": 0|1,
-                      "mode": …, "weight": 1..16, "exclusive": bool, "models": ["…"]}`` (null or missing:
-                      the default)
+                      "mode": …, "weight": 1..16, "exclusive": bool, "models": ["…"],
+                      "engine": "timeslice"|"spatial"}`` (null or missing: the default; ``engine`` is
+                      written only when not ``timeslice``)
 ====================  ===================================================================================
 
 Decoders check every field and raise :class:`SpecError` whose field is the path of the bad value in the
@@ -22,11 +25,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from gpuslice.spec.errors import SpecError
-from gpuslice.spec.model import GRANT_ID, ComputeMode, Grant, Priority, Request, Slice, whole_number
+from gpuslice.spec.model import GRANT_ID, ComputeMode, Engine, Grant, Priority, Request, Slice, whole_number
 
-SLICE_KEYS = ("uuid", "memory", "compute", "priority", "mode", "weight")
+SLICE_KEYS = ("uuid", "memory", "compute", "priority", "mode", "weight", "engine")
 GRANT_KEYS = ("grant", "exclusive", "slices")
-REQUEST_KEYS = ("count", "memory", "compute", "priority", "mode", "weight", "exclusive", "models")
+REQUEST_KEYS = ("count", "memory", "compute", "priority", "mode", "weight", "exclusive", "models", "engine")
 
 
 def _at(where: str, key: str) -> str:
@@ -47,9 +50,16 @@ def _prefixed(where: str, exc: SpecError) -> SpecError:
 
 
 # ------------------------------------------------------------------------------------------- slice
+def _engine_json(engine: Engine) -> dict[str, str]:
+    """``{"engine": …}`` for a spatial slice or request; nothing for the default (older documents stay
+    byte for byte what they were)."""
+    return {} if engine is Engine.TIMESLICE else {"engine": engine.value}
+
+
 def slice_to_json(item: Slice) -> dict[str, Any]:
     return {"uuid": item.device_uuid, "memory": item.memory_limit, "compute": item.compute,
-            "priority": int(item.priority), "mode": item.mode.value, "weight": item.weight}
+            "priority": int(item.priority), "mode": item.mode.value, "weight": item.weight,
+            **_engine_json(item.engine)}
 
 
 def slice_from_json(data: Any, where: str = "") -> Slice:
@@ -63,7 +73,8 @@ def slice_from_json(data: Any, where: str = "") -> Slice:
                      compute=whole_number(_at(where, "compute"), data.get("compute", 0), 0, 100),
                      priority=Priority.parse(data.get("priority", 1), _at(where, "priority")),
                      mode=ComputeMode.parse(data.get("mode", "hard"), _at(where, "mode")),
-                     weight=whole_number(_at(where, "weight"), data.get("weight", 1), 1, 16))
+                     weight=whole_number(_at(where, "weight"), data.get("weight", 1), 1, 16),
+                     engine=Engine.parse(data.get("engine", "timeslice"), _at(where, "engine")))
     except SpecError as exc:
         raise _prefixed(where, exc) from None
 
@@ -97,7 +108,8 @@ def grant_from_json(data: Any, where: str = "") -> Grant:
 def request_to_json(request: Request) -> dict[str, Any]:
     return {"count": request.count, "memory": None if request.memory is None else str(request.memory),
             "compute": request.compute, "priority": int(request.priority), "mode": request.mode.value,
-            "weight": request.weight, "exclusive": request.exclusive, "models": list(request.models)}
+            "weight": request.weight, "exclusive": request.exclusive, "models": list(request.models),
+            **_engine_json(request.engine)}
 
 
 def request_from_json(data: Any, where: str = "") -> Request:

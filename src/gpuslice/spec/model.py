@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from gpuslice.spec.errors import SpecError
@@ -48,6 +48,31 @@ class ComputeMode(str, enum.Enum):
             raise SpecError(field_name, value, "hard, soft or off (HAMi: force, default, disable)") from None
 
 
+class Engine(str, enum.Enum):
+    """How a device's compute is shared between its slices.
+
+    ``timeslice`` (the default): the enforcer paces launches so slices take turns on the whole device
+    (exact shares, strong isolation). ``spatial``: the slices' kernels run at once on fractions of the
+    SMs through an NVIDIA MPS control daemon the node side runs per device; the compute share becomes
+    the client's active-thread percentage (throughput for many small jobs, weaker fault isolation). A
+    device runs one engine at a time.
+    """
+
+    TIMESLICE = "timeslice"
+    SPATIAL = "spatial"
+
+    @classmethod
+    def parse(cls, value: object, field_name: str = "engine") -> "Engine":
+        if isinstance(value, Engine):
+            return value
+        aliases = {"time-slice": "timeslice", "time": "timeslice", "mps": "spatial"}
+        text = str(value).strip().lower()
+        try:
+            return cls(aliases.get(text, text))
+        except ValueError:
+            raise SpecError(field_name, value, "timeslice or spatial (MPS-backed)") from None
+
+
 # --------------------------------------------------------------------------------------------- objects
 def whole_number(field_name: str, value: object, low: int | None = None, high: int | None = None, *,
                  allowed: str = "", error: Callable[[str, object, str], Exception] = SpecError) -> int:
@@ -68,7 +93,9 @@ class Request:
 
     ``compute`` is the reserved share of each device (0 = none reserved, not paced: HAMi's default).
     ``exclusive`` asks for whole devices (nobody else may share them). ``models`` restricts device
-    models (e.g. ``("V100M16", "V100M32")``); empty means any.
+    models (e.g. ``("V100M16", "V100M32")``); empty means any. ``engine`` is how the device's compute is
+    shared (:class:`Engine`); a spatial request covers one device (its processes are clients of that
+    device's MPS daemon).
     """
 
     count: int = 1
@@ -79,6 +106,7 @@ class Request:
     weight: int = 1
     exclusive: bool = False
     models: tuple[str, ...] = ()
+    engine: Engine = Engine.TIMESLICE
 
     def __post_init__(self) -> None:
         whole_number("count", self.count, 1, 64)
@@ -92,11 +120,30 @@ class Request:
             raise SpecError("priority", self.priority, "a Priority")
         if not isinstance(self.mode, ComputeMode):
             raise SpecError("mode", self.mode, "a ComputeMode")
+        if not isinstance(self.engine, Engine):
+            raise SpecError("engine", self.engine, "an Engine")
+        if self.engine is Engine.SPATIAL and self.count > 1:
+            # A process is the client of one MPS control daemon, and gpuslice runs one per device.
+            raise SpecError("engine", self.engine.value,
+                            "timeslice for a request of more than one device (a spatial slice is served by "
+                            "the MPS daemon of one device)")
+
+    @property
+    def compute_only(self) -> bool:
+        """A share of the device's time and no memory size: the request means to share its devices."""
+        return self.memory is None and not self.exclusive and 0 < self.compute < 100
+
+    def with_default_memory(self) -> "Request":
+        """The request a node grants: a compute-only request gets the same fraction of each device's memory
+        as of its time (``--compute 30`` → 30 % of the memory), instead of the whole memory, which would
+        leave nothing for a second slice on the device. Anything else is returned as it is: a memory size
+        is kept, and no compute share (or 100 %, or ``exclusive``) still means whole devices."""
+        return replace(self, memory=MemoryAmount(percent=float(self.compute))) if self.compute_only else self
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "Request":
         """Build from loosely typed input (CLI, JSON, annotations): every field parsed and checked."""
-        known = {"count", "memory", "compute", "priority", "mode", "weight", "exclusive", "models"}
+        known = {"count", "memory", "compute", "priority", "mode", "weight", "exclusive", "models", "engine"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecError(unknown[0], data[unknown[0]], "one of the fields " + ", ".join(sorted(known)))
@@ -121,6 +168,8 @@ class Request:
             kwargs["exclusive"] = _parse_bool(data["exclusive"], "exclusive")
         if "models" in data:
             kwargs["models"] = parse_models(data["models"])
+        if "engine" in data:
+            kwargs["engine"] = Engine.parse(data["engine"])
         return cls(**kwargs)
 
 
@@ -157,7 +206,7 @@ def parse_models(value: object, field_name: str = "models") -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Slice:
-    """A granted share of one device."""
+    """A granted share of one device; ``engine`` says how the device's compute is shared (:class:`Engine`)."""
 
     device_uuid: str
     memory_limit: int
@@ -165,6 +214,7 @@ class Slice:
     priority: Priority = Priority.LOW
     mode: ComputeMode = ComputeMode.HARD
     weight: int = 1
+    engine: Engine = Engine.TIMESLICE
 
     def __post_init__(self) -> None:
         if not isinstance(self.device_uuid, str) or not self.device_uuid.strip():
@@ -172,6 +222,8 @@ class Slice:
         whole_number("memory_limit", self.memory_limit, 1, MAX_MEMORY_BYTES)
         whole_number("compute", self.compute, 0, 100)
         whole_number("weight", self.weight, 1, 16)
+        if not isinstance(self.engine, Engine):
+            raise SpecError("engine", self.engine, "an Engine")
 
 
 GRANT_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -269,6 +321,7 @@ class Device:
     mig_instances: tuple[MigInstance, ...] = ()
     compute_mode: str = "Default"
     pci_bus_id: str = ""
+    compute_capability: str = ""  # CUDA compute capability "major.minor" (9.0 on an H100); "" = unknown
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -289,6 +342,9 @@ class Device:
             raise SpecError("mig_enabled", self.mig_enabled, "true or false")
         if self.compute_mode not in COMPUTE_MODES:
             raise SpecError("compute_mode", self.compute_mode, "one of " + ", ".join(COMPUTE_MODES))
+        if not isinstance(self.compute_capability, str) or not re.fullmatch(r"(\d{1,3}\.\d{1,3})?",
+                                                                            self.compute_capability):
+            raise SpecError("compute_capability", self.compute_capability, "major.minor like 9.0, or empty (unknown)")
         self._check_mig()
 
     def _check_mig(self) -> None:

@@ -62,9 +62,14 @@ share a name. kube-scheduler calls the extender only for pods asking for one of 
 - --default-gpu-num={{ .Values.defaults.gpuNum }}
 - --scheduler-name={{ .Values.scheduler.name }}
 - --mode={{ .Values.sharing.computeMode }}
+- --default-engine={{ .Values.sharing.engine | default "timeslice" }}
 - --resource-name={{ .Values.resourceName }}
 - --resource-mem={{ .Values.resourceMem }}
 - --resource-mem-percentage={{ .Values.resourceMemPercentage }}
 - --resource-cores={{ .Values.resourceCores }}
 - --resource-priority={{ .Values.resourcePriority }}
+{{- range .Values.scheduler.adoptSchedulers }}
+- --adopt-scheduler={{ . }}
+{{- end }}
+- {{ if .Values.quotas.enabled }}--quotas{{ else }}--no-quotas{{ end }}
 {{- end -}}

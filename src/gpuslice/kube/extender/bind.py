@@ -5,15 +5,17 @@ settle on failure. A mixin of :class:`~gpuslice.kube.extender.core.Extender`, wh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
 from typing import Any, Callable, Mapping
 
-from gpuslice.kube import alloclock, formats, podrequest
+from gpuslice.kube import alloclock, formats, podrequest, quota
 from gpuslice.kube.api import Conflict, KubeError, NotFound, update_node_annotations
 from gpuslice.kube.extender.cache import NodeView, view_of
+from gpuslice.kube.extender.usage import pod_requests
 from gpuslice.kube.extender.wire import BindingArgs
 from gpuslice.placement import NoFit
 from gpuslice.spec import GpusliceError, Grant, SpecError
@@ -27,6 +29,16 @@ class BindTransaction:
     def _lock(self, node: str) -> threading.Lock:
         with self._locks_lock:
             return self._node_locks.setdefault(node, threading.Lock())
+
+    def _namespace_lock(self, namespace: str) -> Any:
+        """Binds of a namespace with a GPU quota commit one at a time here, so two cannot both pass the
+        quota on the same remaining room (other namespaces are not held up)."""
+        book = self.quota
+        try:
+            limited = book is not None and namespace in book.all_limits()
+        except Exception:  # unreadable now: the commit's own fresh read refuses
+            limited = book is not None
+        return book.namespace_lock(namespace) if limited and book is not None else contextlib.nullcontext()
 
     def bind(self, body: Any) -> dict[str, Any]:
         args = BindingArgs.parse(body)
@@ -66,8 +78,8 @@ class BindTransaction:
                 raise KubeError(f"pod {args.pod_namespace}/{args.pod_name} is already bound to {bound_to} "
                                 f"without a gpuslice grant")
             return entry
-        with self._lock(args.node):
-            grant = self._commit(args, req)
+        with self._namespace_lock(args.pod_namespace), self._lock(args.node):
+            grant = self._commit(args, req, pod_requests(pod))
         try:
             self._annotate(args, grant, str(meta.get("resourceVersion") or ""))
             api.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
@@ -77,6 +89,7 @@ class BindTransaction:
             bound = self._settle_annotation(args, grant)
             if bound == args.node:
                 self._release_elsewhere(args.pod_uid, args.node)
+                self._bound(pod, args.node)
                 return grant  # bound here with this grant after all: keep the ledger entry
             if bound is None:  # cannot tell: keeping the entry is safe, garbage collection decides later
                 raise KubeError(f"binding {args.pod_namespace}/{args.pod_name} to {args.node} failed and the pod "
@@ -85,7 +98,13 @@ class BindTransaction:
             raise KubeError(f"binding {args.pod_namespace}/{args.pod_name} to {args.node} failed; "
                             f"grant taken back: {exc}", exc.status) from exc
         self._release_elsewhere(args.pod_uid, args.node)
+        self._bound(pod, args.node)
         return grant
+
+    def _bound(self, pod: Mapping[str, Any], node: str) -> None:
+        """Count the pod's CPU / memory on its node now (the pod watch confirms it later)."""
+        if self.usage is not None:
+            self.usage.assume(pod, node)
 
     def _annotate(self, args: BindingArgs, grant: formats.PodGrant, resource_version: str) -> None:
         """Write the pod's ``gpuslice.io/grant`` only onto a pod state this bind has seen (resourceVersion
@@ -154,7 +173,8 @@ class BindTransaction:
                 return bound
         return bound
 
-    def _commit(self, args: BindingArgs, req: podrequest.PodRequest) -> formats.PodGrant:
+    def _commit(self, args: BindingArgs, req: podrequest.PodRequest,
+                demand: tuple[int, int] = (0, 0)) -> formats.PodGrant:
         api = self.api
         assert api is not None
         last = ""
@@ -171,16 +191,23 @@ class BindTransaction:
                 return existing
             state = self._state_for(view, req)
             try:
-                placed = self._place_all(podrequest.resolve_gpu_types(req, podrequest.device_kinds(view.devices.devices)), state)
+                placed = self._place_all(podrequest.resolve_gpu_types(req, podrequest.device_kinds(view.devices.devices)),
+                                         state, demand)
             except NoFit as exc:
                 raise KubeError(f"node {args.node} cannot take pod {args.pod_namespace}/{args.pod_name}: "
                                 f"{exc.reason}") from None
-            holders = self._lock_holders(args, req, view)  # after placement: "cannot take" is the lasting reason
             grant = formats.PodGrant(
                 node=args.node, pod_uid=args.pod_uid, namespace=args.pod_namespace, pod=args.pod_name,
                 containers=tuple(formats.ContainerGrant(c.name, Grant(formats.grant_id_for(args.pod_uid, c.name),
-                                                                      p.slices, p.exclusive)) for c, p in placed),
+                                                                      p.slices, p.exclusive), c.kind)
+                                 for c, p in placed),
                 bound_at=self.clock())
+            if self.quota is not None:  # the grant as placed: memory percents and whole devices known now
+                over = self.quota.check(args.pod_namespace, self.granted, quota.grant_usage(grant),
+                                        skip=args.pod_uid, fresh=True)
+                if over:
+                    raise KubeError(over)
+            holders = self._lock_holders(args, req, view)  # after placement: "cannot take" is the lasting reason
             changes = {formats.NODE_LEDGER: formats.encode_ledger(view.ledger.with_entry(grant))}
             if self.allocation_timeout:
                 # The lock is taken in the same conditioned write as the capacity: two binds cannot both

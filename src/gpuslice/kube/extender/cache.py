@@ -9,8 +9,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from dataclasses import replace
+
 from gpuslice.kube import formats, nodestate
 from gpuslice.kube.api import KubeAPI
+from gpuslice.kube.extender.follow import follow
+from gpuslice.kube.extender.usage import PodUsage
+from gpuslice.kube.resources import parse_quantity
 from gpuslice.placement import Fleet, NodeState
 from gpuslice.spec import SpecError
 
@@ -28,6 +33,19 @@ class NodeView:
     state: NodeState | None
     problem: str = ""  # why the node cannot take GPU pods (no or bad annotations)
     allocating: frozenset[str] = frozenset()  # the allocation lock's holders (gpuslice.io/allocating)
+    cordoned: frozenset[str] = frozenset()  # devices taken out of new placement (hami.io/device-cordon)
+
+
+def allocatable(node: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(CPU milli, memory bytes) the Node offers pods (``status.allocatable``); None where not given."""
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    out: list[int | None] = []
+    for key, scale in (("cpu", 1000), ("memory", 1)):
+        try:
+            out.append(int(parse_quantity(key, alloc[key]) * scale) if key in alloc else None)
+        except SpecError:
+            out.append(None)
+    return out[0], out[1]
 
 
 def view_of(node: Mapping[str, Any]) -> NodeView:
@@ -43,10 +61,15 @@ def view_of(node: Mapping[str, Any]) -> NodeView:
         devices = formats.decode_node_devices(anns[formats.NODE_DEVICES])
         ledger = formats.decode_ledger(anns.get(formats.NODE_LEDGER), name)
         allocating = formats.decode_allocating(anns.get(formats.NODE_ALLOCATING))
-        state = nodestate.node_state(name, devices, ledger)
+        cordoned = formats.cordoned(node)
+        cpu, memory = allocatable(node)
+        # CPU and host memory tracked for FGD and best-fit (what the pods there use: PodUsage, applied by
+        # FleetIndex and Extender._with_usage); kube-scheduler filters them itself.
+        state = replace(nodestate.node_state(name, devices, ledger, blocked=cordoned), cpu_milli=cpu,
+                        host_memory=memory)
     except SpecError as exc:
         return NodeView(name, rv, None, formats.Ledger({}), None, f"node annotations are unreadable: {exc}")
-    return NodeView(name, rv, devices, ledger, state, allocating=allocating)
+    return NodeView(name, rv, devices, ledger, state, allocating=allocating, cordoned=cordoned)
 
 
 class ViewCache:
@@ -114,26 +137,54 @@ class FleetIndex:
     and came (public placement API); a change of devices, health or the node set rebuilds it. Filter and
     prioritize then cost a few numpy passes instead of a per-request conversion of every node."""
 
-    def __init__(self, views: ViewCache):
+    def __init__(self, views: ViewCache, usage: PodUsage | None = None):
         self.views = views
+        self.usage = usage
         self.lock = threading.Lock()
         self.fleet: Fleet | None = None
         self.used: dict[str, NodeView] = {}
         self.version = -1
+        self.usage_version = -1
+        self.applied: dict[str, tuple[int, int]] = {}  # (cpu, memory) of PodUsage applied to each row
         self.rebuilds = 0
 
     @staticmethod
     def _same_devices(a: NodeView, b: NodeView) -> bool:
         da, db = a.devices, b.devices
         assert da is not None and db is not None
-        return (da.devices == db.devices and dict(da.health) == dict(db.health)
-                and da.split_count == db.split_count and da.memory_scaling == db.memory_scaling)
+        sa, sb = a.state, b.state
+        assert sa is not None and sb is not None
+        return (da.devices == db.devices and dict(da.health) == dict(db.health) and a.cordoned == b.cordoned
+                and da.split_count == db.split_count and da.memory_scaling == db.memory_scaling
+                and (sa.cpu_milli, sa.host_memory) == (sb.cpu_milli, sb.host_memory))
 
     def _rebuild(self) -> None:
         self.version, views = self.views.snapshot()
         self.used = {n: v for n, v in views.items() if v.state is not None}
         self.fleet = Fleet([v.state for v in self.used.values()])  # type: ignore[misc]
         self.rebuilds += 1
+        self.applied = {}
+        if self.usage is not None:
+            self.usage_version, _ = self.usage.changes_since(self.usage_version)
+            for name in self.used:
+                self._set_usage(name, self.usage.usage(name))
+
+    def _set_usage(self, name: str, want: tuple[int, int]) -> None:
+        """Move row ``name``'s CPU / memory use to ``want`` (clamped to what the node offers: pods kube-scheduler
+        placed are within it, a lagging view may not be)."""
+        fleet = self.fleet
+        assert fleet is not None
+        i = fleet.index[name]
+        totals = (int(fleet.cpu_total[i]), int(fleet.hm_total[i]))  # untracked: placement's huge sentinel
+        want = tuple(max(0, min(int(w), t)) for w, t in zip(want, totals))  # type: ignore[assignment]
+        old = self.applied.get(name, (0, 0))
+        up = [max(0, w - o) for w, o in zip(want, old)]
+        down = [max(0, o - w) for w, o in zip(want, old)]
+        if any(down):
+            fleet.release(name, [], cpu_milli=down[0], host_memory=down[1])
+        if any(up):
+            fleet.apply(name, [], cpu_milli=up[0], host_memory=up[1])
+        self.applied[name] = want  # type: ignore[assignment]
 
     def _update(self, name: str, new: NodeView | None) -> bool:
         """Move one row to ``new``; False when only a rebuild can (node set / devices changed)."""
@@ -145,11 +196,11 @@ class FleetIndex:
         came = [g for u, g in new.ledger.entries.items() if old.ledger.entries.get(u) != g]
         try:
             for g in went:
-                for c in g.containers:
-                    self.fleet.release(name, c.slices, exclusive=c.exclusive)
+                for slices, whole in g.charges():
+                    self.fleet.release(name, slices, exclusive=whole)
             for g in came:
-                for c in g.containers:
-                    self.fleet.apply(name, c.slices, exclusive=c.exclusive)
+                for slices, whole in g.charges():
+                    self.fleet.apply(name, slices, exclusive=whole)
         except SpecError:
             return False
         self.used[name] = new
@@ -166,6 +217,11 @@ class FleetIndex:
                     self._rebuild()
                 else:
                     self.version = version
+            if self.usage is not None:
+                self.usage_version, moved = self.usage.changes_since(self.usage_version)
+                for name, want in moved.items():
+                    if name in self.used:
+                        self._set_usage(name, want)
         assert self.fleet is not None
         return self.fleet
 
@@ -206,25 +262,14 @@ class NodeCache:
         self._stop.set()
 
     def _run(self) -> None:
-        watch = getattr(self.api, "watch_nodes", None)
-        while not self._stop.is_set():
-            try:
-                rv = self.refresh()
-                if watch is None:
-                    self._stop.wait(self.poll_interval)
-                    continue
-                for kind, node in watch(rv):
-                    if self._stop.is_set():
-                        return
-                    if kind in ("ADDED", "MODIFIED"):
-                        self.views.view(node)
-                    elif kind == "DELETED":
-                        self.views.forget((node.get("metadata") or {}).get("name", ""))
-                    elif kind == "ERROR":
-                        break
-            except Exception as exc:  # the API server restarts, a watch expires: relist
-                log.warning("node cache: %s; relisting", exc)
-                self._stop.wait(min(self.poll_interval, 1.0))
+        follow("node cache", self.refresh, getattr(self.api, "watch_nodes", None), self._event, self._stop,
+               self.poll_interval)
+
+    def _event(self, kind: str, node: dict[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self.views.view(node)
+        elif kind == "DELETED":
+            self.views.forget((node.get("metadata") or {}).get("name", ""))
 
 
 def sum_grants(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:

@@ -116,8 +116,11 @@ def extender_scores(scores: Mapping[str, float], names: Iterable[str]) -> list[d
     core's own choice (the highest score; all of them if several tie exactly) alone gets 10, the others
     at most 9. Rounding alone would give 10 to every node within 5 points of the best, and kube-scheduler
     breaks ties at random — which undoes ``fgd``'s fixed tie order, the thing that keeps whole nodes
-    free for large tasks (gpuslice.placement docs). Nodes placement did not score get 0."""
-    top = max(scores.values(), default=None)
+    free for large tasks (gpuslice.placement docs). Nodes placement did not score get 0. The best is taken
+    among ``names``, the nodes kube-scheduler asks about: when placement's best node overall is not one of
+    them (kube-scheduler's own filters left it out), the best of them still gets 10 rather than a tie at 9."""
+    names = list(names)
+    top = max((scores[n] for n in names if n in scores), default=None)
     out = []
     for n in names:
         s = scores.get(n)

@@ -4,10 +4,43 @@ const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"
 const SVGNS = "http://www.w3.org/2000/svg";
 const W = 600, H = 200, PAD = { l: 62, r: 10, t: 10, b: 24 };
 
+const UNITS = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 1024], ["B", 1]];
 function human(bytes) {
-  const units = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 1024]];
-  for (const [u, s] of units) if (Math.abs(bytes) >= s) return (bytes / s).toFixed(1) + " " + u;
-  return bytes + " B";
+  for (const [u, s] of UNITS.slice(0, 4)) if (Math.abs(bytes) >= s) return (bytes / s).toFixed(1) + " " + u;
+  return Math.round(bytes) + " B";
+}
+
+// Axis ticks a person reads at a glance: 0 and at most 4 equal steps up to the data's top, each step a round
+// number of one unit. Bytes step in binary units by 1, 2, 4, 5, 8, 10, … 256, 500, 512 (so 1 GiB splits into
+// 256 MiB steps and 80 GiB into 20 GiB ones); percents by 1, 2, 2.5, 5 × 10^k. A zero (or empty) series
+// still gets a real scale: 1 GiB for bytes. Returns {top, ticks: [values], labels: [text]}.
+const BYTE_STEPS = [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 40, 50, 64, 100, 128, 200, 250, 256, 500, 512];
+const MAX_STEPS = 4;
+function niceAxis(maxValue, kind) {
+  const most = maxValue > 0 && isFinite(maxValue) ? maxValue : (kind === "bytes" ? 2 ** 30 : 100);
+  let step = null;
+  if (kind === "bytes") {
+    for (const [, unit] of [...UNITS].reverse()) {
+      for (const m of BYTE_STEPS) {
+        if (Math.ceil(most / (m * unit) - 1e-9) <= MAX_STEPS) { step = m * unit; break; }
+      }
+      if (step !== null) break;
+    }
+    if (step === null) step = Math.ceil(most / MAX_STEPS / 2 ** 40) * 2 ** 40;  // beyond 2 PiB: whole TiB
+  } else {
+    const base = 10 ** Math.floor(Math.log10(most / MAX_STEPS));
+    step = [1, 2, 2.5, 5, 10].map(m => m * base).find(s => Math.ceil(most / s - 1e-9) <= MAX_STEPS);
+  }
+  const n = Math.max(1, Math.ceil(most / step - 1e-9));
+  const ticks = Array.from({ length: n + 1 }, (_, i) => i * step);
+  const label = kind === "bytes" ? byteLabel : v => +v.toFixed(6) + "%";
+  return { top: n * step, ticks, labels: ticks.map(label) };
+}
+// An exact tick value in the largest unit that divides it: 1024 MiB → "1 GiB", 768 MiB → "768 MiB".
+function byteLabel(v) {
+  if (v === 0) return "0";
+  for (const [u, s] of UNITS) if (v >= s && v % s === 0) return v / s + " " + u;
+  return human(v);
 }
 function age(s) {
   if (s < 60) return Math.round(s) + "s";
@@ -21,8 +54,9 @@ function el(name, attrs, parent) {
   return node;
 }
 
-// series: [{label, t: [...], v: [...]}]; yMax: fixed top or null (auto); fmt: axis label formatter
-function plot(id, series, yMax, fmt) {
+// series: [{label, t: [...], v: [...]}]; yMax: the axis must reach at least this (null: the data's top);
+// kind: "bytes" or "percent" (the axis's units and ticks, see niceAxis)
+function plot(id, series, yMax, kind) {
   const svg = document.getElementById("plot-" + id);
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   svg.setAttribute("preserveAspectRatio", "none");
@@ -31,16 +65,17 @@ function plot(id, series, yMax, fmt) {
   const vs = series.flatMap(s => s.v.filter(v => v !== null));
   const tMax = ts.length ? Math.max(...ts) : Date.now() / 1000;
   const tMin = Math.min(ts.length ? Math.min(...ts) : tMax - 60, tMax - 60);
-  const top = yMax || Math.max(1, ...vs) * 1.1;
+  const axis = niceAxis(yMax || Math.max(0, ...vs), kind);
+  const top = axis.top;
   const x = t => PAD.l + (t - tMin) / Math.max(1e-9, tMax - tMin) * (W - PAD.l - PAD.r);
   const y = v => H - PAD.b - v / top * (H - PAD.t - PAD.b);
   el("rect", { x: PAD.l, y: PAD.t, width: W - PAD.l - PAD.r, height: H - PAD.t - PAD.b, fill: "#fff", stroke: "#ccc" }, svg);
-  for (let i = 0; i <= 4; i++) {
-    const v = top * i / 4;
+  axis.ticks.forEach((v, i) => {
     el("line", { x1: PAD.l, x2: W - PAD.r, y1: y(v), y2: y(v), stroke: "#eee" }, svg);
-    const label = el("text", { x: PAD.l - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 10, fill: "#666" }, svg);
-    label.textContent = fmt(v);
-  }
+    const label = el("text", { x: PAD.l - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 10, fill: "#666",
+                               class: "tick" }, svg);
+    label.textContent = axis.labels[i];
+  });
   const span = el("text", { x: W - PAD.r, y: H - 6, "text-anchor": "end", "font-size": 10, fill: "#666" }, svg);
   span.textContent = "last " + age(tMax - tMin);
   const legend = document.getElementById("legend-" + id);
@@ -62,12 +97,12 @@ function render(history, status) {
   const slices = Object.entries(history.slices);
   const devices = Object.entries(history.devices);
   const sliceLabel = (k, s) => `${s.grant_id} (${s.owner}) GPU ${s.device_index}`;
-  plot("slice-memory", slices.map(([k, s]) => ({ label: sliceLabel(k, s), t: s.t, v: s.memory })), null, human);
-  plot("slice-compute", slices.map(([k, s]) => ({ label: sliceLabel(k, s), t: s.t, v: s.compute })), 100, v => v.toFixed(0) + "%");
+  plot("slice-memory", slices.map(([k, s]) => ({ label: sliceLabel(k, s), t: s.t, v: s.memory })), null, "bytes");
+  plot("slice-compute", slices.map(([k, s]) => ({ label: sliceLabel(k, s), t: s.t, v: s.compute })), 100, "percent");
   const names = Object.fromEntries(status.devices.map(d => [String(d.index), d]));
-  const devTop = Math.max(1, ...status.devices.map(d => d.memory_total));
-  plot("device-memory", devices.map(([k, d]) => ({ label: `GPU ${k} ${names[k] ? names[k].name : ""}`, t: d.t, v: d.memory })), devTop, human);
-  plot("device-compute", devices.map(([k, d]) => ({ label: `GPU ${k}`, t: d.t, v: d.compute })), 100, v => v.toFixed(0) + "%");
+  const devTop = Math.max(0, ...status.devices.map(d => d.memory_total));
+  plot("device-memory", devices.map(([k, d]) => ({ label: `GPU ${k} ${names[k] ? names[k].name : ""}`, t: d.t, v: d.memory })), devTop, "bytes");
+  plot("device-compute", devices.map(([k, d]) => ({ label: `GPU ${k}`, t: d.t, v: d.compute })), 100, "percent");
   document.getElementById("node").textContent = status.node;
   document.getElementById("meta").firstChild.textContent =
     `${status.devices.length} device(s), ${status.slices.length} slice(s), ${status.waiters.length} waiting — updated ${new Date(status.time * 1000).toLocaleTimeString()} `;

@@ -14,9 +14,10 @@ from gpuslice.placement.scorers.binpack import Binpack
 from gpuslice.placement.scorers.fgd import Fgd
 from gpuslice.placement.scorers.random import Random
 from gpuslice.placement.scorers.spread import Spread
+from gpuslice.placement.scorers.topology_aware import TopologyAware
 from gpuslice.spec import SpecError
 
-SCORERS: Mapping[str, Scorer] = {s.name: s for s in (Binpack(), Spread(), BestFit(), Fgd(), Random())}
+SCORERS: Mapping[str, Scorer] = {s.name: s for s in (Binpack(), Spread(), BestFit(), Fgd(), Random(), TopologyAware())}
 
 
 def scorer(name: str) -> Scorer:

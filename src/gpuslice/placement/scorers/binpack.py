@@ -14,9 +14,18 @@ if TYPE_CHECKING:
 
 
 def used_after(ctx: Context) -> np.ndarray:
-    """[C, G] each device's use after the slice lands there: memory share + compute share."""
+    """[C, G] each device's use after the slice lands there: memory share + compute share, or with the
+    policy's ``weights`` (HAMi's device scoring weights) slot·slots share + core·compute share +
+    memory·memory share."""
     shape = ctx.shape
-    return (ctx.mem_used + ctx.need) / ctx.cap + (ctx.take(ctx.fleet.comp_used) + shape.compute) / 100.0
+    memory = (ctx.mem_used + ctx.need) / ctx.cap
+    compute = (ctx.take(ctx.fleet.comp_used) + shape.compute) / 100.0
+    weights = ctx.policy.weights
+    if weights is None:
+        return memory + compute
+    slot_w, core_w, mem_w = weights
+    slots = (ctx.take(ctx.fleet.slots_used) + 1) / np.maximum(ctx.take(ctx.fleet.split), 1)
+    return slot_w * slots + core_w * compute + mem_w * memory
 
 
 class Binpack(Scorer):

@@ -1,0 +1,436 @@
+"""Packing benchmark (issue 12): N launch-bound inference services on one GPU, with and without gpuslice.
+
+For each model kind (bench/gpu/packing_worker.py: ResNet-50 and a transformer encoder, batch 8, fp16) it
+starts one long-lived process per service and mode, so a process starts (imports, loads, warms up) once
+and the measured phases cost only their own seconds:
+  plain     no gpuslice: the driver time-slices the contexts
+  mps       raw MPS, each client CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / N (one set of clients per N)
+  memonly   gpuslice slices of 4 GiB and no compute share (the light path)
+  hard      gpuslice equal hard shares (100 / N, whole percent, set live in the device state per phase)
+  soft      gpuslice equal soft shares
+A phase runs N services of one mode together for --seconds (the first 0.5 s not counted); the others
+sit idle (no GPU work, so no time slices). Phases go in ABBA order: modes forward then backward, N up
+then down, repeated --reps times, with one copy alone first and last. Each service's share of the
+device's time is its request rate x the model's GPU time per request (a CUDA graph of one request
+replayed back to back while nothing else runs: the ruler); NVML's per-process utilization and the
+pacer's own charged time are shown beside it.
+
+  python3 bench/gpu/packing.py --out DIR [--seconds 3.5] [--reps 2] [--kinds resnet50,encoder] [--ns 2,4,8]
+  python3 bench/gpu/packing.py --plan ...          print the phases and the planned time, run nothing
+  python3 bench/gpu/packing.py --report DIR        the tables again from DIR/packing-raw.json
+
+MPS: set PACK_MPS_PIPE (and PACK_MPS_LOG) to a running private daemon's directories (packing.sh starts
+and stops it); without them the mps mode is skipped and the results say so. Writes DIR/packing-raw.json
+and DIR/packing.md (the tables; packing.sh adds them to the dated results file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from gpuslice.enforcer import devstate  # noqa: E402
+from gpuslice.enforcer.slicefile import write_slice_file  # noqa: E402
+
+LIB = Path(os.environ.get("PACK_LIB", ROOT / "native" / "build" / "libgpuslice.so"))
+WORKER = [sys.executable, str(HERE / "packing_worker.py")]
+MODES = ("plain", "mps", "memonly", "hard", "soft")
+GPUSLICE = {"memonly": ("hard", False), "hard": ("hard", True), "soft": ("soft", True)}  # mode -> (slice mode, paced)
+BATCH = 8
+SETTLE = 0.5
+START_S = 60.0   # planned start-up of one kind's services (import, load, warm-up; ~46 processes)
+PHASE_GAP = 0.8  # per phase: commands out, results back
+
+
+@dataclass
+class Worker:
+    name: str
+    proc: subprocess.Popen
+    grant: str = ""
+    pid: int = 0
+
+    def send(self, msg: dict) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self, deadline: float) -> dict:
+        """The next JSON line, or an error when the process ended or the deadline passed."""
+        import select
+
+        assert self.proc.stdout is not None
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                return {"error": f"{self.name}: no answer in time"}
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if ready:
+                line = self.proc.stdout.readline()
+                if not line:
+                    return {"error": f"{self.name}: ended (exit {self.proc.poll()})"}
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a library printed to stdout: not ours
+
+
+@dataclass
+class Kind:
+    name: str
+    sets: dict[str, list[Worker]] = field(default_factory=dict)  # "plain", "memonly", ..., "mps4"
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def plan(kinds: list[str], ns: list[int], reps: int, mps: bool) -> list[tuple[str, int, int]]:
+    """(mode, n, rep) in ABBA order; ("alone", 1, r) first and last."""
+    modes = [m for m in MODES if mps or m != "mps"]
+    phases: list[tuple[str, int, int]] = [("alone", 1, 0)]
+    for r in range(reps):
+        for m in (modes if r % 2 == 0 else modes[::-1]):
+            for n in (ns if r % 2 == 0 else ns[::-1]):
+                phases.append((m, n, r))
+    phases.append(("alone", 1, 1))
+    return phases
+
+
+def planned_seconds(kinds: list[str], ns: list[int], reps: int, seconds: float, mps: bool) -> float:
+    per_kind = START_S + len(plan(kinds, ns, reps, mps)) * (seconds + PHASE_GAP) + 10
+    return per_kind * len(kinds)
+
+
+def start(kind: str, name: str, env: dict[str, str], log: Path) -> Worker:
+    err = open(log / f"{kind}-{name}.err", "ab")
+    p = subprocess.Popen(WORKER + ["--kind", kind, "--batch", str(BATCH)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=err, env=env, text=True, bufsize=1)
+    return Worker(name, p)
+
+
+def _ready(k: Kind, names: list[str], deadline: float) -> None:
+    """Wait for the sets' ready lines; a set with a process that fails is dropped (and said why)."""
+    for name in names:
+        for w in k.sets[name]:
+            msg = w.recv(deadline)
+            if "ready" in msg:
+                w.pid = int(msg["ready"])
+            else:
+                k.skipped.setdefault(name, msg.get("error", str(msg)))
+    for name in names:
+        if name in k.skipped:
+            for w in k.sets.pop(name, []):
+                w.proc.kill()
+
+
+def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, str] | None) -> None:
+    """Every service process of one kind, into k.sets as they start (so an interrupted start stops them
+    too); returns when all are ready (or dropped). The MPS clients start after the others have their
+    contexts, so a plain context never waits on the MPS server's start."""
+    kind, nmax = k.name, max(ns)
+    base = {x: v for x, v in os.environ.items() if x not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
+    base["PYTHONUNBUFFERED"] = "1"
+    k.sets["plain"] = [start(kind, f"plain{i}", base, log) for i in range(nmax)]
+    for mode, (slice_mode, paced) in GPUSLICE.items():
+        ws = k.sets[mode] = []
+        for i in range(nmax):
+            grant = f"pk-{kind}-{mode}{i}"
+            sf = tmp / f"{grant}.slice"
+            write_slice_file(sf, grant=grant, compute=100 // nmax if paced else 0, mode=slice_mode, priority=1,
+                             memory_limit=4 * 2**30, device_state_dir=str(tmp / "state"), log_level="warn")
+            w = start(kind, f"{mode}{i}", {**base, "LD_PRELOAD": str(LIB), "GPUSLICE_SLICE": str(sf)}, log)
+            w.grant = grant
+            ws.append(w)
+    _ready(k, list(k.sets), time.time() + 240)
+    if mps_env is None:
+        k.skipped["mps"] = "no MPS daemon (PACK_MPS_PIPE unset or the daemon did not start)"
+        return
+    for n in ns:
+        env = {**base, **mps_env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 // n)}
+        ws = k.sets[f"mps{n}"] = []
+        for i in range(n):
+            ws.append(start(kind, f"mps{n}-{i}", env, log))
+    _ready(k, [f"mps{n}" for n in ns], time.time() + 120)
+
+
+def stop_kind(k: Kind) -> None:
+    for ws in k.sets.values():
+        for w in ws:
+            if w.proc.poll() is None:
+                try:
+                    w.send({"quit": 1})
+                except OSError:
+                    pass
+    for ws in k.sets.values():
+        for w in ws:
+            try:
+                w.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+
+
+def slices_now(state: Path) -> dict[str, devstate.SliceCompute]:
+    try:
+        return {s.grant: s for d in devstate.read_all(state) for s in d.slices}
+    except devstate.DeviceStateError:
+        return {}
+
+
+def run_phase(k: Kind, mode: str, n: int, seconds: float, state: Path) -> dict:
+    """n services of `mode` together; per service: requests/s, latency, pacer view."""
+    ws = k.sets["plain"][:1] if mode == "alone" else (k.sets[f"mps{n}"] if mode == "mps" else k.sets[mode][:n])
+    share = 100 // n if mode in ("hard", "soft") else None
+    if share is not None:
+        for w in ws:
+            for p in state.glob("*.dev"):
+                devstate.set_share(p, w.grant, share)
+    before, tb = slices_now(state), time.time()
+    t0 = time.time() + 0.3
+    tm, t1 = t0 + SETTLE, t0 + seconds
+    for w in ws:
+        w.send({"run": [t0, tm, t1]})
+    outs = [w.recv(t1 + 60) for w in ws]
+    after, ta = slices_now(state), time.time()
+    services = []
+    for w, o in zip(ws, outs):
+        rec = {"name": w.name, "pid": w.pid, **o}
+        if "iters" in o:
+            rec["rate"] = o["iters"] / (t1 - tm)
+        if w.grant and w.grant in after:
+            a, b = after[w.grant], before.get(w.grant)
+            db = a.busy_total_s - (b.busy_total_s if b else 0.0)
+            dt = a.throttled_total_s - (b.throttled_total_s if b else 0.0)
+            rec["pacer_share"] = 100 * db / (ta - tb)
+            rec["throttled_s"] = dt
+            rec["paths"] = sorted({p.path for p in a.processes})
+            loads = [p.offered_load for p in a.processes if p.offered_load is not None]
+            rec["offered_load"] = loads[0] if loads else None
+        services.append(rec)
+    return {"mode": mode, "n": n, "share": share, "t": [t0, tm, t1], "services": services}
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run_kind(kind: str, args: argparse.Namespace, tmp: Path, log: Path, mps_env: dict[str, str] | None,
+             into: list[dict]) -> None:
+    """Every phase of one kind; its record is in `into` from the start, so a cut run keeps what it measured."""
+    k = Kind(kind)
+    result: dict = {"kind": kind, "skipped": k.skipped, "phases": []}
+    into.append(result)
+    t_start = time.time()
+    try:
+        start_kind(k, args.ns, tmp, log, mps_env)
+        print(f"[{time.strftime('%H:%M:%S')}] {kind}: {sum(len(w) for w in k.sets.values())} services ready in "
+              f"{time.time() - t_start:.0f} s" + (f"; skipped {k.skipped}" if k.skipped else ""), flush=True)
+        if "plain" not in k.sets:
+            return
+        cal = k.sets["plain"][0]
+        cal.send({"calibrate": 200})
+        result["calibration"] = cal.recv(time.time() + 120)
+        for mode, n, rep in plan([kind], args.ns, args.reps, "mps" not in k.skipped):
+            if mode != "alone" and (mode if mode != "mps" else f"mps{n}") not in k.sets:
+                continue
+            ph = run_phase(k, mode, n, args.seconds, tmp / "state")
+            ph["rep"] = rep
+            result["phases"].append(ph)
+            agg = sum(s.get("rate", 0) for s in ph["services"]) * BATCH
+            print(f"[{time.strftime('%H:%M:%S')}] {kind} {mode:8} N={n} rep {rep}: {agg:8.1f} samples/s", flush=True)
+    finally:
+        stop_kind(k)
+
+
+# ------------------------------------------------------------------------------------------- report
+def nvml_share(nvml: list[dict], pid: int, a: float, b: float) -> float | None:
+    v = [r["sm"] for r in nvml if r.get("pid") == pid and a <= r["ts"] < b]
+    return statistics.fmean(v) if v else None
+
+
+def summarize(raw: dict) -> tuple[list[str], list[str], list[dict]]:
+    """(table lines, goal lines, rows) from the raw results."""
+    nvml = raw.get("nvml", [])
+    lines = ["| kind | N | alone | plain | MPS | memory-only | hard | soft | hard: each service's device time (share) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    goals: list[str] = []
+    rows: list[dict] = []
+    for kr in raw["kinds"]:
+        kind, phases = kr["kind"], kr["phases"]
+        gpu = (kr.get("calibration") or {}).get("gpu_s_per_iter")
+
+        def agg(mode: str, n: int) -> list[float]:
+            return [sum(s.get("rate", 0) for s in p["services"]) * BATCH for p in phases
+                    if p["mode"] == mode and p["n"] == n]
+
+        alone = agg("alone", 1)
+        alone_m = statistics.fmean(alone) if alone else 0.0
+        alone_share = 100 * alone_m / BATCH * gpu if gpu else None
+        for n in sorted({p["n"] for p in phases if p["mode"] != "alone"}):
+            plain = agg("plain", n)
+            pm = statistics.fmean(plain) if plain else 0.0
+            cells, row = {}, {"kind": kind, "n": n, "alone": alone_m, "plain": pm}
+            for mode in ("mps", "memonly", "hard", "soft"):
+                v = agg(mode, n)
+                if not v or not pm:
+                    cells[mode] = "-"
+                    continue
+                # ABBA pairs: rep r of a mode against rep r of plain (same side of the run's middle)
+                ratios = [x / y for x, y in zip(v, plain) if y] or [statistics.fmean(v) / pm]
+                row[mode] = statistics.fmean(v) / pm
+                row[mode + "_spread"] = (min(ratios), max(ratios))
+                cells[mode] = f"{statistics.fmean(v):.0f} ({row[mode]:.2f}x, {min(ratios):.2f}-{max(ratios):.2f})"
+            shares = [(100 * s["rate"] / BATCH * gpu if gpu and "rate" in s else None, s.get("pacer_share"),
+                       nvml_share(nvml, s.get("pid", 0), p["t"][1], p["t"][2]), p["share"])
+                      for p in phases if p["mode"] == "hard" and p["n"] == n for s in p["services"]]
+            ruler = [x[0] for x in shares if x[0] is not None]
+            row["hard_shares"] = ruler
+            row["hard_pacer"] = [x[1] for x in shares if x[1] is not None]
+            row["hard_nvml"] = [x[2] for x in shares if x[2] is not None]
+            share = 100 // n
+            dev = f"{min(ruler):.1f}..{max(ruler):.1f} % ({share} %)" if ruler else "-"
+            if row["hard_pacer"]:
+                dev += f"; pacer {min(row['hard_pacer']):.1f}..{max(row['hard_pacer']):.1f}"
+            lines.append(f"| {kind} | {n} | {alone_m:.0f} | {pm:.0f} | {cells['mps']} | {cells['memonly']} | "
+                         f"{cells['hard']} | {cells['soft']} | {dev} |")
+            rows.append(row)
+            goals += judge(kind, n, row, share, alone_share)
+    return lines, goals, rows
+
+
+def judge(kind: str, n: int, row: dict, share: int, alone_share: float | None) -> list[str]:
+    out = []
+    mem, hard = row.get("memonly"), row.get("hard")
+    if mem is not None:
+        out.append(f"- {kind} N={n} memory-only {mem:.3f}x plain (goal >= 0.97): "
+                   + ("met" if mem >= 0.97 else f"MISSED by {0.97 - mem:.3f}"))
+    if hard is not None:
+        out.append(f"- {kind} N={n} equal hard {hard:.3f}x plain (goal >= 0.9): "
+                   + ("met" if hard >= 0.9 else f"MISSED by {0.9 - hard:.3f}"))
+    ruler = row.get("hard_shares") or []
+    if ruler:
+        want = min(share, alone_share) if alone_share else share
+        over = max(ruler) - (share + 2)
+        under = (want - 2) - min(ruler)
+        verdict = "met" if over <= 0 and under <= 0 else (
+            f"MISSED: {max(over, under):.1f} points {'over' if over > under else 'under'}")
+        out.append(f"- {kind} N={n} hard shares {min(ruler):.1f}..{max(ruler):.1f} % of the device for {share} % "
+                   f"each (goal: at most {share + 2}, at least {want - 2:.1f} = min(share, alone "
+                   f"{alone_share or 0:.1f}) - 2): {verdict}")
+    return out
+
+
+def diagnostics(raw: dict) -> list[str]:
+    """Per kind, mode and N: latency, device time by the ruler, by the pacer and by NVML, throttled time,
+    and the pacer's paths and offered loads (README-compute.md, "Paths")."""
+    nvml = raw.get("nvml", [])
+    lines = ["| kind | mode | N | p50 / p99 ms | device time % (ruler) | pacer % | NVML SM % | throttled % | paths | "
+             "offered load |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    mean = (lambda v: statistics.fmean(v) if v else None)
+    fmt = (lambda x, f="{:.1f}": f.format(x) if x is not None else "-")
+    for kr in raw["kinds"]:
+        gpu = (kr.get("calibration") or {}).get("gpu_s_per_iter")
+        keys = sorted({(p["mode"], p["n"]) for p in kr["phases"]}, key=lambda x: (MODES.index(x[0]) if x[0] in MODES
+                                                                                  else -1, x[1]))
+        for mode, n in keys:
+            ss = [(p, s) for p in kr["phases"] if (p["mode"], p["n"]) == (mode, n) for s in p["services"]]
+            p50 = mean([s["p50_s"] * 1e3 for _, s in ss if s.get("p50_s")])
+            p99 = mean([s["p99_s"] * 1e3 for _, s in ss if s.get("p99_s")])
+            ruler = mean([100 * s["rate"] / BATCH * gpu for _, s in ss if gpu and "rate" in s])
+            pacer = mean([s["pacer_share"] for _, s in ss if "pacer_share" in s])
+            sm = mean([x for x in (nvml_share(nvml, s.get("pid", 0), p["t"][1], p["t"][2]) for p, s in ss) if x is not None])
+            thr = mean([100 * s["throttled_s"] / (p["t"][2] - p["t"][0]) for p, s in ss if "throttled_s" in s])
+            paths = ",".join(sorted({x for _, s in ss for x in s.get("paths", [])})) or "-"
+            load = mean([s["offered_load"] for _, s in ss if s.get("offered_load") is not None])
+            lines.append(f"| {kr['kind']} | {mode} | {n} | {fmt(p50, '{:.2f}')} / {fmt(p99, '{:.2f}')} | {fmt(ruler)} | "
+                         f"{fmt(pacer)} | {fmt(sm)} | {fmt(thr)} | {paths} | {fmt(load, '{:.2f}')} |")
+    return lines
+
+
+def report(raw: dict) -> str:
+    lines, goals, _ = summarize(raw)
+    cal = "; ".join(f"{k['kind']}: {1e3 * (k.get('calibration') or {}).get('gpu_s_per_iter', 0):.2f} ms GPU per "
+                    f"request ({(k.get('calibration') or {}).get('how', '-')})" for k in raw["kinds"])
+    skipped = "; ".join(f"{k['kind']}: {m} ({why})" for k in raw["kinds"] for m, why in k.get("skipped", {}).items())
+    head = [f"Aggregate samples/s (batch {BATCH}) per N and mode: the mean of {raw['reps']} ABBA repeats of "
+            f"{raw['seconds']:.1f}-s phases ({SETTLE} s of each not counted); in brackets the ratio to plain time-slicing and its range over "
+            "the repeats (each repeat against the plain run on the same side of the order).",
+            f"Ruler (GPU time of one request, CUDA graph replayed alone): {cal}.",
+            "Device time of a service = its requests/s x the ruler; 'pacer' = the time gpuslice charged it."]
+    if skipped:
+        head.append(f"Skipped: {skipped}.")
+    if raw.get("interrupted"):
+        head.append(f"**Incomplete**: {raw['interrupted']}.")
+    return "\n".join(head + [""] + lines + ["", "Goals (issue 12):"] + goals + ["", "Per mode (means over services and "
+                      "repeats), to tell causes apart:", ""] + diagnostics(raw)) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp/gpuslice-out"), "packing"))
+    ap.add_argument("--seconds", type=float, default=float(os.environ.get("PACK_SECONDS", 3.5)))
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("PACK_REPS", 2)))
+    ap.add_argument("--kinds", default=os.environ.get("PACK_KINDS", "resnet50,encoder"))
+    ap.add_argument("--ns", default=os.environ.get("PACK_NS", "2,4,8"))
+    ap.add_argument("--plan", action="store_true", help="print the phases and the planned time only")
+    ap.add_argument("--report", metavar="DIR", help="print the tables from DIR/packing-raw.json")
+    a = ap.parse_args()
+    if a.report:
+        print(report(json.loads((Path(a.report) / "packing-raw.json").read_text())), end="")
+        return
+    a.kinds = [k for k in a.kinds.split(",") if k]
+    a.ns = sorted({int(x) for x in a.ns.split(",") if x})
+    if a.seconds <= SETTLE or a.reps < 1 or not a.ns or min(a.ns) < 2 or max(a.ns) > 8:
+        sys.exit("packing: --seconds above 0.5, --reps at least 1, --ns from 2 to 8 (a device state holds 32 slices)")
+    mps_pipe = os.environ.get("PACK_MPS_PIPE")
+    mps_env = ({"CUDA_MPS_PIPE_DIRECTORY": mps_pipe, "CUDA_MPS_LOG_DIRECTORY": os.environ.get("PACK_MPS_LOG", mps_pipe)}
+               if mps_pipe else None)
+    phases = plan(a.kinds, a.ns, a.reps, mps_env is not None)
+    total = planned_seconds(a.kinds, a.ns, a.reps, a.seconds, mps_env is not None)
+    print(f"packing: {len(a.kinds)} kind(s) x {len(phases)} phases of {a.seconds:.1f} s "
+          f"({', '.join(f'{m}/{n}' for m, n, _ in phases[:12])}, ...): planned {total:.0f} s", flush=True)
+    if a.plan:
+        return
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "logs"
+    log.mkdir(exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="gs-packing."))
+    nvml_file, sampler = tmp / "nvml.jsonl", None
+    if os.environ.get("PACK_NVML", "1") == "1":
+        sampler = subprocess.Popen([sys.executable, str(ROOT / "bench" / "compute" / "nvml_sampler.py"), "--out",
+                                    str(nvml_file)], stderr=open(log / "nvml.err", "ab"))
+    raw: dict = {"seconds": a.seconds, "reps": a.reps, "ns": a.ns, "batch": BATCH, "kinds": [], "started": time.time()}
+    # packing.sh cuts a run that outgrows its budget with SIGTERM: stop the services (run_kind's
+    # finally) and write what was measured, saying so
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for kind in a.kinds:
+            run_kind(kind, a, tmp, log, mps_env, raw["kinds"])
+    except KeyboardInterrupt as exc:
+        raw["interrupted"] = f"stopped by {exc or 'SIGINT'} after {time.time() - raw['started']:.0f} s: later phases missing"
+        print(f"packing: {raw['interrupted']}", flush=True)
+    finally:
+        if sampler is not None:
+            sampler.terminate()
+            sampler.wait(10)
+        raw["nvml"] = [json.loads(x) for x in nvml_file.read_text().splitlines() if x.strip()] \
+            if nvml_file.exists() else []
+        raw["finished"] = time.time()
+        (out / "packing-raw.json").write_text(json.dumps(raw))
+    text = report(raw)
+    (out / "packing.md").write_text(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Why FGD's gain over best-fit shrinks as the share of multi-GPU tasks grows: two differences from the FGD
+authors' simulator, each switched on its own, on openb's multigpu30 and on heavier multi-GPU mixes.
+
+* **the typical-set cap.** We keep at most ``FGD_MAX_SHAPES`` (32) shapes in FGD's workload; the authors keep
+  every shape of the 95 % popularity set. Multi-GPU tasks come in many shapes (GPU count × CPU), so the heavier the
+  mix, the more shapes 95 % needs: default 35, multigpu20 38, multigpu30 40, synth40 42, synth50 43 — and with the
+  cap FGD weighs 93.9 % → 90 % of the tasks instead of 95 %;
+* **the arrivals.** We draw tasks uniformly with replacement until 1.3 × capacity has arrived; the authors shuffle
+  the trace and, where it already holds more than that, trim it (each task at most once). multigpu30 holds 8,087
+  GPUs of demand (1.3 × 6,212 = 8,076), the heavier mixes more.
+
+``synth40`` / ``synth50``: openb's multigpu40 / multigpu50 are not in this repository, so they are stood in for as
+the published variants were made (default plus re-sampled multi-GPU tasks, +1,000 GPUs of multi-GPU demand per
+10 %; multigpu20/30 here have +1,000 / +2,000): default + 3,000 / 4,000 GPUs of its own multi-GPU tasks drawn with
+a fixed seed. They are not the authors' files, so no published number is compared for them; what is measured is
+how each difference moves FGD's gain as the mix gets heavier.
+
+    .venv/bin/python bench/sim/openb_multigpu_mix.py [--seeds 42 43 44 45] [--out FILE]
+
+Bounded: 4 seeds × 3 traces × (best-fit + 3 FGD variants) = 48 full replays of openb's 6,212 GPUs, about 30-45 s
+each on a loaded 2-CPU VM with 2 workers: ~15-20 minutes. Prints a table; writes it to --out (default
+bench/results/<UTC date>-cpu-sim-openb-multigpu-mix.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "bench" / "data"
+VARIANTS = ("bestfit", "fgd", "fgd-uncapped", "fgd-shuffled")
+
+
+def tasks_of(trace: str):
+    from gpuslice.sim.trace import load_tasks
+
+    if not trace.startswith("synth"):
+        return load_tasks(DATA / f"openb_pod_list_{trace}.csv")
+    base = load_tasks(DATA / "openb_pod_list_default.csv")
+    multi = [t for t in base if t.num_gpu > 1]
+    rng = random.Random(int(trace[5:]))
+    extra, demand = [], 0
+    while demand < (int(trace[5:]) - 10) * 100:
+        t = rng.choice(multi)
+        extra.append(replace(t, name=f"{t.name}-x{len(extra)}"))
+        demand += t.num_gpu
+    return base + extra
+
+
+def shuffled(tasks, capacity: float, config):
+    """The authors' arrivals where the trace holds more than ratio × capacity: shuffled, each task once, trimmed
+    at ratio × capacity (fewer: drawn with replacement, as ours)."""
+    from gpuslice.sim.engine import draw_inflation
+
+    pool = [t for t in tasks if config.cpu_tasks == "include" or t.num_gpu > 0]
+    if sum(t.gpu_demand for t in pool) < config.ratio * capacity:
+        return draw_inflation(tasks, capacity, config)
+    order = np.random.default_rng(config.seed).permutation(len(pool)).tolist()
+    out, demand = [], 0.0
+    for i in order:
+        out.append(pool[i])
+        demand += pool[i].gpu_demand
+        if demand >= config.ratio * capacity:
+            break
+    return out
+
+
+def run(job: tuple[str, str, int]) -> tuple[str, str, int, float]:
+    trace, variant, seed = job
+    import gpuslice.placement.fragmentation as frag
+    import gpuslice.placement.mix as mix
+    import gpuslice.sim.engine as engine
+    from gpuslice.placement import PlacementPolicy
+    from gpuslice.sim.engine import SimConfig, run_inflation
+    from gpuslice.sim.trace import load_nodes
+
+    if variant == "fgd-uncapped":
+        frag.FGD_MAX_SHAPES = mix.FGD_MAX_SHAPES = 1000
+    if variant == "fgd-shuffled":
+        engine.draw_inflation = shuffled  # type: ignore[assignment]
+    policy = PlacementPolicy.parse(variant.split("-")[0])
+    result = run_inflation(tasks_of(trace), load_nodes(DATA / "openb_node_list_gpu_node.csv"), policy,
+                           SimConfig(seed=seed))
+    return trace, variant, seed, result.alloc_at(100)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44, 45])
+    ap.add_argument("--traces", nargs="+", default=["multigpu30", "synth40", "synth50"])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    jobs = [(t, v, s) for t in a.traces for s in a.seeds for v in VARIANTS]
+    started = time.time()
+    results: dict[tuple[str, str], dict[int, float]] = {}
+    # One process per replay: a variant patches module state (the cap, the arrivals) for its own replay only.
+    with ProcessPoolExecutor(a.workers, max_tasks_per_child=1) as pool:
+        for trace, variant, seed, alloc in pool.map(run, jobs):
+            results.setdefault((trace, variant), {})[seed] = alloc
+            print(f"{trace} {variant} seed {seed}: alloc@100 {alloc:.2f}", flush=True)
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    lines = [f"# FGD's gain over best-fit as multi-GPU tasks grow — {day}, {os.uname().nodename}, "
+             f"{len(jobs)} replays in {time.time() - started:.0f} s, load {os.getloadavg()[0]:.1f}",
+             "# alloc@100 (% of 6,212 GPUs placed when a cluster's worth has arrived), mean over seeds "
+             + " ".join(map(str, a.seeds)) + "; gain = variant - best-fit, per seed, then mean ± sd",
+             f"{'trace':12s} {'variant':14s} {'alloc@100':>10s} {'gain':>14s} {'vs fgd':>8s}"]
+    for trace in a.traces:
+        base = results[(trace, "bestfit")]
+        fgd = results[(trace, "fgd")]
+        for variant in VARIANTS:
+            r = results[(trace, variant)]
+            gains = [r[s] - base[s] for s in a.seeds]
+            vs = [r[s] - fgd[s] for s in a.seeds]
+            lines.append(f"{trace:12s} {variant:14s} {statistics.mean(r.values()):10.2f} "
+                         f"{statistics.mean(gains):+8.2f} ± {statistics.stdev(gains):.2f} {statistics.mean(vs):+8.2f}")
+    out = a.out or ROOT / "bench" / "results" / f"{day}-cpu-sim-openb-multigpu-mix.txt"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+/* The spatial engine's client settings (include/gpuslice/mps.h). A spatial slice covers one device, and
+ * its device's daemon serves that device alone (the node side starts it with CUDA_VISIBLE_DEVICES set
+ * to the device's UUID), so the client sees the slice's device as ordinal 0: the pinned limit is
+ * "0=<limit>". MPS takes the limit in whole M or G; it is written in MiB, rounded down, so MPS never
+ * allows more than the slice. The enforcer still accounts every allocation against the slice's limit
+ * (with the per-context overhead, which MPS does not count), so it refuses first; MPS's own limit is a
+ * second wall for memory the enforcer cannot see. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpuslice/log.h"
+#include "gpuslice/mps.h"
+
+static const char *env_or_null(gs_env_fn get, void *arg, const char *name)
+{
+    const char *v = get(name, arg);
+    return v && *v ? v : NULL;
+}
+
+/* A whole number 1..100 from text, else -1. */
+static int percent(const char *s)
+{
+    if (!s || !*s || strlen(s) > 3) return -1;
+    int v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v >= 1 && v <= 100 ? v : -1;
+}
+
+/* The bytes of a single "0=<n>M" or "0=<n>G" entry (MPS's form for one device), else 0. */
+static uint64_t one_device_limit(const char *s)
+{
+    if (!s || strncmp(s, "0=", 2)) return 0;
+    uint64_t v = 0;
+    const char *p = s + 2;
+    if (*p < '0' || *p > '9') return 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX >> 31) / 10) return 0;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (p[1]) return 0;
+    if (*p == 'M' || *p == 'm') return v << 20;
+    if (*p == 'G' || *p == 'g') return v << 30;
+    return 0;
+}
+
+int gs_mps_client_env(const struct gs_config *c, gs_env_fn get, void *arg, struct gs_mps_env *out)
+{
+    memset(out, 0, sizeof *out);
+    if (c->engine != GS_ENGINE_SPATIAL) return 0;
+    int n = 0;
+    const char *pipe = env_or_null(get, arg, "CUDA_MPS_PIPE_DIRECTORY");
+    if (c->mps_pipe_dir[0] && (!pipe || strcmp(pipe, c->mps_pipe_dir))) {
+        snprintf(out->pipe_dir, sizeof out->pipe_dir, "%s", c->mps_pipe_dir);
+        n++;
+    }
+    /* compute 0 or 100: no share reserved, the client may use every SM (as a time-sliced slice is unpaced) */
+    if (c->compute > 0 && c->compute < 100) {
+        int have = percent(env_or_null(get, arg, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+        if (have < 0 || have > c->compute) {
+            snprintf(out->threads, sizeof out->threads, "%d", c->compute);
+            n++;
+        }
+    }
+    uint64_t limit = c->device_limit[0];
+    if (c->process_limit < limit) limit = c->process_limit;
+    if (limit != GS_UNLIMITED) {
+        uint64_t mib = limit >> 20;
+        if (mib == 0) mib = 1; /* MPS has no 0: the enforcer refuses everything below 1 MiB anyway */
+        uint64_t have = one_device_limit(env_or_null(get, arg, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
+        if (have == 0 || have > (mib << 20)) {
+            snprintf(out->pinned, sizeof out->pinned, "0=%lluM", (unsigned long long)mib);
+            n++;
+        }
+    }
+    return n;
+}
+
+static const char *real_getenv(const char *name, void *arg)
+{
+    (void)arg;
+    return getenv(name);
+}
+
+void gs_mps_apply(const struct gs_config *c)
+{
+    struct gs_mps_env e;
+    if (c->engine != GS_ENGINE_SPATIAL) return;
+    /* Only what differs is set: in the usual case the node side already put these values in the
+     * environment, and setenv racing another thread's getenv is best avoided. */
+    if (gs_mps_client_env(c, real_getenv, NULL, &e)) {
+        if (e.pipe_dir[0]) setenv("CUDA_MPS_PIPE_DIRECTORY", e.pipe_dir, 1);
+        if (e.threads[0]) setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", e.threads, 1);
+        if (e.pinned[0]) setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", e.pinned, 1);
+    }
+    const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    const char *threads = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    const char *pinned = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+    GS_INFO("spatial slice: MPS client of %s, active threads %s%%, pinned memory %s; launches not paced",
+            pipe ? pipe : "/tmp/nvidia-mps (the default)", threads ? threads : "100", pinned ? pinned : "unlimited");
+}

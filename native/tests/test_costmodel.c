@@ -1,0 +1,104 @@
+/* The per-kernel cost model (src/pacing/costmodel.c): what a launch of one kernel shape is charged
+ * when its event pairs may hold a neighbour's time slice. Each check names the behaviour it pins. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "gpuslice/costmodel.h"
+
+static int failures, checks;
+#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+static int64_t mean_of(struct gs_costmodel *m, uint64_t key)
+{
+    struct gs_cost_entry *en = gs_cost_find(m, key);
+    return en ? en->mean_ns : -1;
+}
+
+static void test_keys(void)
+{
+    static const int fn = 0;
+    uint64_t a = gs_cost_key(&fn, 128, 1, 1, 256, 1, 1, 0), b = gs_cost_key(&fn, 256, 1, 1, 256, 1, 1, 0);
+    CHECK(a != b, "another grid is another shape");
+    CHECK(a == gs_cost_key(&fn, 128, 1, 1, 256, 1, 1, 0), "the same launch is the same shape");
+    CHECK(a != gs_cost_key(&fn, 128, 1, 1, 256, 1, 1, 1024), "shared memory is part of the shape");
+    CHECK(a != gs_cost_key(&a, 128, 1, 1, 256, 1, 1, 0), "another function is another shape");
+    int zero = 1;
+    for (uint32_t g = 0; g < 100000; g++) zero &= gs_cost_key(NULL, g, 0, 0, 0, 0, 0, 0) != 0;
+    CHECK(zero, "a key is never 0 (0 = unknown)");
+}
+
+static void test_inflated_pairs_ignored(void)
+{
+    struct gs_costmodel m;
+    CHECK(gs_cost_init(&m) == 0, "table");
+    uint64_t k = 77;
+    for (int i = 0; i < 20; i++) gs_cost_sample(&m, k, 20000 + (i % 3) * 200, 0);
+    int64_t before = mean_of(&m, k);
+    CHECK(before > 19500 && before < 20700, "20 us kernels learned as ~20 us (%lld)", (long long)before);
+    /* a neighbour's 2 ms time slice inside 1 pair in 4 (dirty pairs): the mean stays the kernel's */
+    for (int i = 0; i < 400; i++) gs_cost_sample(&m, k, i % 4 == 0 ? 2020000 : 20100, 0);
+    int64_t after = mean_of(&m, k);
+    CHECK(after > 19500 && after < 20700, "inflated pairs do not move the mean (%lld)", (long long)after);
+    /* a clean pair is taken as it is, even far above the mean */
+    int64_t got = gs_cost_sample(&m, k, 60000, 1);
+    CHECK(got > after + 4000, "a clean pair moves the mean (%lld -> %lld)", (long long)after, (long long)got);
+    gs_cost_free(&m);
+}
+
+static void test_cost_changes(void)
+{
+    struct gs_costmodel m;
+    CHECK(gs_cost_init(&m) == 0, "table");
+    uint64_t k = 5;
+    for (int i = 0; i < 20; i++) gs_cost_sample(&m, k, 10000, 0);
+    /* the same grid now does 5x the work (a longer input behind a grid-stride loop): after a run of
+     * 16 outliers the model restarts from the smallest of them */
+    for (int i = 0; i < 16; i++) gs_cost_sample(&m, k, 50000 + (i == 7 ? 0 : 1000), 0);
+    CHECK(mean_of(&m, k) == 50000, "a changed cost is learned after 16 rejected samples (%lld)", (long long)mean_of(&m, k));
+    /* cheaper than the mean is never inflation: taken at once */
+    int64_t low = gs_cost_sample(&m, k, 40000, 0);
+    CHECK(low < 50000, "a smaller sample lowers the mean (%lld)", (long long)low);
+    /* learning: a first sample that held a neighbour's slice is dropped by the next small one */
+    uint64_t j = 9;
+    gs_cost_sample(&m, j, 3000000, 0);
+    gs_cost_sample(&m, j, 12000, 0);
+    CHECK(mean_of(&m, j) == 12000, "while learning, a far smaller sample restarts the mean (%lld)", (long long)mean_of(&m, j));
+    gs_cost_free(&m);
+}
+
+static void test_sampling_schedule(void)
+{
+    struct gs_costmodel m;
+    CHECK(gs_cost_init(&m) == 0, "table");
+    uint64_t k = 11;
+    CHECK(gs_cost_find(&m, k) == NULL, "an unknown shape is not in the table");
+    gs_cost_sample(&m, k, 1000, 0);
+    struct gs_cost_entry *en = gs_cost_find(&m, k);
+    int measured = 0;
+    for (int i = 0; i < 10; i++) measured += gs_cost_should_sample(en);
+    CHECK(measured == 10, "a shape with fewer than LEARN samples is measured on every launch (%d)", measured);
+    for (unsigned i = 1; i < GS_COST_LEARN; i++) gs_cost_sample(&m, k, 1000, 0);
+    measured = 0;
+    for (int i = 0; i < 1600; i++) measured += gs_cost_should_sample(en);
+    CHECK(measured == 100, "then 1 launch in %u (%d of 1600)", GS_COST_SAMPLE_EVERY, measured);
+    /* a full table keeps what it has and learns no new shapes */
+    int inserted = 0;
+    for (uint64_t x = 1000; x < 1000 + GS_COST_SLOTS; x++) {
+        gs_cost_sample(&m, x, 5000, 1);
+        inserted += gs_cost_find(&m, x) != NULL;
+    }
+    CHECK(inserted < GS_COST_SLOTS && inserted >= GS_COST_SLOTS / 2, "the table stops at 3/4 full (%d)", inserted);
+    CHECK(mean_of(&m, k) == 1000, "what it knew stays");
+    gs_cost_free(&m);
+    struct gs_costmodel none = {NULL, 0};
+    CHECK(gs_cost_find(&none, k) == NULL && gs_cost_sample(&none, k, 7, 0) == 7, "no table: nothing known, samples pass through");
+}
+
+int main(void)
+{
+    test_keys();
+    test_inflated_pairs_ignored();
+    test_cost_changes();
+    test_sampling_schedule();
+    printf("test_costmodel: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,245 @@
+"""The node's MPS control daemons: which run, started on first use and stopped with the last spatial slice.
+
+The node side (local mode's ledger, the Kubernetes node agent) knows its spatial slices; it hands the set
+of daemons they need to :meth:`MpsDaemons.reconcile`, which makes the folder ``root`` (``<state>/mps``)
+match: a daemon per wanted (device, user) key runs, none other does. Every change of the node's grants
+reconciles, and so does every reclaim pass and the start of an agent — so a daemon whose last slice ended
+while its owner was down (a killed agent, a killed ``gpuslice run``) is stopped at the next pass, and one
+that died is started again. Layout::
+
+    <root>/<device>-<user>/     one daemon's folder (:class:`gpuslice.host.mps.MpsControl`)
+    <root>/logs/<device>-<user>/  the logs of the last daemon of that name, kept when it stopped
+    <root>/.lock                held while reconciling (several processes share a state dir)
+
+``<device>`` is the first 12 hex digits of the device UUID (``m`` in front for a MIG instance), ``<user>``
+the uid the daemon runs as (``self``: the node side's own). MPS serves one user per server at a time: a
+second user's client waits until the first user's clients are done, so each user gets a daemon of their
+own on a device (their kernels run at once within a user; the users' servers take turns on the device).
+
+Faults: MPS propagates a fatal fault of one client (an illegal address) to every client of its server on
+that device; the server takes no new client until they have all exited. :meth:`status` reports a daemon
+whose logs show a fault, and reconcile restarts it once no client of it is left (``busy`` says whether one
+is), giving new slices a fresh daemon. It never ends a slice's processes itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from gpuslice.host.mps import DaemonRecord, MpsControl, MpsError, find_control
+
+LOCK = ".lock"
+LOGS = "logs"
+_HEX = re.compile(r"[^0-9a-f]")
+
+
+@dataclass(frozen=True, order=True)
+class DaemonKey:
+    """A daemon's identity: the device it serves and the user it runs as (-1: the node side's own)."""
+
+    device: str
+    uid: int = -1
+
+    @classmethod
+    def for_client(cls, device: str, uid: int) -> "DaemonKey":
+        """The daemon a spatial client of user ``uid`` (-1: unknown) uses on ``device``: run as that user when
+        the node side is root (MPS serves one user per server at a time), else as the node side's own."""
+        return cls(device, uid if os.geteuid() == 0 and uid > 0 else -1)
+
+    @property
+    def name(self) -> str:
+        """The folder name: short, stable, and distinct per device and user."""
+        prefix = "m" if self.device.upper().startswith("MIG-") else ""
+        digits = _HEX.sub("", self.device.split("-", 1)[-1].lower())[:12] or "x"
+        return f"{prefix}{digits}-{self.uid if self.uid >= 0 else 'self'}"
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    """What ``ps``, the metrics and the dashboard show of one daemon."""
+
+    device: str
+    uid: int
+    pid: int | None
+    state: str  # running | fault | down
+    faults: tuple[str, ...] = ()
+    started: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "uid": self.uid, "pid": self.pid, "state": self.state,
+                "faults": list(self.faults), "started": self.started}
+
+
+@dataclass
+class Reconciled:
+    """What a reconcile pass did, and what it could not do (one line per daemon, not raised)."""
+
+    started: list[DaemonKey] = field(default_factory=list)
+    stopped: list[DaemonKey] = field(default_factory=list)
+    restarted: list[DaemonKey] = field(default_factory=list)
+    problems: dict[DaemonKey, str] = field(default_factory=dict)
+
+
+def _never_busy(key: DaemonKey) -> bool:
+    return False
+
+
+class MpsDaemons:
+    """The daemons under ``root``. ``binary`` is nvidia-cuda-mps-control (None: :func:`find_control` when
+    first needed); ``shm``: each daemon gets a /dev/shm folder of its own (Kubernetes)."""
+
+    def __init__(self, root: Path, binary: Path | None = None, *, shm: bool = False,
+                 start_timeout: float | None = None, quit_timeout: float | None = None):
+        self.root = Path(root)
+        self._binary = binary
+        self.shm = shm
+        self._timeouts = {k: v for k, v in (("start_timeout", start_timeout), ("quit_timeout", quit_timeout))
+                          if v is not None}
+
+    # -------------------------------------------------------------------------------------- places
+    @property
+    def binary(self) -> Path:
+        if self._binary is None:
+            found = find_control()
+            if found is None:
+                raise MpsError("the spatial engine needs NVIDIA's nvidia-cuda-mps-control, which is not on PATH "
+                               "(install the driver's MPS binaries, or set GPUSLICE_MPS_CONTROL to its path)")
+            self._binary = found
+        return self._binary
+
+    def available(self) -> bool:
+        try:
+            return self.binary is not None
+        except MpsError:
+            return False
+
+    def folder(self, key: DaemonKey) -> Path:
+        return self.root / key.name
+
+    def pipe_dir(self, key: DaemonKey) -> Path:
+        """Where the clients of ``key``'s daemon find it (CUDA_MPS_PIPE_DIRECTORY), known before it starts."""
+        return self.folder(key) / "pipe"
+
+    def shm_dir(self, key: DaemonKey) -> Path:
+        return self.folder(key) / "shm"
+
+    def control(self, key: DaemonKey) -> MpsControl:
+        return MpsControl(self.binary, self.folder(key), key.device, key.uid, shm=self.shm, **self._timeouts)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def known(self) -> dict[str, DaemonKey | None]:
+        """Folder name -> the key its daemon.json names (None: a folder without a readable record)."""
+        found: dict[str, DaemonKey | None] = {}
+        if not self.root.is_dir():
+            return found
+        for entry in sorted(self.root.iterdir()):
+            if not entry.is_dir() or entry.name == LOGS or entry.name.startswith("."):
+                continue
+            try:
+                rec = DaemonRecord.from_json(json.loads((entry / "daemon.json").read_text()))
+                found[entry.name] = DaemonKey(rec.device, rec.uid)
+            except (OSError, ValueError, MpsError):
+                found[entry.name] = None
+        return found
+
+    # -------------------------------------------------------------------------------------- changes
+    def ensure(self, key: DaemonKey) -> int:
+        """Start ``key``'s daemon unless it runs (first use); its pid. Raises MpsError when it cannot start."""
+        with self._locked():
+            return self.control(key).start()
+
+    def reconcile(self, wanted: Iterable[DaemonKey], busy: Callable[[DaemonKey], bool] = _never_busy) -> Reconciled:
+        """Make the running daemons exactly ``wanted``: stop the others (and clear folders left by crashes),
+        start wanted ones that do not run, restart a wanted daemon that reported a fault once ``busy(key)``
+        says no client of it is left. Failures are reported per daemon, never raised."""
+        wanted = set(wanted)
+        done = Reconciled()
+        with self._locked():
+            for name, key in self.known().items():
+                if key is None or key not in wanted or key.name != name:
+                    self._retire(name, key, done)
+            for key in sorted(wanted):
+                try:
+                    self._keep(key, busy, done)
+                except MpsError as exc:
+                    done.problems[key] = str(exc)
+        return done
+
+    def _retire(self, name: str, key: DaemonKey | None, done: Reconciled) -> None:
+        """Stop a daemon nobody wants (or clear a folder without a record) and keep its logs."""
+        folder = self.root / name
+        ctl = MpsControl(self._binary or Path("/nonexistent"), folder, key.device if key else "", key.uid if key else -1,
+                         **self._timeouts)
+        try:
+            ctl.stop()
+        except OSError as exc:
+            done.problems[key or DaemonKey(name)] = f"stopping the MPS daemon in {folder}: {exc}"
+            return
+        self._keep_logs(ctl)
+        shutil.rmtree(folder, ignore_errors=True)
+        if key is not None:
+            done.stopped.append(key)
+
+    def _keep_logs(self, ctl: MpsControl) -> None:
+        if not ctl.log_dir.is_dir():
+            return
+        target = self.root / LOGS / ctl.folder.name
+        shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(ctl.log_dir), str(target))
+
+    def _keep(self, key: DaemonKey, busy: Callable[[DaemonKey], bool], done: Reconciled) -> None:
+        ctl = self.control(key)
+        if ctl.running():
+            if ctl.faults() and not busy(key):
+                self._keep_logs(ctl)
+                ctl.stop()
+                ctl.start()
+                done.restarted.append(key)
+            return
+        if ctl.mps_processes() and busy(key):
+            # the control daemon is gone but its server still serves live clients: leave them be
+            done.problems[key] = (f"the MPS control daemon of {key.device} is down while its server still serves "
+                                  "clients; it is started again once they have exited")
+            return
+        ctl.stop()  # clears a crashed daemon's stale sockets and servers, if any
+        ctl.start()
+        done.started.append(key)
+
+    def stop_all(self) -> Reconciled:
+        return self.reconcile(())
+
+    # -------------------------------------------------------------------------------------- views
+    def status(self) -> list[DaemonStatus]:
+        """Every daemon folder: running, fault (its logs report one) or down (its process is gone)."""
+        out = []
+        for name, key in self.known().items():
+            if key is None:
+                continue
+            ctl = MpsControl(self._binary or Path("/nonexistent"), self.root / name, key.device, key.uid)
+            pid = ctl.pid()
+            faults = tuple(ctl.faults()[-3:])
+            rec = ctl.record()
+            state = "down" if pid is None else ("fault" if faults else "running")
+            out.append(DaemonStatus(key.device, key.uid, pid, state, faults, rec.started if rec else 0.0))
+        return out
+
+
+__all__ = ["DaemonKey", "DaemonStatus", "MpsDaemons", "Reconciled"]

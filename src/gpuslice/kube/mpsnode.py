@@ -1,0 +1,94 @@
+"""The node agent's MPS daemons in Kubernetes: stopped once no spatial container on the node needs them.
+
+Allocate starts a spatial container's daemon (first use, :class:`gpuslice.kube.allocator.Allocator`). This
+loop, every ``interval`` seconds and once at the agent's start, reads the node's ledger (the extender's
+``gpuslice.io/ledger``: the grants of the pods bound here, dropped when a pod ends) and the pods bound here
+(for each container's ``runAsUser``), and makes the running daemons exactly those the spatial containers
+need — plus the ones Allocate started within ``grace`` seconds, which a ledger read a moment old may not
+show yet. So a daemon whose last pod ended is stopped, one left by an agent that was killed (its container
+restarted: the daemons died with it, their stale pipes remain) is cleared or started again for the pods that
+still hold grants.
+
+A daemon in fault (its logs report a fatal client error) is restarted only once no spatial grant on its
+device is held: from the node agent the containers' processes cannot be told apart (they live in the pods'
+pid namespaces), so every held grant counts as a client. MPS itself takes new clients again once all the
+faulted ones have exited.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Mapping
+
+from gpuslice.host.mpsfleet import DaemonKey, Reconciled
+from gpuslice.kube import formats
+from gpuslice.kube.allocator import Allocator, run_as_user
+from gpuslice.kube.api import KubeAPI, KubeError
+from gpuslice.spec import Engine, SpecError
+
+log = logging.getLogger("gpuslice.mps")
+
+
+def wanted_daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> set[DaemonKey]:
+    """The daemons the spatial containers of ``ledger`` are clients of (users from their pods' specs)."""
+    by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
+    wanted = set()
+    for entry in ledger.entries.values():
+        pod = by_uid.get(entry.pod_uid, {})
+        for c in entry.containers:
+            for s in c.slices:
+                if s.engine is Engine.SPATIAL:
+                    wanted.add(DaemonKey.for_client(s.device_uuid, run_as_user(pod, c.container)))
+    return wanted
+
+
+class MpsNode:
+    def __init__(self, api: KubeAPI, node: str, allocator: Allocator, interval: float = 10.0, grace: float = 120.0):
+        self.api = api
+        self.node = node
+        self.allocator = allocator
+        self.interval = interval
+        self.grace = grace
+        self._stop = threading.Event()
+
+    def reconcile_once(self) -> Reconciled | None:
+        """One pass; None when the node's state cannot be read (nothing is stopped on a failed read)."""
+        try:
+            anns = (self.api.get_node(self.node).get("metadata") or {}).get("annotations") or {}
+            ledger = formats.decode_ledger(anns.get(formats.NODE_LEDGER), self.node)
+            pods = self.api.list_pods(field_selector=f"spec.nodeName={self.node}")
+        except (KubeError, SpecError) as exc:
+            log.warning("MPS daemons: cannot read node %s: %s; left as they are", self.node, exc)
+            return None
+        now = time.monotonic()
+        recent = {k for k, t in self.allocator.mps_started.items() if now - t < self.grace}
+        wanted = wanted_daemons(ledger, pods) | recent
+        if not wanted and not self.allocator.mps.known():
+            return Reconciled()
+        done = self.allocator.mps.reconcile(wanted, busy=lambda key: True)
+        for key in done.started:
+            log.info("MPS daemon of %s (uid %s) started", key.device, key.uid)
+        for key in done.stopped:
+            log.info("MPS daemon of %s (uid %s) stopped: no spatial container needs it", key.device, key.uid)
+        for key, why in done.problems.items():
+            log.warning("MPS daemon of %s (uid %s): %s", key.device, key.uid, why)
+        return done
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.reconcile_once()
+            except Exception as exc:  # the loop must outlive a bad pass
+                log.warning("MPS daemons: %s", exc)
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="gpuslice-mps", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()

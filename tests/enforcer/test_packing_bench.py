@@ -1,0 +1,69 @@
+"""bench/gpu/packing.sh end to end on a CPU (its --dry-run): the orchestration the GPU run depends on.
+
+The services launch through the CPU driver double with the real enforcer preloaded (the ``double`` kind of
+bench/gpu/packing_worker.py), so what the pacer publishes is real: memory-only slices stay on the light path
+and never wait, the equal hard shares of launch-bound services take the free path. A stub
+``nvidia-cuda-mps-control`` records that the private MPS daemon is started and always told to quit. The
+short share-accuracy sweep runs with bench/compute/dry_workload.py. Numbers mean nothing here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+STUB = """#!/bin/sh
+if [ "$1" = "-d" ]; then echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$(dirname "$0")/calls"; exit 0; fi
+read cmd; echo "$cmd $CUDA_MPS_PIPE_DIRECTORY" >> "$(dirname "$0")/calls"
+"""
+
+
+def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "nvidia-cuda-mps-control").write_text(STUB)
+    (stub / "nvidia-cuda-mps-control").chmod(0o755)
+    out = tmp_path / "out"
+    env = slice_env()
+    for k in ("LD_PRELOAD", "GPUSLICE_LOG_LEVEL"):  # the benchmark preloads per service itself
+        env.pop(k)
+    env.update(PATH=f"{stub}:{os.environ['PATH']}", OUT=str(out), PYTHON=os.sys.executable, PACK_KINDS="double",
+               PACK_NS="2", PACK_REPS="2", PACK_SECONDS="1.2", PACK_LIB=str(native_build / "libgpuslice.so"))
+    env.pop("PACK_TAR", None)
+    r = subprocess.run(["bash", str(ROOT / "bench/gpu/packing.sh"), "--dry-run"], env=env, capture_output=True,
+                       text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert "planned" in lines[0] and "phases" in lines[0], lines[0]  # the plan comes first
+    # the MPS daemon it started was told to quit, in the same private directory
+    calls = (stub / "calls").read_text().split("\n")
+    assert calls[0].startswith("start ") and calls[1] == "quit " + calls[0].split(" ", 1)[1], calls
+    # two files come back from the device tool's $OUT: the results and one archive of everything else
+    assert sorted(p.name for p in out.iterdir()) == sorted([res.name for res in out.glob("*-packing.md")] +
+                                                           [res.name for res in out.glob("*-packing-raw.tgz")])
+    assert len(list(out.iterdir())) == 2
+    with tarfile.open(next(out.glob("*-packing-raw.tgz"))) as tf:
+        raw = json.load(tf.extractfile("packing-run/packing/packing-raw.json"))
+        assert "packing-run/compute/summary.txt" in tf.getnames()
+    (kind,) = raw["kinds"]
+    assert kind["skipped"] == {}, kind["skipped"]
+    phases = kind["phases"]
+    assert [p["mode"] for p in phases] == ["alone", "plain", "mps", "memonly", "hard", "soft",
+                                            "soft", "hard", "memonly", "mps", "plain", "alone"]  # ABBA
+    for p in phases:
+        assert all(s.get("iters", 0) > 0 for s in p["services"]), p
+        for s in p["services"]:
+            if p["mode"] == "memonly":
+                assert s["paths"] == ["light"] and s["throttled_s"] == 0, s  # never waits
+            if p["mode"] in ("hard", "soft"):
+                assert s["paths"] == ["free"] and s["offered_load"] is not None, s
+    # the dated results file names the run and holds both parts; the short table is printed last
+    (res,) = out.glob("*-cpu-dry-run-packing.md")
+    text = res.read_text()
+    assert "| double | 2 |" in text and "Goals (issue 12)" in text and "accuracy: set share" in text
+    assert "gpuslice hard 50/50" in text
+    assert lines[-1].startswith(("time-slicing", "gpuslice hard")) or "| double | 2 |" in r.stdout

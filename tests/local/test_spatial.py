@@ -1,0 +1,279 @@
+"""Spatial slices in local mode: the ledger owns one MPS control daemon per device — started with the first
+spatial grant on it (inside the grant's transaction), stopped with the last — and leaves no daemon and no
+pipe directory behind after any ending: a release, a reclaimed grant, a killed launcher, a killed agent.
+The daemon is the stand-in control daemon (tests/support/mps_standin.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuslice.host import procs
+from gpuslice.host.devices import load_snapshot
+from gpuslice.host.mpsfleet import MpsDaemons
+from gpuslice.local.ledger import Ledger
+from gpuslice.local.paths import StateDir
+from gpuslice.local.records import Ask, GrantRecord
+from gpuslice.placement import NoFit
+from gpuslice.spec import Engine, GpusliceError, Request, SpecError, parse_memory
+from mpskit import failing_control, install_standin, mps_processes, short_root
+from nodekit import AgentProcess, gpuslice
+
+DEVICES = load_snapshot("h100-80gb")
+GPU0, GPU1 = DEVICES[0].uuid, DEVICES[1].uuid
+
+
+def wait_for(cond, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout} s"
+        time.sleep(0.05)
+
+
+def ask(memory: str = "4GiB", compute: int = 25, engine: Engine = Engine.SPATIAL, pid: int | None = None,
+        devices: tuple[str, ...] = (GPU0,)) -> Ask:
+    pid = os.getpid() if pid is None else pid
+    return Ask(request=Request(memory=parse_memory(memory), compute=compute, engine=engine), owner="t",
+               holder_pid=pid, holder_start=procs.start_time(pid), devices=devices)
+
+
+@pytest.fixture
+def root():
+    yield from short_root("gsloc-")
+
+
+@pytest.fixture
+def standin(root: Path) -> Path:
+    return install_standin(root / "bin")
+
+
+@pytest.fixture
+def ledger(root: Path, standin: Path) -> Ledger:
+    state = StateDir(root / "s")
+    return Ledger(state, DEVICES, node_name="n1", mps=MpsDaemons(state.mps, standin, start_timeout=10))
+
+
+def daemon_devices(ledger: Ledger) -> list[str]:
+    return sorted(s.device for s in ledger.mps.status() if s.pid is not None)
+
+
+def test_first_spatial_grant_starts_the_daemon_and_the_last_release_stops_it(ledger: Ledger, root: Path) -> None:
+    first = ledger.acquire(ask())
+    assert isinstance(first, GrantRecord) and first.slices[0].engine is Engine.SPATIAL
+    assert daemon_devices(ledger) == [GPU0]
+    pipe = Path(first.mps_pipe_dir)
+    assert pipe.is_dir() and (pipe / "nvidia-cuda-mps-control.pid").exists()
+    text = Path(first.slice_file).read_text()
+    assert "engine=spatial" in text and f"mps_pipe_dir={pipe}" in text and "compute=25" in text
+    second = ledger.acquire(ask("8GiB"))
+    assert second.mps_pipe_dir == first.mps_pipe_dir and len(mps_processes(root)) == 1  # one daemon per device
+    ledger.release(first.grant_id)
+    assert daemon_devices(ledger) == [GPU0]  # the second slice still uses it
+    ledger.release(second.grant_id)
+    assert daemon_devices(ledger) == [] and mps_processes(root) == [] and not pipe.exists()
+
+
+def test_engines_keep_to_their_devices(ledger: Ledger) -> None:
+    spatial = ledger.acquire(ask(devices=()))
+    timeslice = ledger.acquire(ask(engine=Engine.TIMESLICE, devices=()))
+    assert spatial.uuids != timeslice.uuids and timeslice.mps_pipe_dir == ""
+    assert "engine" not in Path(timeslice.slice_file).read_text()
+    with pytest.raises(NoFit, match="devices with room run spatial slices"):
+        ledger.acquire(ask(engine=Engine.TIMESLICE, devices=spatial.uuids))
+    assert daemon_devices(ledger) == list(spatial.uuids)
+    for g in (spatial, timeslice):
+        ledger.release(g.grant_id)
+
+
+def test_a_daemon_that_cannot_start_refuses_the_grant_leaving_nothing(root: Path) -> None:
+    bad = failing_control(root / "bad", "device busy")
+    state = StateDir(root / "s")
+    ledger = Ledger(state, DEVICES, mps=MpsDaemons(state.mps, bad, start_timeout=2))
+    with pytest.raises(GpusliceError, match="engine spatial: .*device busy"):
+        ledger.acquire(ask())
+    assert ledger.grants() == [] and list(state.grants.iterdir()) == []
+    ledger.acquire(ask(engine=Engine.TIMESLICE))  # the device is not held by the failed grant
+
+
+def test_spatial_is_refused_on_a_node_without_mps(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUSLICE_MPS_CONTROL", raising=False)
+    monkeypatch.setenv("PATH", str(root))
+    ledger = Ledger(StateDir(root / "s"), DEVICES)
+    with pytest.raises(SpecError) as info:
+        ledger.acquire(ask())
+    assert info.value.field == "engine" and "no nvidia-cuda-mps-control" in info.value.allowed
+
+
+def test_a_reclaimed_grant_takes_its_daemon_with_it(ledger: Ledger, root: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ledger.acquire(ask(pid=holder.pid))
+        assert daemon_devices(ledger) == [GPU0]
+    finally:
+        holder.kill()
+        holder.wait()
+    ledger.reclaim()
+    assert ledger.grants() == [] and mps_processes(root) == [] and ledger.mps.known() == {}
+
+
+def test_a_daemon_that_died_under_a_live_grant_is_started_again(ledger: Ledger, root: Path) -> None:
+    grant = ledger.acquire(ask())
+    ctl = ledger.mps.control(ledger.mps.known()[next(iter(ledger.mps.known()))])
+    old = ctl.pid()
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: not procs.alive(old, 0), what="the daemon gone")
+    ledger.reclaim()
+    assert ctl.pid() not in (None, old)
+    ledger.release(grant.grant_id)
+    assert mps_processes(root) == []
+
+
+def test_a_fault_is_shown_and_the_daemon_restarted_only_once_its_clients_are_gone(root: Path, standin: Path) -> None:
+    clients: list[int] = []
+    state = StateDir(root / "s")
+    ledger = Ledger(state, DEVICES, mps=MpsDaemons(state.mps, standin, start_timeout=10),
+                    region_pids=lambda g: list(clients))
+    grant = ledger.acquire(ask())
+    key = next(iter(ledger.mps.known().values()))
+    ctl = ledger.mps.control(key)
+    first = ctl.pid()
+    clients.append(os.getpid())  # a live process of the slice: a client of the faulted server
+    ctl.query("standin_fault")
+    from gpuslice.host.monitor import Monitor
+
+    view = Monitor(DEVICES, "n1", mps=ledger.mps).sample([grant.watched()])
+    assert view.slices[0].engine == "spatial" and view.slices[0].mps == "fault"
+    assert view.slices[0].compute_achieved is None  # not paced: nothing measured, not a false 0 %
+    assert any("MPS daemon of" in e and "fatal GPU exception" in e for e in view.errors)
+    ledger.reclaim()
+    assert ctl.pid() == first  # a client is still attached: not restarted under it
+    clients.clear()
+    ledger.reclaim()
+    assert ctl.pid() not in (None, first) and [s.state for s in ledger.mps.status()] == ["running"]
+    ledger.release(grant.grant_id)
+
+
+# ------------------------------------------------------------------------------------------ whole processes
+@pytest.fixture
+def env(root: Path, standin: Path, enforcer_lib: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GPUSLICE_STATE_DIR=str(root / "s"), GPUSLICE_DEVICE_SNAPSHOT="h100-80gb", GPUSLICE_KILL_GRACE="2",
+               GPUSLICE_MPS_CONTROL=str(standin), GPUSLICE_ENFORCER_LIB=str(enforcer_lib), COLUMNS="200",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src") + os.pathsep + env.get("PYTHONPATH", ""))
+    return env
+
+
+SHOW = 'env | grep ^CUDA_ | sort; cat "$GPUSLICE_SLICE"'
+
+
+def test_run_engine_spatial_gives_the_command_its_mps_client_settings(env: dict[str, str], root: Path) -> None:
+    proc = gpuslice("run", "--engine", "spatial", "--memory", "4GiB", "--compute", "25", "--", "sh", "-c", SHOW,
+                    env=env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    pipe = next(line.split("=", 1)[1] for line in lines if line.startswith("CUDA_MPS_PIPE_DIRECTORY="))
+    assert pipe.startswith(str(root / "s" / "mps")) and pipe.endswith("/pipe")
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in lines and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M" in lines
+    assert "engine=spatial" in lines and f"mps_pipe_dir={pipe}" in lines
+    assert "compute 25% of the SMs (spatial, MPS)" in err
+    assert mps_processes(root) == [] and not Path(pipe).exists()  # stopped with its only slice
+
+
+def test_run_refuses_a_spatial_request_of_two_devices(env: dict[str, str]) -> None:
+    proc = gpuslice("run", "--engine", "spatial", "--gpus", "2", "--memory", "1GiB", "--", "true", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "'--engine'" in err and "more than one device" in " ".join(err.split())
+
+
+def _spatial_run(env: dict[str, str], marker: Path) -> subprocess.Popen:
+    """A spatial `gpuslice run` whose command says it started (``<marker>.started``: the grant was answered),
+    then waits until ``marker`` exists."""
+    run = gpuslice("run", "--engine", "spatial", "--memory", "2GiB", "--compute", "30", "--", "sh", "-c",
+                   f'touch "{marker}.started"; while [ ! -e "{marker}" ]; do sleep 0.05; done', env=env)
+    wait_for(lambda: Path(f"{marker}.started").exists() or run.poll() is not None, what="the command started")
+    assert run.poll() is None, run.communicate()[1]
+    return run
+
+
+def test_a_killed_agent_leaves_no_daemon_once_the_slice_ends(env: dict[str, str], root: Path) -> None:
+    """The agent dies with a spatial slice running; when the slice ends its launcher releases the grant in
+    the ledger file itself, and the daemon goes with it — no new agent needed."""
+    agent = AgentProcess(env)
+    marker = root / "done"
+    run = _spatial_run(env, marker)
+    try:
+        assert mps_processes(root)  # started through the agent with the grant
+        agent.proc.kill()
+        agent.proc.wait()
+        marker.touch()
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err
+        assert "released grant" in err and "in its ledger file" in err
+        assert mps_processes(root) == [] and not list((root / "s" / "mps").glob("*/pipe"))
+    finally:
+        run.kill()
+        agent.stop()
+
+
+def test_a_killed_agent_and_launcher_leave_no_daemon_after_the_next_agent_starts(env: dict[str, str],
+                                                                                 root: Path) -> None:
+    """Everything of the node side is SIGKILLed while a spatial slice runs: the daemon outlives them (MPS
+    daemonizes). The next agent reclaims the dead grant and stops the daemon, stale pipes and all."""
+    agent = AgentProcess(env)
+    run = _spatial_run(env, root / "never")
+    try:
+        assert mps_processes(root)  # started with the grant
+        agent.proc.kill()
+        agent.proc.wait()
+        run.kill()  # its command gets SIGTERM (PDEATHSIG) and ends
+        run.wait()
+        assert mps_processes(root)  # the orphan, until someone reconciles
+        agent = AgentProcess(env)
+        wait_for(lambda: not mps_processes(root) and not list((root / "s" / "mps").glob("*/pipe")),
+                 what="the next agent stopping the orphaned daemon and removing its pipe directory")
+    finally:
+        run.kill()
+        agent.stop()
+
+
+def test_the_socket_api_grants_spatial_slices_and_shows_their_daemon(env: dict[str, str], root: Path) -> None:
+    """``"engine": "spatial"`` in a request through the agent: the grant carries its pipe directory, the
+    node view and the metrics show the engine and the daemon; the release stops the daemon."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    agent = AgentProcess(env)
+    try:
+        body = {"request": {"memory": "4GiB", "compute": 25, "engine": "spatial"}, "owner": "alice",
+                "holder_pid": os.getpid(), "holder_start": procs.start_time(os.getpid())}
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent",
+                          timeout=30) as http:
+            reply = http.post("/v1/grants", json=body)
+            assert reply.status_code == 201, reply.text
+            grant = reply.json()
+            assert grant["slices"][0]["engine"] == "spatial" and grant["mps_pipe_dir"].endswith("/pipe")
+            assert mps_processes(root)
+            bad = http.post("/v1/grants", json={**body, "request": {**body["request"], "engine": "turbo"}})
+            assert bad.status_code == 400 and bad.json()["field"] == "engine"
+
+            def shown() -> bool:
+                view = http.get("/v1/status").json()
+                return bool(view["mps"]) and view["slices"] and view["slices"][0]["mps"] == "running"
+            wait_for(shown, what="the daemon in the node view")
+            view = http.get("/v1/status").json()
+            assert view["slices"][0]["engine"] == "spatial" and view["slices"][0]["compute_achieved"] is None
+            text = httpx.get(agent.url + "metrics", timeout=10).text
+            fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
+            assert [s.labels["state"] for s in fams["gpuslice_mps_daemon"]] == ["running"]
+            assert [s.labels["engine"] for s in fams["gpuslice_slice_info"]] == ["spatial"]
+            assert http.delete(f"/v1/grants/{grant['grant']}").json() == {"released": True}
+            assert mps_processes(root) == []
+    finally:
+        agent.stop()
