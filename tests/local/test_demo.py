@@ -27,6 +27,15 @@ FAILING = ("import json, sys, time; name = sys.argv[1]; time.sleep(0.5)\n"
            "print(json.dumps({'matmul_per_s': 10.0, 'cuda_total': 0}))")
 
 
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path, monkeypatch):
+    """The demo's temporary folders go to this test's own folder: another test run on the machine (a second
+    `make test`, another checkout) makes and removes its own gpuslice-demo-* folders in /tmp meanwhile."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+
+
 def _demo_temp_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "gpuslice-demo-*")))
 
