@@ -18,7 +18,7 @@ What this cannot see (``README.md`` Limits): variables a program sets for its ow
 from __future__ import annotations
 
 import posixpath
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 # The container paths the device plugin mounts (gpuslice.kube.allocator), and /run/gpuslice, which is the
 # same folder wherever the image links /var/run to /run.
@@ -48,17 +48,20 @@ def _containers(spec: Mapping[str, Any]) -> Iterable[tuple[str, int, Mapping[str
                     yield kind, i, c
 
 
-def escape_problem(pod: Mapping[str, Any]) -> str | None:
-    """Why ``pod`` would step out of its slice (naming the container and the field), or None."""
+def escape_problem(pod: Mapping[str, Any], only: Callable[[Mapping[str, Any]], bool] | None = None) -> str | None:
+    """Why ``pod`` would step out of its slice (naming the container and the field), or None. ``only``: check
+    just the containers it accepts (those that get the slice)."""
     spec = pod.get("spec") or {}
     for kind, i, c in _containers(spec):
+        if only is not None and not only(c):
+            continue
         where = f"spec.{kind}[{i}] ({c.get('name', '?')})"
         for m, mount in enumerate(c.get("volumeMounts") or []):
             path = mount.get("mountPath", "") if isinstance(mount, dict) else ""
             hit = _covers(str(path)) if path else None
             if hit:
                 return (f"{where}.volumeMounts[{m}].mountPath {path!r} is not allowed: it covers {hit}, where the "
-                        "device plugin mounts the enforcer and the slice of every GPU container")
+                        "node agent mounts the enforcer and the slice of every GPU container")
         for d, device in enumerate(c.get("volumeDevices") or []):
             path = device.get("devicePath", "") if isinstance(device, dict) else ""
             hit = _covers(str(path)) if path else None
@@ -69,6 +72,29 @@ def escape_problem(pod: Mapping[str, Any]) -> str | None:
             if isinstance(name, str) and (name in FORBIDDEN_ENV or (name.startswith(FORBIDDEN_ENV_PREFIX)
                                                                      and name not in TENANT_ENV)):
                 return (f"{where}.env[{e}].name {name!r} is not allowed in a pod asking for GPU slices: "
-                        f"{', '.join(FORBIDDEN_ENV)} and {FORBIDDEN_ENV_PREFIX}* are the device plugin's to set "
+                        f"{', '.join(FORBIDDEN_ENV)} and {FORBIDDEN_ENV_PREFIX}* are the node agent's to set "
                         f"(allowed, as they only lower a limit: {', '.join(TENANT_ENV)})")
     return None
+
+
+def claim_escape_problem(pod: Mapping[str, Any], claim_name: str) -> str | None:
+    """:func:`escape_problem` for the containers of ``pod`` that get the ResourceClaim named ``claim_name`` (DRA:
+    no webhook sees these pods, so the driver checks them when the kubelet prepares the claim). A container gets
+    a claim through ``resources.claims[].name``, naming an entry of ``spec.resourceClaims`` that is the claim
+    itself (``resourceClaimName``) or a template the claim was made from (``status.resourceClaimStatuses``)."""
+    spec = pod.get("spec") or {}
+    entries = {e.get("name") for e in spec.get("resourceClaims") or [] if isinstance(e, dict)
+               and e.get("resourceClaimName") == claim_name}
+    entries |= {s.get("name") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+                if isinstance(s, dict) and s.get("resourceClaimName") == claim_name}
+    entries.discard(None)
+
+    def uses(container: Mapping[str, Any]) -> bool:
+        claims = (container.get("resources") or {}).get("claims") or []
+        return any(isinstance(c, dict) and c.get("name") in entries for c in claims)
+
+    problem = escape_problem(pod, uses)
+    if problem is None:
+        return None
+    meta = pod.get("metadata") or {}
+    return f"pod {meta.get('namespace', '?')}/{meta.get('name', '?')}: {problem}"
