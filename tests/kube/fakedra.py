@@ -40,6 +40,11 @@ class FakeDraAPI:
             raise NotFound(f"pod {namespace}/{name}", 404)
         return copy.deepcopy(self.pods[(namespace, name)])
 
+    def list_pods(self, field_selector: str = "") -> list[dict[str, Any]]:
+        self.calls.append(f"list pods {field_selector}")
+        node = dict(part.split("=", 1) for part in field_selector.split(",") if part).get("spec.nodeName")
+        return [copy.deepcopy(p) for p in self.pods.values() if node is None or (p.get("spec") or {}).get("nodeName") == node]
+
     def get_node(self, name: str) -> dict[str, Any]:
         self.calls.append(f"get node {name}")
         if name not in self.nodes:

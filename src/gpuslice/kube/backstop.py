@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpuslice.host.backstop import Backstop, BackstopReport, Tracked
+from gpuslice.host.backstop import Backstop, BackstopReport, Policy, Tracked
 from gpuslice.kube import formats
+from gpuslice.spec import Device
 
 log = logging.getLogger("gpuslice.kube-backstop")
 _ID = re.compile(r"[0-9a-f]{64}")
@@ -65,13 +66,21 @@ def tracked(ledger: formats.Ledger) -> list[Tracked]:
 
 
 class KubeBackstop:
-    """Runs :meth:`check_once` every ``interval`` seconds in a thread; :attr:`latest` is the last report."""
+    """Runs :meth:`check_once` every ``interval`` seconds in a thread; :attr:`latest` is the last report.
 
-    def __init__(self, backstop: Backstop, ledger: Callable[[], formats.Ledger],
+    ``ledger()`` gives the node's grants, ``tracked_of(grants)`` their slices and ``containers_of(grants, pods)``
+    ``{container ID: grant id}``: by default the device plugin's node ledger (:func:`tracked`,
+    :func:`container_grants`); the DRA driver passes its prepared claims (``gpuslice.kube.dra.backstop``)."""
+
+    def __init__(self, backstop: Backstop, ledger: Callable[[], Any],
                  pods: Callable[[], Sequence[dict[str, Any]]], interval: float = 2.0, pods_ttl: float = 10.0,
-                 proc_root: Path = Path("/proc"), clock: Callable[[], float] = time.monotonic):
+                 proc_root: Path = Path("/proc"), clock: Callable[[], float] = time.monotonic,
+                 tracked_of: Callable[[Any], list[Tracked]] | None = None,
+                 containers_of: Callable[[Any, Sequence[dict[str, Any]]], dict[str, str]] | None = None):
         self.backstop = backstop
         self.ledger = ledger
+        self.tracked_of = tracked_of or tracked
+        self.containers_of = containers_of or container_grants
         self.pods = pods
         self.interval = interval
         self.pods_ttl = pods_ttl
@@ -82,14 +91,14 @@ class KubeBackstop:
         self._pods_at = float("-inf")
         self._stop = threading.Event()
 
-    def _containers(self, ledger: formats.Ledger, fresh: bool) -> dict[str, str]:
+    def _containers(self, ledger: Any, fresh: bool) -> dict[str, str]:
         if fresh or self.clock() - self._pods_at >= self.pods_ttl:
             try:
                 self._pods = list(self.pods())
                 self._pods_at = self.clock()
             except Exception as exc:  # keep the last list; the next round asks again
                 log.warning("backstop: listing the node's pods failed: %s", exc)
-        return container_grants(ledger, self._pods)
+        return self.containers_of(ledger, self._pods)
 
     def check_once(self) -> BackstopReport:
         ledger = self.ledger()
@@ -103,7 +112,7 @@ class KubeBackstop:
                 found = attribute_by_cgroup(by_container, pids, self.proc_root)
             return found
 
-        self.latest = self.backstop.check(tracked(ledger), attribute)
+        self.latest = self.backstop.check(self.tracked_of(ledger), attribute)
         return self.latest
 
     def run(self) -> None:
@@ -120,3 +129,23 @@ class KubeBackstop:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def start_backstop(policy: Policy, interval: float, devices: Sequence[Device], grants: Callable[[], Any],
+                   pods: Callable[[], Sequence[dict[str, Any]]], say: Callable[[str], None],
+                   **hooks: Any) -> KubeBackstop | None:
+    """The backstop thread of a node agent, or None when the policy is off or NVML cannot count processes
+    (a device snapshot, or a driver without per-process counts): said on ``say`` either way."""
+    from gpuslice.host.backstop import default_source
+
+    if policy.action == "off":
+        return None
+    uuids = [u for d in devices for u in ((m.uuid for m in d.mig_instances) if d.mig_instances else (d.uuid,))]
+    source = default_source(uuids)
+    if source is None:
+        say("backstop off: no per-process device memory (a device snapshot, or NVML without process counts)")
+        return None
+    guard = KubeBackstop(Backstop(source, policy), grants, pods, interval=interval, **hooks)
+    guard.start()
+    say(f"backstop: {policy.action}, grace {policy.grace:g} s, every {interval:g} s")
+    return guard

@@ -333,7 +333,8 @@ def kube_agent(
         from gpuslice.kube.dra.agent import DraOptions, run
 
         options = DraOptions(min_memory, compute_mode, dra_plugin_dir, dra_registry_dir, cdi_dir, publish_interval,
-                             rediscover_interval, health_recovery, metrics_port, register_only, snapshot is not None)
+                             rediscover_interval, health_recovery, metrics_port, register_only, snapshot is not None,
+                             backstop=policy, backstop_interval=backstop_interval)
         return run(cfg, options, find_devices, lambda: connect(kubeconfig), _say)
     with named_file("--snapshot", given=bool(snapshot)):
         devices = find_devices()
@@ -364,24 +365,14 @@ def kube_agent(
 
 
 def _start_backstop(api, node: str, devices, policy, interval: float):
-    """The backstop thread (gpuslice.kube.backstop), or None when it is off or NVML cannot count processes."""
-    from gpuslice.host.backstop import Backstop, default_source
-    from gpuslice.kube.backstop import KubeBackstop
+    """The backstop thread (gpuslice.kube.backstop) over the node ledger, or None when it is off or NVML cannot
+    count processes."""
+    from gpuslice.kube.backstop import start_backstop
     from gpuslice.kube.labels import LedgerLabels
 
-    if policy.action == "off":
-        return None
-    uuids = [u for d in devices for u in ((m.uuid for m in d.mig_instances) if d.mig_instances else (d.uuid,))]
-    source = default_source(uuids)
-    if source is None:
-        _say("backstop off: no per-process device memory (a device snapshot, or NVML without process counts)")
-        return None
     labels = LedgerLabels(api, node, ttl=interval)
-    guard = KubeBackstop(Backstop(source, policy), labels.ledger,
-                         lambda: api.list_pods(field_selector=f"spec.nodeName={node}"), interval=interval)
-    guard.start()
-    _say(f"backstop: {policy.action}, grace {policy.grace:g} s, every {interval:g} s")
-    return guard
+    return start_backstop(policy, interval, devices, labels.ledger,
+                          lambda: api.list_pods(field_selector=f"spec.nodeName={node}"), _say)
 
 
 def _serve_metrics(api, node: str, devices, state_dir: Path, port: int, mps=None, guard=None) -> None:

@@ -82,18 +82,10 @@ def claim_escape_problem(pod: Mapping[str, Any], claim_name: str) -> str | None:
     no webhook sees these pods, so the driver checks them when the kubelet prepares the claim). A container gets
     a claim through ``resources.claims[].name``, naming an entry of ``spec.resourceClaims`` that is the claim
     itself (``resourceClaimName``) or a template the claim was made from (``status.resourceClaimStatuses``)."""
-    spec = pod.get("spec") or {}
-    entries = {e.get("name") for e in spec.get("resourceClaims") or [] if isinstance(e, dict)
-               and e.get("resourceClaimName") == claim_name}
-    entries |= {s.get("name") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-                if isinstance(s, dict) and s.get("resourceClaimName") == claim_name}
-    entries.discard(None)
+    from gpuslice.kube.dra.claims import containers_with_claim
 
-    def uses(container: Mapping[str, Any]) -> bool:
-        claims = (container.get("resources") or {}).get("claims") or []
-        return any(isinstance(c, dict) and c.get("name") in entries for c in claims)
-
-    problem = escape_problem(pod, uses)
+    users = containers_with_claim(pod, claim_name)
+    problem = escape_problem(pod, lambda c: c.get("name") in users)
     if problem is None:
         return None
     meta = pod.get("metadata") or {}
