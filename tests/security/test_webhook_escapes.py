@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
-from kubefixtures import pod
 
-from gpuslice.kube import resources, webhook
-from gpuslice.kube.escapes import escape_problem
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kube"))  # kubefixtures.py, as tests/kube/conftest.py does
+
+from kubefixtures import pod  # noqa: E402
+
+from gpuslice.kube import resources, webhook  # noqa: E402
+from gpuslice.kube.escapes import escape_problem  # noqa: E402
 
 CFG = resources.KubeConfig(default_gpu_num=1)
 
