@@ -289,7 +289,7 @@ def summarize(raw: dict) -> tuple[list[str], list[str], list[dict]]:
                 row[mode] = statistics.fmean(v) / pm
                 row[mode + "_spread"] = (min(ratios), max(ratios))
                 cells[mode] = f"{statistics.fmean(v):.0f} ({row[mode]:.2f}x, {min(ratios):.2f}-{max(ratios):.2f})"
-            shares = [(100 * s["rate"] / BATCH * gpu if gpu and "rate" in s else None, s.get("pacer_share"),
+            shares = [(100 * s["rate"] * gpu if gpu and "rate" in s else None, s.get("pacer_share"),
                        nvml_share(nvml, s.get("pid", 0), p["t"][1], p["t"][2]), p["share"])
                       for p in phases if p["mode"] == "hard" and p["n"] == n for s in p["services"]]
             ruler = [x[0] for x in shares if x[0] is not None]
@@ -345,7 +345,7 @@ def diagnostics(raw: dict) -> list[str]:
             ss = [(p, s) for p in kr["phases"] if (p["mode"], p["n"]) == (mode, n) for s in p["services"]]
             p50 = mean([s["p50_s"] * 1e3 for _, s in ss if s.get("p50_s")])
             p99 = mean([s["p99_s"] * 1e3 for _, s in ss if s.get("p99_s")])
-            ruler = mean([100 * s["rate"] / BATCH * gpu for _, s in ss if gpu and "rate" in s])
+            ruler = mean([100 * s["rate"] * gpu for _, s in ss if gpu and "rate" in s])
             pacer = mean([s["pacer_share"] for _, s in ss if "pacer_share" in s])
             sm = mean([x for x in (nvml_share(nvml, s.get("pid", 0), p["t"][1], p["t"][2]) for p, s in ss) if x is not None])
             thr = mean([100 * s["throttled_s"] / (p["t"][2] - p["t"][0]) for p, s in ss if "throttled_s" in s])
