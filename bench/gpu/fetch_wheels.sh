@@ -10,6 +10,10 @@ PY=.venv/bin/python
 names='typer|click|rich|markdown-it-py|mdurl|pygments|shellingham|annotated-doc|nvidia-ml-py|prometheus.client'
 names="$names|starlette|uvicorn|h11|httpx|httpcore|anyio|idna|certifi|typing.extensions|pydantic|pydantic.core"
 names="$names|annotated-types|typing-inspection"
+# the DRA GPU test (tests/kube/test_dra_gpu.py) parses quantities with the kubernetes client, whose sync
+# import needs these (its aiohttp extras are for the async client, not imported)
+names="$names|kubernetes|durationpy|oauthlib|python-dateutil|pyyaml|requests|requests-oauthlib|urllib3"
+names="$names|websocket-client|charset.normalizer|six"
 pins=$($PY -m pip freeze | grep -i -E "^($names)==" )
 mkdir -p .whl
 # shellcheck disable=SC2086

@@ -51,7 +51,10 @@ cleanup() {
   sleep 1
   left=$(python3 -c "import sys; sys.path.insert(0, '$ROOT/bench/gpu'); from spatial_bench import mps_pids; from pathlib import Path; print(' '.join(map(str, mps_pids(Path('$RUN')))))")
   if [ -n "$left" ]; then echo "MPS processes of this run still there after quit, killed: $left" | tee -a "$OUT/bench.log"; kill -9 $left 2>/dev/null; fi
-  echo "MPS processes left by this run: $(echo $left | wc -w) before the forced kill; nvidia-cuda-mps processes on the machine now: $(pgrep -c -f nvidia-cuda-mps || true)" | tee -a "$OUT/bench.log"
+  # a server that was told to quit can take a few seconds to go (the 2026-11-25 run counted one that a
+  # check 10 s later no longer found): wait for none, at most 15 s, before counting
+  for _ in $(seq 30); do pgrep nvidia-cuda-mps >/dev/null || break; sleep 0.5; done
+  echo "MPS processes left by this run: $(echo $left | wc -w) before the forced kill; nvidia-cuda-mps processes on the machine now: $(pgrep -c nvidia-cuda-mps || true)" | tee -a "$OUT/bench.log"
   rm -rf "$RUN"
 }
 trap cleanup EXIT
@@ -61,7 +64,7 @@ if [ "$DRY" = 1 ]; then
   DEVICE=$(python3 -c "from gpuslice.host.devices import load_snapshot; print(load_snapshot('h100-80gb')[0].uuid)")
   NAME="(dry run: no GPU)"; DRIVER="-"
 else
-  if pgrep -f nvidia-cuda-mps >/dev/null; then
+  if pgrep nvidia-cuda-mps >/dev/null; then  # process names (comm, 15 characters: both the control daemon and its server match), not command lines: a shell whose command mentions the daemon is no daemon
     echo "an MPS daemon already runs on this machine (pgrep nvidia-cuda-mps): plain runs would be MPS clients; stop it first" >&2
     exit 1
   fi

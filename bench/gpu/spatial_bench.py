@@ -258,6 +258,9 @@ def plan(b: Bench) -> list[tuple[str, object]]:
                                                            *b.abba("encoder", 4, four, 1, 20)]),
         ("raw MPS without limits, N=4 and N=8 (reference)",
          lambda: [b.execute(Run("resnet50", n, "mps-nolimit", 1), 25) for n in (4, 8)]),
+        # the N=4 gap to raw MPS (0.90x on 2026-11-25, 2 repeats) once more with twice the repeats
+        ("ResNet-50 N=4, ABBA x4 over mps, gs-spatial (the N=4 goal, more repeats)",
+         lambda: b.abba("resnet50", 4, ["mps", "gs-spatial"], 4, 20)),
     ]
     return steps
 

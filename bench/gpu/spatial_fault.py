@@ -68,13 +68,18 @@ class FaultExperiment:
             time.sleep(0.05)
         return out
 
-    def watch(self, t_fault: float, limit: float) -> tuple[float | None, list[str]]:
-        """Seconds from the fault until the node view shows a daemon not running, and its error lines."""
+    def watch(self, t_fault: float, limit: float, acted: int) -> tuple[float | None, list[str]]:
+        """Seconds from the fault until the node view shows a daemon not running or a fault acted on (its
+        clients fail within seconds and the daemon is restarted or retired with them, between two polls),
+        and its error lines."""
         deadline = t_fault + limit
         while time.time() < deadline:
             v = self.view()
-            if any(d.get("state") != "running" for d in v.get("mps", [])):
-                return time.time() - t_fault, [e for e in v.get("errors", []) if "MPS" in e]
+            lines = [e for e in v.get("errors", []) if "MPS" in e]
+            # a daemon not running, or one more fault acted on (restarted, or retired with its ended slices)
+            # than before the fault (``acted``: an earlier experiment's fault stays among the errors a while)
+            if any(d.get("state") != "running" for d in v.get("mps", [])) or v.get("mps_faults", 0) > acted:
+                return time.time() - t_fault, lines
             time.sleep(0.1)
         return None, []
 
@@ -108,12 +113,13 @@ class FaultExperiment:
         try:
             time.sleep(3)
             pid_before = self.daemon_pid()
+            acted = self.view().get("mps_faults", 0)
             t_fault = time.time()
             faulter = subprocess.run(self.b.gs("run", "--device", "0", "--engine", "spatial", "--memory", "2GiB",
                                                "--compute", str(SHARE), "--", *self.b.worker("resnet50", "--fault",
                                                                                               "illegal")),
                                      env=self.b.env, capture_output=True, text=True, timeout=120)
-            detect, lines = self.watch(t_fault, 20)
+            detect, lines = self.watch(t_fault, 20, acted)
             # the neighbours that got the fault end (exit 3); give them 15 s in all, then measure
             deadline = time.time() + 15
             while time.time() < deadline and any(p.poll() is None for p, _ in services):
@@ -144,9 +150,10 @@ class FaultExperiment:
         try:
             time.sleep(3)
             victim = json.loads((self.dir / "sigkill.0.ready").read_text())["pid"]
+            acted = self.view().get("mps_faults", 0)
             t_fault = time.time()
             os.kill(victim, signal.SIGKILL)
-            detect, lines = self.watch(t_fault, 5)
+            detect, lines = self.watch(t_fault, 5, acted)
             time.sleep(3)
             return {"victim_pid": victim, "detected_after_s": None if detect is None else round(detect, 2),
                     "view_errors": lines[:3], "neighbours": self.neighbours(services[1:], t_fault)}

@@ -90,8 +90,29 @@ def test_a_fault_is_reported_and_the_daemon_restarted_once_no_client_is_left(dae
     assert done.restarted == [] and daemons.control(A).pid() == first
     done = daemons.reconcile({A}, busy=lambda key: False)
     assert done.restarted == [A] and daemons.control(A).pid() != first
-    assert [s.state for s in daemons.status()] == ["running"]
+    [status] = daemons.status()
+    assert status.state == "running" and status.faults == ()
+    # the fresh daemon runs, yet the view still says a fault restarted it, and which
+    assert status.restarts == 1 and status.last_restart is not None and status.last_restart.reason == "fault"
+    assert "fatal GPU exception" in status.last_restart.faults[-1]
+    assert status.to_json()["last_restart"]["reason"] == "fault"
     assert "fatal GPU exception" in (daemons.root / "logs" / A.name / "server.log").read_text()
+    daemons.stop_all()
+
+
+def test_a_daemon_that_died_counts_as_restarted_and_a_first_start_does_not(daemons: MpsDaemons) -> None:
+    daemons.reconcile({A})
+    [status] = daemons.status()
+    assert status.restarts == 0 and status.last_restart is None and status.to_json()["last_restart"] is None
+    with contextlib.suppress(MpsError):
+        daemons.control(A).query("standin_crash")
+    daemons.reconcile({A})
+    daemons.reconcile({A})  # a second pass finds nothing to do: one restart, not two
+    [status] = daemons.status()
+    assert status.state == "running" and status.restarts == 1 and status.last_restart.reason == "died"
+    daemons.stop_all()
+    daemons.reconcile({A})  # retired and started afresh: the count starts again
+    assert daemons.status()[0].restarts == 0
     daemons.stop_all()
 
 
@@ -123,3 +144,24 @@ def test_no_binary_says_what_to_install(tmp_path: Path, monkeypatch: pytest.Monk
     assert not daemons.available()
     with pytest.raises(MpsError, match="nvidia-cuda-mps-control, which is not on PATH"):
         daemons.ensure(A)
+
+
+def test_faults_acted_on_are_kept_in_the_node_history_also_when_the_daemon_retires(daemons: MpsDaemons) -> None:
+    """On the GPU a faulted daemon's clients all fail within seconds and their slices end: the daemon is
+    retired with them, and only this history says a fault happened."""
+    daemons.reconcile({A, B})
+    assert daemons.fault_history() == (0, [])
+    daemons.control(A).query("standin_fault")
+    daemons.reconcile({B})  # A's slices ended after the fault
+    total, [event] = daemons.fault_history()
+    assert total == 1 and event.reason == "retired" and event.device == A.device
+    assert "fatal GPU exception" in event.faults[-1]
+    daemons.reconcile(set())  # B ends without a fault: nothing added
+    assert daemons.fault_history()[0] == 1
+    for _ in range(12):  # the count goes on; the events kept are the last ten
+        daemons.reconcile({A})
+        daemons.control(A).query("standin_fault")
+        daemons.reconcile({A})
+    total, events = daemons.fault_history()
+    assert total == 13 and len(events) == 10 and {e.reason for e in events} == {"fault"}
+    daemons.stop_all()

@@ -156,6 +156,23 @@ def test_a_fault_is_shown_and_the_daemon_restarted_only_once_its_clients_are_gon
     clients.clear()
     ledger.reclaim()
     assert ctl.pid() not in (None, first) and [s.state for s in ledger.mps.status()] == ["running"]
+    # the restart stays visible after the fresh daemon runs: ps's MPS table and the metrics say so
+    from gpuslice.host.metrics import exposition
+    from gpuslice.host.tables import mps_table
+    from prometheus_client.parser import text_string_to_metric_families
+    from rich.console import Console
+
+    view = Monitor(DEVICES, "n1", mps=ledger.mps).sample([grant.watched()])
+    [daemon] = view.mps
+    assert daemon["state"] == "running" and daemon["restarts"] == 1 and daemon["last_restart"]["reason"] == "fault"
+    console = Console(record=True, width=200)
+    console.print(mps_table(view))
+    text = console.export_text()
+    assert "1 (fault," in text and "before the restart:" in text  # the line itself is cut to 80 characters
+    fams = {f.name: f.samples for f in text_string_to_metric_families(exposition(lambda: view).decode())}
+    assert [s.value for s in fams["gpuslice_mps_daemon_restarts"]] == [1]
+    assert [s.value for s in fams["gpuslice_mps_faults"]] == [1] and view.mps_faults == 1
+    assert any("restarted after a fault" in e and "encountered" in e for e in view.errors)
     ledger.release(grant.grant_id)
 
 

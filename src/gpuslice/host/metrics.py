@@ -120,11 +120,20 @@ def _engine_families(view: NodeView) -> Iterator:
                  ["node", "device", "uid", "state"])
     faults = _g("gpuslice_mps_daemon_faults", "Fatal-error lines in the daemon's logs since it started.",
                 ["node", "device", "uid"])
+    restarts = _g("gpuslice_mps_daemon_restarts", "How often the daemon of this device and user was started again "
+                  "(after a fault or after it died) since its first start.", ["node", "device", "uid"])
     for d in view.mps:
         daemons.add_metric([view.node, d["device"], str(d["uid"]), d["state"]], 1)
         faults.add_metric([view.node, d["device"], str(d["uid"])], len(d.get("faults") or ()))
+        restarts.add_metric([view.node, d["device"], str(d["uid"])], d.get("restarts") or 0)
     yield daemons
     yield faults
+    yield restarts
+    acted = CounterMetricFamily("gpuslice_mps_faults", "MPS daemon faults the node side acted on (restarted the "
+                                "daemon, or stopped it with its slices) since its state dir was made.",
+                                labels=["node"])
+    acted.add_metric([view.node], view.mps_faults)
+    yield acted
 
 
 def exposition(latest: Callable[[], NodeView | None]) -> bytes:

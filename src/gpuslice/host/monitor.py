@@ -44,6 +44,8 @@ class Waiting(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
+RECENT_FAULT_S = 600.0  # how long a fault the node side acted on stays among the view's errors
+
 @dataclass(frozen=True)
 class SliceView:
     grant_id: str
@@ -94,6 +96,7 @@ class NodeView:
     # limit in NVML's count and what was done, GPU processes of no slice. Empty: no backstop runs here.
     backstop: dict[str, Any] = field(default_factory=dict)
     mps: tuple[dict[str, Any], ...] = ()  # the node's MPS daemons (DaemonStatus.to_json)
+    mps_faults: int = 0  # daemon faults the node side acted on since its state dir was made
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,7 +131,7 @@ class Monitor:
         errors: list[str] = []
         seen: set[tuple[str, str]] = set()
         paced = self._compute(errors)
-        daemons = self._daemons(errors)
+        daemons, mps_faults = self._daemons(errors, now)
         stats = procs.all_stats() if grants else []
         for watched in grants:
             slices += self._slices(watched, paced, stats, now, errors, seen)
@@ -136,19 +139,27 @@ class Monitor:
         self._last = {k: v for k, v in self._last.items() if k in seen}
         return NodeView(time=now, node=self.node, devices=tuple(self._devices(slices)), slices=tuple(slices),
                         waiters=tuple(self._waiters(waiters, now)), errors=tuple(errors),
-                        mps=tuple(d.to_json() for d in daemons))
+                        mps=tuple(d.to_json() for d in daemons), mps_faults=mps_faults)
 
-    def _daemons(self, errors: list[str]) -> list[DaemonStatus]:
-        """The MPS daemons of spatial slices, a line in ``errors`` for each that is not running."""
+    def _daemons(self, errors: list[str], now: float) -> tuple[list[DaemonStatus], int]:
+        """The MPS daemons of spatial slices and how many faults were acted on; a line in ``errors`` for each
+        daemon that is not running and for each fault acted on in the last RECENT_FAULT_S seconds (a faulted
+        daemon's clients fail within seconds and it is restarted or retired with them: its state alone
+        would rarely show it)."""
         if self.mps is None:
-            return []
+            return [], 0
         daemons = self.mps.status()
         for d in daemons:
             if d.state != "running":
-                user = "" if d.uid < 0 else f" (uid {d.uid})"
                 why = f": {d.faults[-1]}" if d.faults else ""
-                errors.append(f"MPS daemon of {d.device}{user}: {d.state}{why}")
-        return daemons
+                errors.append(f"MPS daemon of {d.device}{_uid(d.uid)}: {d.state}{why}")
+        total, events = self.mps.fault_history()
+        done = {"fault": "restarted", "died": "found dead and started again", "retired": "stopped with its slices"}
+        for e in events:
+            if 0 <= now - e.at <= RECENT_FAULT_S:
+                errors.append(f"MPS daemon of {e.device}{_uid(e.uid)}: {done.get(e.reason, e.reason)} after a fault "
+                              f"{now - e.at:.0f} s ago: {e.faults[-1] if e.faults else '-'}")
+        return daemons, total
 
     def _slices(self, watched: Watched, paced: dict[tuple[str, str], compute_state.SliceCompute],
                 stats: list[procs.ProcStat], now: float, errors: list[str],
@@ -242,6 +253,10 @@ def _with_daemon(view: SliceView, daemons: Sequence[DaemonStatus]) -> SliceView:
     return replace(view, mps=worst)
 
 
+def _uid(uid: int) -> str:
+    return "" if uid < 0 else f" (uid {uid})"
+
+
 def view_from_json(data: dict[str, Any]) -> NodeView:
     """Inverse of NodeView.to_json (for ``ps`` reading the agent's /v1/status)."""
     return NodeView(
@@ -249,4 +264,5 @@ def view_from_json(data: dict[str, Any]) -> NodeView:
         devices=tuple(DeviceView(**d) for d in data["devices"]),
         slices=tuple(SliceView(**{**s, "pids": tuple(s["pids"])}) for s in data["slices"]),
         waiters=tuple(data.get("waiters", ())), errors=tuple(data.get("errors", ())),
-        backstop=dict(data.get("backstop") or {}), mps=tuple(data.get("mps", ())))
+        backstop=dict(data.get("backstop") or {}), mps=tuple(data.get("mps", ())),
+        mps_faults=int(data.get("mps_faults", 0)))

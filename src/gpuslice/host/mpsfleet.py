@@ -8,6 +8,9 @@ while its owner was down (a killed agent, a killed ``gpuslice run``) is stopped 
 that died is started again. Layout::
 
     <root>/<device>-<user>/     one daemon's folder (:class:`gpuslice.host.mps.MpsControl`)
+    <root>/<device>-<user>/restarts.json  how often this folder's daemon was started again, when and why
+    <root>/faults.json          every daemon fault the node side acted on (restart, or retire with its
+                                last slice): counted, the last ten kept with device, time and log lines
     <root>/logs/<device>-<user>/  the logs of the last daemon of that name, kept when it stopped
     <root>/.lock                held while reconciling (several processes share a state dir)
 
@@ -19,7 +22,12 @@ own on a device (their kernels run at once within a user; the users' servers tak
 Faults: MPS propagates a fatal fault of one client (an illegal address) to every client of its server on
 that device; the server takes no new client until they have all exited. :meth:`status` reports a daemon
 whose logs show a fault, and reconcile restarts it once no client of it is left (``busy`` says whether one
-is), giving new slices a fresh daemon. It never ends a slice's processes itself.
+is), giving new slices a fresh daemon. It never ends a slice's processes itself. Each restart (after a fault,
+or of a daemon that died) is counted in the daemon's ``restarts.json``, and every fault acted on (also a
+daemon retired because its slices ended after one) in the node's ``faults.json``, with time and log lines:
+on the H100 (2026-11-25) a client's illegal address ended all four neighbours' work within 2.2 s; their
+slices ended and the daemon was retired with them, well inside one ``ps`` poll, so a view of the daemons'
+states alone never showed the fault.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +47,9 @@ from gpuslice.host.mps import DaemonRecord, MpsControl, MpsError, find_control
 
 LOCK = ".lock"
 LOGS = "logs"
+RESTARTS = "restarts.json"
+FAULTS = "faults.json"  # <root>/faults.json: the node's daemon faults, counted, the last RECENT_FAULTS kept
+RECENT_FAULTS = 10
 _HEX = re.compile(r"[^0-9a-f]")
 
 
@@ -72,10 +84,52 @@ class DaemonStatus:
     state: str  # running | fault | down
     faults: tuple[str, ...] = ()
     started: float = 0.0
+    restarts: int = 0
+    last_restart: "Restart | None" = None
 
     def to_json(self) -> dict:
         return {"device": self.device, "uid": self.uid, "pid": self.pid, "state": self.state,
-                "faults": list(self.faults), "started": self.started}
+                "faults": list(self.faults), "started": self.started, "restarts": self.restarts,
+                "last_restart": self.last_restart.to_json() if self.last_restart else None}
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A daemon's end or restart that its logs tie to a fault: when, what gpuslice did (``fault``: restarted
+    once its clients had gone, ``died``: found dead and started again, ``retired``: its last spatial slice
+    ended after the fault) and the fault lines its logs showed then (the logs move to ``<root>/logs``)."""
+
+    at: float
+    reason: str
+    faults: tuple[str, ...] = ()
+    device: str = ""
+    uid: int = -1
+
+    def to_json(self) -> dict:
+        return {"at": self.at, "reason": self.reason, "faults": list(self.faults), "device": self.device,
+                "uid": self.uid}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Restart":
+        return cls(float(data["at"]), str(data["reason"]), tuple(map(str, data["faults"])),
+                   str(data.get("device", "")), int(data.get("uid", -1)))
+
+
+def _read_events(path: Path) -> tuple[int, list[Restart]]:
+    """(count, events) of a restarts.json or faults.json; (0, []) when there is none or it does not read."""
+    try:
+        data = json.loads(path.read_text())
+        return int(data["count"]), [Restart.from_json(e) for e in data["events"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, []
+
+
+def _add_event(path: Path, event: Restart, keep: int) -> None:
+    """Count ``event`` in ``path`` and keep the last ``keep`` events (written whole, then renamed)."""
+    count, events = _read_events(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"count": count + 1, "events": [e.to_json() for e in [*events, event][-keep:]]}))
+    os.replace(tmp, path)
 
 
 @dataclass
@@ -187,15 +241,31 @@ class MpsDaemons:
         folder = self.root / name
         ctl = MpsControl(self._binary or Path("/nonexistent"), folder, key.device if key else "", key.uid if key else -1,
                          **self._timeouts)
+        faults = ctl.faults() if key is not None else []
         try:
             ctl.stop()
         except OSError as exc:
             done.problems[key or DaemonKey(name)] = f"stopping the MPS daemon in {folder}: {exc}"
             return
+        if key is not None and faults:
+            self._faulted(ctl, key, "retired", faults, restarted=False)
         self._keep_logs(ctl)
         shutil.rmtree(folder, ignore_errors=True)
         if key is not None:
             done.stopped.append(key)
+
+    def _faulted(self, ctl: MpsControl, key: DaemonKey, reason: str, faults: list[str], restarted: bool) -> None:
+        """Record a fault acted on: in the node's history, and (``restarted``) in the daemon's restart count."""
+        event = Restart(time.time(), reason, tuple(faults[-3:]), key.device, key.uid)
+        if restarted:
+            _add_event(ctl.folder / RESTARTS, event, 1)
+        if faults:
+            self.root.mkdir(parents=True, exist_ok=True)
+            _add_event(self.root / FAULTS, event, RECENT_FAULTS)
+
+    def fault_history(self) -> tuple[int, list[Restart]]:
+        """(faults acted on since the state dir was made, the last RECENT_FAULTS of them, oldest first)."""
+        return _read_events(self.root / FAULTS)
 
     def _keep_logs(self, ctl: MpsControl) -> None:
         if not ctl.log_dir.is_dir():
@@ -208,10 +278,12 @@ class MpsDaemons:
     def _keep(self, key: DaemonKey, busy: Callable[[DaemonKey], bool], done: Reconciled) -> None:
         ctl = self.control(key)
         if ctl.running():
-            if ctl.faults() and not busy(key):
+            faults = ctl.faults()
+            if faults and not busy(key):
                 self._keep_logs(ctl)
                 ctl.stop()
                 ctl.start()
+                self._faulted(ctl, key, "fault", faults, restarted=True)
                 done.restarted.append(key)
             return
         if ctl.mps_processes() and busy(key):
@@ -219,8 +291,15 @@ class MpsDaemons:
             done.problems[key] = (f"the MPS control daemon of {key.device} is down while its server still serves "
                                   "clients; it is started again once they have exited")
             return
+        previous = ctl.record()
+        died = previous is not None and previous.pid > 0  # it ran here before: not a first start
+        faults = ctl.faults() if died else []
+        if faults:
+            self._keep_logs(ctl)  # else the fresh daemon would read as faulted and be restarted once more
         ctl.stop()  # clears a crashed daemon's stale sockets and servers, if any
         ctl.start()
+        if died:
+            self._faulted(ctl, key, "died", faults, restarted=True)
         done.started.append(key)
 
     def stop_all(self) -> Reconciled:
@@ -238,8 +317,10 @@ class MpsDaemons:
             faults = tuple(ctl.faults()[-3:])
             rec = ctl.record()
             state = "down" if pid is None else ("fault" if faults else "running")
-            out.append(DaemonStatus(key.device, key.uid, pid, state, faults, rec.started if rec else 0.0))
+            count, last = _read_events(ctl.folder / RESTARTS)
+            out.append(DaemonStatus(key.device, key.uid, pid, state, faults, rec.started if rec else 0.0,
+                                    count, last[-1] if last else None))
         return out
 
 
-__all__ = ["DaemonKey", "DaemonStatus", "MpsDaemons", "Reconciled"]
+__all__ = ["DaemonKey", "DaemonStatus", "MpsDaemons", "Reconciled", "Restart"]

@@ -7,6 +7,8 @@ the peak, throttling and pids go first. ``--wide`` shows every column and the wh
 
 from __future__ import annotations
 
+import time
+
 from typing import Callable
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -97,15 +99,29 @@ def mps_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
     """The MPS daemons of spatial slices: device, user, pid, state and the last fault their logs report."""
     index = {d.uuid: d.index for d in view.devices}
     m = view.mps
-    last = [(d.get("faults") or [""])[-1] for d in m]
+    last = [(d.get("faults") or [""])[-1] or _restart_fault(d.get("last_restart")) for d in m]
     columns = [
         Column("gpu", [str(index.get(d["device"], "?")) for d in m], justify="right"),
         Column("user", ["agent" if d["uid"] < 0 else str(d["uid"]) for d in m]),
         Column("pid", [str(d["pid"] or "-") for d in m], keep=2, justify="right"),
         Column("state", [d["state"] for d in m]),
+        Column("restarts", [_restarts(d) for d in m], keep=1),
         Column("last fault", [f if wide else f[:80] for f in last], keep=1, wrap=True),
     ]
     return fit_table(columns, width, wide=wide, title="MPS daemons (spatial slices)", title_justify="left")
+
+
+def _restarts(daemon: dict) -> str:
+    """'0', or the count with the last one's reason and age: '2 (fault, 3m ago)'."""
+    last = daemon.get("last_restart")
+    if not daemon.get("restarts") or not last:
+        return "0"
+    return f"{daemon['restarts']} ({last['reason']}, {_age(max(0.0, time.time() - last['at']))} ago)"
+
+
+def _restart_fault(last: dict | None) -> str:
+    """The fault line that made the last restart, once the fresh daemon's logs have none."""
+    return f"before the restart: {last['faults'][-1]}" if last and last.get("faults") else ""
 
 
 def queue_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
