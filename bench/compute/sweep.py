@@ -2,7 +2,7 @@
 
   priority   the priority scenario of run_compute_bench.sh (ResNet-18 inference, high priority, alone
              for 5 s then beside a low-priority ResNet-50 trainer for 6 s) once per build variant of
-             the enforcer (-D overrides of the PRIO_* constants, see native/include/gpuslice/
+             the enforcer (-D overrides of the YIELD_* constants, see native/include/gpuslice/
              controller.h) and once without the enforcer: p50/p99 alone and beside, and what the
              trainer kept of its exclusive throughput. It shows the trade-off the constants make.
   overhead   the enforcer at share 100 % vs no enforcer, matmul and ResNet-50, in ABBA order
@@ -47,9 +47,10 @@ WORKLOAD = os.environ.get("GS_BENCH_WORKLOAD", f"{sys.executable} {HERE / 'workl
 # GS_SWEEP_VARIANTS="name=flags;name=flags" replaces the set (flags may be empty: as built).
 VARIANTS = {
     "default": "",
-    "hold-light-only": "-DGS_CTL_PRIO_HOLD_MEASURED=0",
-    "queue-150us": "-DGS_CTL_PRIO_QUEUE_NS=150000LL",
-    "queue-100us": "-DGS_CTL_PRIO_QUEUE_NS=100000LL",
+    # the yield path's constants (issue 13; controller.h): the PRIO_* ones they replaced are gone
+    "gap-100us": "-DGS_CTL_YIELD_GAP_NS=100000LL",
+    "queue-100us": "-DGS_CTL_YIELD_QUEUE_NS=100000LL",
+    "queue-300us": "-DGS_CTL_YIELD_QUEUE_NS=300000LL",
 }
 if os.environ.get("GS_SWEEP_VARIANTS"):
     VARIANTS = dict(v.split("=", 1) for v in os.environ["GS_SWEEP_VARIANTS"].split(";"))

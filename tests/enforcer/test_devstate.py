@@ -95,6 +95,11 @@ def test_hand_packed_slice_fields() -> None:
     assert [(p.pid, p.busy, p.pid_namespace, p.heartbeat_s) for p in s.processes] == [(4242, True, 4026532178, 7.5)]
     assert (s.processes[0].path, s.processes[0].offered_load) == ("free", 0.42)
     assert s.processes[0].heartbeat_age(10.0) == pytest.approx(2.5)
+    assert s.colocation == "preemptive"  # 0 at byte 232: what enforcers before issue 13 wrote
+    buf[off + 232] = 2
+    struct.pack_into("<B", buf, poff + 92, 3)
+    (s,) = compute.parse_device_state(bytes(buf)).slices
+    assert (s.colocation, s.processes[0].path) == ("tidal", "yield")
 
 
 @pytest.mark.parametrize(

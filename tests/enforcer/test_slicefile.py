@@ -38,6 +38,7 @@ def assert_same_as_c(cfg: SliceConfig, c: dict[str, str]) -> None:
     assert c["fail_open"] == str(int(cfg.fail_open))
     assert c["context_overhead"] == ("default" if cfg.context_overhead is None else str(cfg.context_overhead))
     assert c["engine"] == cfg.engine and c["mps_pipe_dir"] == cfg.mps_pipe_dir
+    assert c["colocation"] == cfg.colocation and c["tidal_schedule"] == cfg.tidal_schedule
 
 
 def test_round_trip_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
@@ -99,6 +100,19 @@ BAD = [
     ("version=1\nengine=spatial\nmps_pipe_dir=relative\n", "mps_pipe_dir"),
     ("version=1\nmps_pipe_dir=/run/mps\n", "mps_pipe_dir"),
     (f"version=1\ndevices={A},{B}\nengine=spatial\n", "engine"),
+    ("version=1\ncolocation=polite\n", "colocation"),
+    ("version=1\ncolocation=tidal\npriority=0\n", "colocation"),
+    ("version=1\ncolocation=tidal\nmode=soft\n", "colocation"),
+    ("version=1\ncolocation=tidal\nengine=spatial\n", "colocation"),
+    ("version=1\ntidal_schedule=0-8:50\n", "tidal_schedule"),
+    ("version=1\ncolocation=tidal\ntidal_schedule=\n", "tidal_schedule"),
+    ("version=1\ncolocation=tidal\ntidal_schedule=8-20\n", "tidal_schedule"),
+    ("version=1\ncolocation=tidal\ntidal_schedule=8-25:30\n", "tidal_schedule"),
+    ("version=1\ncolocation=tidal\ntidal_schedule=8-8:30\n", "tidal_schedule"),
+    ("version=1\ncolocation=tidal\ntidal_schedule=8-20:0\n", "tidal_schedule"),
+    ("version=1\ncolocation=tidal\ntidal_schedule=8-20:101\n", "tidal_schedule"),
+    ("version=1\ncolocation=tidal\ntidal_schedule=22-6:50,5-7:20\n", "tidal_schedule"),
+    ("version=1\ncolocation=tidal\ntidal_schedule=1-2:5;3-4:5\n", "tidal_schedule"),
 ]
 
 
@@ -127,11 +141,39 @@ def test_spatial_slice_round_trip_and_c_agrees(tmp_path: Path, native_build: Pat
     assert_same_as_c(cfg, c)
 
 
+@pytest.mark.parametrize("colocation,schedule,text", [
+    ("shared", "", "colocation=shared\n"),
+    ("tidal", "", "colocation=tidal\n"),
+    ("tidal", "0-8:100,22-24:60", "colocation=tidal\ntidal_schedule=0-8:100,22-24:60\n"),
+    ("tidal", "20-8:100", "colocation=tidal\ntidal_schedule=20-8:100\n"),  # wraps past midnight
+])
+def test_colocation_round_trip_and_c_agrees(tmp_path: Path, native_build: Path, colocation: str, schedule: str,
+                                            text: str) -> None:
+    """colocation / tidal_schedule are written as given, read back equal, and the enforcer reads the same."""
+    cfg = SliceConfig(devices=(A,), memory_limit=GiB, priority=1, colocation=colocation, tidal_schedule=schedule)
+    p = tmp_path / "s"
+    write_slice_file(p, cfg)
+    assert p.read_text().endswith(text)
+    assert read_slice_file(p) == cfg
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)
+
+
+def test_hand_written_schedule_is_read_canonical(tmp_path: Path, native_build: Path) -> None:
+    p = tmp_path / "s"
+    p.write_text("version=1\ncolocation=tidal\ntidal_schedule= 0-8:30 , 8-20:60,\n")
+    assert read_slice_file(p).tidal_schedule == "0-8:30,8-20:60"
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0 and c["tidal_schedule"] == "0-8:30,8-20:60", err
+
+
 def test_time_sliced_files_are_written_as_before() -> None:
     """No engine key for the default: slice files of time-sliced slices are unchanged."""
     from gpuslice.enforcer.slicefile import format_slice
 
-    assert "engine" not in format_slice(SliceConfig(devices=(A,), memory_limit=GiB))
+    text = format_slice(SliceConfig(devices=(A,), memory_limit=GiB))
+    assert "engine" not in text and "colocation" not in text and "tidal" not in text
 
 
 def test_overrides_equal_to_the_default_are_dropped() -> None:
@@ -173,6 +215,19 @@ def configs(draw: st.DrawFn) -> SliceConfig:
                        **_engine(draw, devs))
 
 
+@st.composite
+def coloc_configs(draw: st.DrawFn) -> SliceConfig:
+    """A config with any allowed co-location: tidal only for priority 1, mode hard, time-sliced."""
+    cfg = draw(configs())
+    colocation = draw(st.sampled_from(["preemptive", "shared", "tidal"]))
+    if colocation != "tidal":
+        return SliceConfig(**{**cfg.__dict__, "colocation": colocation})
+    hours = sorted(draw(st.lists(st.integers(0, 24), min_size=2, max_size=8, unique=True)))
+    spans = [f"{a}-{b}:{draw(st.integers(1, 100))}" for a, b in zip(hours[::2], hours[1::2])]
+    return SliceConfig(**{**cfg.__dict__, "engine": "timeslice", "mps_pipe_dir": "", "priority": 1, "mode": "hard",
+                          "colocation": "tidal", "tidal_schedule": draw(st.sampled_from(["", ",".join(spans)]))})
+
+
 def _engine(draw: st.DrawFn, devs: tuple[str, ...]) -> dict[str, str]:
     if len(devs) > 1 or not draw(st.booleans()):
         return {}
@@ -180,7 +235,7 @@ def _engine(draw: st.DrawFn, devs: tuple[str, ...]) -> dict[str, str]:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cfg=configs())
+@given(cfg=coloc_configs())
 def test_random_configs_agree_with_c(tmp_path: Path, native_build: Path, cfg: SliceConfig) -> None:
     p = tmp_path / "s"
     write_slice_file(p, cfg)

@@ -76,7 +76,7 @@ def _device_state(path: Path, uuid: str, grant_id: str, achieved_bp: int, busy_n
                               compute.MAX_PROCS, compute.SLICE_OFF, compute.SLICE_SIZE, compute.PROC_OFF,
                               compute.PROC_SIZE, 0, 0, 7, uuid.encode())
     compute._SLICE.pack_into(buf, compute.SLICE_OFF, 1, 3000, 0, 1, 1, 1, 3000, grant_id.encode(), 0, 0, 0,
-                             busy_ns, throttled_ns, 99, 0, 0, 0, achieved_bp, 500, 0)
+                             busy_ns, throttled_ns, 99, 0, 0, 0, achieved_bp, 500, 0, 0)  # colocation 0: preemptive
     path.write_bytes(bytes(buf))
 
 

@@ -166,6 +166,24 @@ def test_opaque_parameters_set_priority_mode_and_weight_claim_over_class() -> No
     assert err.value.field.endswith("parameters.priorty")
 
 
+def test_opaque_parameters_set_the_colocation_and_refuse_what_the_enforcer_would() -> None:
+    def grant_of(params: dict, uid: str = "c1"):
+        claim = allocated_claim(uid, "p", NODE, [{"device": name_of(0), "memory": 4 * GiB}],
+                                config=[{"opaque": {"driver": "gpuslice.io", "parameters": params}}])
+        return claim_grant(read_allocation(claim, NODE), by_name(), Sharing())
+
+    (s,) = grant_of({"colocation": "tidal", "tidalSchedule": "20-8:100"}).slices
+    assert (s.colocation.value, s.tidal_schedule) == ("tidal", "20-8:100")
+    assert grant_of({}).slices[0].colocation.value == "preemptive"
+    for params, field, words in (({"colocation": "polite"}, "colocation", "preemptive, shared or tidal"),
+                                 ({"colocation": "tidal", "priority": "high"}, "SliceParameters.colocation",
+                                  "low-priority"),
+                                 ({"tidalSchedule": "8-20:30"}, "SliceParameters.tidalSchedule", "colocation is tidal")):
+        with pytest.raises(SpecError) as err:
+            grant_of(params)
+        assert err.value.field.endswith(field) and words in err.value.allowed
+
+
 @pytest.mark.parametrize("mutate, field", [
     (lambda c: c["status"].pop("allocation"), "status.allocation"),
     (lambda c: c["status"]["allocation"]["devices"]["results"][0].update(pool="other-node"), "results"),

@@ -203,7 +203,8 @@ def test_scheduler_pod_runs_kube_scheduler_extender_and_webhook(helm: Path) -> N
 def test_every_knob_reaches_the_components(helm: Path) -> None:
     objs = render(helm, "sharing.splitCount=4", "json:sharing.memoryScaling=1.5", "defaults.memory=4096",
                   "defaults.cores=30", "defaults.gpuNum=2", "policies.node=spread", "policies.gpu=fgd",
-                  "sharing.computeMode=soft", "sharing.engine=spatial", "resourceName=gpuslice.io/gpu",
+                  "sharing.computeMode=soft", "sharing.engine=spatial", "sharing.colocation=shared",
+                  "resourceName=gpuslice.io/gpu",
                   "agent.deviceNodes=none",
                   "agent.rediscoverInterval=120", "agent.healthRecovery=0", "agent.enforcer.oomPolicy=kill",
                   "agent.enforcer.failOpen=true", "agent.enforcer.logLevel=debug",
@@ -225,6 +226,7 @@ def test_every_knob_reaches_the_components(helm: Path) -> None:
         assert (flag(args, "--default-mem"), flag(args, "--default-cores"), flag(args, "--default-gpu-num")) == \
             ("4096", "30", "2")
         assert flag(args, "--mode") == "soft" and flag(args, "--default-engine") == "spatial"
+        assert flag(args, "--default-colocation") == "shared"
         assert flag(args, "--resource-name") == "gpuslice.io/gpu"
     # The advertised name is the one kube-scheduler checks against node capacity.
     managed = {m["name"]: m["ignoredByScheduler"] for m in scheduler_config(objs)["extenders"][0]["managedResources"]}
@@ -514,6 +516,7 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
         ("defaults.gpuNum=65", "gpuNum"),
         ("sharing.computeMode=fast", "computeMode"),
         ("sharing.engine=mig", "engine"),
+        ("sharing.colocation=polite", "colocation"),
         ("policies.node=worst", "node"),
         ("policies.gpu=topologyy", "gpu"),
         ("metrics.port=70000", "port"),

@@ -248,3 +248,49 @@ def test_engine_contradictions_are_refused_naming_the_annotation(anns, count, fi
     with pytest.raises(SpecError) as exc:
         pod_request(_gpu_pod(anns, count), KubeConfig())
     assert exc.value.field == field and words in exc.value.allowed
+
+
+# ------------------------------------------------------------------------------------- co-location
+def _prio_pod(annotations: dict[str, str], priority: str) -> dict:
+    pod_ = _gpu_pod(annotations)
+    pod_["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/priority"] = priority  # HAMi's resource
+    return pod_
+
+
+def test_colocation_comes_from_the_annotation_or_the_cluster_default():
+    """gpuslice.io/colocation on any pod (HAMi's resource names included); without it the cluster's default,
+    a tidal default only for low-priority hard containers."""
+    from gpuslice.kube.podrequest import pod_request
+    from gpuslice.spec import Colocation
+
+    def got(anns, priority="1", cfg=CFG):
+        r = pod_request(_prio_pod(anns, priority), cfg).containers[0].request
+        return r.colocation, r.tidal_schedule
+
+    assert got({}) == (Colocation.PREEMPTIVE, "")
+    assert got({"gpuslice.io/colocation": "shared"}, "0") == (Colocation.SHARED, "")
+    assert got({"gpuslice.io/colocation": "tidal", "gpuslice.io/tidal-schedule": "20-8:100"}) == \
+        (Colocation.TIDAL, "20-8:100")
+    tidal = resources.KubeConfig(default_colocation=Colocation.TIDAL)
+    assert got({}, "1", tidal) == (Colocation.TIDAL, "")
+    assert got({}, "0", tidal) == (Colocation.PREEMPTIVE, "")  # a high-priority server stays preemptive
+    assert got({"gpuslice.io/colocation": "shared"}, "1", tidal) == (Colocation.SHARED, "")
+    # the grant the extender writes carries it to the node (codec): the slice file is written from that
+    req = pod_request(_prio_pod({"gpuslice.io/colocation": "tidal"}, "1"), CFG).containers[0].request
+    assert request_from_json(request_to_json(req)) == req
+
+
+@pytest.mark.parametrize("anns, priority, key, words", [
+    ({"gpuslice.io/colocation": "polite"}, "1", "gpuslice.io/colocation", "preemptive, shared or tidal"),
+    ({"gpuslice.io/colocation": "tidal"}, "0", "gpuslice.io/colocation", "low-priority slice with mode hard"),
+    ({"gpuslice.io/colocation": "tidal", "gpuslice.io/compute-mode": "soft"}, "1", "gpuslice.io/colocation", "mode hard"),
+    ({"gpuslice.io/tidal-schedule": "8-20:30"}, "1", "gpuslice.io/tidal-schedule", "colocation: tidal"),
+    ({"gpuslice.io/colocation": "tidal", "gpuslice.io/tidal-schedule": "8-8:30"}, "1", "gpuslice.io/tidal-schedule",
+     "UTC hours"),
+])
+def test_colocation_refusals_name_the_annotation(anns, priority, key, words):
+    from gpuslice.kube.podrequest import pod_request
+
+    with pytest.raises(SpecError) as exc:
+        pod_request(_prio_pod(anns, priority), CFG)
+    assert exc.value.field == f"metadata.annotations[{key}]" and words in exc.value.allowed

@@ -18,6 +18,25 @@ enum gs_log_level { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_D
 /* How the device's compute is shared: the pacer takes turns (timeslice), or the slice's processes are
  * clients of the device's MPS daemon and run at once on a fraction of the SMs (spatial: not paced). */
 enum gs_sharing_engine { GS_ENGINE_TIMESLICE = 0, GS_ENGINE_SPATIAL = 1 };
+/* How a slice shares a device with slices of the other priority (README-compute.md, "Co-location"):
+ * preemptive (the default, what `priority` always meant): a low-priority slice holds back while a
+ * preemptive high-priority slice has work queued, with a bounded queue of its own in front of it;
+ * shared: priorities only order the shares' guarantees, nobody yields; tidal (low priority only): the
+ * slice's share follows tidal_schedule, or without one the idle time of the device's high-priority
+ * slices. The numbers are the device state's (devstate.h): keep them. */
+enum gs_colocation { GS_COLOC_PREEMPTIVE = 0, GS_COLOC_SHARED = 1, GS_COLOC_TIDAL = 2 };
+
+/* tidal_schedule=<from>-<to>:<percent>[,...]: whole UTC hours, `to` exclusive (24 = midnight), a span
+ * may wrap past midnight (22-6:100), spans may not overlap; percent 1..100 (100 = the whole device).
+ * Hours no span covers use the slice's compute share (0 or 100: the whole device). */
+#define GS_TIDAL_MAX_SPANS 24
+struct gs_tidal_span {
+    uint8_t from, to, pct;
+};
+struct gs_tidal {
+    int n;  /* 0 = no schedule: a tidal slice follows the high-priority slices' idle time */
+    struct gs_tidal_span span[GS_TIDAL_MAX_SPANS];
+};
 
 struct gs_config {
     int source;                              /* enum gs_source; NONE = not in a slice: pass through */
@@ -44,6 +63,8 @@ struct gs_config {
     char warning[256];                       /* non-fatal remarks for the log ("" = none), e.g. an env value ignored */
     int engine;                              /* enum gs_sharing_engine; spatial covers at most one device */
     char mps_pipe_dir[GS_PATH_LEN];          /* spatial: the device's MPS pipe directory ("" = the environment's) */
+    int colocation;                          /* enum gs_colocation */
+    struct gs_tidal tidal;                   /* colocation=tidal: its schedule (n = 0: follow idle time) */
 };
 
 /* Parse slice-file text into *out (defaults first). Returns 0, or -1 with a one-line reason in err
@@ -90,6 +111,17 @@ int gs_parse_bytes(const char *s, uint64_t *out);
 
 /* Limit for a listed device UUID, or for a CUDA ordinal when the config is by ordinal. */
 uint64_t gs_config_limit_for_uuid(const struct gs_config *cfg, const char *uuid, int *found);
+
+/* colocation.c: the co-location keys' values. gs_coloc_parse: enum gs_colocation or -1.
+ * gs_tidal_parse: 0, or -1 with a reason (no line number, the caller adds it) in err. */
+int gs_coloc_parse(const char *v);
+const char *gs_coloc_name(int colocation);
+int gs_tidal_parse(const char *v, struct gs_tidal *t, char *err, size_t errlen);
+/* The percent a tidal schedule gives at `hour` (0..23, UTC); base_pct for an hour no span covers.
+ * Pure: the pacer passes the hour of its clock, the tests any hour. */
+int gs_tidal_pct_at(const struct gs_tidal *t, int hour, int base_pct);
+/* "0-8:100,20-24:60" (canonical, the spans in the order given) into buf. */
+void gs_tidal_format(const struct gs_tidal *t, char *buf, size_t len);
 
 /* Write the config as key=value lines (the format gpuslice-config-check prints). */
 void gs_config_dump(const struct gs_config *cfg, char *buf, size_t len);

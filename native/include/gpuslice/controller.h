@@ -30,13 +30,6 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  * DEBT_MAX 2 s: one pathological kernel (or a clock jump) can not block a slice for minutes.
  * ACTIVE 100 ms: a slice that launched within this counts as contending; an idle neighbour's share
  *   flows to soft slices after at most 100 ms.
- * PRIO_HOLD 0.5 ms: a high-priority slice is "queued" while it has GPU work outstanding (measured
- *   with events whenever a low-priority slice is active) or launched within 0.5 ms (a loop
- *   re-launches within microseconds after a sync). Longer would starve low-priority slices beside
- *   an online loop with short idle gaps (measured on an H100: 2 ms left a trainer 0.5 %); low-
- *   priority slices resume at most PRIO_HOLD + one poll after the high one went quiet.
- * PRIO_SERIAL 200 ms: after high-priority activity, low-priority slices keep at most PRIO_QUEUE of
- *   work in flight, so a new high-priority request waits behind little low-priority work.
  * WAIT_MIN/MAX: sleep granularity of a throttled launch (50 .. 250 us): short enough that the
  *   credit is used within 1 % of a burst, long enough not to burn a CPU core. */
 #define GS_CTL_BURST_NS       10000000LL
@@ -52,38 +45,56 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  * slice otherwise switched ~900 times a second and lost 19 % of the device). */
 #define GS_CTL_TURN_MIN_NS     2000000LL
 #define GS_CTL_ACTIVE_NS     100000000LL
-/* The PRIO_* constants may be overridden with -D for the priority sweep in bench/compute/ (a
- * benchmark builds variants of the library; a normal build uses these values). */
-#ifndef GS_CTL_PRIO_HOLD_NS
-#define GS_CTL_PRIO_HOLD_NS     500000LL
+/* Co-location (README-compute.md, "Co-location"): a low-priority preemptive process beside a preemptive
+ * high-priority one takes the yield path. These may be overridden with -D (bench/gpu/coloc.py builds
+ * variants to measure them; a normal build uses these values).
+ * YIELD_GAP 200 us: a high-priority process counts as queued for this long after its last launch, so a
+ *   low-priority process enters only gaps longer than this: between requests, not between the kernels
+ *   of one (a launch-bound request's CPU gaps are 5-50 us; a decoder's sampling step between tokens
+ *   ~50-150 us). Each entry costs the request a context switch when it comes back (H100, plain
+ *   time-slicing: a ResNet-18 request of ~65 kernels beside a trainer took 0.7 ms longer, ~10 us a
+ *   kernel; 2026-11-23-h100-compute.txt). Was 0.5 ms (PRIO_HOLD), which left a trainer beside a
+ *   loop with 2 ms think times a quarter of each gap less.
+ * YIELD_QUEUE 150 us: while a preemptive high-priority process is on the device and not queued, a
+ *   low-priority process launches only while at most this much of its predicted GPU work is in
+ *   flight: a new request waits behind at most this, plus the low-priority kernel last launched, plus
+ *   a context switch (or a hardware time slice, if shorter). It is 3 x the ~50 us a throttled thread
+ *   needs to wake and relaunch, so the device does not run dry while the high one is idle. In the
+ *   plant (tests/test_coloc.c, trainer kernels of 20-400 us) 100/150/200/300 us gave a GPU-bound
+ *   request p50 1.021/1.025/1.027/1.041 x alone and the trainer the same throughput.
+ * DRAIN_POLL 100 us: a high-priority process with low-priority preemptive or tidal neighbours polls its
+ *   drain event this often while it is pending, and publishes "queue not drained" with the time seen;
+ *   neighbours treat that as queued for DRAIN_FRESH = 2 x DRAIN_POLL (a poller may be late by one). */
+#ifndef GS_CTL_YIELD_GAP_NS
+#define GS_CTL_YIELD_GAP_NS     200000LL
 #endif
-/* PRIO_HOLD_MEASURED 1: the hold applies to measured high-priority processes too, not only to light
- * ones. A launch-bound online request (ResNet-18 batch 8: ~60 kernels of a few us, the CPU between
- * them) drains its GPU queue between kernels; counting only "work outstanding" let a low-priority
- * trainer slip PRIO_QUEUE of work into every such gap, and the request's next kernel waited
- * behind it (0 = the earlier behaviour, kept for the sweep). */
-#ifndef GS_CTL_PRIO_HOLD_MEASURED
-#define GS_CTL_PRIO_HOLD_MEASURED 1
+#ifndef GS_CTL_YIELD_QUEUE_NS
+#define GS_CTL_YIELD_QUEUE_NS   150000LL
 #endif
-/* PRIO_HIGH_LIGHT 1: an unpaced high-priority process stays light beside active low-priority
- * slices: no event pair per launch, no lock; it re-records one drain event after each launch, and
- * while that event has not completed its poller keeps its launch time fresh, so low-priority
- * neighbours see it busy for as long as its queue runs (a CUDA graph, a batch of long kernels) and
- * for PRIO_HOLD after. Measured on the H100 (bench/results/2026-11-23-h100-compute-sweep.txt): with
- * event pairs a launch-bound ResNet-18 request beside a trainer took 3.54 ms at the median (2.34
- * alone), light 2.47 (2.32 alone), and the trainer kept 27 % instead of 22 %: the pairs, the lock
- * and the harvest cost ~15 us per launch of a loop that is all launches. 0 = event pairs (sweep). */
-#ifndef GS_CTL_PRIO_HIGH_LIGHT
-#define GS_CTL_PRIO_HIGH_LIGHT 1
-#endif
-#define GS_CTL_PRIO_SERIAL_NS 200000000LL
-/* PRIO_QUEUE 0.3 ms: during PRIO_SERIAL a low-priority process may keep this much predicted work
- * queued (at least one launch). One launch at a time left a ResNet-50 trainer 3.7 % of its speed on
- * the H100 (each ~36 us kernel waited for the previous one to be harvested); 0.3 ms adds at most
- * that to a high-priority request's wait. */
-#ifndef GS_CTL_PRIO_QUEUE_NS
-#define GS_CTL_PRIO_QUEUE_NS    300000LL
-#endif
+#define GS_CTL_DRAIN_POLL_NS    100000LL
+#define GS_CTL_DRAIN_FRESH_NS   (2 * GS_CTL_DRAIN_POLL_NS)
+/* a yield-path process records a completion marker after each YIELD_MARK of predicted work (and after
+ * any launch while none is pending): markers re-anchor the prediction of its queue (late or early) */
+#define GS_CTL_YIELD_MARK_NS    (GS_CTL_YIELD_QUEUE_NS / 2)
+/* a launch of a kernel shape whose cost is not known yet counts this much in the queue */
+#define GS_CTL_YIELD_UNKNOWN_NS (GS_CTL_YIELD_QUEUE_NS / 4)
+/* how long a queued high-priority process's measured busy flag is believed without a fresh poll (a
+ * stopped process must not hold its neighbours forever) */
+#define GS_CTL_BUSY_STALE_NS  20000000LL
+/* Tidal: a slice without a schedule follows the high-priority slices' idle time, the fraction of time
+ * none of them is queued (as above), an EWMA with time constant TIDAL_TAU (the tide follows load over
+ * seconds; a request's own rhythm must not move the share); the share is recomputed every TIDAL_EVERY
+ * and never goes below TIDAL_FLOOR (or the slice's compute share, if it has one). */
+#define GS_CTL_TIDAL_TAU_NS   2000000000LL
+#define GS_CTL_TIDAL_EVERY_NS  100000000LL
+#define GS_CTL_TIDAL_FLOOR_BP 100u
+/* Pure: the share (bp) a tidal slice follows now. schedule_pct: the schedule's percent for this hour
+ * (0 = no schedule: follow the idle time); busy_ppm: the high-priority slices' queued fraction (EWMA,
+ * parts per million); floor_bp. */
+uint32_t gs_ctl_tidal_share(int schedule_pct, uint32_t busy_ppm, uint32_t floor_bp);
+/* The EWMA of the queued fraction (ppm: 1 ms steps of a 2 s constant move it by 1/2000) after dt ns in
+ * state `queued` (0/1), time constant TIDAL_TAU. */
+uint32_t gs_ctl_tidal_ewma(uint32_t busy_ppm, int queued, int64_t dt);
 #define GS_CTL_WAIT_MIN_NS       50000LL
 #define GS_CTL_WAIT_MAX_NS      250000LL
 /* The pacer's poller harvests events and refreshes the shared state this often while the process

@@ -90,15 +90,18 @@ struct gs_ds_slice {            /* 256 bytes */
     int32_t achieved_bp;        /* 216 achieved share over the last complete 1-s window, -1 none */
     int32_t throttled_bp;       /* 220 share of that window spent holding launches back */
     int64_t updated_ns;         /* 224 */
-    unsigned char pad[24];      /* 232 */
+    uint8_t colocation;         /* 232 gs_config's enum gs_colocation: 0 preemptive, 1 shared, 2 tidal
+                                       (issue 13, in what was padding: enforcers before it wrote 0 here,
+                                       which is what they did: preemptive) */
+    unsigned char pad[23];      /* 233 */
 };
 
 #define GS_DS_PROC_IN_USE 1u
 #define GS_DS_PROC_BUSY 2u      /* has GPU work outstanding (measured with events) */
-#define GS_DS_PROC_LIGHT 4u     /* unpaced: no events, busy = launched within PRIO_HOLD */
+#define GS_DS_PROC_LIGHT 4u     /* unpaced: no pairs; queued = launched within YIELD_GAP or drain_seen fresh */
 #define GS_DS_PROC_TURNS 8u     /* takes turns with the other TURNS processes (offered load > 1) */
 /* proc.path: how the process's launches go through the pacer now (README-compute.md) */
-enum { GS_DS_PATH_LIGHT = 0, GS_DS_PATH_FREE = 1, GS_DS_PATH_TURNS = 2, GS_DS_PATH_PRIORITY = 3 };
+enum { GS_DS_PATH_LIGHT = 0, GS_DS_PATH_FREE = 1, GS_DS_PATH_TURNS = 2, GS_DS_PATH_YIELD = 3 };
 struct gs_ds_proc {             /* 128 bytes */
     int32_t pid;                /*  0 */
     uint32_t flags;             /*  4 */
@@ -115,7 +118,10 @@ struct gs_ds_proc {             /* 128 bytes */
     int64_t joined_ns;          /* 80 when the record was taken (with pid, id, pidns: the owner's identity) */
     uint32_t offered_bp;        /* 88 offered load (GPU time asked per CPU second, 10000 = 1.0), paced only */
     uint8_t path;               /* 92 GS_DS_PATH_* */
-    unsigned char pad[35];      /* 93 */
+    unsigned char pad0[3];      /* 93 */
+    int64_t drain_seen_ns;      /* 96 last time its poller saw its drain event pending (issue 13, in
+                                       what was padding; 0 = never) */
+    unsigned char pad[24];      /* 104 */
 };
 
 struct gs_devstate {

@@ -11,11 +11,14 @@
  *   turns     paced, offered load above 1 (it would keep the device busy alone): every launch under
  *             the state lock with an event pair, taking turns with the other turn-taking processes
  *             so two saturating loops do not preempt each other every hardware time slice;
- *   priority  a low-priority process while a high-priority slice is active: measured like turns,
- *             pausing while the high-priority one has work (it takes no turns). */
+ *   yield     a low-priority preemptive process while a preemptive high-priority process is on the
+ *             device (coloc.c): holds back while that one is queued, and otherwise keeps at most
+ *             YIELD_QUEUE of predicted work in flight; its own share (if any) is held as on free.
+ * Co-location modes (config.h's enum gs_colocation) decide who yields: see coloc.c. */
 #ifndef GPUSLICE_PACER_CORE_H
 #define GPUSLICE_PACER_CORE_H
 #include <stdint.h>
+#include "gpuslice/config.h"
 #include "gpuslice/controller.h"
 #include "gpuslice/costmodel.h"
 #include "gpuslice/devstate.h"
@@ -39,7 +42,20 @@ struct gs_gpu_ops {
      * CUDA graph launch, a batch of long kernels) at the cost of one record per launch. */
     int (*record_drain)(void *ctx, void *stream);
     int (*query_drain)(void *ctx);
+    /* optional (NULL = the yield path predicts its queue from costs alone): completion markers of a
+     * yield-path process, GS_ENG_MARKS reusable events; query 1 done, 0 pending, <0 error */
+    int (*record_mark)(void *ctx, int idx, void *stream);
+    int (*query_mark)(void *ctx, int idx);
+    /* optional: wake the poller now (it may be in a 5-ms idle sleep). Called when a launch arms a
+     * drain record while none was pending: the start of a request after idle time, whose queue
+     * neighbours must see within DRAIN_POLL, not IDLE_POLL */
+    void (*wake)(void *ctx);
 };
+
+/* completion markers of the yield path (coloc.c) */
+#define GS_ENG_MARKS 64
+/* high-priority processes a yield-path engine watches (found at each path recheck) */
+#define GS_ENG_WATCH 8
 
 enum { GS_RING_FREE = 0, GS_RING_RESERVED = 1, GS_RING_RECORDED = 2, GS_RING_VOID = 3 };
 
@@ -49,6 +65,7 @@ struct gs_ticket {
     int slot;            /* event pair, -1 = not measured */
     int64_t charged;     /* charged to the credit at launch (refunded if the launch fails) */
     int64_t slept_total; /* slept for this launch so far */
+    int yield;           /* went on the yield path: gs_engine_after may record a completion marker */
 };
 
 struct gs_engine {
@@ -60,7 +77,7 @@ struct gs_engine {
     int path;             /* GS_DS_PATH_*, re-decided every PATH_RECHECK (atomic: launch threads read it) */
     int turns;            /* paced and saturating (offered load): takes turns when measured */
     int64_t path_check_ns;
-    int drain_wanted;     /* light, high priority, a low-priority slice active: track queue drain */
+    int drain_wanted;     /* high priority, a low-priority preemptive/tidal neighbour: track queue drain */
     int drain_pending;    /* a drain record may still be running (atomic; launch threads + poller) */
     uint32_t drain_gen;   /* bumped after each drain record (atomic), see gs_engine_poll */
     uint8_t ring[GS_ENG_RING];
@@ -100,12 +117,36 @@ struct gs_engine {
     uint32_t id;
     int64_t joined_ns, beat_ns;
     uint64_t rejoins;
+    /* co-location (coloc.c): the slice's mode, and on the yield path the predicted end of this
+     * process's queued work, re-anchored by completion markers */
+    int colocation;                    /* enum gs_colocation */
+    int watch[GS_ENG_WATCH], nwatch;   /* proc records of preemptive high-priority neighbours */
+    int64_t yq_end;                    /* predicted end of the work launched on the yield path */
+    int64_t mark_end[GS_ENG_MARKS];    /* yq_end when marker i was recorded */
+    int mhead, mcount, mark_busy;      /* ring [mhead - mcount, mhead); mark_busy: spin flag */
+    int64_t mark_last_end;             /* yq_end at the newest marker */
+    int yield_held;                    /* the last gate held a launch for a high-priority neighbour */
+    uint64_t yield_entries, marks_late, marks_early;
+    /* tidal: the schedule (n = 0: follow the high-priority slices' idle time) */
+    struct gs_tidal tidal;
+    int tidal_base_pct;                /* hours no span covers; floor of the idle-following share */
+    int tidal_hour;                    /* the current UTC hour, set by the caller (pacer.c, the plant) */
+    uint32_t tidal_busy_ppm;           /* EWMA of the high-priority slices' queued fraction */
+    int64_t tidal_seen_ns, tidal_set_ns;
 };
 
-/* share_bp: 0..10000; mode: GS_CTL_*; returns 0 or -1 (device state full). */
+/* share_bp: 0..10000; mode: GS_CTL_*; returns 0 or -1 (device state full). The engine starts
+ * preemptive; gs_engine_set_colocation, right after, says otherwise (and readies a low-priority
+ * preemptive one for the yield path). */
 int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *grant, uint32_t share_bp,
                    int mode, int weight, int priority, int32_t pid, uint32_t id,
                    const struct gs_gpu_ops *ops, void *ops_ctx, int64_t now);
+/* Right after gs_engine_init, before the first launch: colocation (enum gs_colocation) and for tidal
+ * its schedule (NULL or n = 0: follow the high-priority slices' idle time) and base_pct (hours no
+ * span covers, the floor of the idle-following share; 0 = none). A tidal slice is paced from here
+ * on, whatever its compute share; a low-priority preemptive one learns kernel costs for the yield
+ * path. 0, or -1 when the state lock failed (the slice keeps its defaults). */
+int gs_engine_set_colocation(struct gs_engine *e, int colocation, const struct gs_tidal *tidal, int base_pct);
 /* Before a launch of kernel shape `key` (gs_cost_key; 0 = unknown) on `stream`: 0 = launch now
  * (*t goes to gs_engine_after); >0 = sleep that many ns and ask again. slept_ns: how long the caller
  * slept since its previous call for this same launch (0 the first time). */
@@ -127,11 +168,30 @@ void gs_engine_fini(struct gs_engine *e);
 uint32_t gs_engine_rate(struct gs_engine *e, int64_t now);
 
 /* ---- shared by pacer_core.c and turns.c (not for callers) ---- */
-int gs_eng_proc_busy(const struct gs_ds_proc *p, int64_t now);
 int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now);
 /* Under the state lock: how long a measured launch must wait now (0: go): a low-priority process
  * yields to high-priority work, a paced one to its credit, a turn-taking one takes its turn. */
 int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_ds_proc *me, int64_t now);
 /* Lock-free: the path this engine's launches take now (re-decided every PATH_RECHECK). */
 int gs_eng_path(struct gs_engine *e, int64_t now);
+/* ---- coloc.c ---- */
+/* Is this (high-priority) process record queued: measured work outstanding, launched within
+ * YIELD_GAP, or its drain event seen pending within DRAIN_FRESH? */
+int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now);
+/* Path recheck: the watch list of a low preemptive engine, drain_wanted of a high one. Returns 1 when
+ * a low preemptive engine has a preemptive high-priority neighbour (the yield path). */
+int gs_coloc_recheck(struct gs_engine *e, int64_t now);
+/* Lock-free gate of a yield-path launch: 0 = go, else ns to wait (high queued, or own queue full). */
+int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now);
+/* A yield-path launch of predicted cost charge_ns went (lock-free). */
+void gs_coloc_yield_commit(struct gs_engine *e, int64_t now, int64_t charge_ns);
+/* After a yield-path launch on `stream`: record a completion marker when one is due. */
+void gs_coloc_after(struct gs_engine *e, void *stream);
+/* From the poll: a high-priority process's pending drain record, published as drain_seen_ns. */
+void gs_coloc_drain_poll(struct gs_engine *e, int64_t now);
+/* Harvest completed markers, re-anchoring the predicted queue end (launch threads and the poller). */
+void gs_coloc_harvest(struct gs_engine *e, int64_t now);
+/* Under the state lock, from the poll: a tidal slice's share (sample the high-priority slices'
+ * queued state, recompute every TIDAL_EVERY). */
+void gs_coloc_tidal_locked(struct gs_engine *e, struct gs_ds_slice *s, int64_t now);
 #endif

@@ -158,9 +158,11 @@ struct parse {
 
 static const char *keys[] = {"version", "grant", "devices", "memory_limit", "compute", "mode",
                              "weight", "priority", "region", "device_state_dir", "oom_policy",
-                             "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir"};
+                             "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir", "colocation",
+                             "tidal_schedule"};
 enum { K_VERSION, K_GRANT, K_DEVICES, K_MEMORY_LIMIT, K_COMPUTE, K_MODE, K_WEIGHT, K_PRIORITY, K_REGION,
-       K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD, K_ENGINE, K_MPS_PIPE_DIR };
+       K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD, K_ENGINE, K_MPS_PIPE_DIR,
+       K_COLOCATION, K_TIDAL };
 
 /* memory_limit.<uuid>=<bytes> */
 static int parse_override(struct parse *p, const char *key, const char *val, int lineno, char *err, size_t errlen)
@@ -252,6 +254,14 @@ static int apply_key(struct parse *p, int k, const char *key, char *val, int lin
         if (!strcmp(val, "spatial")) c->engine = GS_ENGINE_SPATIAL;
         else if (strcmp(val, "timeslice")) FAIL("slice file line %d: engine: '%.40s' is not allowed; expected timeslice or spatial", lineno, val);
         break;
+    case K_COLOCATION:
+        if ((c->colocation = gs_coloc_parse(val)) < 0) FAIL("slice file line %d: colocation: '%.40s' is not allowed; expected preemptive, shared or tidal", lineno, val);
+        break;
+    case K_TIDAL: {
+        char why[160];
+        if (gs_tidal_parse(val, &c->tidal, why, sizeof why)) FAIL("slice file line %d: tidal_schedule: %s", lineno, why);
+        break;
+    }
     }
     return 0;
 }
@@ -271,7 +281,7 @@ static int parse_line(struct parse *p, char *line, int lineno, char *err, size_t
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
         if (!strcmp(key, keys[i])) k = i;
     if (k < 0 && !strncmp(key, "memory_limit.", 13)) return parse_override(p, key, val, lineno, err, errlen);
-    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead engine mps_pipe_dir)", lineno, key);
+    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead engine mps_pipe_dir colocation tidal_schedule)", lineno, key);
     if (p->seen & (1u << k)) FAIL("slice file line %d: duplicate key '%s'", lineno, key);
     p->seen |= 1u << k;
     return apply_key(p, k, key, val, lineno, err, errlen);
@@ -294,6 +304,11 @@ static int finish(struct parse *p, char *err, size_t errlen)
     /* A process is the client of one MPS daemon, and the node side runs one per device. */
     if (c->engine == GS_ENGINE_SPATIAL && c->device_count > 1) FAIL("slice file: engine=spatial covers one device; devices= lists %d", c->device_count);
     if (c->mps_pipe_dir[0] && c->engine != GS_ENGINE_SPATIAL) FAIL("slice file: mps_pipe_dir given but engine is not spatial");
+    /* a tidal share is held hard for a low-priority slice: soft would borrow back what the tide leaves */
+    if (c->tidal.n && c->colocation != GS_COLOC_TIDAL) FAIL("slice file: tidal_schedule: given but colocation is %s; expected colocation=tidal", gs_coloc_name(c->colocation));
+    if (c->colocation == GS_COLOC_TIDAL && (c->priority != 1 || c->mode != GS_MODE_HARD)) FAIL("slice file: colocation: tidal is for a low-priority slice with mode=hard (priority=1, mode=hard)");
+    /* a spatial slice is not paced: nothing could hold it to a tide */
+    if (c->colocation == GS_COLOC_TIDAL && c->engine == GS_ENGINE_SPATIAL) FAIL("slice file: colocation: tidal needs engine=timeslice (a spatial slice is not paced)");
     return 0;
 }
 
@@ -628,5 +643,8 @@ void gs_config_dump(const struct gs_config *c, char *buf, size_t len)
     if (c->warning[0]) p = cat(buf, len, p, "warning=%s\n", c->warning);
     if (c->context_overhead == GS_UNLIMITED) p = cat(buf, len, p, "context_overhead=default\n");
     else p = cat(buf, len, p, "context_overhead=%llu\n", (unsigned long long)c->context_overhead);
-    cat(buf, len, p, "engine=%s\nmps_pipe_dir=%s\n", c->engine ? "spatial" : "timeslice", c->mps_pipe_dir);
+    p = cat(buf, len, p, "engine=%s\nmps_pipe_dir=%s\n", c->engine ? "spatial" : "timeslice", c->mps_pipe_dir);
+    char tide[160];
+    gs_tidal_format(&c->tidal, tide, sizeof tide);
+    cat(buf, len, p, "colocation=%s\ntidal_schedule=%s\n", gs_coloc_name(c->colocation), tide);
 }

@@ -155,3 +155,21 @@ void gs_ctl_window_add(struct gs_ctl_window *w, int64_t now, int64_t busy_ns, in
         w->throttled_ns = 0;
     }
 }
+
+uint32_t gs_ctl_tidal_share(int schedule_pct, uint32_t busy_ppm, uint32_t floor_bp)
+{
+    if (schedule_pct > 0) return (uint32_t)(schedule_pct > 100 ? 100 : schedule_pct) * 100u;
+    uint32_t busy_bp = busy_ppm / 100u;
+    uint32_t idle = busy_bp >= GS_BP_FULL ? 0 : GS_BP_FULL - busy_bp;
+    if (floor_bp > GS_BP_FULL) floor_bp = GS_BP_FULL;
+    return idle < floor_bp ? floor_bp : idle;
+}
+
+uint32_t gs_ctl_tidal_ewma(uint32_t busy_ppm, int queued, int64_t dt)
+{
+    if (dt <= 0) return busy_ppm;
+    if (dt > GS_CTL_TIDAL_TAU_NS) dt = GS_CTL_TIDAL_TAU_NS;
+    int64_t target = queued ? 1000000 : 0;
+    int64_t b = busy_ppm + (target - (int64_t)busy_ppm) * dt / GS_CTL_TIDAL_TAU_NS;
+    return (uint32_t)(b < 0 ? 0 : b > 1000000 ? 1000000 : b);
+}

@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include "gpuslice/config.h"
@@ -57,6 +59,7 @@ struct gs_pdev {
     CUcontext ctx, events_ctx;
     CUev start[GS_ENG_RING], end[GS_ENG_RING];
     CUev drain;           /* re-recorded after each launch of a light high-priority process */
+    CUev mark[GS_ENG_MARKS]; /* completion markers of the yield path */
     struct gs_devstate ds;
     struct gs_engine eng;
 };
@@ -64,17 +67,19 @@ struct gs_pdev {
 static struct {
     int enabled;
     pid_t pid;
-    int mode, weight, priority, fail_open;
+    int mode, weight, priority, fail_open, colocation;
+    struct gs_tidal tidal;
     int share_pct[GS_MAX_DEVICES];
     char grant[128];
     char dir[GS_PATH_LEN];
     pthread_mutex_t mu;   /* device set-up */
     pthread_t poller;
     int poller_running, stop;
+    uint32_t wake_seq;  /* futex word: a launch bumps it to cut the poller's idle sleep short */
     struct gs_pdev dev[GS_MAX_DEVICES];
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static _Thread_local struct gs_ticket tl_ticket = {-1, 0, 0};
+static _Thread_local struct gs_ticket tl_ticket = {-1, 0, 0, 0};
 
 static int64_t mono_ns(void)
 {
@@ -83,19 +88,49 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* The current UTC hour, for tidal schedules (README-compute.md: hours are UTC on every node). */
+static int utc_hour(void)
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    return gmtime_r(&t, &tm) ? tm.tm_hour : 0;
+}
+
 static _Thread_local int tl_slack_set;
 
-static void sleep_ns(int64_t ns)
+/* Linux oversleeps by the timer slack (50 us by default) - as long as our shortest wait. Only
+ * threads that actually wait here (and the poller) get 1 us slack, so a hand-over does not idle the GPU. */
+static void tight_slack(void)
 {
-    /* Linux oversleeps by the timer slack (50 us by default) - as long as our shortest wait. Only
-     * threads that actually wait here get 1 us slack, so a hand-over does not idle the GPU. */
     if (!tl_slack_set) {
         prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
         tl_slack_set = 1;
     }
+}
+
+static void sleep_ns(int64_t ns)
+{
+    tight_slack();
     struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+/* The poller's sleep, cut short when a launch bumps wake_seq (op_wake): a high-priority request that
+ * starts after idle time arms its drain record while the poller may be in a 5-ms idle sleep; its
+ * low-priority neighbours must see the queue within DRAIN_POLL, not IDLE_POLL. A futex, not a
+ * condition variable: the waker is a launch thread and must not take a lock. */
+static void poller_sleep(int64_t ns, uint32_t seq)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    syscall(SYS_futex, &g.wake_seq, FUTEX_WAIT_PRIVATE, seq, &ts, NULL, 0); /* EINTR/EAGAIN: poll now */
+}
+
+static void op_wake(void *c)
+{
+    (void)c;
+    __atomic_add_fetch(&g.wake_seq, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &g.wake_seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 /* ---- the engine's GPU operations, on CUDA events ---- */
@@ -145,8 +180,19 @@ static int op_query_drain(void *c)
     CUresult r = cu.ev_query(d->drain);
     return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
 }
+static int op_record_mark(void *c, int i, void *stream)
+{
+    struct gs_pdev *d = c;
+    return cu.ev_record(d->mark[i], (CUstream)stream) == CU_OK ? 0 : -1;
+}
+static int op_query_mark(void *c, int i)
+{
+    struct gs_pdev *d = c;
+    CUresult r = cu.ev_query(d->mark[i]);
+    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+}
 static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed, op_capturing,
-                                           op_record_drain, op_query_drain};
+                                           op_record_drain, op_query_drain, op_record_mark, op_query_mark, op_wake};
 
 static int load_driver(void)
 {
@@ -172,16 +218,25 @@ static void format_uuid(const CUuuid *u, char *out, size_t n)
 static void *poller_main(void *arg)
 {
     (void)arg;
+    int64_t hour_at = 0;
     while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {
         int64_t next = GS_CTL_IDLE_POLL_NS;
+        uint32_t seq = __atomic_load_n(&g.wake_seq, __ATOMIC_ACQUIRE); /* a wake after this cuts the sleep */
+        int64_t t0 = mono_ns();
+        int hour = -1;
+        if (t0 - hour_at > 1000000000LL) { /* a tidal schedule's hour, looked up once a second */
+            hour = utc_hour();
+            hour_at = t0;
+        }
         for (int i = 0; i < GS_MAX_DEVICES; i++) {
             struct gs_pdev *d = &g.dev[i];
             if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) continue;
             /* events belong to the application's context; make it current in this thread (a light
              * engine with nothing outstanding only refreshes its heartbeat: no CUDA call) */
             if (__atomic_load_n(&d->eng.path, __ATOMIC_RELAXED) != GS_DS_PATH_LIGHT || d->eng.outstanding > 0 ||
-                __atomic_load_n(&d->eng.drain_pending, __ATOMIC_ACQUIRE))
+                __atomic_load_n(&d->eng.drain_pending, __ATOMIC_ACQUIRE) || __atomic_load_n(&d->eng.mcount, __ATOMIC_RELAXED))
                 cu.ctx_set(d->ctx);
+            if (hour >= 0) d->eng.tidal_hour = hour;
             int64_t now = mono_ns();
             gs_engine_poll(&d->eng, now);
             /* fast while work is queued or was just launched beside neighbours (their hand-overs
@@ -189,7 +244,8 @@ static void *poller_main(void *arg)
             int64_t w = gs_engine_poll_delay(&d->eng, now);
             if (w < next) next = w;
         }
-        sleep_ns(next);
+        tight_slack();
+        poller_sleep(next, seq);
     }
     return NULL;
 }
@@ -229,6 +285,8 @@ int gs_pacer_init(const struct gs_config *cfg)
     g.mode = cfg->mode == GS_MODE_SOFT ? GS_CTL_SOFT : cfg->mode == GS_MODE_OFF ? GS_CTL_OFF : GS_CTL_HARD;
     g.weight = cfg->weight < 1 ? 1 : cfg->weight > 16 ? 16 : cfg->weight;
     g.priority = cfg->priority ? 1 : 0;
+    g.colocation = cfg->colocation;
+    g.tidal = cfg->tidal;
     g.fail_open = cfg->fail_open;
     int any = 0;
     for (int i = 0; i < GS_MAX_DEVICES; i++) {
@@ -276,8 +334,10 @@ static void setup_device(int dev, struct gs_pdev *d)
                 GS_ERROR("compute: cannot create timing events on device %d; not paced", dev);
                 return;
             }
-        /* no timing needed: a drain record only says "done or not" (cheaper to record) */
-        if (cu.ev_create(&d->drain, CU_EVENT_DISABLE_TIMING) != CU_OK) {
+        /* no timing needed: drain and marker records only say "done or not" (cheaper to record) */
+        int ok = cu.ev_create(&d->drain, CU_EVENT_DISABLE_TIMING) == CU_OK;
+        for (int i = 0; ok && i < GS_ENG_MARKS; i++) ok = cu.ev_create(&d->mark[i], CU_EVENT_DISABLE_TIMING) == CU_OK;
+        if (!ok) {
             GS_ERROR("compute: cannot create an event on device %d; not paced", dev);
             return;
         }
@@ -294,8 +354,12 @@ static void setup_device(int dev, struct gs_pdev *d)
         gs_devstate_close(&d->ds);
         return;
     }
-    GS_INFO("compute: device %d (%s) share %d%% mode %s weight %d priority %d, state %s/%s.dev", dev, uuid, pct,
-            g.mode == GS_CTL_SOFT ? "soft" : "hard", g.weight, g.priority, g.dir, uuid);
+    d->eng.tidal_hour = utc_hour();
+    if (gs_engine_set_colocation(&d->eng, g.colocation, &g.tidal, pct) != 0)
+        GS_WARN("compute: device %d: could not record colocation=%s in the device state", dev, gs_coloc_name(g.colocation));
+    GS_INFO("compute: device %d (%s) share %d%% mode %s weight %d priority %d colocation %s, state %s/%s.dev", dev,
+            uuid, pct, g.mode == GS_CTL_SOFT ? "soft" : "hard", g.weight, g.priority, gs_coloc_name(g.colocation),
+            g.dir, uuid);
     if (!g.poller_running) {
         g.stop = 0;
         if (pthread_create(&g.poller, NULL, poller_main, NULL) == 0) g.poller_running = 1;
@@ -322,6 +386,7 @@ void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
 {
     tl_ticket.slot = -1;
     tl_ticket.charged = 0;
+    tl_ticket.yield = 0;
     if (!g.enabled) return;
     struct gs_pdev *d = device(dev);
     if (!d) return;
@@ -340,6 +405,7 @@ void gs_pacer_after_launch(int dev, void *stream, int cu_result)
     struct gs_ticket t = tl_ticket;
     tl_ticket.slot = -1;
     tl_ticket.charged = 0;
+    tl_ticket.yield = 0;
     if (!g.enabled || dev < 0 || dev >= GS_MAX_DEVICES) return;  /* slot < 0: the engine may record a drain */
     struct gs_pdev *d = &g.dev[dev];
     if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) return;

@@ -53,6 +53,14 @@ static void set_flag(struct gs_ds_proc *p, uint32_t f, int on)
     else __atomic_fetch_and(&p->flags, ~f, __ATOMIC_RELAXED);
 }
 
+/* Under the lock: what the slice record says about co-location (join_locked does not know it). */
+static void stamp_slice(struct gs_engine *e)
+{
+    struct gs_ds_slice *s = &e->ds->slices[e->slice];
+    s->colocation = (uint8_t)e->colocation;
+    if (e->paced) s->paced = 1;
+}
+
 static void mark_identity(struct gs_engine *e, struct gs_ds_proc *me, int64_t now)
 {
     me->last_seen_ns = now;
@@ -85,7 +93,9 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
      * one store. This keeps the 0 and 100 % paths at a few ns per launch. */
     e->light_base = !paced;
     e->path = paced ? GS_DS_PATH_FREE : GS_DS_PATH_LIGHT;
-    if (paced && gs_cost_init(&e->cm) != 0) e->cm.slot = NULL; /* no table: every shape is charged the mean */
+    /* a low-priority process may take the yield path (preemptive, the default), which predicts its
+     * queue from kernel costs: it learns them too */
+    if ((paced || priority != 0) && gs_cost_init(&e->cm) != 0) e->cm.slot = NULL; /* no table: every shape at the mean */
     e->ol_start_ns = now;
     if (gs_devstate_lock(ds) != 0) {
         gs_cost_free(&e->cm);
@@ -102,6 +112,30 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
     e->last_reap_ns = now;
     e->beat_ns = now;
     return rc;
+}
+
+int gs_engine_set_colocation(struct gs_engine *e, int colocation, const struct gs_tidal *tidal, int base_pct)
+{
+    e->colocation = colocation;
+    e->tidal_base_pct = base_pct;
+    if (tidal) e->tidal = *tidal;
+    int costs = 0;
+    if (colocation == GS_COLOC_TIDAL && e->mode != GS_CTL_OFF && !e->paced) {
+        /* a tidal slice is held at its tide, whatever its compute share */
+        e->paced = 1;
+        e->light_base = 0;
+        e->path = GS_DS_PATH_FREE;
+        costs = 1;
+    }
+    if (costs && !e->cm.slot && gs_cost_init(&e->cm) != 0) e->cm.slot = NULL; /* every shape at the mean */
+    if (gs_devstate_lock(e->ds) != 0) return -1;
+    if (e->slice >= 0 && e->proc >= 0) {
+        stamp_slice(e);
+        mark_identity(e, &e->ds->procs[e->proc], e->beat_ns);
+    }
+    e->path_check_ns = 0; /* decide the path at the first launch */
+    gs_devstate_unlock(e->ds);
+    return 0;
 }
 
 /* Under the lock: is our process record still ours? A reaper in another PID namespace frees a
@@ -123,6 +157,7 @@ static int own_locked(struct gs_engine *e, int64_t now)
     e->rejoins++;
     e->rate_at_ns = 0; /* recount neighbours and the allocation now */
     mark_identity(e, me, now);
+    stamp_slice(e);
     return 0;
 }
 
@@ -288,6 +323,7 @@ static int poll_locked(struct gs_engine *e, int64_t now)
     }
     publish(e, s, me, now);
     classify(e, me, now);
+    gs_coloc_tidal_locked(e, s, now);
     /* the allocation changes only when slices come and go (ACTIVE = 100 ms): once a ms is enough */
     if (now - e->rate_at_ns >= 1000000 || now < e->rate_at_ns) {
         e->rate_bp = gs_engine_rate(e, now);
@@ -336,28 +372,10 @@ static void beat(struct gs_engine *e, int64_t now)
     gs_devstate_unlock(e->ds);
 }
 
-/* A drain record out (light or free high-priority process beside low-priority work): while it has
- * not completed, refresh the launch time that low-priority neighbours read (proc_busy: launched
- * within PRIO_HOLD), so they keep waiting for as long as the queue runs, not only PRIO_HOLD after
- * the last launch. Cleared only if no launch armed a newer record meanwhile (the generation is read
- * before the query and again after the clear). */
-static void drain_poll(struct gs_engine *e, int64_t now)
-{
-    if (!__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return;
-    uint32_t g0 = __atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE);
-    int q = e->ops->query_drain ? e->ops->query_drain(e->ops_ctx) : -1;
-    if (q == 0) {
-        __atomic_store_n(&e->ds->procs[e->proc].last_launch_ns, now, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED);
-        return;
-    }
-    __atomic_store_n(&e->drain_pending, 0, __ATOMIC_RELEASE);
-    if (__atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE) != g0) __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
-}
-
 void gs_engine_poll(struct gs_engine *e, int64_t now)
 {
-    drain_poll(e, now);
+    gs_coloc_drain_poll(e, now);
+    gs_coloc_harvest(e, now);
     if (__atomic_load_n(&e->path, __ATOMIC_RELAXED) == GS_DS_PATH_LIGHT && e->outstanding == 0) {
         beat(e, now);
         return;
@@ -372,11 +390,11 @@ int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now)
     int path = __atomic_load_n(&e->path, __ATOMIC_RELAXED);
     int64_t last = __atomic_load_n(&e->ds->procs[e->proc].last_launch_ns, __ATOMIC_RELAXED);
     int active = last && now - last < GS_CTL_POLL_ACTIVE_NS;
-    if (__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return GS_CTL_POLL_NS;
+    if (__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return GS_CTL_DRAIN_POLL_NS;
     /* the free path needs no fresh busy flag (nobody takes turns with it, and a stale flag only makes a
      * neighbour's pair count as not clean): its poller publishes, refills and harvests every ms */
     if (path == GS_DS_PATH_FREE) return e->outstanding > 0 || active ? GS_CTL_POLL_FREE_NS : GS_CTL_IDLE_POLL_NS;
-    if (e->outstanding > 0) return GS_CTL_POLL_NS;
+    if (e->outstanding > 0 || __atomic_load_n(&e->mcount, __ATOMIC_RELAXED) > 0) return GS_CTL_POLL_NS;
     if (path != GS_DS_PATH_LIGHT && e->others > 0 && active) return GS_CTL_POLL_NS;
     return GS_CTL_IDLE_POLL_NS;
 }
@@ -462,6 +480,7 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
 {
     t->slot = -1;
     t->charged = 0;
+    t->yield = 0;
     t->slept_total = slept_ns > 0 ? t->slept_total + slept_ns : 0;
     int path = gs_eng_path(e, now);
     if (path == GS_DS_PATH_LIGHT) {
@@ -474,10 +493,28 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     /* checked only here, on the paced paths: the light path must stay a couple of stores */
     if (e->ops->capturing && e->ops->capturing(e->ops_ctx, stream)) return 0;
     if (slept_ns > 0) add(&e->pub_throttled, slept_ns);
-    int sample = 1;
-    int64_t charge = e->paced ? price(e, key, &sample) : 0;
-    int first = e->paced && __atomic_load_n(&e->cost_avg_ns, __ATOMIC_RELAXED) == 0; /* nothing measured yet */
-    if (path == GS_DS_PATH_FREE && !sample && !first && free_fast(e, now, charge, t)) return 0;
+    int yield = path == GS_DS_PATH_YIELD;
+    if (yield) {
+        /* lock-free: a preemptive high-priority neighbour queued, or our own queue at its bound */
+        int64_t w = gs_coloc_yield_gate(e, now);
+        if (w > 0) {
+            __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED); /* wanting is activity */
+            return w;
+        }
+    }
+    /* the yield path predicts its queue from kernel costs, paced or not */
+    int costs = e->paced || yield, sample = 1;
+    int64_t charge = costs ? price(e, key, &sample) : 0;
+    int first = costs && __atomic_load_n(&e->cost_avg_ns, __ATOMIC_RELAXED) == 0; /* nothing measured yet */
+    /* held by its credit like a free one (an unpaced one is never refused there: rate = the device) */
+    int credit_gate = path == GS_DS_PATH_FREE || yield;
+    if (credit_gate && !sample && !first && free_fast(e, now, charge, t)) {
+        if (yield) {
+            gs_coloc_yield_commit(e, now, charge);
+            t->yield = 1;
+        }
+        return 0;
+    }
     if (gs_devstate_lock(e->ds) != 0) return 0; /* never block the program on our own failure */
     if (poll_locked(e, now) != 0) {
         gs_devstate_unlock(e->ds); /* no record to publish in (state file full): unpaced */
@@ -485,16 +522,23 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     }
     struct gs_ds_slice *s = &e->ds->slices[e->slice]; /* a re-join may have moved us */
     struct gs_ds_proc *me = &e->ds->procs[e->proc];
-    int measure = path != GS_DS_PATH_FREE || sample || first;
+    int measure = !credit_gate || sample || first;
     int64_t wait;
-    if (path == GS_DS_PATH_FREE) {
+    if (credit_gate) {
         struct gs_ctl_bucket b = {__atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED), s->credit_last_ns};
         wait = first && e->outstanding > 0 ? GS_CTL_WAIT_MIN_NS : gs_ctl_gate(&b, s->rate_bp, 0);
     } else {
         wait = gs_eng_wait_locked(e, s, me, now);
     }
-    if (wait == 0) launch_locked(e, s, me, now, key, charge, measure, t);
-    else __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED); /* wanting to launch is activity */
+    if (wait == 0) {
+        launch_locked(e, s, me, now, key, charge, measure, t);
+        if (yield) {
+            gs_coloc_yield_commit(e, now, charge);
+            t->yield = 1;
+        }
+    } else {
+        __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED); /* wanting to launch is activity */
+    }
     gs_devstate_unlock(e->ds);
     /* Event records go outside the lock: a record can block while the launch queue is full, and a
      * neighbour must never wait on our queue for the lock. The reserved slot stops the harvest. */
@@ -514,9 +558,10 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
         /* record, then bump the generation, then arm: see drain_poll for the other side */
         if (e->ops->record_drain(e->ops_ctx, stream) == 0) {
             __atomic_fetch_add(&e->drain_gen, 1, __ATOMIC_RELEASE);
-            __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
+            if (!__atomic_exchange_n(&e->drain_pending, 1, __ATOMIC_ACQ_REL) && e->ops->wake) e->ops->wake(e->ops_ctx);
         }
     }
+    if (t->yield && ok) gs_coloc_after(e, stream);
     if (now > 0) __atomic_store_n(&e->last_after_ns, now, __ATOMIC_RELAXED);
     if (!ok && t->charged) {
         /* the driver refused the launch: nothing runs, nothing is owed */

@@ -1,6 +1,7 @@
 /* gpuslice pacer: who waits for whom (see gpuslice/pacer_core.h, README-compute.md "Paths", "Turns"
  * and "Priority"). The engine's own bookkeeping is in pacer_core.c; this file decides, from the
- * per-device state, which path an engine's launches take and how long a measured launch waits.
+ * per-device state, which path an engine's launches take and how long a measured launch waits (the
+ * yield path's own gate, and who yields to whom, are in coloc.c).
  *
  * Turns: a turn-taking process (paced, offered load above 1) starts new work only when no other
  * turn-taking process's queued work is predicted to run longer than TURN_EARLY, first come first
@@ -13,17 +14,6 @@
 #include "gpuslice/pacer_core.h"
 
 #define GS_PATH_RECHECK_NS 10000000LL
-#define GS_PRIO_POLL_NS 200000LL
-
-int gs_eng_proc_busy(const struct gs_ds_proc *p, int64_t now)
-{
-    uint32_t f = __atomic_load_n(&p->flags, __ATOMIC_RELAXED);
-    if (!(f & GS_DS_PROC_IN_USE)) return 0;
-    if (f & GS_DS_PROC_BUSY) return 1;
-    int64_t last = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED);
-    int held = GS_CTL_PRIO_HOLD_MEASURED || (f & GS_DS_PROC_LIGHT);
-    return held && last && now - last < GS_CTL_PRIO_HOLD_NS;
-}
 
 /* A want counts only while its owner keeps asking: a thread waiting here re-asks at least every
  * WAIT_MAX, so a want not refreshed for 4 x WAIT_MAX belongs to a process that went elsewhere. */
@@ -33,20 +23,6 @@ int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now)
 }
 
 static int valid_slice(int s) { return s >= 0 && s < GS_DS_MAX_SLICES; }
-
-/* Lock-free: which priorities are active on the device besides our slice (launched within ACTIVE). */
-static void neighbours(const struct gs_engine *e, int64_t now, int *high, int *low)
-{
-    *high = *low = 0;
-    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
-        if (i == e->slice) continue;
-        const struct gs_ds_slice *s = &e->ds->slices[i];
-        int64_t la = __atomic_load_n(&s->last_active_ns, __ATOMIC_RELAXED);
-        if (!(s->flags & GS_DS_SLICE_IN_USE) || s->mode == GS_CTL_OFF || !la || now - la >= GS_CTL_ACTIVE_NS) continue;
-        if (s->priority == 0) *high = 1;
-        else *low = 1;
-    }
-}
 
 static void publish_path(struct gs_engine *e, int path)
 {
@@ -59,10 +35,10 @@ static void publish_path(struct gs_engine *e, int path)
 }
 
 /* The path, re-decided every PATH_RECHECK by one launching thread (the others keep the current one):
- * mode off: light, whatever happens; an unpaced process: light, or measured for priority while it
- * is low priority and a high-priority slice is active (it pauses for it); a paced one: turns while
- * its offered load says it saturates the device, else priority as above, else free. Only an
- * explicit high-priority neighbour ever makes an unpaced process wait. */
+ * mode off: light, whatever happens; a low-priority preemptive process beside a preemptive
+ * high-priority one: yield (coloc.c); else an unpaced process: light; a paced one: turns while its
+ * offered load says it saturates the device, else free. Only an explicit high-priority neighbour
+ * ever makes an unpaced process wait. */
 int gs_eng_path(struct gs_engine *e, int64_t now)
 {
     int path = __atomic_load_n(&e->path, __ATOMIC_RELAXED);
@@ -70,41 +46,17 @@ int gs_eng_path(struct gs_engine *e, int64_t now)
     if (now >= last && now - last < GS_PATH_RECHECK_NS) return path;
     if (!__atomic_compare_exchange_n(&e->path_check_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return path;
     const struct gs_ds_slice *mine = &e->ds->slices[e->slice];
-    int high, low;
-    if (mine->mode == GS_CTL_OFF) {
-        high = low = 0;
-    } else {
-        neighbours(e, now, &high, &low);
-    }
-    int me_high = mine->priority == 0;
-    __atomic_store_n(&e->drain_wanted, GS_CTL_PRIO_HIGH_LIGHT && me_high && low, __ATOMIC_RELAXED);
-    int prio = (!me_high && high) || (!GS_CTL_PRIO_HIGH_LIGHT && me_high && low && e->light_base);
+    int yield = gs_coloc_recheck(e, now);
     int np;
     if (mine->mode == GS_CTL_OFF) np = GS_DS_PATH_LIGHT;
-    else if (!e->light_base) np = __atomic_load_n(&e->turns, __ATOMIC_RELAXED) ? GS_DS_PATH_TURNS
-                                  : prio ? GS_DS_PATH_PRIORITY : GS_DS_PATH_FREE;
-    else np = prio ? GS_DS_PATH_PRIORITY : GS_DS_PATH_LIGHT;
+    else if (yield) np = GS_DS_PATH_YIELD;
+    else if (!e->light_base) np = __atomic_load_n(&e->turns, __ATOMIC_RELAXED) ? GS_DS_PATH_TURNS : GS_DS_PATH_FREE;
+    else np = GS_DS_PATH_LIGHT;
     if (np != path) {
         __atomic_store_n(&e->path, np, __ATOMIC_RELAXED);
         publish_path(e, np);
     }
     return np;
-}
-
-/* Is a high-priority slice on this device queued (work outstanding, or launched within HOLD)?
- * Returns 2 = queued now, 1 = active within PRIO_SERIAL, 0 = neither. */
-static int high_priority_state(struct gs_engine *e, int64_t now)
-{
-    int st = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
-        if (i == e->proc || !(p->flags & GS_DS_PROC_IN_USE) || !valid_slice(p->slice)) continue;
-        const struct gs_ds_slice *s = &e->ds->slices[p->slice];
-        if (s->priority != 0 || s->mode == GS_CTL_OFF) continue;
-        if (gs_eng_proc_busy(p, now)) return 2;
-        if (p->last_launch_ns && now - p->last_launch_ns < GS_CTL_PRIO_SERIAL_NS) st = 1;
-    }
-    return st;
 }
 
 /* Does process i take turns with us? A turn-taking process of the same or higher priority. */
@@ -176,14 +128,7 @@ int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs
     int turns = e->path == GS_DS_PATH_TURNS;
     /* a process that joins is seen within a ms (the recount); until then its own first launches
      * find us through its scans, which is enough to start the turns */
-    if (s->priority != 0 && e->others) {
-        int hp = high_priority_state(e, now);
-        if (hp == 2) wait = GS_PRIO_POLL_NS; /* yield while high is queued */
-        else if (hp == 1 && e->outstanding > 0 &&
-                 (e->cost_ns == 0 || (int64_t)(e->outstanding + 1) * e->cost_ns > GS_CTL_PRIO_QUEUE_NS))
-            wait = GS_CTL_WAIT_MIN_NS; /* little low-priority work in flight */
-    }
-    if (wait == 0 && s->paced) {
+    if (s->paced) {
         int64_t need = 0;
         if (turns && e->outstanding == 0 && e->others && rivals_present(e, now)) need += GS_CTL_TURN_MIN_NS; /* worth a switch */
         /* until the first pair is measured the cost is unknown: one launch at a time */

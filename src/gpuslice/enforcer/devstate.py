@@ -9,10 +9,11 @@ Version 2 added to every process record its PID namespace (the inode of ``/proc/
 heartbeat: pids are only meaningful inside their own namespace, so the enforcers of different pods on one
 node judge each other's liveness by the heartbeat. The reader reports both; ``ProcessCompute.pid`` is the
 pid *in that namespace*. Version 3 (this reader) keeps that layout and adds to each process record the path
-its launches take through the pacer (``light``, ``free``, ``turns``, ``priority``: README-compute.md,
-"Paths") and its offered load (GPU time its launches ask for per second of its own CPU time); the writers
+its launches take through the pacer (``light``, ``free``, ``turns``, ``yield`` — ``priority`` before issue 13:
+README-compute.md, "Paths") and its offered load (GPU time its launches ask for per second of its own CPU time); the writers
 also changed how they share a slice's credit, so the enforcers of versions 2 and 3 refuse each other's
-files.
+files. Issue 13 kept version 3 and used padding: each slice record's co-location mode (byte 232; older
+enforcers wrote 0 there, which is ``preemptive``, what they did) and each process record's ``drain_seen_ns``.
 
 Reads take no lock (the writers hold a process-shared pthread mutex Python cannot join); the
 header's ``updates`` counter is read before and after the copy and the copy is retried when it
@@ -41,12 +42,13 @@ PROC_OFF = SLICE_OFF + MAX_SLICES * SLICE_SIZE
 FILE_SIZE = PROC_OFF + MAX_PROCS * PROC_SIZE
 
 _HEADER = struct.Struct("<QIIIIIIIIqqQ64s")  # up to the uuid; the mutex follows at 128
-_SLICE = struct.Struct("<IIBBBBI128sqqqQQQqqqiiq")
+_SLICE = struct.Struct("<IIBBBBI128sqqqQQQqqqiiqB")  # + colocation at 232 (issue 13, in what was padding)
 _PROC = struct.Struct("<iIiIqqqQqqqQqIB")  # v2: + heartbeat_ns, pidns, joined_ns; v3: + offered_bp, path
 _MODES = {0: "hard", 1: "soft", 2: "off"}
 _SLICE_IN_USE = 1
 _PROC_IN_USE, _PROC_BUSY, _PROC_LIGHT = 1, 2, 4
-_PATHS = {0: "light", 1: "free", 2: "turns", 3: "priority"}
+_PATHS = {0: "light", 1: "free", 2: "turns", 3: "yield"}
+_COLOCATIONS = {0: "preemptive", 1: "shared", 2: "tidal"}
 _SHARE_OFFSET = 4  # share_bp inside a slice record
 
 
@@ -66,7 +68,7 @@ class ProcessCompute:
     busy_total_s: float
     pid_namespace: int = 0  # inode of the process's PID namespace; 0 = unknown
     heartbeat_s: float = 0.0  # CLOCK_MONOTONIC seconds (time.monotonic() on Linux) of its last heartbeat
-    path: str = "light"  # light | free | turns | priority (how its launches go through the pacer now)
+    path: str = "light"  # light | free | turns | yield (how its launches go through the pacer now)
     offered_load: float | None = None  # GPU seconds its launches ask per CPU second (paced only; None = not yet)
 
     def heartbeat_age(self, now_monotonic: float | None = None) -> float:
@@ -91,6 +93,7 @@ class SliceCompute:
     priority: int  # 0 high, 1 low
     paced: bool
     processes: tuple[ProcessCompute, ...] = field(default=())
+    colocation: str = "preemptive"  # preemptive | shared | tidal (a tidal slice's set_share follows the tide)
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def parse_device_state(buf: bytes, path: Path | str = "<bytes>") -> DeviceComput
     slices = []
     for i in range(MAX_SLICES):
         (flags, share_bp, mode, weight, priority, paced, rate_bp, grant, _credit, _credit_last, _active, busy_total,
-         throttled_total, launches, _ws, _wb, _wt, achieved_bp, throttled_bp, _updated) = _SLICE.unpack_from(
+         throttled_total, launches, _ws, _wb, _wt, achieved_bp, throttled_bp, _updated, coloc) = _SLICE.unpack_from(
             buf, SLICE_OFF + i * SLICE_SIZE
         )
         if not flags & _SLICE_IN_USE:
@@ -168,6 +171,7 @@ def parse_device_state(buf: bytes, path: Path | str = "<bytes>") -> DeviceComput
                 priority=priority,
                 paced=bool(paced),
                 processes=tuple(procs_by_slice.get(i, ())),
+                colocation=_COLOCATIONS.get(coloc, f"unknown({coloc})"),
             )
         )
     return DeviceCompute(uuid=uuid, path=path, slices=tuple(slices))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from gpuslice import spec
+from gpuslice.spec.colocation import check_colocation
 from gpuslice.spec.files import open_regular, write_atomic
 from gpuslice.spec.errors import GpusliceError
 
@@ -30,8 +31,9 @@ _UUID_RE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/-]+$")
 _MODES = {"hard": "hard", "force": "hard", "soft": "soft", "default": "soft", "off": "off", "disable": "off"}
 _LOG_LEVELS = ("error", "warn", "info", "debug")
 _KEYS = ("version", "grant", "devices", "memory_limit", "compute", "mode", "weight", "priority", "region",
-         "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir")
+         "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir", "colocation", "tidal_schedule")
 ENGINES = ("timeslice", "spatial")
+COLOCATIONS = ("preemptive", "shared", "tidal")
 MAX_DEVICES = 16
 PATH_MAX = 1023
 U64_MAX = 2**64 - 1
@@ -65,7 +67,9 @@ class SliceConfig:
     per-device overrides keyed by UUID (each must be in ``devices``). ``context_overhead`` None = the
     enforcer's built-in measured default. ``engine="spatial"``: the processes are MPS clients of the
     daemon whose pipe directory is ``mps_pipe_dir`` (as they see it; "" = their environment's), not paced;
-    such a slice covers at most one device."""
+    such a slice covers at most one device. ``colocation`` (preemptive, shared or tidal) and a tidal
+    slice's ``tidal_schedule`` (canonical, "" = follow the high-priority slices' idle time): how it shares
+    the device with the other priority (:mod:`gpuslice.spec.colocation`)."""
 
     devices: tuple[str, ...] = ()
     memory_limit: int | None = None
@@ -83,6 +87,8 @@ class SliceConfig:
     context_overhead: int | None = None
     engine: str = "timeslice"
     mps_pipe_dir: str = ""
+    colocation: str = "preemptive"
+    tidal_schedule: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -131,6 +137,7 @@ class SliceConfig:
                                  "(a spatial slice is served by the MPS daemon of one device)")
         if self.mps_pipe_dir and self.engine != "spatial":
             raise SliceFileError("mps_pipe_dir", self.mps_pipe_dir, "none unless engine is spatial")
+        self._check_colocation()
         for key in ("region", "device_state_dir", "mps_pipe_dir"):
             v = getattr(self, key)
             if v and (not v.startswith("/") or len(v) > PATH_MAX or any(c in v for c in "\n\r#\0")
@@ -139,6 +146,18 @@ class SliceConfig:
         g = self.grant
         if len(g) > 127 or any(c in g for c in "\n\r#\0") or g != g.strip():
             raise SliceFileError("grant", g, "at most 127 characters, no '#', newlines or surrounding spaces")
+
+
+    def _check_colocation(self) -> None:
+        if self.colocation not in COLOCATIONS:
+            raise SliceFileError("colocation", self.colocation, "preemptive, shared or tidal")
+        try:
+            if spec.parse_tidal_schedule(self.tidal_schedule) != self.tidal_schedule:
+                raise SliceFileError("tidal_schedule", self.tidal_schedule, "a canonical schedule like 0-8:100,20-24:60")
+            check_colocation(spec.Colocation(self.colocation), self.tidal_schedule, priority=self.priority,
+                             mode=self.mode, spatial=self.engine == "spatial")
+        except spec.SpecError as exc:
+            raise SliceFileError(exc.field, exc.value, exc.allowed) from None
 
 
 def _check_bytes(key: str, v: object, allow_max: bool = True) -> None:
@@ -175,13 +194,17 @@ def format_slice(cfg: SliceConfig) -> str:
         lines.append(f"engine={cfg.engine}")
     if cfg.mps_pipe_dir:
         lines.append(f"mps_pipe_dir={cfg.mps_pipe_dir}")
+    if cfg.colocation != "preemptive":  # likewise: files of preemptive slices stay what they were
+        lines.append(f"colocation={cfg.colocation}")
+    if cfg.tidal_schedule:
+        lines.append(f"tidal_schedule={cfg.tidal_schedule}")
     return "\n".join(lines) + "\n"
 
 
 def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_policy: str = "return",
                  log_level: str = "warn", fail_open: bool = False, mps_pipe_dir: str = "") -> SliceConfig:
     """The slice file of ``grant``: its devices and memory limits (per device where they differ), the first
-    slice's compute share, mode, weight, priority and engine (a grant's slices share them), the region,
+    slice's compute share, mode, weight, priority, engine and co-location (a grant's slices share them), the region,
     device-state and (spatial) MPS pipe paths as the slice's processes see them, and the node's enforcer
     settings."""
     first = grant.slices[0]
@@ -191,7 +214,8 @@ def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_p
         memory_limits={s.device_uuid: s.memory_limit for s in grant.slices}, grant=grant.grant_id,
         compute=first.compute, mode=first.mode.value, weight=first.weight, priority=int(first.priority),
         region=region, device_state_dir=device_state_dir, oom_policy=oom_policy, log_level=log_level,
-        fail_open=fail_open, engine=first.engine.value, mps_pipe_dir=mps_pipe_dir if spatial else "")
+        fail_open=fail_open, engine=first.engine.value, mps_pipe_dir=mps_pipe_dir if spatial else "",
+        colocation=first.colocation.value, tidal_schedule=first.tidal_schedule)
 
 
 def write_slice_file(path: str | os.PathLike[str], config: SliceConfig | None = None, **fields_: Any) -> SliceConfig:
@@ -290,10 +314,23 @@ def _value(key: str, val: str, lineno: int, path: str | None) -> dict[str, Any]:
         if val not in ENGINES:
             raise bad("timeslice or spatial")
         return {key: val}
+    if key == "colocation":
+        if val not in COLOCATIONS:
+            raise bad("preemptive, shared or tidal")
+        return {key: val}
+    if key == "tidal_schedule":
+        try:
+            return {key: spec.parse_tidal_schedule(val) or _empty_schedule(bad)}
+        except spec.SpecError as exc:
+            raise bad(exc.allowed) from None
     allowed = {"oom_policy": ("return", "kill"), "log_level": _LOG_LEVELS}[key]
     if val not in allowed:
         raise bad(", ".join(allowed[:-1]) + " or " + allowed[-1])
     return {key: val}
+
+
+def _empty_schedule(bad: Callable[..., SliceFileError]) -> str:
+    raise bad("spans <from>-<to>:<percent> separated by commas (e.g. 8-20:30,20-8:100)")
 
 
 def _devices(val: str, bad: Callable[..., SliceFileError]) -> tuple[str, ...]:

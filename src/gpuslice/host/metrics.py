@@ -109,11 +109,11 @@ def _backstop_families(view: NodeView) -> Iterator:
 
 def _engine_families(view: NodeView) -> Iterator:
     """The engine of each slice, and the node's MPS daemons (1 in the series of their current state)."""
-    info = _g("gpuslice_slice_info", "1 per slice; its engine (timeslice | spatial), mode and priority.",
-              [*SLICE_LABELS, "engine", "mode", "priority"])
+    info = _g("gpuslice_slice_info", "1 per slice; its engine (timeslice | spatial), mode, priority and "
+              "co-location (preemptive | shared | tidal).", [*SLICE_LABELS, "engine", "mode", "priority", "colocation"])
     for s in view.slices:
         info.add_metric([view.node, s.grant_id, s.device_uuid, str(s.device_index), s.owner, "", "", "", s.engine,
-                         s.mode, s.priority], 1)
+                         s.mode, s.priority, s.colocation], 1)
     yield info
     daemons = _g("gpuslice_mps_daemon", "1 per MPS control daemon of spatial slices, labelled with its state "
                  "(running, fault: its logs report a fatal client error, down: its process is gone).",

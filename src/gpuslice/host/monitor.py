@@ -68,6 +68,7 @@ class SliceView:
     memory_seen: int | None = None  # the slice's processes' device memory as NVML counts it (the backstop)
     engine: str = "timeslice"
     mps: str = ""  # spatial: the state of the device's MPS daemon (running | fault | down | none)
+    colocation: str = "preemptive"  # preemptive | shared | tidal (issue 13)
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ class Monitor:
                 compute_achieved=achieved, throttled_seconds=throttled,
                 oom_refusals=u.oom_refusals if u else 0, priority=Priority(s.priority).name.lower(),
                 mode=s.mode.value, pids=pids, age_seconds=max(0.0, now - watched.created),
-                command=watched.command, exclusive=grant.exclusive, engine=s.engine.value))
+                command=watched.command, exclusive=grant.exclusive, engine=s.engine.value,
+                colocation=s.colocation.value))
         return out
 
     def _waiters(self, waiters: Sequence[Waiting], now: float) -> list[dict[str, Any]]:

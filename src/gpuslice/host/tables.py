@@ -87,7 +87,9 @@ def slices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
         Column("set", [_set(x.compute_set, x.exclusive, x.engine) for x in s], justify="right"),
         Column("throttled", [f"{x.throttled_seconds:.1f}s" for x in s], keep=7, justify="right"),
         Column("OOM\nrefusals", [str(x.oom_refusals) for x in s], keep=3, justify="right"),
-        Column("priority", [x.priority for x in s], keep=1),
+        # the co-location mode beside the priority when it is not the default (preemptive): "low tidal"
+        Column("priority", [x.priority + ("" if x.colocation == "preemptive" else f" {x.colocation}") for x in s],
+               keep=1),
         Column("pids", [" ".join(map(str, x.pids)) or "-" for x in s], keep=8, wrap=True),
         Column("age", [_age(x.age_seconds) for x in s], keep=5, justify="right"),
         Column("command", [_command(x.command, wide) for x in s], keep=2, wrap=True),

@@ -34,16 +34,17 @@ SCHEDULER_FLAGS = {"resource name (count)": "--resource-name", "resource name (m
 
 def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
             mode: str, names: dict[str, str] | None = None, adopt: tuple[str, ...] = ("default-scheduler",),
-            engine: str = "timeslice"):
+            engine: str = "timeslice", colocation: str = "preemptive"):
     from gpuslice.kube.resources import KubeConfig, ResourceNames
     from gpuslice.placement import PlacementPolicy
-    from gpuslice.spec import ComputeMode, Engine
+    from gpuslice.spec import Colocation, ComputeMode, Engine
 
     return KubeConfig(names=ResourceNames.configured(**(names or {})), default_memory_mib=default_mem,
                       default_cores=default_cores, default_gpu_num=default_gpu_num,
                       scheduler_name=scheduler_name, policy=PlacementPolicy.parse(policy),
                       default_mode=ComputeMode.parse(mode, "--mode"), adopt_schedulers=adopt,
-                      default_engine=Engine.parse(engine, "--default-engine"))
+                      default_engine=Engine.parse(engine, "--default-engine"),
+                      default_colocation=Colocation.parse(colocation, "--default-colocation"))
 
 
 # HAMi's chart knobs for the resource names (resourceName, resourceMem, resourceMemPercentage,
@@ -84,6 +85,9 @@ def scheduler(
     default_engine: str = typer.Option("timeslice", "--default-engine", metavar="timeslice|spatial",
                                        help="Engine of pods without gpuslice.io/engine (or HAMi's vgpu-mode: mps): "
                                        "timeslice or spatial (MPS)."),
+    default_colocation: str = typer.Option("preemptive", "--default-colocation", metavar="preemptive|shared|tidal",
+                                           help="Co-location of pods without gpuslice.io/colocation (tidal: "
+                                           "low-priority hard containers only; the others stay preemptive)."),
     resource_name: str = _name_option("--resource-name", "nvidia.com/gpu",
                                       "the device count (the one the device plugin advertises)"),
     resource_mem: str = _name_option("--resource-mem", "nvidia.com/gpumem", "memory per device in MiB"),
@@ -122,7 +126,8 @@ def scheduler(
     with option_values(SCHEDULER_FLAGS):  # what was typed wrong: exit 2, naming the flag
         cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
                       {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
-                       "cores": resource_cores, "priority": resource_priority}, tuple(adopt_scheduler), default_engine)
+                       "cores": resource_cores, "priority": resource_priority}, tuple(adopt_scheduler), default_engine,
+                      default_colocation)
         for flag, value in (("--port", port), ("--webhook-port", webhook_port), ("--metrics-port", metrics_port)):
             if not 0 <= value <= 65535:
                 raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")

@@ -14,12 +14,12 @@ from typing import Any, Iterable, Mapping
 from gpuslice.kube import hami
 from gpuslice.kube.formats import (
     HAMI_GPU_POLICY, HAMI_MIG_PREFERENCE, HAMI_NODE_POLICY, HAMI_NOUSE_TYPE, HAMI_NOUSE_UUID, HAMI_USE_TYPE,
-    HAMI_NOUSE_INDEX, HAMI_SCORING_WEIGHTS, HAMI_USE_INDEX, HAMI_USE_UUID, HAMI_VULKAN, HAMI_VGPU_MODE, POD_COMPUTE_MODE, POD_ENGINE, POD_GPU_POLICY, POD_MIG_PROFILE,
+    HAMI_NOUSE_INDEX, HAMI_SCORING_WEIGHTS, HAMI_USE_INDEX, HAMI_USE_UUID, HAMI_VULKAN, HAMI_VGPU_MODE, POD_COLOCATION, POD_COMPUTE_MODE, POD_ENGINE, POD_GPU_POLICY, POD_MIG_PROFILE, POD_TIDAL_SCHEDULE,
     POD_NODE_POLICY, POD_POLICY, NodeDevices, annotations,
 )
 from gpuslice.kube.resources import KubeConfig, limits_of, mib_quantity, one_of, whole_quantity
 from gpuslice.placement import POLICIES, PlacementPolicy
-from gpuslice.spec import ComputeMode, Device, Engine, MemoryAmount, MiB, Priority, Request, SpecError, parse_models
+from gpuslice.spec import Colocation, ComputeMode, Device, Engine, MemoryAmount, MiB, Priority, Request, SpecError, parse_models, parse_tidal_schedule
 
 
 # ------------------------------------------------------------------------------------- pod requests
@@ -132,7 +132,8 @@ def asked(container: Mapping[str, Any], cfg: KubeConfig, where: str) -> Asked:
 
 def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
                       mode: ComputeMode | None = None, models: tuple[str, ...] = (),
-                      notes: list[str] | None = None, engine: Engine = Engine.TIMESLICE) -> Request | None:
+                      notes: list[str] | None = None, engine: Engine = Engine.TIMESLICE,
+                      colocation: "PodColocation | None" = None) -> Request | None:
     """The request of one container from its resource limits, with HAMi's defaults filled; ``None`` when
     the container asks for no GPU. Contradictions raise :class:`SpecError` naming the resources.
 
@@ -194,8 +195,9 @@ def container_request(container: Mapping[str, Any], cfg: KubeConfig, where: str,
         shown = f"{count[0]}={limits[count[0]]}" if count else f"defaultGPUNum {n_devices}"
         raise SpecError(f"{where}.resources.limits", shown, "1 device: a spatial (MPS) container is the client of "
                         f"one device's MPS daemon ({POD_ENGINE}: spatial or {HAMI_VGPU_MODE}: mps)")
-    request = Request(count=n_devices, memory=memory, compute=compute, priority=priority,
-                      mode=mode or cfg.default_mode, exclusive=exclusive, models=models, engine=engine)
+    request = (colocation or PodColocation()).apply(
+        dict(count=n_devices, memory=memory, compute=compute, priority=priority, mode=mode or cfg.default_mode,
+             exclusive=exclusive, models=models, engine=engine), cfg)
     if request.compute_only and not given_mem:  # gpuslice's rule; HAMi gives such a container the whole card
         request = request.with_default_memory()
         if cores is not None:  # cores from defaultCores: the cluster's documented rule, no warning per pod
@@ -372,6 +374,7 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
     models = _list_annotation(anns, HAMI_USE_TYPE)
     vgpu = hami.vgpu_mode(anns)
     engine = pod_engine(anns, cfg, vgpu)
+    coloc = PodColocation.of(anns)
     if vgpu == "mps":
         vgpu = "hami-core"  # HAMi's MPS mode shares whole GPUs, never a MIG instance
     profiles = hami.mig_profiles(anns)
@@ -405,7 +408,7 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
             if got is not None:
                 out.append(ContainerRequest(name=name, index=k, request=got[0], kind=kind, mig=got[1]))
             continue
-        req = container_request(c, cfg, where, mode=mode, models=models, notes=notes, engine=engine)
+        req = container_request(c, cfg, where, mode=mode, models=models, notes=notes, engine=engine, colocation=coloc)
         if req is not None:
             out.append(ContainerRequest(name=name, index=k, request=req, kind=kind))
     unknown = set(profiles) - {"", *(c.name for c in out)}
@@ -422,6 +425,45 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
                       use_indexes=_index_annotation(anns, HAMI_USE_INDEX),
                       avoid_indexes=_index_annotation(anns, HAMI_NOUSE_INDEX), mode=vgpu, mutex=flags.mutex,
                       numa_bind=hami.numa_bind(anns), numa_prefer=flags.numa)
+
+
+@dataclass(frozen=True)
+class PodColocation:
+    """``gpuslice.io/colocation`` and ``gpuslice.io/tidal-schedule`` of a pod (None: not annotated). Applied to
+    each time-sliced container's request; errors name the annotation. Without the annotation the cluster's
+    default applies (``--default-colocation``, chart ``sharing.colocation``), a tidal default only to the
+    low-priority hard containers (a high-priority server in the same cluster stays preemptive)."""
+
+    colocation: Colocation | None = None
+    schedule: str = ""
+
+    @classmethod
+    def of(cls, anns: Mapping[str, str]) -> "PodColocation":
+        col = None
+        if POD_COLOCATION in anns:
+            col = Colocation.parse(anns[POD_COLOCATION], f"metadata.annotations[{POD_COLOCATION}]")
+        sched = ""
+        if POD_TIDAL_SCHEDULE in anns:
+            key = f"metadata.annotations[{POD_TIDAL_SCHEDULE}]"
+            sched = parse_tidal_schedule(anns[POD_TIDAL_SCHEDULE], key)
+            if not sched or col is not Colocation.TIDAL:
+                raise SpecError(key, anns[POD_TIDAL_SCHEDULE], f"spans like 8-20:30, with {POD_COLOCATION}: tidal")
+        return cls(col, sched)
+
+    def apply(self, fields: dict[str, Any], cfg: KubeConfig) -> Request:
+        if self.colocation is None:
+            col = cfg.default_colocation
+            if col is Colocation.TIDAL and (fields["priority"] is not Priority.LOW or fields["mode"] is not ComputeMode.HARD
+                                            or fields["engine"] is not Engine.TIMESLICE):
+                col = Colocation.PREEMPTIVE
+            return Request(**fields, colocation=col)
+        try:
+            return Request(**fields, colocation=self.colocation, tidal_schedule=self.schedule)
+        except SpecError as exc:
+            if exc.field not in ("colocation", "tidal_schedule"):
+                raise
+            key = POD_COLOCATION if exc.field == "colocation" else POD_TIDAL_SCHEDULE
+            raise SpecError(f"metadata.annotations[{key}]", exc.value, exc.allowed) from None
 
 
 def pod_engine(anns: Mapping[str, str], cfg: KubeConfig, vgpu: str) -> Engine:

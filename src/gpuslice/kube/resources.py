@@ -15,7 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping, Sequence
 
 from gpuslice.placement import PlacementPolicy
-from gpuslice.spec import ComputeMode, Engine, SpecError, whole_number
+from gpuslice.spec import Colocation, ComputeMode, Engine, SpecError, whole_number
 
 # ------------------------------------------------------------------------------------- configuration
 # HAMi's default resource names (its chart's resourceName, resourceMem, resourceMemPercentage,
@@ -114,6 +114,9 @@ class KubeConfig:
     default_gpu_num: int = 1
     default_mode: ComputeMode = ComputeMode.HARD
     default_engine: Engine = Engine.TIMESLICE  # for pods without gpuslice.io/engine (chart: sharing.engine)
+    # for pods without gpuslice.io/colocation (chart: sharing.colocation); a tidal default applies to the
+    # low-priority, hard containers only (the others stay preemptive: tidal is theirs alone)
+    default_colocation: Colocation = Colocation.PREEMPTIVE
     scheduler_name: str = "gpuslice-scheduler"
     policy: PlacementPolicy = field(default_factory=PlacementPolicy)
     # Pods naming these schedulers (or none) are sent to scheduler_name; a pod naming another is left to

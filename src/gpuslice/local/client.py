@@ -13,7 +13,8 @@ and the caller's own (the waiter's holder process). A bare number of ``request.m
 ``exclusive``, ``slices`` of ``uuid``/``memory``/…) beside the record's own keys (``owner``, ``request``,
 ``created``, ``holder_pid``, ``holder_start``, ``child_pid``, ``child_start``, ``uid``, ``command``,
 ``slice_file``, ``region_file``, ``ending_since``, and ``mps_pipe_dir`` for a spatial grant). An Ask's
-``request`` may say ``"engine": "spatial"`` (MPS-backed; one device).
+``request`` may say ``"engine": "spatial"`` (MPS-backed; one device), ``"colocation": "preemptive"|"shared"|"tidal"``
+and ``"tidal_schedule": "8-20:30,20-8:100"`` (issue 13; refusals name the field and what is allowed).
 The agent knows the caller from the kernel (``SO_PEERCRED``): a non-root caller's ``owner``/``uid`` are its
 own whatever the body says, and ``holder_pid`` and ``child_pid`` must be its own processes (the reclaimer
 ends the ``child_pid`` group once the holder is gone).

@@ -31,7 +31,7 @@ def _say(text: str) -> None:
 # Option names of `run` for the fields of a request: errors name what the user typed.
 RUN_OPTIONS = {"count": "gpus", "memory": "memory", "compute": "compute", "priority": "priority", "mode": "mode",
                "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device",
-               "engine": "engine"}
+               "engine": "engine", "colocation": "colocation", "tidal_schedule": "tidal-schedule"}
 
 
 def cli_spec_error(exc: "SpecError") -> "SpecError":
@@ -110,6 +110,15 @@ def run(
     engine: str = typer.Option("timeslice", "--engine", help="How the device's compute is shared: timeslice "
                                "(launches paced, exact shares) or spatial (an MPS client: kernels of the device's "
                                "spatial slices run at once, the share is its fraction of the SMs; one device)."),
+    colocation: str = typer.Option("preemptive", "--colocation", metavar="preemptive|shared|tidal",
+                                   help="How it shares a device with the other priority: preemptive (low "
+                                   "priority yields while high-priority work is queued), shared (weighted "
+                                   "shares, nobody yields) or tidal (low priority: the share follows "
+                                   "--tidal-schedule, or the high-priority slices' idle time)."),
+    tidal_schedule: Optional[str] = typer.Option(None, "--tidal-schedule", metavar="H-H:PCT,...",
+                                                 help="With --colocation tidal: the share by UTC hour, e.g. "
+                                                 "8-20:30,20-8:100 (hours no span covers: --compute, or the "
+                                                 "whole device)."),
 ) -> None:
     """Run CMD in a slice: grant, enforcer preloaded, output streamed, grant released at the end.
 
@@ -127,7 +136,8 @@ def run(
     try:  # values wrong whatever the node: usage errors
         request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
                                         "priority": priority, "mode": mode, "exclusive": exclusive,
-                                        "engine": engine})
+                                        "engine": engine, "colocation": colocation,
+                                        "tidal_schedule": tidal_schedule})
         parse_policy(policy)
     except SpecError as exc:
         raise _usage_error(exc) from None

@@ -97,7 +97,8 @@ def place(request: Request, nodes: Nodes, policy: PlacementPolicy | None = None,
         device = fleet.static[i][int(j)]
         slices.append(Slice(device_uuid=device.uuid, memory_limit=int(fit.need[i, j]), compute=request.compute,
                             priority=request.priority, mode=request.mode, weight=request.weight,
-                            engine=request.engine))
+                            engine=request.engine, colocation=request.colocation,
+                            tidal_schedule=request.tidal_schedule))
     return Placement(node=fleet.names[i], slices=tuple(slices), score=float(scored.score[best]),
                      exclusive=fit.shape.whole)
 

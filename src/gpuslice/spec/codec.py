@@ -6,13 +6,14 @@ socket API, Kubernetes annotations (``gpuslice.io/grant``, ``gpuslice.io/ledger`
                       "mode": "hard"|"soft"|"off", "weight": 1..16, "engine": "spatial"}`` (compute,
                       priority, mode, weight and engine may be left out: 0, 1 = low, hard, 1, timeslice;
                       ``engine`` is written only when it is not ``timeslice``, so documents of slices
-                      without it read and write as before)
+                      without it read and write as before), ``"colocation": "shared"|"tidal"`` and
+                      ``"tidal_schedule": "0-8:100,…"`` likewise only when not ``preemptive`` / empty
 ``Grant``             ``{"grant": "<id>", "exclusive": bool, "slices": [Slice, …]}`` — a record that
                       contains a grant (a ledger row, a pod's container) adds its own keys beside these
 ``Request``           ``{"count": 1..64, "memory": "4GiB"|"50%"|null, "compute": 0..100, "priority": 0|1,
                       "mode": …, "weight": 1..16, "exclusive": bool, "models": ["…"],
                       "engine": "timeslice"|"spatial"}`` (null or missing: the default; ``engine`` is
-                      written only when not ``timeslice``)
+                      written only when not ``timeslice``; ``colocation``, ``tidal_schedule`` as in Slice)
 ====================  ===================================================================================
 
 Decoders check every field and raise :class:`SpecError` whose field is the path of the bad value in the
@@ -25,11 +26,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from gpuslice.spec.errors import SpecError
+from gpuslice.spec.colocation import Colocation, parse_tidal_schedule
 from gpuslice.spec.model import GRANT_ID, ComputeMode, Engine, Grant, Priority, Request, Slice, whole_number
 
-SLICE_KEYS = ("uuid", "memory", "compute", "priority", "mode", "weight", "engine")
+SLICE_KEYS = ("uuid", "memory", "compute", "priority", "mode", "weight", "engine", "colocation", "tidal_schedule")
 GRANT_KEYS = ("grant", "exclusive", "slices")
-REQUEST_KEYS = ("count", "memory", "compute", "priority", "mode", "weight", "exclusive", "models", "engine")
+REQUEST_KEYS = ("count", "memory", "compute", "priority", "mode", "weight", "exclusive", "models", "engine",
+                "colocation", "tidal_schedule")
 
 
 def _at(where: str, key: str) -> str:
@@ -56,10 +59,16 @@ def _engine_json(engine: Engine) -> dict[str, str]:
     return {} if engine is Engine.TIMESLICE else {"engine": engine.value}
 
 
+def _coloc_json(item: Request | Slice) -> dict[str, str]:
+    """``colocation`` / ``tidal_schedule`` where they are not the defaults (older documents unchanged)."""
+    out = {} if item.colocation is Colocation.PREEMPTIVE else {"colocation": item.colocation.value}
+    return {**out, "tidal_schedule": item.tidal_schedule} if item.tidal_schedule else out
+
+
 def slice_to_json(item: Slice) -> dict[str, Any]:
     return {"uuid": item.device_uuid, "memory": item.memory_limit, "compute": item.compute,
             "priority": int(item.priority), "mode": item.mode.value, "weight": item.weight,
-            **_engine_json(item.engine)}
+            **_engine_json(item.engine), **_coloc_json(item)}
 
 
 def slice_from_json(data: Any, where: str = "") -> Slice:
@@ -74,7 +83,9 @@ def slice_from_json(data: Any, where: str = "") -> Slice:
                      priority=Priority.parse(data.get("priority", 1), _at(where, "priority")),
                      mode=ComputeMode.parse(data.get("mode", "hard"), _at(where, "mode")),
                      weight=whole_number(_at(where, "weight"), data.get("weight", 1), 1, 16),
-                     engine=Engine.parse(data.get("engine", "timeslice"), _at(where, "engine")))
+                     engine=Engine.parse(data.get("engine", "timeslice"), _at(where, "engine")),
+                     colocation=Colocation.parse(data.get("colocation", "preemptive"), _at(where, "colocation")),
+                     tidal_schedule=parse_tidal_schedule(data.get("tidal_schedule", ""), _at(where, "tidal_schedule")))
     except SpecError as exc:
         raise _prefixed(where, exc) from None
 
@@ -109,7 +120,7 @@ def request_to_json(request: Request) -> dict[str, Any]:
     return {"count": request.count, "memory": None if request.memory is None else str(request.memory),
             "compute": request.compute, "priority": int(request.priority), "mode": request.mode.value,
             "weight": request.weight, "exclusive": request.exclusive, "models": list(request.models),
-            **_engine_json(request.engine)}
+            **_engine_json(request.engine), **_coloc_json(request)}
 
 
 def request_from_json(data: Any, where: str = "") -> Request:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from gpuslice.spec.colocation import Colocation, check_colocation, parse_tidal_schedule
 from gpuslice.spec.errors import SpecError
 from gpuslice.spec.units import MAX_MEMORY_BYTES, MemoryAmount, parse_compute, parse_memory
 
@@ -95,7 +96,9 @@ class Request:
     ``exclusive`` asks for whole devices (nobody else may share them). ``models`` restricts device
     models (e.g. ``("V100M16", "V100M32")``); empty means any. ``engine`` is how the device's compute is
     shared (:class:`Engine`); a spatial request covers one device (its processes are clients of that
-    device's MPS daemon).
+    device's MPS daemon). ``colocation`` is how it shares a device with the other priority
+    (:mod:`gpuslice.spec.colocation`); ``tidal_schedule`` the canonical schedule of a tidal one ("" = follow
+    the high-priority slices' idle time).
     """
 
     count: int = 1
@@ -107,6 +110,8 @@ class Request:
     exclusive: bool = False
     models: tuple[str, ...] = ()
     engine: Engine = Engine.TIMESLICE
+    colocation: Colocation = Colocation.PREEMPTIVE
+    tidal_schedule: str = ""
 
     def __post_init__(self) -> None:
         whole_number("count", self.count, 1, 64)
@@ -127,6 +132,7 @@ class Request:
             raise SpecError("engine", self.engine.value,
                             "timeslice for a request of more than one device (a spatial slice is served by "
                             "the MPS daemon of one device)")
+        _check_coloc(self)
 
     @property
     def compute_only(self) -> bool:
@@ -143,7 +149,8 @@ class Request:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "Request":
         """Build from loosely typed input (CLI, JSON, annotations): every field parsed and checked."""
-        known = {"count", "memory", "compute", "priority", "mode", "weight", "exclusive", "models", "engine"}
+        known = {"count", "memory", "compute", "priority", "mode", "weight", "exclusive", "models", "engine",
+                 "colocation", "tidal_schedule"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecError(unknown[0], data[unknown[0]], "one of the fields " + ", ".join(sorted(known)))
@@ -170,7 +177,19 @@ class Request:
             kwargs["models"] = parse_models(data["models"])
         if "engine" in data:
             kwargs["engine"] = Engine.parse(data["engine"])
+        if "colocation" in data:
+            kwargs["colocation"] = Colocation.parse(data["colocation"])
+        if "tidal_schedule" in data:
+            kwargs["tidal_schedule"] = parse_tidal_schedule(data["tidal_schedule"])
         return cls(**kwargs)
+
+
+def _check_coloc(item: "Request | Slice") -> None:
+    """A request's or slice's co-location fields, against its priority, mode and engine."""
+    if not isinstance(item.tidal_schedule, str) or parse_tidal_schedule(item.tidal_schedule) != item.tidal_schedule:
+        raise SpecError("tidal_schedule", item.tidal_schedule, "a canonical schedule (use parse_tidal_schedule)")
+    check_colocation(item.colocation, item.tidal_schedule, priority=int(item.priority),
+                     mode=getattr(item.mode, "value", item.mode), spatial=item.engine is Engine.SPATIAL)
 
 
 def _parse_count(value: object, field_name: str = "count", high: int = 64) -> int:
@@ -206,7 +225,8 @@ def parse_models(value: object, field_name: str = "models") -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Slice:
-    """A granted share of one device; ``engine`` says how the device's compute is shared (:class:`Engine`)."""
+    """A granted share of one device; ``engine`` says how the device's compute is shared (:class:`Engine`),
+    ``colocation`` and ``tidal_schedule`` how it shares it with the other priority (as in :class:`Request`)."""
 
     device_uuid: str
     memory_limit: int
@@ -215,6 +235,8 @@ class Slice:
     mode: ComputeMode = ComputeMode.HARD
     weight: int = 1
     engine: Engine = Engine.TIMESLICE
+    colocation: Colocation = Colocation.PREEMPTIVE
+    tidal_schedule: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.device_uuid, str) or not self.device_uuid.strip():
@@ -224,6 +246,7 @@ class Slice:
         whole_number("weight", self.weight, 1, 16)
         if not isinstance(self.engine, Engine):
             raise SpecError("engine", self.engine, "an Engine")
+        _check_coloc(self)
 
 
 GRANT_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")

@@ -63,6 +63,7 @@ share a name. kube-scheduler calls the extender only for pods asking for one of 
 - --scheduler-name={{ .Values.scheduler.name }}
 - --mode={{ .Values.sharing.computeMode }}
 - --default-engine={{ .Values.sharing.engine | default "timeslice" }}
+- --default-colocation={{ .Values.sharing.colocation | default "preemptive" }}
 - --resource-name={{ .Values.resourceName }}
 - --resource-mem={{ .Values.resourceMem }}
 - --resource-mem-percentage={{ .Values.resourceMemPercentage }}

@@ -31,11 +31,12 @@ from typing import Any, Mapping
 
 from gpuslice.kube.dra.resourceslice import COMPUTE, DRIVER, MEMORY, Sharing, SliceDevice, memory_capacity
 from gpuslice.kube.resources import parse_quantity
-from gpuslice.spec import ComputeMode, Grant, Priority, Slice, SpecError, whole_number
+from gpuslice.spec import (Colocation, ComputeMode, Grant, Priority, Slice, SpecError, parse_tidal_schedule,
+                           whole_number)
 
 PARAMETERS_API = "gpuslice.io/v1"
 PARAMETERS_KIND = "SliceParameters"
-_PARAMETER_KEYS = ("apiVersion", "kind", "priority", "mode", "weight")
+_PARAMETER_KEYS = ("apiVersion", "kind", "priority", "mode", "weight", "colocation", "tidalSchedule")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Parameters:
     priority: Priority = Priority.LOW
     mode: ComputeMode | None = None
     weight: int = 1
+    colocation: Colocation = Colocation.PREEMPTIVE  # issue 13; tidal: low priority, mode hard
+    tidal_schedule: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,9 @@ def parameters(where: str, raw: Any) -> Parameters:
     return Parameters(
         priority=Priority.parse(data["priority"], f"{where}.priority") if "priority" in data else Priority.LOW,
         mode=ComputeMode.parse(data["mode"], f"{where}.mode") if "mode" in data else None,
-        weight=whole_number(f"{where}.weight", data.get("weight", 1), 1, 16))
+        weight=whole_number(f"{where}.weight", data.get("weight", 1), 1, 16),
+        colocation=Colocation.parse(data.get("colocation", "preemptive"), f"{where}.colocation"),
+        tidal_schedule=parse_tidal_schedule(data.get("tidalSchedule", ""), f"{where}.tidalSchedule"))
 
 
 def read_allocation(claim: Mapping[str, Any], pool: str, driver: str = DRIVER) -> ClaimAllocation:
@@ -194,8 +199,15 @@ def claim_grant(alloc: ClaimAllocation, devices: Mapping[str, SliceDevice], shar
         held_whole = memory[dev.uuid] >= cap
         whole.append(held_whole)
         limit = max(cap, dev.memory_total) if held_whole else memory[dev.uuid]
-        slices.append(Slice(device_uuid=dev.uuid, memory_limit=limit, compute=min(compute[dev.uuid], 100),
-                            priority=alloc.parameters.priority, mode=mode, weight=alloc.parameters.weight))
+        p = alloc.parameters
+        try:
+            slices.append(Slice(device_uuid=dev.uuid, memory_limit=limit, compute=min(compute[dev.uuid], 100),
+                                priority=p.priority, mode=mode, weight=p.weight, colocation=p.colocation,
+                                tidal_schedule=p.tidal_schedule))
+        except SpecError as exc:  # the co-location rules: named as the claim's parameters
+            key = {"tidal_schedule": "tidalSchedule"}.get(exc.field, exc.field)
+            raise SpecError(f"ResourceClaim {alloc.namespace}/{alloc.name}: SliceParameters.{key}", exc.value,
+                            exc.allowed) from None
     return Grant(grant_id=alloc.grant_id, slices=tuple(slices), exclusive=all(whole))
 
 

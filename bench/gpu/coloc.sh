@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Co-location benchmark on one GPU (issue 13), at most about 9 minutes on an H100 (the plan is printed first):
+#   three servers (launch-bound with idle gaps, GPU-bound batched, decode-style many tiny kernels), each beside
+#   a GPU-saturating transformer trainer: server p50/p99 and trainer it/s alone, with no gpuslice, under raw
+#   MPS (a private daemon started here, the trainer at client priority below normal), gpuslice preemptive and
+#   gpuslice shared; the device time each server leaves idle when alone; ABBA order, 2 repeats, spread stated
+#   (bench/gpu/coloc_bench.py says how each figure is measured).
+# Usage: bash bench/gpu/coloc.sh [--dry-run]                 (from the repository root or anywhere)
+#        GS_COLOC_STEPS=1,2 bash bench/gpu/coloc.sh; GS_COLOC_STEPS=3 bash bench/gpu/coloc.sh
+#            steps: 1 launch-bound, 2 GPU-bound, 3 decode (about 2.5 minutes each): two device calls of < 10 min;
+#            each writes <date>-<gpu>-coloc-steps12.md / -steps3.md; one table of both:
+#            tar xzf A-raw.tgz; mv coloc-run a; tar xzf B-raw.tgz; python3 bench/gpu/coloc_bench.py --report \
+#            a/coloc-raw.json coloc-run/coloc-raw.json
+#   GS_COLOC_REPS (2), GS_COLOC_WINDOW (3 s per phase), GS_COLOC_TIDAL (0; 1 adds a tidal-trainer phase),
+#   GS_COLOC_BUDGET (450 s of phases; every phase that would pass it is skipped and listed), OUT (default a new
+#   temp dir). --dry-run: no GPU: sleeping workers, no MPS unless nvidia-cuda-mps-control is on PATH.
+# Writes $OUT/<date>-<gpu>-coloc.md (the device named, goals met or MISSED by how much) and
+# $OUT/<date>-<gpu>-coloc-raw.tgz (coloc-raw.json, every process's log, the MPS logs, bench.log): two files come
+# back from the device tool (its limit is 8). Every MPS daemon this script starts is stopped on exit, also on
+# error or Ctrl-C. Prints a short table last.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+DRY=0
+[ "${1:-}" = --dry-run ] && DRY=1
+OUT=${OUT:-$(mktemp -d /tmp/gpuslice-coloc.XXXXXX)}
+W=$OUT/coloc-run            # all but the results file; packed into one archive at the end
+mkdir -p "$W"
+export PYTHONUNBUFFERED=1
+RUN=$(mktemp -d /tmp/gscl.XXXXXX)   # short: MPS puts Unix sockets under it
+T0=$(date +%s)
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$W/bench.log"; }
+
+# Our pinned pure-Python dependencies that the GPU image may lack (bash bench/gpu/fetch_wheels.sh fills .whl).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$ROOT/src:${PYTHONPATH:-}
+else
+  export PYTHONPATH=$ROOT/src:${PYTHONPATH:-}
+fi
+PY=${PYTHON:-python3}
+
+MPS_UP=0
+stop_mps() {
+  if [ "$MPS_UP" = 1 ]; then
+    echo quit | CUDA_MPS_PIPE_DIRECTORY="$RUN/mps/pipe" timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1
+    for _ in $(seq 100); do pgrep -f "nvidia-cuda-mps" >/dev/null || break; sleep 0.1; done
+    cp -r "$RUN/mps/log" "$W/mps-log" 2>/dev/null
+    MPS_UP=0
+  fi
+}
+cleanup() {
+  stop_mps
+  echo "nvidia-cuda-mps processes on the machine at the end: $(pgrep -c -f nvidia-cuda-mps || true)"
+  rm -rf "$RUN"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ "$DRY" = 0 ] && pgrep -f nvidia-cuda-mps >/dev/null; then
+  echo "an MPS daemon already runs on this machine (pgrep nvidia-cuda-mps): plain runs would be its clients; stop it first" >&2
+  exit 1
+fi
+MPS_NOTE="no nvidia-cuda-mps-control: no MPS rows"
+MPS_ARGS=()
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  mkdir -p "$RUN/mps/pipe" "$RUN/mps/log"
+  if CUDA_MPS_PIPE_DIRECTORY="$RUN/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$RUN/mps/log" nvidia-cuda-mps-control -d \
+      >"$W/mps-start.log" 2>&1; then
+    MPS_UP=1
+    MPS_ARGS=(--mps-pipe "$RUN/mps/pipe")
+    MPS_NOTE="private MPS daemon started ($RUN/mps)"
+  else
+    MPS_NOTE="the MPS daemon did not start (mps-start.log): no MPS rows"
+  fi
+fi
+
+ARGS=(--out "$W" --tmp "$RUN" --reps "${GS_COLOC_REPS:-2}" --window "${GS_COLOC_WINDOW:-3}"
+      --budget "${GS_COLOC_BUDGET:-450}" "${MPS_ARGS[@]}")
+[ -n "${GS_COLOC_STEPS:-}" ] && ARGS+=(--steps "$GS_COLOC_STEPS")
+[ "${GS_COLOC_TIDAL:-0}" = 1 ] && ARGS+=(--tidal)
+[ "$DRY" = 1 ] && ARGS+=(--dry)
+log "$($PY bench/gpu/coloc_bench.py "${ARGS[@]}" --plan-only)"
+log "$MPS_NOTE"
+
+log "build"
+make -s -C native $([ "$DRY" = 1 ] || echo build/libgpuslice.so) >"$W/build.log" 2>&1 || { log "build failed, see $W/build.log"; exit 1; }
+export GPUSLICE_ENFORCER_LIB=$ROOT/native/build/libgpuslice.so
+if [ "$DRY" = 1 ]; then  # the CPU driver and NVML doubles: the workers launch through the real enforcer
+  export LD_LIBRARY_PATH=$ROOT/native/build/double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} GS_COLOC_DOUBLE=1
+  # the node's devices: an H100 snapshot whose device 0 has the double's UUID (its NVML double is too small
+  # for discovery), so the slice file names the device the enforcer sees
+  $PY - "$RUN/devices.json" <<'PY' || exit 1
+import json, sys
+from dataclasses import replace
+from gpuslice.host.devices import load_snapshot, snapshot_json
+b = [(k * 17) & 0xFF for k in range(16)]
+b[0] = 0xA0
+h = "".join(f"{x:02x}" for x in b)
+devs = load_snapshot("h100-80gb")
+devs[0] = replace(devs[0], uuid=f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+open(sys.argv[1], "w").write(json.dumps(snapshot_json(devs[:1], "coloc.sh --dry-run: the CPU driver double")))
+PY
+  export GPUSLICE_DEVICE_SNAPSHOT=$RUN/devices.json
+fi
+
+LIMIT=$(( ${GS_COLOC_BUDGET:-450} + 60 ))
+# SIGTERM at the limit: the bench still writes what it measured
+timeout -k 15 "$LIMIT" $PY bench/gpu/coloc_bench.py "${ARGS[@]}" 2>&1 | tee -a "$W/bench.log" | grep -v '^|'
+RC=${PIPESTATUS[0]}
+stop_mps
+log "bench rc=$RC"
+
+GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+[ -n "$GPU" ] || GPU="no GPU (dry run)"
+TAG=$(sed -E 's/.*(H100|H200|A100|L40S|L4|B200|GH200).*/\1/I; t; s/.*/gpu/' <<<"$GPU" | tr 'A-Z' 'a-z')
+[ "$DRY" = 1 ] && TAG=cpu-dry-run
+NAME="$(date -u +%F)-$TAG-coloc$([ -n "${GS_COLOC_STEPS:-}" ] && echo "-steps${GS_COLOC_STEPS//,/}")"
+RES="$OUT/$NAME.md"
+{
+  echo "# Co-location benchmark (issue 13): $(date -u '+%F %H:%M UTC')"
+  echo
+  echo "- device: $GPU; $($PY -c 'import sys, torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {sys.version.split()[0]}")' 2>/dev/null || echo 'no torch')"
+  echo "- code: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')"
+  echo "- command: $([ -n "${GS_COLOC_STEPS:-}" ] && echo "GS_COLOC_STEPS=$GS_COLOC_STEPS ")bash bench/gpu/coloc.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); reps ${GS_COLOC_REPS:-2}, window ${GS_COLOC_WINDOW:-3} s; $(( $(date +%s) - T0 )) s wall; rc=$RC; $MPS_NOTE"
+  echo "- raw: $NAME-raw.tgz (coloc-run/coloc-raw.json: every phase; coloc-run/logs/: every process; bench.log; mps-log/)"
+  echo "- method: bench/gpu/coloc_bench.py (docstring). Server idle fraction = 1 - request rate x GPU time per request (CUDA graph of a request replayed back to back). Misses below carry their measured cause where the bench can measure one; the pacer path of each gpuslice process, read from the device state mid-window, is in the table."
+  echo
+  cat "$W/coloc.md" 2>/dev/null || echo "(no results: see bench.log)"
+} >"$RES"
+log "results: $RES"
+echo
+echo "== co-location on $GPU ($(( $(date +%s) - T0 )) s)"
+grep -E '^(###|\| (alone|trainer|plain|mps|preemptive|shared|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
+grep -E 'MISSED|: met' "$W/coloc.md" 2>/dev/null | sed 's/^- /  /' | cut -c1-200
+if [ "${GS_COLOC_TAR:-1}" = 1 ] && tar czf "$OUT/$NAME-raw.tgz" -C "$OUT" coloc-run; then rm -rf "$W"; fi
+exit "$RC"

@@ -1,0 +1,319 @@
+"""Co-location benchmark (issue 13): a latency-critical server beside a GPU-saturating trainer on one GPU.
+
+Server kinds (bench/gpu/coloc_worker.py): ``launch`` (launch-bound, batch 1, idle gaps), ``gpu`` (GPU-bound,
+batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token). For each kind, one step:
+  alone       the server alone: p50 / p99, and the share of the device's time it leaves idle (1 - its request
+              rate x its GPU time per request, measured with CUDA graphs replayed back to back)
+  trainer     the trainer alone: iterations / s
+  plain       both, no gpuslice (the driver time-slices the two contexts)
+  mps         both as clients of a private MPS daemon (started by coloc.sh), the trainer at
+              CUDA_MPS_CLIENT_PRIORITY=1 (below normal), the server at 0: the best MPS offers for priority
+  preemptive  gpuslice run --priority high (server) / --priority low (trainer), colocation preemptive (default)
+  shared      colocation shared, soft shares: the server gets its alone busy share x 1.25 + 5 points (what a
+              user who measured it would set), the trainer the rest
+  tidal       (only with --tidal) the trainer colocation tidal, following the server's idle time
+Phases go in ABBA order (the modes forward, then backward), --reps times (2 = ABBA); every phase starts
+fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
+alone speed x the server's idle fraction (issue 13's goal: >= 80 % of it); the between-requests bound leaves
+out the idle time inside a request (the CPU gaps of a launch-bound request, the decoder's per-token syncs),
+which a preemptive trainer is not given (README-compute.md, "Co-location": each entry costs the request a
+context switch).
+
+  python3 bench/gpu/coloc_bench.py --out DIR --tmp SHORTDIR [--steps 1,2,3] [--reps 2] [--window 3]
+                                   [--budget S] [--mps-pipe DIR] [--dry] [--plan-only]
+  python3 bench/gpu/coloc_bench.py --report DIR/coloc-raw.json [more raw files]   the tables again, merged
+Writes DIR/coloc-raw.json (every phase), DIR/coloc.md (the tables, the goals met or MISSED by how much), and
+DIR/logs/ (each process's output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "coloc_worker.py"
+KINDS = ("launch", "gpu", "decode")
+KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-bound (ResNet-50 b32, 8 ms think)",
+              "decode": "decode (32 tokens x ~40 tiny kernels, sync per token, 5 ms think)"}
+STARTUP_S = 9.0  # a phase's process start, imports, warm-up and calibration (H100, torch 2.x; measured ~6-8 s)
+
+
+def modes(tidal: bool) -> list[str]:
+    return ["alone", "trainer", "plain", "mps", "preemptive", "shared"] + (["tidal"] if tidal else [])
+
+
+def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(kind, mode, rep) in run order: per kind (a step), the modes forward then backward, --reps times."""
+    steps = [int(s) for s in args.steps.split(",")] if args.steps else [1, 2, 3]
+    out = []
+    for s in steps:
+        kind = KINDS[s - 1]
+        for rep in range(args.reps):
+            order = modes(args.tidal) if rep % 2 == 0 else modes(args.tidal)[::-1]
+            # 'alone' measures what 'shared' sizes its shares from: keep it first in a backward pass too
+            if rep % 2 == 1:
+                order.remove("alone")
+                order.insert(0, "alone")
+            out.extend((kind, m, rep) for m in order if m != "mps" or args.mps_pipe or args.dry)
+    return out
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.out = Path(args.out)
+        self.tmp = Path(args.tmp)
+        self.logs = self.out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+        self.env.update(GPUSLICE_STATE_DIR=str(self.tmp / "state"), PYTHONUNBUFFERED="1", GPUSLICE_KILL_GRACE="3")
+        self.t_end = time.monotonic() + args.budget
+        self.raw: dict = {"phases": [], "skipped": [], "window_s": args.window, "reps": args.reps}
+        self.busy: dict[str, float] = {}  # kind -> the server's busy fraction alone (latest)
+
+    def say(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    def worker(self, kind: str, folder: Path, role: str) -> list[str]:
+        cmd = [sys.executable, str(WORKER), "--kind", kind, "--ready", str(folder / f"ready.{role}"),
+               "--go", str(folder / "go"), "--out", str(folder / f"out.{role}.json"), "--window", str(self.args.window)]
+        return cmd + (["--dry"] if self.args.dry else [])
+
+    def command(self, mode: str, role: str, kind: str, folder: Path) -> tuple[list[str], dict]:
+        """The process of one role (server or trainer) in one mode: its command and environment."""
+        w = self.worker(kind if role == "server" else "train", folder, role)
+        env = dict(self.env)
+        if mode == "mps":
+            env.update(CUDA_MPS_PIPE_DIRECTORY=self.args.mps_pipe or str(self.tmp / "no-mps"),
+                       CUDA_MPS_CLIENT_PRIORITY="0" if role == "server" else "1")
+            return w, env
+        if mode not in ("preemptive", "shared", "tidal"):
+            return w, env
+        opts = ["run", "--device", "0", "--memory", "16GiB", "--priority", "high" if role == "server" else "low"]
+        if mode == "shared":
+            share = round(min(90, max(10, self.busy.get(kind, 0.5) * 100 * 1.25 + 5)))
+            opts += ["--colocation", "shared", "--mode", "soft",
+                     "--compute", str(share if role == "server" else 100 - share)]
+        elif mode == "tidal" and role == "trainer":
+            opts += ["--colocation", "tidal"]
+        return [sys.executable, "-m", "gpuslice.cli", *opts, "--", *w], env
+
+    def pacer_paths(self) -> dict[str, str]:
+        """pid -> the pacer path of each gpuslice process on the device now (enforcer's device state)."""
+        try:
+            from gpuslice.enforcer.devstate import read_device_state
+        except ImportError:
+            return {}
+        out = {}
+        for f in glob.glob(str(self.tmp / "state" / "**" / "*.dev"), recursive=True):
+            try:
+                for s in read_device_state(f).slices:
+                    for p in s.processes:
+                        out[str(p.pid)] = f"{s.colocation}/{'high' if s.priority == 0 else 'low'}:{p.path}"
+            except Exception as exc:  # a reader error is evidence too, never a crash of the bench
+                out["error"] = str(exc)[:200]
+        return out
+
+    def run_phase(self, kind: str, mode: str, rep: int) -> None:
+        estimate = STARTUP_S + self.args.window + 2
+        label = f"{kind}/{mode}#{rep}"
+        if time.monotonic() + estimate > self.t_end:
+            self.raw["skipped"].append(label)
+            self.say(f"skip {label}: the time budget is spent")
+            return
+        folder = self.tmp / "phase" / f"{kind}-{mode}-{rep}"
+        folder.mkdir(parents=True, exist_ok=True)
+        roles = {"alone": ["server"], "trainer": ["trainer"]}.get(mode, ["server", "trainer"])
+        procs = {}
+        for role in roles:
+            cmd, env = self.command(mode, role, kind, folder)
+            log = open(self.logs / f"{kind}-{mode}-{rep}-{role}.log", "w")
+            procs[role] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        rec: dict = {"kind": kind, "mode": mode, "rep": rep, "t": time.time()}
+        deadline = time.monotonic() + 120
+        while not all((folder / f"ready.{r}").exists() for r in roles):
+            if any(p.poll() is not None for p in procs.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        t0 = time.time() + 0.5
+        (folder / "go.tmp").write_text(f"{t0:.6f}")
+        os.replace(folder / "go.tmp", folder / "go")
+        time.sleep(0.5 + self.args.window / 2)
+        rec["paths"] = self.pacer_paths() if mode in ("preemptive", "shared", "tidal") else {}
+        for role, p in procs.items():
+            try:
+                p.wait(timeout=self.args.window + 60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait()
+            f = folder / f"out.{role}.json"
+            rec[role] = json.loads(f.read_text()) if f.exists() else {"error": f"no result (exit {p.returncode})"}
+            rec[role]["exit"] = p.returncode
+        if mode == "alone" and "busy_fraction" in rec.get("server", {}):
+            self.busy[kind] = rec["server"]["busy_fraction"]
+        self.raw["phases"].append(rec)
+        s, t = rec.get("server", {}), rec.get("trainer", {})
+        self.say(f"{label}: server p50 {s.get('p50_ms')} p99 {s.get('p99_ms')} ms, trainer {t.get('it_per_s')} it/s"
+                 + (f", paths {rec['paths']}" if rec["paths"] else ""))
+
+    def run(self) -> None:
+        plan = phases(self.args)
+        for kind, mode, rep in plan:
+            self.run_phase(kind, mode, rep)
+            (self.out / "coloc-raw.json").write_text(json.dumps(self.raw, indent=1))
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _vals(phs: list[dict], kind: str, mode: str, role: str, key: str) -> list[float]:
+    return [p[role][key] for p in phs if p["kind"] == kind and p["mode"] == mode
+            and isinstance(p.get(role, {}).get(key), (int, float))]
+
+
+def _pooled(phs: list[dict], kind: str, mode: str, q: float) -> float | None:
+    """The q-quantile of the server's latencies of every repeat together (a 3-s window holds 150-700
+    requests: one repeat's p99 is its 2nd-7th slowest request)."""
+    lat = sorted(x for p in phs if p["kind"] == kind and p["mode"] == mode for x in p.get("server", {}).get("lat_ms", []))
+    return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
+
+
+def _mean(v: list[float]) -> float | None:
+    return statistics.fmean(v) if v else None
+
+
+def _fmt(v: list[float], ref: float | None = None, digits: int = 2, main: float | None = None) -> str:
+    """main (default: the mean) [min-max of the repeats] (x ref)"""
+    if not v:
+        return "-"
+    m = statistics.fmean(v) if main is None else main
+    text = f"{m:.{digits}f}" + (f" [{min(v):.{digits}f}-{max(v):.{digits}f}]" if len(v) > 1 else "")
+    return text + (f" ({m / ref:.3f}x)" if ref else "")
+
+
+def report(raw: dict) -> str:
+    phs = raw["phases"]
+    lines = [f"Window {raw.get('window_s')} s per phase, {raw.get('reps')} repeats (ABBA). Server p50 / p99: of all "
+             "repeats' requests together [min-max of the repeats' own]; trainer: mean [min-max]; x = against the "
+             "same kind alone.", ""]
+    goals: list[str] = []
+    t_alone = _mean([p["trainer"]["it_per_s"] for p in phs if p["mode"] == "trainer"
+                     and isinstance(p.get("trainer", {}).get("it_per_s"), (int, float))])
+    for kind in KINDS:
+        if not any(p["kind"] == kind for p in phs):
+            continue
+        p50a, p99a = _pooled(phs, kind, "alone", 0.50), _pooled(phs, kind, "alone", 0.99)
+        busy = _mean(_vals(phs, kind, "alone", "server", "busy_fraction"))
+        talone = _mean(_vals(phs, kind, "trainer", "trainer", "it_per_s")) or t_alone
+        idle = None if busy is None else 1 - busy
+        bound = talone * idle if talone and idle is not None else None
+        reqa = _mean(_vals(phs, kind, "alone", "server", "req_per_s"))
+        think = _mean(_vals(phs, kind, "alone", "server", "think_ms"))
+        between = (think / 1000 * reqa) if reqa and think else None  # the share of time between requests
+        lines += [f"### {KIND_NAMES[kind]}", "",
+                  f"Alone: the server keeps the device busy {100 * busy:.1f} % of the time (idle {100 * idle:.1f} %); "
+                  f"between requests {100 * between:.1f} % of the time; trainer alone {talone:.2f} it/s, so the idle bound "
+                  f"is {bound:.2f} it/s." if busy is not None and talone and between else "Alone: not measured.", "",
+                  "| mode | server p50 ms | server p99 ms | trainer it/s | trainer / idle bound | pacer paths |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for mode in modes(True):
+            p50, p99 = _vals(phs, kind, mode, "server", "p50_ms"), _vals(phs, kind, mode, "server", "p99_ms")
+            tr = _vals(phs, kind, mode, "trainer", "it_per_s")
+            if not (p50 or tr):
+                continue
+            paths = sorted({v for p in phs if p["kind"] == kind and p["mode"] == mode for v in p.get("paths", {}).values()})
+            lines.append(f"| {mode} | {_fmt(p50, p50a if mode != 'alone' else None, main=_pooled(phs, kind, mode, 0.5))} | "
+                         f"{_fmt(p99, p99a if mode != 'alone' else None, main=_pooled(phs, kind, mode, 0.99))} | {_fmt(tr, talone if mode != 'trainer' else None)} | "
+                         f"{f'{_mean(tr) / bound:.2f}' if tr and bound and mode != 'trainer' else '-'} | "
+                         f"{', '.join(paths) or '-'} |")
+        lines.append("")
+        goals += _goals(kind, phs, p50a, p99a, bound, talone, between)
+    errors = [f"{p['kind']}/{p['mode']}#{p['rep']} {r}: {p[r]['error']}" for p in phs for r in ("server", "trainer")
+              if isinstance(p.get(r), dict) and p[r].get("error")]
+    lines += ["### Goals (issue 13)", ""] + [f"- {g}" for g in goals]
+    if raw.get("skipped"):
+        lines.append(f"- not run (time budget): {', '.join(raw['skipped'])}")
+    if errors:
+        lines += ["", "### Errors", ""] + [f"- {e}" for e in errors]
+    return "\n".join(lines) + "\n"
+
+
+def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> list[str]:
+    out = []
+    p50, p99 = _pooled(phs, kind, "preemptive", 0.5), _pooled(phs, kind, "preemptive", 0.99)
+    tr = _mean(_vals(phs, kind, "preemptive", "trainer", "it_per_s"))
+    if None in (p50, p99, p50a, p99a):
+        return [f"{kind}: preemptive or alone not measured"]
+    for name, got, ref, lim in (("p50", p50, p50a, 1.03), ("p99", p99, p99a, 1.10)):
+        r = got / ref
+        out.append(f"{kind}: preemptive server {name} {r:.3f}x alone (goal <= {lim:.2f}x): "
+                   + ("met" if r <= lim else f"MISSED by {100 * (r - lim):.1f} points"))
+    if tr is not None and bound:
+        r = tr / bound
+        note = ""
+        if r < 0.8 and between and talone:
+            note = (f"; between requests alone ({100 * between:.0f} % of the time) the bound is "
+                    f"{talone * between:.2f} it/s, the trainer got {tr / (talone * between):.2f} of that: the rest of the "
+                    "idle time is inside requests (CPU gaps, per-token syncs), which the yield path does not give")
+        out.append(f"{kind}: preemptive trainer {r:.2f} of the idle bound (goal >= 0.80): "
+                   + ("met" if r >= 0.8 else f"MISSED by {100 * (0.8 - r):.0f} points") + note)
+    plain_p99 = _pooled(phs, kind, "plain", 0.99)
+    plain_tr = _mean(_vals(phs, kind, "plain", "trainer", "it_per_s"))
+    if plain_p99 and plain_tr and tr is not None:
+        protected = plain_p99 <= 1.10 * p99a
+        out.append(f"{kind}: plain time-slicing gives p99 {plain_p99 / p99a:.2f}x alone and the trainer "
+                   f"{plain_tr:.2f} it/s vs preemptive {tr:.2f}: "
+                   + (("met" if tr >= plain_tr else f"MISSED: plain protects the tail too and the trainer got "
+                       f"{100 * (1 - tr / plain_tr):.0f} % more there") if protected
+                      else "plain does not give the same p99 protection, so it is no floor here"))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--tmp")
+    ap.add_argument("--steps", default="")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--window", type=float, default=3.0)
+    ap.add_argument("--budget", type=float, default=420)
+    ap.add_argument("--mps-pipe", default="")
+    ap.add_argument("--tidal", action="store_true")
+    ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--plan-only", action="store_true")
+    ap.add_argument("--report", nargs="+")
+    args = ap.parse_args()
+    if args.report:
+        merged: dict = {"phases": [], "skipped": []}
+        for f in args.report:
+            r = json.loads(Path(f).read_text())
+            merged["phases"] += r["phases"]
+            merged["skipped"] += r.get("skipped", [])
+            merged.update({k: r[k] for k in ("window_s", "reps") if k in r})
+        print(report(merged))
+        return 0
+    plan = phases(args)
+    est = len(plan) * (STARTUP_S + args.window + 2)
+    print(f"plan: {len(plan)} phases ({', '.join(sorted({k for k, _, _ in plan}))}), {args.reps} repeats, window "
+          f"{args.window:g} s: planned {est:.0f} s (cut at {args.budget:.0f} s)"
+          + ("" if args.mps_pipe or args.dry else "; no MPS daemon: no mps rows"), flush=True)
+    if args.plan_only:
+        return 0
+    bench = Bench(args)
+    try:
+        bench.run()
+    finally:
+        (Path(args.out) / "coloc-raw.json").write_text(json.dumps(bench.raw, indent=1))
+        (Path(args.out) / "coloc.md").write_text(report(bench.raw))
+    failed = [p for p in bench.raw["phases"] for r in ("server", "trainer") if isinstance(p.get(r), dict) and p[r].get("error")]
+    return 1 if failed or not bench.raw["phases"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""One process of bench/gpu/coloc.sh: an online server of one kind, or the trainer beside it (fp16, random
+weights, no network).
+
+Servers (closed loop: a request, then ``--think`` seconds of idle time, then the next; a request's latency
+is from its first launch to the end of its last synchronize):
+  launch   launch-bound with idle gaps: ResNet-50 inference at batch 1 (~160 short kernels whose launches
+           the CPU paces), 4 ms think
+  gpu      GPU-bound batched: ResNet-50 inference at batch 32, 8 ms think
+  decode   a decoder's loop of many tiny kernels: 32 tokens at batch 1, each a 6-block MLP stack of width
+           1024 (~40 kernels of a few us) and an argmax read back to the CPU (a sync per token), 5 ms think
+Trainer (``--kind train``): a 6-layer transformer encoder (d 1024, 16 heads, ff 4096), batch 16 x 256 tokens,
+AdamW under autocast, ``loss.item()`` each step: alone it keeps an H100 busy (~97 %).
+
+Protocol with bench/gpu/coloc_bench.py (as spatial_worker.py's): build, warm up, calibrate (a server's GPU time
+per request: CUDA graphs replayed back to back, packing_worker.calibrate), write ``--ready``; wait for ``--go``
+(the window's start t0); run; count what ends inside [t0, t0 + window]; keep running ``--tail`` seconds more
+so the neighbour stays loaded; write ``--out`` (JSON) and exit 0 (3 on a CUDA error, named in the JSON).
+``--dry``: no GPU: sleeps shaped like the kinds (tests the bench's logic on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+THINK = {"launch": 0.004, "gpu": 0.008, "decode": 0.005}
+TOKENS = 32
+
+
+def build_dry(kind: str):
+    """(request, None, GPU s per request hint) for a CPU-only dry run: sleeps shaped like the kind, each step
+    also one launch through the CPU driver double when GS_COLOC_DOUBLE=1 (coloc.sh --dry-run sets it), so a
+    gpuslice process's pacer really runs and publishes its path in the device state."""
+    per = {"launch": 0.003, "gpu": 0.009, "decode": 0.0002, "train": 0.03}[kind]
+    n = TOKENS if kind == "decode" else 1
+    launch = double_launch() if os.environ.get("GS_COLOC_DOUBLE") == "1" else (lambda: None)
+
+    def request() -> None:
+        for _ in range(n):
+            launch()
+            time.sleep(per)
+    return request, None, per * n * 0.5
+
+
+def double_launch():
+    """One no-op kernel launch through the CPU driver double (packing_worker.double_launcher)."""
+    from packing_worker import double_launcher
+
+    fn = double_launcher()
+
+    def launch() -> None:
+        if fn(None, 1, 1, 1, 1, 1, 1, 0, None, None, None):
+            raise RuntimeError("coloc_worker: a launch failed")
+    return launch
+
+
+def build_server(kind: str):
+    """(request, forward for the calibration graph, requests per forward: tokens for the decoder)."""
+    import torch
+    import torch.nn as nn
+    from spatial_worker import resnet50
+
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    if kind == "decode":
+        blocks = [nn.Sequential(nn.LayerNorm(1024), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1024))
+                  for _ in range(6)]
+        net = nn.Sequential(*blocks, nn.Linear(1024, 4096)).to(dev).half().eval()
+        emb = torch.randn(4096, 1024, device=dev, dtype=torch.half)
+        tok = torch.zeros(1, dtype=torch.long, device=dev)
+
+        def forward() -> None:
+            with torch.inference_mode():
+                tok.copy_(net(emb[tok]).argmax(-1))
+
+        def request() -> None:
+            t = 0
+            for _ in range(TOKENS):
+                forward()
+                t = int(tok.item())  # the sampled token goes back to the CPU: a sync per token
+            del t
+        return request, forward, TOKENS
+    batch = 1 if kind == "launch" else 32
+    net = resnet50(torch, nn).to(dev).to(memory_format=torch.channels_last).half().eval()
+    x = torch.randn(batch, 3, 224, 224, device=dev, dtype=torch.half).to(memory_format=torch.channels_last)
+
+    def forward() -> None:
+        with torch.inference_mode():
+            net(x)
+
+    def request() -> None:
+        forward()
+        torch.cuda.synchronize()
+    return request, forward, 1
+
+
+def build_trainer():
+    import torch
+    import torch.nn as nn
+
+    dev = torch.device("cuda")
+    layer = nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True, dropout=0.0)
+    net = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).to(dev)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    x = torch.randn(16, 256, 1024, device=dev)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = net(x).float().pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+    return step
+
+
+def wait_go(path: Path, limit: float = 300) -> float:
+    deadline = time.time() + limit
+    while not path.exists():
+        if time.time() > deadline:
+            raise TimeoutError(f"{path} did not appear within {limit:g} s")
+        time.sleep(0.002)
+    return float(path.read_text().strip())
+
+
+def pct(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] * 1000
+
+
+def run_server(request, think: float, t0: float, window: float, tail: float) -> dict:
+    """Requests with ``think`` seconds between them; latencies of those that start and end in the window."""
+    end, stop = t0 + window, t0 + window + tail
+    lat: list[float] = []
+    while time.time() < t0:
+        time.sleep(min(0.001, max(0.0, t0 - time.time())))
+    while True:
+        a = time.perf_counter()
+        wall_a = time.time()
+        request()
+        b = time.perf_counter()
+        if wall_a + (b - a) > end:
+            break
+        lat.append(b - a)
+        time.sleep(think)
+    while time.time() < stop:
+        request()
+        time.sleep(think)
+    lat.sort()
+    return {"requests": len(lat), "req_per_s": len(lat) / window, "p50_ms": pct(lat, 0.50), "p99_ms": pct(lat, 0.99),
+            "mean_ms": sum(lat) / len(lat) * 1000 if lat else None, "lat_ms": [round(x * 1000, 4) for x in lat]}
+
+
+def run_trainer(step, t0: float, window: float, tail: float) -> dict:
+    end, stop = t0 + window, t0 + window + tail
+    while time.time() < t0:
+        step()  # busy before the window opens: the server meets a loaded device from its first request
+    done = 0
+    while True:
+        step()
+        if time.time() > end:
+            break
+        done += 1
+    while time.time() < stop:
+        step()
+    return {"iters": done, "it_per_s": done / window}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", choices=("launch", "gpu", "decode", "train"), required=True)
+    ap.add_argument("--ready", required=True)
+    ap.add_argument("--go", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--window", type=float, default=4.0)
+    ap.add_argument("--tail", type=float, default=0.4)
+    ap.add_argument("--dry", action="store_true")
+    args = ap.parse_args()
+    result: dict = {"pid": os.getpid(), "kind": args.kind}
+    try:
+        if args.kind == "train":
+            step = build_dry("train")[0] if args.dry else build_trainer()
+            for _ in range(8):
+                step()
+        else:
+            if args.dry:
+                request, forward, hint = build_dry(args.kind)
+                result["gpu_ms_per_request"] = hint * 1000
+                result["calibration"] = "dry run"
+            else:
+                from packing_worker import calibrate
+
+                request, forward, per = build_server(args.kind)
+                for _ in range(20):
+                    request()
+                cal = calibrate(forward, 50)
+                result["gpu_ms_per_request"] = cal["gpu_s_per_iter"] * per * 1000
+                result["calibration"] = cal["how"]
+            result["think_ms"] = THINK[args.kind] * 1000
+        Path(args.ready).write_text(json.dumps(result))
+        t0 = wait_go(Path(args.go))
+        if args.kind == "train":
+            result.update(run_trainer(step, t0, args.window, args.tail))
+        else:
+            result.update(run_server(request, THINK[args.kind], t0, args.window, args.tail))
+            busy = result["req_per_s"] * result["gpu_ms_per_request"] / 1000
+            result["busy_fraction"] = min(1.0, busy)  # of the device's time, by the calibration ruler
+        code = 0
+    except Exception as exc:  # a CUDA error, a missing file: named in the JSON for the report
+        result["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        code = 3
+    Path(args.out).write_text(json.dumps(result))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

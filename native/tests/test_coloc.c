@@ -1,0 +1,288 @@
+/* Co-location in the plant (issue 13; README-compute.md, "Co-location"): a high-priority online server
+ * beside a low-priority trainer that would saturate the device, under each colocation mode, on two
+ * simulated devices:
+ *   h100-like   a context that gets work while another runs preempts it after 5 us, and a switch costs
+ *               5 us: what the H100 shows beside a busy neighbour (plain time-slicing made a ResNet-18
+ *               request of ~65 kernels 0.7 ms slower beside a trainer, ~10 us a kernel, while the
+ *               trainer kept the idle time; 2026-11-23-h100-compute.txt);
+ *   slice-fifo  round robin at the end of 2-ms slices only, 50 us per preempting switch: the
+ *               pessimistic device, where queued low-priority work is what a request waits behind.
+ * Three server kinds (launch-bound at batch 1 with idle gaps, GPU-bound batched, a decoder's loop of
+ * tiny kernels with a sync per token), each alone, beside the trainer with no enforcer (plain), and
+ * with gpuslice preemptive, shared and tidal; the trainer alone. Reported: the server's p50/p99 against
+ * alone, the trainer's iterations against alone and against the idle-time bound (its alone speed x
+ * the idle fraction the server leaves alone), and the goals of issue 13 are checked where the design
+ * promises them (the benchmark on a GPU, bench/gpu/coloc.sh, measures the real thing). */
+#include "plant.h"
+
+struct gpu_model {
+    const char *name;
+    int arrival;
+    int64_t slice, sw, sw_idle;
+};
+static const struct gpu_model MODELS[] = {
+    {"h100-like", 1, 2000000, 5000, 5000},
+    {"slice-fifo", 0, 2000000, 50000, 5000},
+};
+
+static void use_model(const struct gpu_model *m)
+{
+    ARRIVAL_PREEMPT = m->arrival;
+    PREEMPT_LAT = DT;
+    TIMESLICE = m->slice;
+    CTX_SWITCH = m->sw;
+    CTX_SWITCH_IDLE = m->sw_idle;
+    LAUNCH_GAP = DT;
+    WAKE_LAT = 20000;
+}
+
+static void plain_model(void)
+{
+    ARRIVAL_PREEMPT = 0;
+    TIMESLICE = 2000000;
+    CTX_SWITCH = 0;
+    CTX_SWITCH_IDLE = -1;
+    LAUNCH_GAP = 0;
+    WAKE_LAT = 0;
+}
+
+/* A request: ntok tokens of kper kernels (fixed shapes over [kmin, kmax]) launched cpu apart, a sync
+ * and tok_cpu of CPU after each token; think between requests. */
+struct server_kind {
+    const char *name;
+    int ntok, kper;
+    int64_t kmin, kmax, cpu, tok_cpu, think;
+};
+static const struct server_kind SERVERS[] = {
+    /* batch 1: 120 kernels of 5-15 us launched 20 us apart (the GPU idles most of a request), 3 ms think */
+    {"launch-bound", 1, 120, 5000, 15000, 20000, 0, 3000000},
+    /* batch 32: 40 kernels of 100-400 us, the CPU runs ahead (10 us apart), 8 ms think */
+    {"gpu-bound", 1, 40, 100000, 400000, 10000, 0, 8000000},
+    /* a decoder: 16 tokens of 40 kernels of 5-20 us (8 us apart), sync + 100 us of sampling per token */
+    {"decode", 16, 40, 5000, 20000, 8000, 100000, 5000000},
+};
+enum { M_ALONE, M_PLAIN, M_PREEMPT, M_SHARED, M_TIDAL, M_N };
+static const char *MODE_NAMES[] = {"alone", "plain", "preemptive", "shared", "tidal"};
+
+struct result {
+    double p50, p99, reqs, train, busy; /* ms, ms, requests/s, trainer iterations/s, server's device time % */
+    double held;                        /* s the server's launches were held back by the pacer */
+};
+
+static struct sproc *add_server(const struct server_kind *k, double share, int mode, int coloc, int raw)
+{
+    struct sproc *h = add("server", share, mode, 1, 0, W_SRV, k->kmin, k->kmax);
+    h->ntok = k->ntok;
+    h->kper = k->kper;
+    h->launch_cpu = k->cpu;
+    h->tok_cpu = k->tok_cpu;
+    h->think = k->think;
+    h->coloc = coloc;
+    h->raw = raw;
+    h->rng = 4242u;
+    return h;
+}
+
+/* the trainer: iterations of 200 kernels of 20-400 us (random shapes), 5 us of CPU apart, a sync
+ * (loss.item()) and no think: alone it keeps the device ~97 % busy */
+static struct sproc *add_trainer(double share, int mode, int coloc, int raw)
+{
+    struct sproc *l = add("trainer", share, mode, 1, 1, W_ITER, 20000, 400000);
+    l->kper = 200;
+    l->launch_cpu = 5000;
+    l->think = 0;
+    l->coloc = coloc;
+    l->raw = raw;
+    l->delay = 300000;
+    return l;
+}
+
+#define SECS 6.0
+#define WARM 1.0
+
+static struct result run(const struct server_kind *k, int m, double server_busy)
+{
+    sim_reset();
+    struct sproc *h = NULL, *l = NULL;
+    /* shared: shares sized from what the server uses alone (x1.25 + 5 points), both soft, the trainer
+     * the rest: what a user who measured the server would set */
+    int sh = (int)lround(fmin(90, fmax(10, server_busy * 1.25 + 5)));
+    if (k) {
+        if (m == M_SHARED) h = add_server(k, sh, GS_CTL_SOFT, GS_COLOC_SHARED, 0);
+        else h = add_server(k, 0, GS_CTL_HARD, GS_COLOC_PREEMPTIVE, m == M_PLAIN || m == M_ALONE);
+    }
+    if (!k || m != M_ALONE) {
+        if (m == M_SHARED) l = add_trainer(100 - sh, GS_CTL_SOFT, GS_COLOC_SHARED, 0);
+        else l = add_trainer(0, GS_CTL_HARD, m == M_TIDAL ? GS_COLOC_TIDAL : GS_COLOC_PREEMPTIVE, m == M_PLAIN || m == M_ALONE);
+    }
+    sim_run(SECS, WARM);
+    struct result r = {0, 0, 0, 0, 0, 0};
+    if (h) {
+        r.p50 = pct(h, 0.5) / 1e6;
+        r.p99 = pct(h, 0.99) / 1e6;
+        r.reqs = h->iters / (SECS - WARM);
+        r.busy = 100.0 * (h->busy_true - h->busy_at_warm) / ((SECS - WARM) * 1e9);
+        r.held = h->slept_sum / 1e9;
+    }
+    if (l) r.train = l->iters / (SECS - WARM);
+    return r;
+}
+
+static void test_modes(const struct gpu_model *gm)
+{
+    use_model(gm);
+    struct result talone = run(NULL, M_PLAIN, 0);
+    printf("  %s device: trainer alone %.1f it/s\n", gm->name, talone.train);
+    printf("  %-13s %-11s %12s %8s %8s | %9s %8s %8s\n", "server", "mode", "p50/p99 ms", "p50 x", "p99 x", "trainer", "x alone",
+           "x bound");
+    for (unsigned kk = 0; kk < sizeof SERVERS / sizeof *SERVERS; kk++) {
+        const struct server_kind *k = &SERVERS[kk];
+        struct result alone = run(k, M_ALONE, 0), res[M_N];
+        res[M_ALONE] = alone;
+        double idle = 1 - alone.busy / 100, bound = talone.train * idle;
+        for (int m = M_PLAIN; m < M_N; m++) res[m] = run(k, m, alone.busy);
+        for (int m = 0; m < M_N; m++) {
+            struct result *r = &res[m];
+            printf("  %-13s %-11s %5.2f/%5.2f %8.3f %8.3f | %9.1f %8.2f %8.2f%s\n", k->name, MODE_NAMES[m], r->p50, r->p99,
+                   r->p50 / alone.p50, r->p99 / alone.p99, r->train, r->train / talone.train, r->train / bound,
+                   m == M_ALONE ? "" : "");
+        }
+        printf("  %-13s alone: device busy %.1f %%, idle bound for the trainer %.1f it/s\n", k->name, alone.busy, bound);
+        struct result *p = &res[M_PREEMPT];
+        if (gm->arrival) {
+            /* the goals of issue 13 where the device preempts on arrival (the H100's behaviour) */
+            CHECK(p->p50 <= 1.03 * alone.p50, "%s/%s: preemptive p50 %.3f ms > 1.03 x alone %.3f", gm->name, k->name, p->p50,
+                  alone.p50);
+            CHECK(p->p99 <= 1.10 * alone.p99, "%s/%s: preemptive p99 %.3f ms > 1.10 x alone %.3f", gm->name, k->name, p->p99,
+                  alone.p99);
+        } else {
+            /* the bound on the pessimistic device: a request waits behind at most YIELD_QUEUE, the
+             * trainer's longest kernel (400 us) and a switch, once */
+            double bound_ms = (GS_CTL_YIELD_QUEUE_NS + 400000 + 2 * gm->sw) / 1e6;
+            CHECK(p->p99 <= alone.p99 + bound_ms, "%s/%s: preemptive p99 %.3f ms > alone %.3f + %.2f", gm->name, k->name, p->p99,
+                  alone.p99, bound_ms);
+        }
+        CHECK(p->reqs >= 0.97 * alone.reqs, "%s/%s: the server keeps its request rate (%.1f vs %.1f /s)", gm->name, k->name,
+              p->reqs, alone.reqs);
+        /* work-conserving between requests: the trainer gets the time between them (less YIELD_GAP
+         * after each) at 90 % of its speed alone; the idle time inside a request is not given (each
+         * entry would cost the request a switch: README-compute.md, "Co-location") */
+        double period = alone.p50 + k->think / 1e6, between = (k->think - GS_CTL_YIELD_GAP_NS) / 1e6 / period;
+        CHECK(p->train >= 0.9 * talone.train * between, "%s/%s: preemptive trainer %.1f it/s < 0.9 x %.1f (alone x %.2f "
+              "between requests)", gm->name, k->name, p->train, talone.train, between);
+        /* shared: nobody yields and nobody is held below its soft share: the server (its share sized from
+         * its use alone) is held by the pacer for under 1 % of the time (a GPU-bound request's burst can
+         * outrun the 10-ms credit: 0.35 % measured); the trainer gets at least 90 % of its share's worth. The
+         * server's latency is time-slicing's then (h100-like: p99 up to 1.3x alone): shared is for two jobs
+         * that both must progress, not for a latency-critical one */
+        struct result *sr = &res[M_SHARED];
+        int sh = (int)lround(fmin(90, fmax(10, alone.busy * 1.25 + 5)));
+        CHECK(sr->held < 0.01 * SECS, "%s/%s: the shared server was held %.4f s", gm->name, k->name, sr->held);
+        CHECK(sr->train >= 0.9 * talone.train * (100 - sh) / 100.0, "%s/%s: shared trainer %.1f it/s < 0.9 x its %d %% "
+              "share of %.1f", gm->name, k->name, sr->train, 100 - sh, talone.train);
+        /* tidal follows the time the server leaves: at least that much of the between-request bound */
+        CHECK(res[M_TIDAL].train >= 0.9 * talone.train * between, "%s/%s: tidal trainer %.1f it/s < 0.9 x alone x %.2f",
+              gm->name, k->name, res[M_TIDAL].train, between);
+    }
+}
+
+/* A preemptive server that is on the device but idle (one request, then a long think): the trainer
+ * keeps its queue bounded (the server may come back any time) and still runs at full speed. */
+static void test_work_conserving(const struct gpu_model *gm)
+{
+    use_model(gm);
+    struct result talone = run(NULL, M_PLAIN, 0);
+    sim_reset();
+    struct sproc *h = add_server(&SERVERS[1], 0, GS_CTL_HARD, GS_COLOC_PREEMPTIVE, 0);
+    h->think = 100000000000LL;
+    struct sproc *l = add_trainer(0, GS_CTL_HARD, GS_COLOC_PREEMPTIVE, 0);
+    sim_run(SECS, WARM);
+    double t = l->iters / (SECS - WARM);
+    printf("  %s: trainer beside an idle preemptive server %.1f it/s (alone %.1f), path %d\n", gm->name, t, talone.train,
+           l->eng.path);
+    CHECK(l->eng.path == GS_DS_PATH_YIELD, "the trainer is on the yield path beside the server (%d)", l->eng.path);
+    CHECK(t >= 0.97 * talone.train, "%s: trainer beside an idle server %.1f < 0.97 x alone %.1f", gm->name, t, talone.train);
+    /* a paced trainer (30 %, hard) on the yield path is still held to its share */
+    sim_reset();
+    h = add_server(&SERVERS[1], 0, GS_CTL_HARD, GS_COLOC_PREEMPTIVE, 0);
+    h->think = 100000000000LL;
+    l = add_trainer(30, GS_CTL_HARD, GS_COLOC_PREEMPTIVE, 0);
+    sim_run(SECS, 2);
+    expect_share(l, 30, 2, "a 30 % trainer on the yield path");
+}
+
+/* The schedule of a tidal slice: its share at the hour it is told (UTC), the slice's compute share for
+ * hours no span covers (0: the whole device). */
+static void test_tidal_schedule(void)
+{
+    use_model(&MODELS[0]);
+    struct gs_tidal t;
+    char err[160];
+    CHECK(gs_tidal_parse("0-8:30, 8-20:60", &t, err, sizeof err) == 0, "schedule parses: %s", err);
+    static const struct { int hour; double want; } at[] = {{3, 30}, {12, 60}};
+    for (unsigned i = 0; i < 2; i++) {
+        sim_reset();
+        struct sproc *l = add_trainer(0, GS_CTL_HARD, GS_COLOC_TIDAL, 0);
+        l->tidal = t;
+        l->tidal_hour = at[i].hour;
+        sim_run(6, 2);
+        expect_share(l, at[i].want, 2, "tidal schedule, trainer alone");
+    }
+    sim_reset();
+    struct sproc *l = add_trainer(0, GS_CTL_HARD, GS_COLOC_TIDAL, 0);
+    l->tidal = t;
+    l->tidal_hour = 21;
+    sim_run(5, 2);
+    double m, lo, hi;
+    win_stats(l, &m, &lo, &hi);
+    printf("  tidal schedule, an hour no span covers: %.1f %% of the device\n", m);
+    CHECK(m >= 95, "an hour no span covers gives the whole device (compute 0): %.1f", m);
+}
+
+/* Following the idle time: beside a server that is busy for a second and idle for the next, a
+ * preemptive trainer takes every idle second whole; a tidal one follows the tide (the server's queued
+ * fraction, EWMA over 2 s: ~half), so it does not jump to the whole device in each lull. Both yield
+ * to the server while it is queued. */
+static void test_tidal_follows_idle(void)
+{
+    use_model(&MODELS[0]);
+    double off_share[2];
+    for (int tidal = 0; tidal < 2; tidal++) {
+        sim_reset();
+        struct sproc *h = add("server", 0, GS_CTL_HARD, 1, 0, W_BURST, 200000, 200000);
+        h->on = 1000000000;
+        h->off = 1000000000;
+        h->kper = 10;
+        struct sproc *l = add_trainer(0, GS_CTL_HARD, tidal ? GS_COLOC_TIDAL : GS_COLOC_PREEMPTIVE, 0);
+        sim_run(10, 4);
+        /* windows start at t = 4 s: even windows are the server's on-phases, odd ones its lulls */
+        double on = 0, off = 0;
+        for (int i = 0; i + 1 < l->nwin; i += 2) {
+            on += l->wins[i];
+            off += l->wins[i + 1];
+        }
+        off_share[tidal] = off / (l->nwin / 2);
+        printf("  bursty server (1 s on, 1 s off): %s trainer %.1f %% of its on-phases, %.1f %% of its lulls (share "
+               "now %.1f %%)\n", tidal ? "tidal" : "preemptive", on / (l->nwin / 2), off_share[tidal], l->eng.share_bp / 100.0);
+        CHECK(on / (l->nwin / 2) < 5, "the trainer yields while the server runs: %.1f %%", on / (l->nwin / 2));
+    }
+    CHECK(off_share[0] > 90, "a preemptive trainer takes the lulls: %.1f %%", off_share[0]);
+    CHECK(off_share[1] > 30 && off_share[1] < 75, "a tidal trainer follows the tide, not each lull: %.1f %%", off_share[1]);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    for (unsigned i = 0; i < sizeof MODELS / sizeof *MODELS; i++) {
+        test_modes(&MODELS[i]);
+        test_work_conserving(&MODELS[i]);
+    }
+    test_tidal_schedule();
+    test_tidal_follows_idle();
+    plain_model();
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);
+    if (DIR_[0] && system(cmd) != 0) printf("note: could not remove %s\n", DIR_);
+    printf("test_coloc: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
