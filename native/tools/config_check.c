@@ -14,12 +14,10 @@ int main(int argc, char **argv)
     char err[512];
     int rc;
     if (argc > 1) {
-        FILE *f = fopen(argv[1], "rb");
-        if (!f) { perror(argv[1]); return 2; }
         static char buf[65536];
-        size_t n = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        rc = gs_config_parse_text(buf, n, &c, err, sizeof err);
+        size_t n = 0;
+        rc = gs_config_read_file(argv[1], buf, sizeof buf, &n, err, sizeof err);
+        if (!rc) rc = gs_config_parse_text(buf, n, &c, err, sizeof err);
     } else {
         rc = gs_config_load(&c, err, sizeof err);
     }

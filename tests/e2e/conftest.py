@@ -397,6 +397,9 @@ class ExtenderProcess:
 
     def __init__(self, args: list[str], kubeconfig: str, port: int, log_dir: Path):
         self.args, self.kubeconfig, self.port, self.log_dir = args, kubeconfig, port, log_dir
+        # The chart's fixed metrics port (9401) on loopback would meet another test run's extender on the same
+        # machine ("Address already in use"): a free one of this run's own, kept across restarts.
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[str] | None = None
         self.starts = 0
 
@@ -412,7 +415,8 @@ class ExtenderProcess:
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [gpuslice_cli(), *self.args, "--kubeconfig", self.kubeconfig, "--host", "127.0.0.1",
-                 "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT)
+                 "--port", str(self.port), "--metrics-port", str(self.metrics_port)],
+                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:

@@ -287,6 +287,21 @@ def test_chart_examples_are_allocated_by_the_scheduler_and_prepared_by_the_agent
         bound = wait_for(lambda: _bound(core, NS, pods), 90, "the example pods to be scheduled")
         assert {p["spec"]["nodeName"] for p in bound.values()} == {node}
 
+        # Then a pod that would step out of its slice (its own LD_PRELOAD): no webhook sees DRA pods, so the
+        # driver refuses to prepare its claim, naming the container and the variable (issue 15); it reads the
+        # pod with the chart's RBAC.
+        escaping = json.loads(json.dumps(next(d for d in docs if d["kind"] == "Pod"
+                                              and d["metadata"]["name"] == "gpu-slice-4gi-30")))
+        escaping["metadata"]["name"] = "escapes-its-slice"
+        escaping["spec"]["containers"][0]["env"] = [{"name": "LD_PRELOAD", "value": "/tmp/mine.so"}]
+        kubectl_apply(control_plane, [escaping], NS)
+        placed = wait_for(lambda: _bound(core, NS, {"escapes-its-slice"}), 90, "the escaping pod to be scheduled")
+        (refused_claim,) = kubelet.claims_of(placed["escapes-its-slice"])
+        refusal = answer_of(kubelet.prepare([refused_claim]), refused_claim.uid)
+        assert not refusal["devices"] and "spec.containers[0] (main).env[0].name 'LD_PRELOAD'" in refusal["error"], \
+            refusal
+        assert not (agent.paths["cdi"] / f"gpuslice.io-claim_{refused_claim.uid}.json").exists()
+
         answers = {}
         for name, pod in bound.items():
             claims = kubelet.claims_of(pod)

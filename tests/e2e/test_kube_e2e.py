@@ -116,6 +116,29 @@ def test_contradictory_request_is_refused_with_the_field_named(control_plane: "C
     assert "nvidia.com/gpumem" in body["message"] and "gpumem-percentage" in body["message"]
 
 
+@pytest.mark.parametrize("container,needle", [
+    ({"volumeMounts": [{"name": "mine", "mountPath": "/etc/ld.so.preload", "subPath": "preload"}]}, "/etc/ld.so.preload"),
+    ({"volumeMounts": [{"name": "mine", "mountPath": "/etc/gpuslice/"}]}, "/etc/gpuslice"),
+    ({"env": [{"name": "LD_PRELOAD", "value": "/tmp/mine.so"}]}, "LD_PRELOAD"),
+    ({"env": [{"name": "GPUSLICE_SLICE", "value": "/tmp/mine"}]}, "GPUSLICE_SLICE"),
+])
+def test_pods_that_would_step_out_of_their_slice_are_refused(control_plane: "ControlPlane", webhook: Any,
+                                                            container: dict[str, Any], needle: str) -> None:
+    """Issue 15: a pod mounting its own volume over the enforcer's paths, or setting LD_PRELOAD/GPUSLICE_*,
+    is refused by the API server (our webhook), naming the field."""
+    from kubernetes.client.exceptions import ApiException
+
+    v1 = core(control_plane)
+    pod = hami_pod("escape", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2048})
+    pod["spec"]["containers"][0].update(container)
+    pod["spec"]["volumes"] = [{"name": "mine", "emptyDir": {}}]
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_pod(NS, pod)
+    assert 400 <= err.value.status < 500
+    message = json.loads(err.value.body)["message"]
+    assert "pods.gpuslice.io" in message and "denied" in message and needle in message, message
+
+
 def test_pod_without_gpu_is_left_alone(control_plane: "ControlPlane", webhook: Any) -> None:
     v1 = core(control_plane)
     pod = hami_pod("plain", {"cpu": "100m"})

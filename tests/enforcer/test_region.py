@@ -151,7 +151,28 @@ def test_torn_writer_flagged_not_blocking(tmp_path: Path) -> None:
 
 
 def test_created_region_permissions(tmp_path: Path) -> None:
+    """A region is its owner's alone unless its creator says otherwise (the trust model, native/README.md):
+    0600 by default; the device plugin asks 0666 for a container's folder, which only that container sees."""
     region = tmp_path / "r"
     create_region(region, [U0])
-    assert os.stat(region).st_mode & 0o777 == 0o666  # processes of one slice may run as different users
+    assert os.stat(region).st_mode & 0o777 == 0o600
     assert read_region(region).limit(U0) is None
+    shared = tmp_path / "shared"
+    create_region(shared, [U0], mode=0o666)
+    assert os.stat(shared).st_mode & 0o777 == 0o666
+
+
+def test_a_region_path_that_is_a_link_or_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Root's monitor reads regions in folders tenants may write: a link is not followed, a FIFO not opened."""
+    target = tmp_path / "r"
+    create_region(target, [U0])
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(RegionError, match="cannot open"):
+        read_region(link)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    t = time.monotonic()
+    with pytest.raises(RegionError, match="cannot open"):
+        read_region(fifo)
+    assert time.monotonic() - t < 5

@@ -18,6 +18,7 @@ class FakeDraAPI:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[str] = []
         self._rv = itertools.count(1)
         self._lock = threading.Lock()
@@ -28,6 +29,21 @@ class FakeDraAPI:
     def add_claim(self, claim: dict[str, Any]) -> None:
         meta = claim["metadata"]
         self.claims[(meta["namespace"], meta["name"])] = copy.deepcopy(claim)
+
+    def add_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        self.pods[(meta["namespace"], meta["name"])] = copy.deepcopy(pod)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        self.calls.append(f"get pod {namespace}/{name}")
+        if (namespace, name) not in self.pods:
+            raise NotFound(f"pod {namespace}/{name}", 404)
+        return copy.deepcopy(self.pods[(namespace, name)])
+
+    def list_pods(self, field_selector: str = "") -> list[dict[str, Any]]:
+        self.calls.append(f"list pods {field_selector}")
+        node = dict(part.split("=", 1) for part in field_selector.split(",") if part).get("spec.nodeName")
+        return [copy.deepcopy(p) for p in self.pods.values() if node is None or (p.get("spec") or {}).get("nodeName") == node]
 
     def get_node(self, name: str) -> dict[str, Any]:
         self.calls.append(f"get node {name}")

@@ -51,7 +51,8 @@ def test_dra_agent_flags_exist_in_the_cli() -> None:
 def test_dra_rbac_is_what_the_driver_calls_and_the_policy_keeps_it_to_its_node(helm: Path) -> None:
     objs = render(helm, "mode=dra")
     agent = _rules(objs, "ClusterRole", "gs-gpuslice-agent")
-    assert agent == ({("", "nodes", "get", "")} | {("resource.k8s.io", "resourceclaims", "get", "")}
+    assert agent == ({("", "nodes", "get", ""), ("", "pods", "get", ""), ("", "pods", "list", "")}
+                     | {("resource.k8s.io", "resourceclaims", "get", "")}
                      | {("resource.k8s.io", "resourceslices", v, "") for v in ("get", "list", "create", "update", "delete")})
     assert set(by_kind(objs, "ClusterRole")) == {"gs-gpuslice-agent"}
     vap = by_kind(objs, "ValidatingAdmissionPolicy")

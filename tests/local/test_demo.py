@@ -27,6 +27,15 @@ FAILING = ("import json, sys, time; name = sys.argv[1]; time.sleep(0.5)\n"
            "print(json.dumps({'matmul_per_s': 10.0, 'cuda_total': 0}))")
 
 
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path, monkeypatch):
+    """The demo's temporary folders go to this test's own folder: another test run on the machine (a second
+    `make test`, another checkout) makes and removes its own gpuslice-demo-* folders in /tmp meanwhile."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+
+
 def _demo_temp_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "gpuslice-demo-*")))
 
@@ -81,7 +90,10 @@ SLEEPER = ("import os, sys, time; open(os.path.join(sys.argv[1], sys.argv[2]), '
            "time.sleep(120)")
 
 
-def test_ctrl_c_on_a_terminal_ends_the_demo_and_both_slices(state_env, enforcer_lib, tmp_path):
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_on_a_terminal_ends_the_demo_and_both_slices(state_env, enforcer_lib, tmp_path, inherited):
+    """Also when the demo was started with SIGINT ignored (``nohup``, a background job, some CI runners): it
+    sets the disposition it relies on itself (issue 15)."""
     env = {**state_env, "GPUSLICE_ENFORCER_LIB": str(enforcer_lib)}
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -89,9 +101,9 @@ def test_ctrl_c_on_a_terminal_ends_the_demo_and_both_slices(state_env, enforcer_
             f"run_gpu_demo(seconds=120, refresh=0.3, workload=(sys.executable, '-c', {SLEEPER!r}, {str(pids)!r}))")
     pid, master = pty.fork()
     if pid == 0:  # a terminal session running the demo in the foreground, as `make run` does
-        # ...from an interactive shell, which gives a foreground job SIGINT's default action: a test run started
-        # in the background (`make test &`, SIGINT ignored, which exec keeps) must not leave Ctrl-C ignored here
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # "default": as from an interactive shell, which gives a foreground job SIGINT's default action;
+        # "ignored": as from `nohup`/`make test &` (exec keeps it ignored): the demo must set it itself
+        signal.signal(signal.SIGINT, signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL)
         os.execve(sys.executable, [sys.executable, "-c", code], env)
     seen = b""
     try:

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,6 +54,12 @@ def test_enforcer_loads_into_a_non_cuda_process(env):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out.strip() == "42"
+
+
+def _waiters(env) -> list:
+    done = subprocess.run([sys.executable, "-m", "gpuslice.cli", "ps", "--json"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    return json.loads(done.stdout)["waiters"] if done.returncode == 0 else []
 
 
 def _wait_for_grant(env, timeout=30.0) -> dict:
@@ -205,10 +212,19 @@ def test_concurrent_runs_do_not_overcommit(env, tmp_path):
     assert ledger_grants(env) == []
 
 
-def test_wait_queues_and_runs_when_freed(env):
-    first = gpuslice("run", "--memory", "60GiB", "--device", "0", "--", "sleep", "3", env=env)
+def test_wait_queues_and_runs_when_freed(env, tmp_path):
+    # The first slice holds the device until the second is queued (a condition, not a 3 s sleep that a loaded
+    # machine outlasts before the second has even started).
+    go = tmp_path / "go"
+    first = gpuslice("run", "--memory", "60GiB", "--device", "0", "--", "sh", "-c",
+                     f"while [ ! -e {go} ]; do sleep 0.05; done", env=env)
     _wait_for_grant(env)
     second = gpuslice("run", "--memory", "60GiB", "--device", "0", "--wait", "--", "echo", "ran", env=env)
+    deadline = time.monotonic() + 60
+    while not _waiters(env):
+        assert time.monotonic() < deadline and second.poll() is None, "the second run never queued"
+        time.sleep(0.1)
+    go.touch()
     out, err = second.communicate(timeout=60)
     first.communicate(timeout=30)
     assert second.returncode == 0, err

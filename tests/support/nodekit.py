@@ -15,10 +15,11 @@ def gpuslice(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
 
 
 class AgentProcess:
-    def __init__(self, env: dict[str, str], interval: float = 0.2, reclaim_interval: float = 0.5):
+    def __init__(self, env: dict[str, str], interval: float = 0.2, reclaim_interval: float = 0.5,
+                 extra: tuple[str, ...] = ()):
         self.state = Path(env["GPUSLICE_STATE_DIR"])
         self.proc = gpuslice("agent", "--port", "0", "--interval", str(interval), "--reclaim-interval",
-                             str(reclaim_interval), env=env)
+                             str(reclaim_interval), *extra, env=env)
         deadline = time.monotonic() + 30
         info = self.state / "agent.json"
         while not info.exists():

@@ -101,6 +101,12 @@ int gs_config_load_with(gs_env_fn get, void *arg, struct gs_config *out, char *e
 int gs_config_load_pinned(gs_env_fn get, void *arg, const char *pinned, struct gs_config *out, char *err,
                           size_t errlen);
 
+/* Read a slice file into buf (at most cap - 1 bytes; *len = bytes read) as the enforcer does: a regular file
+ * (a FIFO or device is refused without blocking), and when root wrote it and this process is not root, one
+ * that this process's user cannot replace (not writable by group/others, in a folder only root may write
+ * or a sticky one). Returns 0, or -1 with err naming the path and the reason. */
+int gs_config_read_file(const char *path, char *buf, size_t cap, size_t *len, char *err, size_t errlen);
+
 /* Whether two device UUIDs name the same device: compared by their hex part, ignoring case and a
  * "GPU-" or "MIG-" prefix. CUDA hands out a MIG instance's UUID as 16 bytes that we can only print
  * as GPU-..., while slice files and NVML name it MIG-...; both must match. */

@@ -375,11 +375,53 @@ uint64_t gs_config_limit_for_uuid(const struct gs_config *cfg, const char *uuid,
     return i >= 0 ? cfg->device_limit[i] : 0;
 }
 
-static int read_file(const char *path, char *buf, size_t cap, size_t *len, char *err, size_t errlen)
+/* A slice file root wrote must be one this process's user cannot replace (trust model, README.md): not
+ * writable by group or others, in a folder root owns that only root may write (or a sticky one, where
+ * nobody may replace root's file). Issue 15: a user whose grant folder was handed to them replaced the
+ * slice file and raised their own limit. A file of the user's own (their own ledger, a file they wrote)
+ * is theirs to change anyway, and root obeys whatever it reads. Only the file's own folder is checked. */
+static int check_not_replaceable(int fd, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st, dst;
+    if (geteuid() == 0 || fstat(fd, &st) != 0 || st.st_uid != 0) return 0;
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        set_err(err, errlen, "slice file %s: written by root but writable by others (mode %03o): refusing a slice "
+                "its processes could change", path, (unsigned)(st.st_mode & 0777));
+        return -1;
+    }
+    char dir[GS_PATH_LEN];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (stat(dir, &dst) != 0) {
+        set_err(err, errlen, "slice file %s: cannot check its folder %s: %s", path, dir, strerror(errno));
+        return -1;
+    }
+    if (dst.st_uid != 0 || ((dst.st_mode & (S_IWGRP | S_IWOTH)) && !(dst.st_mode & S_ISVTX))) {
+        set_err(err, errlen, "slice file %s: written by root, but its folder %s (owner uid %u, mode %04o) lets "
+                "others replace it: refusing a slice its processes could change", path, dir, (unsigned)dst.st_uid,
+                (unsigned)(dst.st_mode & 07777));
+        return -1;
+    }
+    return 0;
+}
+
+int gs_config_read_file(const char *path, char *buf, size_t cap, size_t *len, char *err, size_t errlen)
+{
+    /* O_NONBLOCK: a FIFO in its place must not hang the program (or gpuslice-config-check) in open(). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         set_err(err, errlen, "GPUSLICE_SLICE=%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        set_err(err, errlen, "GPUSLICE_SLICE=%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    if (check_not_replaceable(fd, path, err, errlen)) {
+        close(fd);
         return -1;
     }
     size_t n = 0;
@@ -542,7 +584,7 @@ int gs_config_load_pinned(gs_env_fn get, void *arg, const char *pinned, struct g
     if (path) {
         static char buf[65536];
         size_t len;
-        if (read_file(path, buf, sizeof buf, &len, err, errlen)) return -1;
+        if (gs_config_read_file(path, buf, sizeof buf, &len, err, errlen)) return -1;
         char perr[400];
         if (gs_config_parse_text(buf, len, &c, perr, sizeof perr)) {
             set_err(err, errlen, "%s: %s", path, perr);

@@ -90,12 +90,13 @@ static struct gs_region *create_new(const char *path, char *err, size_t errlen)
 {
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    /* Mode 0600: the creating user's alone (trust model, native/README.md). A slice whose processes run as
+     * several users gets its region from its manager before they start (the agent, the device plugin). */
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         set_err(err, errlen, "region %s: cannot create %s: %s", path, tmp, strerror(errno));
         return NULL;
     }
-    fchmod(fd, 0666); /* the processes of one slice may run as different users */
     struct gs_region *r = NULL;
     if (ftruncate(fd, sizeof *r)) {
         set_err(err, errlen, "region %s: ftruncate: %s", path, strerror(errno));
@@ -130,11 +131,17 @@ struct gs_region *gs_region_open(const char *path, char *err, size_t errlen)
         return p;
     }
     for (int attempt = 0; attempt < 3; attempt++) {
-        int fd = open(path, O_RDWR | O_CLOEXEC);
+        /* No link followed, no FIFO or device opened (O_NONBLOCK keeps a FIFO from hanging the open). */
+        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd >= 0) {
             struct stat st;
             if (fstat(fd, &st)) {
                 set_err(err, errlen, "region %s: fstat: %s", path, strerror(errno));
+                close(fd);
+                return NULL;
+            }
+            if (!S_ISREG(st.st_mode)) {
+                set_err(err, errlen, "region %s: not a regular file", path);
                 close(fd);
                 return NULL;
             }
@@ -170,7 +177,8 @@ struct gs_region *gs_region_open(const char *path, char *err, size_t errlen)
             return r;
         }
         if (errno != ENOENT) {
-            set_err(err, errlen, "region %s: cannot open: %s", path, strerror(errno));
+            set_err(err, errlen, "region %s: cannot open: %s", path,
+                    errno == ELOOP ? "it is a symbolic link (a region must be a regular file)" : strerror(errno));
             return NULL;
         }
         struct gs_region *r = create_new(path, err, errlen);

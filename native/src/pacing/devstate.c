@@ -81,28 +81,72 @@ static int validate(const struct gs_ds_header *h, char *err, size_t errlen)
     return 0;
 }
 
+/* Open <dir>/<uuid>.dev for reading and writing, creating it if missing: the one place that decides how
+ * this file is created, opened and permissioned (trust model, native/README.md). The folder is shared by
+ * every slice on the node and usually world-writable (sticky), so a tenant may have put anything there
+ * first; a root process must never follow, chmod or truncate what a tenant named (issue 15: a symlink
+ * here turned a root-owned 0600 file into 0666). So: the folder is opened once without following a link
+ * and every name is resolved relative to it (openat); the file is never followed (O_NOFOLLOW) and must be
+ * a regular file with one link; only a file this call created gets mode 0666 (umask must not lock other
+ * users' slices out of coordination). Returns the fd, or -1 with err set. */
+static int open_state_file(const char *dir, const char *uuid, char *path, size_t pathlen, char *err, size_t errlen)
+{
+    if (snprintf(path, pathlen, "%s/%s.dev", dir, uuid) >= (int)pathlen) {
+        snprintf(err, errlen, "device state: path too long");
+        return -1;
+    }
+    /* The folder is shared by every slice on the node: world-writable with the sticky bit, like /tmp, so
+     * processes of different users can join and none can replace another's file. */
+    int dfd = -1;
+    if (mkdir(dir, 01777) == 0) {
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd >= 0) fchmod(dfd, 01777); /* ours, just made: umask must not narrow it */
+    } else {
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
+    if (dfd < 0) {
+        snprintf(err, errlen, "device state: folder %s: %s", dir,
+                 errno == ELOOP || errno == ENOTDIR ? "not a directory (a link is not followed)" : strerror(errno));
+        return -1;
+    }
+    char name[80];
+    snprintf(name, sizeof name, "%s.dev", uuid);
+    int fd = -1;
+    for (int attempt = 0; attempt < 3 && fd < 0; attempt++) {
+        fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0 || errno != ENOENT) break;
+        fd = openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd >= 0) fchmod(fd, 0666); /* created by this call: the one file we may widen */
+        else if (errno != EEXIST) break;  /* else someone else created it just now: open theirs */
+    }
+    int saved = errno;
+    close(dfd);
+    if (fd < 0) {
+        snprintf(err, errlen, "device state: open %s: %s", path,
+                 saved == ELOOP ? "it is a symbolic link (not followed)" : strerror(saved));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+        snprintf(err, errlen, "device state: %s is not a regular file with a single link: not used", path);
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
 int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, char *err, size_t errlen)
 {
     memset(ds, 0, sizeof *ds);
     ds->fd = -1;
-    if (!dir || !*dir || !uuid || !*uuid || strchr(uuid, '/')) {
+    if (!dir || !*dir || !uuid || !*uuid || strchr(uuid, '/') || strlen(uuid) > 70) {
         snprintf(err, errlen, "device state: need a directory and a device uuid");
         return -1;
     }
-    /* The directory is shared by every slice on the node: world-writable with the sticky bit, like
-     * /tmp, so processes of different users can join. */
-    if (mkdir(dir, 01777) == 0) chmod(dir, 01777);
     char path[1200];
-    if (snprintf(path, sizeof path, "%s/%s.dev", dir, uuid) >= (int)sizeof path) {
-        snprintf(err, errlen, "device state: path too long");
-        return -1;
-    }
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        snprintf(err, errlen, "device state: open %s: %s", path, strerror(errno));
-        return -1;
-    }
-    fchmod(fd, 0666); /* umask must not lock other users out of coordination */
+    int fd = open_state_file(dir, uuid, path, sizeof path, err, errlen);
+    if (fd < 0) return -1;
     if (flock(fd, LOCK_EX) != 0) {
         snprintf(err, errlen, "device state: flock %s: %s", path, strerror(errno));
         close(fd);

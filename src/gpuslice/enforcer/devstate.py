@@ -23,7 +23,6 @@ moved, so a reader never reports half of one update.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Iterable
 
 from gpuslice.spec.errors import GpusliceError
 from gpuslice.spec.model import Slice
+from gpuslice.spec.files import open_regular
 
 MAGIC = 0x0054535645445347  # "GSDEVST\0"
 VERSION = 3
@@ -187,7 +187,7 @@ def read_device_state(path: Path | str, retries: int = 5) -> DeviceCompute:
     """Read one ``<uuid>.dev`` file consistently (see the module docstring)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:  # no link followed, no FIFO: tenants write this folder
             for _ in range(retries):
                 first = f.read(FILE_SIZE)
                 f.seek(0)
@@ -202,6 +202,14 @@ def read_device_state(path: Path | str, retries: int = 5) -> DeviceCompute:
         raise DeviceStateError(f"{path}: no such device state file") from e
     except OSError as e:
         raise DeviceStateError(f"{path}: {e.strerror}") from e
+
+
+def state_file_name(uuid: str) -> str:
+    """The name of ``uuid``'s pacing file: the pacer names it after ``cuDeviceGetUuid_v2`` printed as
+    ``GPU-<hex>``, which for a MIG instance is its own UUID (``MIG-<hex>`` in NVML)."""
+    import re
+
+    return ("GPU-" + uuid[4:] if re.fullmatch(r"MIG-[0-9a-fA-F-]{36}", uuid) else uuid) + ".dev"
 
 
 def read_all(directory: Path | str) -> list[DeviceCompute]:
@@ -254,11 +262,9 @@ def set_live(path: Path | str, grant: str, *, percent: float | None = None, mode
     code = None if mode is None else {v: k for k, v in _MODES.items()}.get(mode)
     if share is not None and not 0 < share < 10000 or mode is not None and code not in (0, 1):
         return False
-    fd = os.open(Path(path), os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd = open_regular(Path(path), os.O_RDWR)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path}: not a regular file")
         if st.st_size != FILE_SIZE:
             raise DeviceStateError(f"{path}: {st.st_size} bytes, expected {FILE_SIZE}")
         _check_header(os.pread(fd, HEADER_SIZE, 0).ljust(FILE_SIZE, b"\0"), Path(path))  # the header's fields

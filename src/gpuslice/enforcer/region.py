@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from gpuslice.spec.errors import GpusliceError
+from gpuslice.spec.files import open_regular
 
 __all__ = ["DeviceUsage", "ProcessUsage", "RegionError", "RegionSnapshot", "RegionVersionError", "create_region",
            "read_region", "UNLIMITED", "VERSION"]
@@ -241,7 +242,7 @@ def read_region(path: str | os.PathLike[str], timeout: float = 1.0) -> RegionSna
     """
     path = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path)  # no link followed, no FIFO opened: a tenant may name the path
     except OSError as e:
         raise RegionError(path, f"cannot open: {e.strerror}") from None
     try:
@@ -297,7 +298,7 @@ def _init_robust_mutex(mm: mmap.mmap) -> None:
 
 def create_region(path: str | os.PathLike[str], devices: Iterable[str] = (),
                   limits: Mapping[str, int | None] | None = None, context_overhead: int = 0,
-                  compute: int = 0) -> bool:
+                  compute: int = 0, *, mode: int = 0o600, uid: int = -1, gid: int = -1) -> bool:
     """Create the region at ``path`` with device records for ``devices`` (limits in bytes, None =
     unlimited) unless it exists. Returns True if this call created it.
 
@@ -305,6 +306,10 @@ def create_region(path: str | os.PathLike[str], devices: Iterable[str] = (),
     so a process of the slice never maps a half-written region; if someone else wins, theirs stays.
     ``context_overhead`` 0 here means the enforcer's processes use the value they are configured with
     only for device records they add themselves; records created here carry the given value.
+
+    ``mode`` (default 0600: the owner alone) and the owner ``uid``/``gid`` (-1: this process's) are set on the
+    file before it appears under its name: a region is writable by exactly the users whose processes form the
+    slice (the trust model in ``native/README.md``).
     """
     path = os.fspath(path)
     devices = list(devices)
@@ -318,9 +323,11 @@ def create_region(path: str | os.PathLike[str], devices: Iterable[str] = (),
         read_region(path)  # refuses a foreign/other-version file with a clear error
         return False
     tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o666)
+        if uid >= 0 or gid >= 0:
+            os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
         os.ftruncate(fd, TOTAL_SIZE)
         with mmap.mmap(fd, TOTAL_SIZE) as mm:
             _HEADER.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, TOTAL_SIZE, MAX_DEVICES, MAX_PROCS,

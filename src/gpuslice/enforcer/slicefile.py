@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from gpuslice import spec
 from gpuslice.spec.colocation import check_colocation
-from gpuslice.spec.files import write_atomic
+from gpuslice.spec.files import open_regular, write_atomic
 from gpuslice.spec.errors import GpusliceError
 
 VERSION = 1
@@ -379,8 +379,9 @@ def _bytes(key: str, val: str, lineno: int, path: str | None) -> int:
 
 
 def read_slice_file(path: str | os.PathLike[str]) -> SliceConfig:
+    """Parse the slice file at ``path`` (a regular file: a FIFO is refused at once rather than hanging)."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path, follow=True), "rb") as f:
         data = f.read(65536)
     return parse_slice_text(data.decode("utf-8", "surrogateescape"), path)
 

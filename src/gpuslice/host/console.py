@@ -10,11 +10,14 @@ column and full values whatever the width (:func:`print_table` then prints past 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from rich.console import Console, RenderableType
 from rich.table import Table
@@ -30,6 +33,24 @@ def stdout_console() -> Console:
         return Console()
     columns = os.environ.get("COLUMNS", "")
     return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH)
+
+
+@contextlib.contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Within the block, SIGINT raises KeyboardInterrupt, whatever this process inherited.
+
+    A program started with SIGINT ignored (``nohup``, a non-interactive shell's background job, some CI
+    runners) keeps it ignored, and Python then installs no handler: Ctrl-C on a terminal would never reach an
+    interactive verb (issue 15: the demo could not be stopped). Verbs that promise "Ctrl-C stops it" set the
+    disposition they rely on themselves; the previous one is restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -138,5 +159,5 @@ def short_names(names: Sequence[str]) -> list[str]:
     return [n[cut:] or n for n in names]
 
 
-__all__ = ["Column", "PIPE_WIDTH", "choose", "fit_table", "needed_width", "print_table", "short_names",
-           "short_uuid", "stdout_console"]
+__all__ = ["Column", "PIPE_WIDTH", "choose", "ctrl_c_interrupts", "fit_table", "needed_width", "print_table",
+           "short_names", "short_uuid", "stdout_console"]

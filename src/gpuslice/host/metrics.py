@@ -39,6 +39,8 @@ SLICE_METRICS: tuple[tuple[str, str, str, Callable[[SliceView], float | None]], 
      lambda s: s.oom_waits),
     ("gpuslice_slice_oom_wait_timeouts", "Waits for device memory that timed out (oom_policy=wait).", "counter",
      lambda s: s.oom_wait_timeouts),
+    ("gpuslice_slice_memory_seen_bytes", "Device memory of the slice's processes as NVML counts it (the backstop; "
+     "absent when it is off).", "gauge", lambda s: s.memory_seen),
 )
 DEVICE_METRICS: tuple[tuple[str, str, str, Callable[[DeviceView], float | None]], ...] = (
     ("gpuslice_device_memory_total_bytes", "Physical device memory.", "gauge", lambda d: d.memory_total),
@@ -83,6 +85,7 @@ class ViewCollector(Collector):
             ([view.node, s.grant_id, s.device_uuid, str(s.device_index), s.owner, "", "", ""], s) for s in view.slices))
         yield from _families(DEVICE_METRICS, DEVICE_LABELS, (
             ([view.node, d.uuid, str(d.index), d.name], d) for d in view.devices))
+        yield from _backstop_families(view)
         yield from _engine_families(view)
         grants = _g("gpuslice_grants", "Grants held on this node.", ["node"])
         grants.add_metric([view.node], len({s.grant_id for s in view.slices}))
@@ -90,6 +93,24 @@ class ViewCollector(Collector):
         queue.add_metric([view.node], len(view.waiters))
         yield grants
         yield queue
+
+
+def _backstop_families(view: NodeView) -> Iterator:
+    """The backstop's findings: slices over their limit in NVML's count, GPU processes of no slice, kills."""
+    report = view.backstop or {}
+    over = _g("gpuslice_backstop_over_limit_bytes", "Device memory a slice holds above its limit in NVML's count "
+              "(present only while it is over).", ["node", "grant", "device"])
+    for o in report.get("overruns", ()):
+        over.add_metric([view.node, o["grant_id"], o["device_uuid"]], o["used"] - o["limit"])
+    strangers = _g("gpuslice_unattributed_memory_bytes", "Device memory of a GPU process that belongs to no slice.",
+                   ["node", "device", "pid"])
+    for p in report.get("unattributed", ()):
+        strangers.add_metric([view.node, p["device_uuid"], str(p["pid"])], p["used"] or 0)
+    kills = CounterMetricFamily("gpuslice_backstop_kills", "Processes the backstop killed for holding their slice "
+                                "above its limit.", labels=["node", "grant", "device"])
+    for k in report.get("kills_total", ()):
+        kills.add_metric([view.node, k["grant"], k["device"]], k["kills"])
+    yield from (over, strangers, kills)
 
 
 def _engine_families(view: NodeView) -> Iterator:

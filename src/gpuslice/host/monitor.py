@@ -20,13 +20,16 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from gpuslice.enforcer import devstate as compute_state
 from gpuslice.host import procs
 from gpuslice.host.mpsfleet import DaemonStatus, MpsDaemons
 from gpuslice.host.usage import GrantUsage, Watched, read_grant_usage
 from gpuslice.spec import Device, Engine, Priority
+
+if TYPE_CHECKING:
+    from gpuslice.host.backstop import BackstopReport
 
 UsageReader = Callable[[Watched], GrantUsage]
 RATE_WINDOW_S = 2.0  # busy-time rates average over about this long
@@ -62,6 +65,7 @@ class SliceView:
     age_seconds: float
     command: str
     exclusive: bool = False
+    memory_seen: int | None = None  # the slice's processes' device memory as NVML counts it (the backstop)
     engine: str = "timeslice"
     mps: str = ""  # spatial: the state of the device's MPS daemon (running | fault | down | none)
     oom_waiting: int = 0  # oom_policy=wait: allocations waiting now for the device to have room
@@ -92,11 +96,22 @@ class NodeView:
     slices: tuple[SliceView, ...]
     waiters: tuple[dict[str, Any], ...] = ()
     errors: tuple[str, ...] = field(default=())
+    # The backstop's last check (gpuslice.host.backstop.BackstopReport.to_json): policy, slices over their
+    # limit in NVML's count and what was done, GPU processes of no slice. Empty: no backstop runs here.
+    backstop: dict[str, Any] = field(default_factory=dict)
     mps: tuple[dict[str, Any], ...] = ()  # the node's MPS daemons (DaemonStatus.to_json)
     mps_faults: int = 0  # daemon faults the node side acted on since its state dir was made
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def with_backstop(view: NodeView, report: "BackstopReport") -> NodeView:
+    """``view`` with the backstop's findings: each slice's NVML-counted memory, the overruns, the strangers."""
+    slices = tuple(replace(s, memory_seen=report.seen.get((s.grant_id, s.device_uuid), 0 if not report.error else None))
+                   for s in view.slices) if report.policy in ("kill", "report") else view.slices
+    errors = view.errors + ((f"backstop: {report.error}",) if report.error else ())
+    return replace(view, slices=slices, errors=errors, backstop=report.to_json())
 
 
 class Monitor:
@@ -197,7 +212,7 @@ class Monitor:
         found = {}
         for d in self.devices:
             path = self.device_state_dir / f"{d.uuid}.dev"
-            if not path.exists():
+            if not path.exists() or not path.lstat().st_size:  # none yet, or made empty by the agent: no pacer ran
                 continue
             try:
                 state = compute_state.read_device_state(path)
@@ -255,5 +270,6 @@ def view_from_json(data: dict[str, Any]) -> NodeView:
         time=data["time"], node=data["node"],
         devices=tuple(DeviceView(**d) for d in data["devices"]),
         slices=tuple(SliceView(**{**s, "pids": tuple(s["pids"])}) for s in data["slices"]),
-        waiters=tuple(data.get("waiters", ())), errors=tuple(data.get("errors", ())), mps=tuple(data.get("mps", ())),
+        waiters=tuple(data.get("waiters", ())), errors=tuple(data.get("errors", ())),
+        backstop=dict(data.get("backstop") or {}), mps=tuple(data.get("mps", ())),
         mps_faults=int(data.get("mps_faults", 0)))

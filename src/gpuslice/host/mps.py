@@ -34,10 +34,12 @@ from typing import Callable, Mapping
 
 from gpuslice.host import procs
 from gpuslice.spec import Engine, GpusliceError, Slice
+from gpuslice.spec.files import open_regular
 
 CONTROL_ENV = "GPUSLICE_MPS_CONTROL"  # path of nvidia-cuda-mps-control (default: found on PATH)
 CONTROL_NAME = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
+PID_FILE_MAX = 32  # bytes read of it: a pid and a newline
 # /proc/<pid>/comm keeps 15 characters: control daemon and server both read "nvidia-cuda-mps".
 MPS_COMM = "nvidia-cuda-mps"
 # A Unix socket path has room for 107 bytes; MPS puts its sockets in the pipe directory.
@@ -160,10 +162,7 @@ class MpsControl:
         """The daemon's pid while it runs: the process the pid file names, an MPS process serving this pipe
         directory (its environment says so), with the start time recorded when it was started."""
         rec = self.record()
-        try:
-            text = (self.pipe_dir / PID_FILE).read_text().strip()
-        except OSError:
-            text = ""
+        text = _read_tenant_file(self.pipe_dir / PID_FILE, PID_FILE_MAX).decode("ascii", "replace").strip()
         pid = int(text) if text.isdigit() else (rec.pid if rec else 0)
         if pid <= 0:
             return self._find_daemon()
@@ -327,16 +326,8 @@ class MpsControl:
     # -------------------------------------------------------------------------------------- health
     def log_text(self) -> str:
         """The end of the daemon's control and server logs (what this daemon wrote since it started)."""
-        parts = []
-        for name in ("control.log", "server.log"):
-            try:
-                with open(self.log_dir / name, "rb") as f:
-                    f.seek(0, os.SEEK_END)
-                    f.seek(max(0, f.tell() - LOG_TAIL))
-                    parts.append(f.read().decode("utf-8", "replace"))
-            except OSError:
-                continue
-        return "\n".join(parts)
+        return "\n".join(_read_tenant_file(self.log_dir / name, LOG_TAIL, tail=True).decode("utf-8", "replace")
+                         for name in ("control.log", "server.log"))
 
     def faults(self) -> list[str]:
         """Log lines of this daemon's life that report a fatal error of a client or server (FAULT_RE)."""
@@ -345,6 +336,21 @@ class MpsControl:
     def _log_hint(self) -> str:
         tail = self.log_text().strip().splitlines()[-3:]
         return f"; its log ({self.log_dir}) ends: {' | '.join(tail)}" if tail else ""
+
+
+def _read_tenant_file(path: Path, limit: int, tail: bool = False) -> bytes:
+    """Up to ``limit`` bytes of ``path`` (its last ones with ``tail``), b"" when it is missing or not a plain
+    file. The pipe and log folders belong to the daemon's user (and in Kubernetes the pipe folder is mounted
+    into the containers), but root reads these files: a link there must not make root read another file into
+    ``ps`` and metrics, nor a FIFO hang the agent of every tenant (issue 15)."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        if tail:
+            f.seek(max(0, os.fstat(fd).st_size - limit))
+        return f.read(limit)
 
 
 __all__ = ["CONTROL_ENV", "DaemonRecord", "FAULT_RE", "MpsControl", "MpsError", "client_env", "find_control"]

@@ -103,6 +103,19 @@ def uid_of(pid: int) -> int | None:
         return None
 
 
+def real_uid(pid: int) -> int | None:
+    """The real uid of ``pid`` (``Uid:`` in /proc/<pid>/status): the user who may signal it (the kernel lets a
+    sender whose uid is the target's real or saved uid); None if gone."""
+    try:
+        text = (PROC / str(pid) / "status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
 def environ_has(pid: int, entry: str) -> bool | None:
     """Whether ``pid``'s environment (as it was exec'd) holds ``entry`` (``NAME=value``); None when it cannot
     be read (another user's process, a setuid program) or the process is gone."""

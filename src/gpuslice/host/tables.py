@@ -14,6 +14,7 @@ from typing import Callable
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from gpuslice.host.console import Column, fit_table
 from gpuslice.host.monitor import NodeView
@@ -149,6 +150,26 @@ def queue_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
     return fit_table(columns, width, wide=wide, title="waiting", title_justify="left")
 
 
+def backstop_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
+    """What the backstop found in NVML's count: slices above their limit (and what was done), GPU processes of
+    no slice (placed by nothing, limited by nothing)."""
+    report = view.backstop or {}
+    index = {d.uuid: d.index for d in view.devices}
+    rows = [("over limit", o["grant_id"], str(index.get(o["device_uuid"], "?")), human_bytes(o["used"]),
+             human_bytes(o["limit"]), f"{o['action']} ({o['over_for']:.0f}s over)", " ".join(map(str, o["pids"])))
+            for o in report.get("overruns", ())]
+    rows += [("no slice", str(p["pid"]), str(index.get(p["device_uuid"], "?")),
+              "?" if p["used"] is None else human_bytes(p["used"]), "-", "reported",
+              _command(p.get("command") or "", wide)) for p in report.get("unattributed", ())]
+    spec = [("what", 0, "left", False), ("grant / pid", 0, "left", False), ("gpu", 0, "right", False),
+            ("memory\n(NVML)", 0, "right", False), ("limit", 0, "right", False), ("action", 1, "left", True),
+            ("pids / command", 2, "left", True)]
+    columns = [Column(h, [r[k] for r in rows], keep=keep, justify=justify, wrap=wrap)
+               for k, (h, keep, justify, wrap) in enumerate(spec)]
+    return fit_table(columns, width, wide=wide, title=f"backstop (NVML; policy {report.get('policy', '?')})",
+                     title_justify="left")
+
+
 class Fitted:
     """A renderable built for the width it is drawn at (``top`` redraws after a terminal resize, and a
     ``Live`` display knows its width only when it renders)."""
@@ -164,13 +185,17 @@ class Fitted:
 
 
 def view_renderable(view: NodeView, wide: bool = False) -> Fitted:
-    """The node view (devices, slices, MPS daemons when there are spatial slices, and the queue when anyone
-    waits) at whatever width it is drawn."""
+    """The node view (devices, slices, MPS daemons when there are spatial slices, the queue when anyone
+    waits, the backstop's findings when it has any, and what could not be read) at whatever width it is drawn."""
     def build(width: int) -> Group:
         parts = [devices_table(view, width, wide), slices_table(view, width, wide)]
         if view.mps:
             parts.append(mps_table(view, width, wide))
         if view.waiters:
             parts.append(queue_table(view, width, wide))
+        if (view.backstop or {}).get("overruns") or (view.backstop or {}).get("unattributed"):
+            parts.append(backstop_table(view, width, wide))
+        if view.errors:  # what the node could not read (a region, a pacing file, a ledger row): never hidden
+            parts.append(Text("\n".join(f"problem: {e}" for e in view.errors), style="yellow"))
         return Group(*parts)
     return Fitted(build)

@@ -70,11 +70,13 @@ def read_grant_usage(watched: Watched) -> GrantUsage:
     return _usage_of(grant, snapshot)
 
 
+
 def region_pids(watched: Watched) -> list[int]:
-    """Live pids the enforcer recorded in the grant's region (liveness evidence for the ledger)."""
+    """Live pids the enforcer recorded in the grant's region. The slice's own processes write the region, so
+    this is a hint (is a spatial slice's MPS daemon still serving a client?), never proof that a process
+    belongs to the slice: nothing is signalled or kept alive because a region lists it (issue 15)."""
     usage = read_grant_usage(watched)
     return [pid for pid in usage.pids if procs.alive(pid, 0)]
-
 
 def _usage_of(grant: Grant, snap: RegionSnapshot) -> GrantUsage:
     live = [p for p in snap.processes if p.alive()]

@@ -27,20 +27,21 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from gpuslice.enforcer.devstate import state_file_name
+from gpuslice.enforcer.region import create_region
 from gpuslice.enforcer.slicefile import SliceConfig, slice_config, write_slice_file
 from gpuslice.host.mps import MpsError, client_env
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
 from gpuslice.kube import formats
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
 from gpuslice.spec import Device, Engine, GpusliceError, SpecError
-from gpuslice.spec.files import write_atomic
+from gpuslice.spec.files import ensure_shared_file, write_atomic
 
 log = logging.getLogger("gpuslice.deviceplugin")
 
@@ -268,31 +269,34 @@ class Allocator:
     @staticmethod
     def state_files(grant: formats.ContainerGrant) -> list[str]:
         """Names of the pacing files (``<name>.dev`` in the device-state folder) the enforcer opens for the
-        grant's devices: the pacer names them after ``cuDeviceGetUuid_v2`` printed as ``GPU-<hex>``, which
-        for a MIG instance is its own UUID (``MIG-<hex>`` in NVML)."""
+        grant's devices (:func:`gpuslice.enforcer.devstate.state_file_name`)."""
         out = []
         for uuid in grant.uuids:
-            name = "GPU-" + uuid[4:] if re.fullmatch(r"MIG-[0-9a-fA-F-]{36}", uuid) else uuid
+            name = state_file_name(uuid)[:-len(".dev")]
             if name not in out and "/" not in name:
                 out.append(name)
         return out
 
     def write_files(self, grant: formats.ContainerGrant) -> None:
+        """The host files of a container's slice, laid out by the trust model (``native/README.md``): the host's
+        users can reach none of them (``kube/regions`` and the node-wide ``devices`` folder are root's, 0700; the
+        kubelet bind-mounts from them whatever the folders' modes); a container reaches only its own, through its
+        mounts. Nothing is followed or chmod'ed that this call did not create (:func:`ensure_shared_file`)."""
         local = self.paths(grant.grant_id, local=True)
         local["slice"].parent.mkdir(parents=True, exist_ok=True)
         write_slice_file(local["slice"], self.slice_config(grant))
-        for folder in (local["region"], local["devstate"], local["devices"]):
+        for folder, mode in ((local["region"].parent, 0o700), (local["devices"], 0o700), (local["region"], 0o755),
+                             (local["devstate"], 0o1777)):
             folder.mkdir(parents=True, exist_ok=True)
-            os.chmod(folder, 0o1777)  # the container's processes may run as any user
+            os.chmod(folder, mode)
+        # The region, made before the kubelet starts the container, writable by every process of that one
+        # container (they may run as any user); no one else can reach its folder.
+        create_region(local["region"] / "region", mode=0o666)
         for name in self.state_files(grant):
-            # Shared by every slice on the device; the enforcer sizes and initialises an empty one. It
-            # must exist before the kubelet bind-mounts it, and is never replaced (the mount holds the inode).
-            path = local["devices"] / f"{name}.dev"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            try:
-                os.fchmod(fd, 0o666)
-            finally:
-                os.close(fd)
+            # The pacing file of each granted device, shared by every slice on the device (0666: the containers'
+            # processes may run as any user). It must exist before the kubelet bind-mounts it, and is never
+            # replaced (the mount holds the inode).
+            ensure_shared_file(local["devices"], f"{name}.dev", 0o666)
         text = CONTAINER_LIB + "\n"
         if not local["preload"].exists() or local["preload"].read_text() != text:
             write_atomic(local["preload"], text, 0o644)

@@ -274,6 +274,13 @@ def kube_agent(
     metrics_port: int = typer.Option(0, "--metrics-port", metavar="PORT",
                                      help="Serve Prometheus metrics with namespace/pod/"
                                      "container labels on this port (0 = off)."),
+    backstop: str = typer.Option("kill", "--backstop", help="What to do with a container whose processes hold more "
+                                 "device memory than its slice's limit in NVML's count: kill (report, then kill them "
+                                 "after --backstop-grace), report, or off. Needs hostPID (the chart sets it)."),
+    backstop_grace: float = typer.Option(5.0, "--backstop-grace", help="Seconds over the limit before a kill."),
+    backstop_tolerance: str = typer.Option("256MiB", "--backstop-tolerance", help="Device memory a slice may show "
+                                           "above its limit before it counts as over (or 2 percent, if more)."),
+    backstop_interval: float = typer.Option(2.0, "--backstop-interval", help="Seconds between backstop checks."),
     dra: bool = typer.Option(False, "--dra", help="Serve as a DRA driver (ResourceSlice with consumable memory/"
                              "compute, kubelet DRA plugin, CDI specs) instead of a device plugin."),
     dra_plugin_dir: str = typer.Option("/var/lib/kubelet/plugins/gpuslice.io", "--dra-plugin-dir", metavar="DIR",
@@ -320,6 +327,15 @@ def kube_agent(
                            device_nodes=device_nodes, oom_policy=oom_policy, fail_open=fail_open,
                            log_level=enforcer_log_level, oom_wait_ms=oom_wait_ms)
 
+    from gpuslice.host.backstop import Policy
+
+    try:
+        policy = Policy.from_options(backstop, backstop_grace, backstop_tolerance)
+    except SpecError as exc:
+        raise SpecError("--" + exc.field.replace("_", "-"), exc.value, exc.allowed) from None
+    if not backstop_interval > 0:
+        raise SpecError("--backstop-interval", backstop_interval, "seconds above 0")
+
     def find_devices():
         found = load_snapshot(snapshot) if snapshot else discover()
         return unique_devices(found, node) if unique_uuids else found
@@ -328,7 +344,8 @@ def kube_agent(
         from gpuslice.kube.dra.agent import DraOptions, run
 
         options = DraOptions(min_memory, compute_mode, dra_plugin_dir, dra_registry_dir, cdi_dir, publish_interval,
-                             rediscover_interval, health_recovery, metrics_port, register_only, snapshot is not None)
+                             rediscover_interval, health_recovery, metrics_port, register_only, snapshot is not None,
+                             backstop=policy, backstop_interval=backstop_interval)
         return run(cfg, options, find_devices, lambda: connect(kubeconfig), _say)
     with named_file("--snapshot", given=bool(snapshot)):
         devices = find_devices()
@@ -353,19 +370,33 @@ def kube_agent(
         NodeResizer(api, node, plugin.allocator).start()  # live resize: usage check and slice file
     if rediscover_interval:
         Rediscovery(find_devices, plugin.set_devices, rediscover_interval).start()
+    guard = _start_backstop(api, node, devices, policy, backstop_interval)
     if metrics_port:
         _serve_metrics(api, node, devices, cfg.local_state, metrics_port,
-                       plugin.allocator.mps if plugin.allocator is not None else None)
+                       plugin.allocator.mps if plugin.allocator is not None else None, guard)
     _say(f"device plugin for {resource_name} ({len(devices)} device(s) × {split_count}) on {cfg.socket_path}")
     plugin.run()
 
 
-def _serve_metrics(api, node: str, devices, state_dir: Path, port: int, mps=None) -> None:
-    """The node's slice metrics; ``mps``: the spatial slices' daemons (state, faults)."""
+def _start_backstop(api, node: str, devices, policy, interval: float):
+    """The backstop thread (gpuslice.kube.backstop) over the node ledger, or None when it is off or NVML cannot
+    count processes."""
+    from gpuslice.kube.backstop import start_backstop
+    from gpuslice.kube.labels import LedgerLabels
+
+    labels = LedgerLabels(api, node, ttl=interval)
+    return start_backstop(policy, interval, devices, labels.ledger,
+                          lambda: api.list_pods(field_selector=f"spec.nodeName={node}"), _say)
+
+
+def _serve_metrics(api, node: str, devices, state_dir: Path, port: int, mps=None, guard=None) -> None:
+    """The node's slice metrics; ``mps``: the spatial slices' daemons (state, faults); ``guard``: the backstop,
+    whose last findings join each view."""
     from gpuslice.kube.labels import LedgerLabels, serve_metrics, watched_grants
 
     labels = LedgerLabels(api, node)
-    serve_metrics(devices, node, port, lambda: watched_grants(labels.ledger(), state_dir), labels, mps=mps)
+    serve_metrics(devices, node, port, lambda: watched_grants(labels.ledger(), state_dir), labels, mps=mps,
+                  backstop=(lambda: guard.latest) if guard is not None else None)
     _say(f"metrics on :{port}/metrics")
 
 

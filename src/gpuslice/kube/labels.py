@@ -107,15 +107,22 @@ class KubeLabelCollector(Collector):
 
 
 def serve_metrics(devices: list, node: str, port: int, watched: Callable[[], list[Watched]],
-                  resolve: Callable[[str], KubeLabels | None], mps=None) -> None:
+                  resolve: Callable[[str], KubeLabels | None], mps=None, backstop=None) -> None:
     """Serve ``/metrics`` on ``port``: the node monitor's series of the ``watched()`` grants, labelled by
-    ``resolve``; ``mps``: the spatial slices' MPS daemons (their state and faults), when the node has any."""
+    ``resolve``; ``mps``: the spatial slices' MPS daemons (their state and faults), when the node has any;
+    ``backstop()``: the backstop's last report (NVML-counted memory, overruns, GPU processes of no slice)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     from gpuslice.host.metrics import ViewCollector
-    from gpuslice.host.monitor import Monitor
+    from gpuslice.host.monitor import Monitor, with_backstop
 
     monitor = Monitor(devices, node, mps=mps)
+
+    def view():
+        sampled = monitor.sample(watched())
+        latest = backstop() if backstop is not None else None
+        return with_backstop(sampled, latest) if latest is not None else sampled
+
     registry = CollectorRegistry()
-    registry.register(KubeLabelCollector(ViewCollector(lambda: monitor.sample(watched())), resolve))
+    registry.register(KubeLabelCollector(ViewCollector(view), resolve))
     start_http_server(port, registry=registry)

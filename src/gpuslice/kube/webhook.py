@@ -17,7 +17,10 @@ JSONPatch:
 * returns what HAMi's rules ignore (a priority without a GPU, memory/cores without a count when
   ``defaultGPUNum`` is 0) as admission ``warnings``, which kubectl prints;
 * drops any ``gpuslice.io/grant`` / ``gpuslice.io/allocated`` the pod was created with (only the extender
-  and the device plugin write those).
+  and the device plugin write those);
+* refuses a pod that would step out of its slice: a volume mounted over the enforcer's paths
+  (``/etc/ld.so.preload``, ``/etc/gpuslice``, the library, ``/var/run/gpuslice``), or ``LD_PRELOAD``,
+  ``LD_AUDIT`` or a device-plugin ``GPUSLICE_*`` variable in its spec (:mod:`gpuslice.kube.escapes`).
 
 It writes no normalised request: the extender parses every pod from its resource limits, which are
 immutable and are what the kubelet allocates by (an annotation could say something else, and a pod
@@ -34,7 +37,7 @@ import json
 from typing import Any, Callable, Mapping
 
 from gpuslice.spec.errors import GpusliceError
-from gpuslice.kube import formats, hami, podrequest, resources
+from gpuslice.kube import escapes, formats, hami, podrequest, resources
 from gpuslice.spec import SpecError
 
 ADMISSION_VERSION = "admission.k8s.io/v1"
@@ -105,6 +108,9 @@ def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None
         return _review(uid, False, message=f"gpuslice: {exc}")
     if req.empty:
         return _review(uid, True, warnings=req.notes)
+    escape = escapes.escape_problem(pod)  # mounts over the enforcer's paths, LD_PRELOAD, GPUSLICE_*
+    if escape:
+        return _review(uid, False, message=f"gpuslice: {escape}")
     spec = pod["spec"]
     named = spec.get("schedulerName") or ""
     if named and named != cfg.scheduler_name and named not in cfg.adopt_schedulers:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import pwd
@@ -23,7 +24,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -37,16 +38,23 @@ from starlette.routing import Route
 
 from gpuslice.spec.files import write_atomic
 from gpuslice.spec.errors import GpusliceError
+from gpuslice.host import procs
+from gpuslice.host.backstop import Backstop, Policy, Tracked, default_source
 from gpuslice.host.devices import snapshot_json
-from gpuslice.local.errors import AgentError, UnknownGrant
+from gpuslice.local.apibody import MAX_INT, BodyTooLarge, printable, read_json_object
+from gpuslice.local.errors import AgentError, Forbidden, LedgerError, UnknownGrant
 from gpuslice.host.history import History
 from gpuslice.local.ledger import Ledger, recorded_pids
+from gpuslice.local.membership import attribute
 from gpuslice.host.metrics import exposition
-from gpuslice.host.monitor import Monitor, NodeView
+from gpuslice.host.monitor import Monitor, NodeView, with_backstop
 from gpuslice.local.paths import StateDir
-from gpuslice.local.records import Ask, GrantRecord
+from gpuslice.local.records import MAX_TICKS, PID_MAX, Ask, GrantRecord
 from gpuslice.placement import NoFit
 from gpuslice.spec import Device, Resize, SpecError, whole_number
+
+
+log = logging.getLogger("gpuslice.agent")
 
 
 @dataclass
@@ -57,6 +65,7 @@ class AgentConfig:
     interval: float = 1.0
     reclaim_every: float = 5.0
     history_points: int = 600
+    backstop: Policy = field(default_factory=Policy)
 
 
 class Agent:
@@ -66,8 +75,11 @@ class Agent:
         self.config = config
         self.devices = devices
         self.ledger = Ledger(config.state, devices, region_pids=recorded_pids)
+        config.state.prepare_device_state(u for d in devices for u in (d.uuid, *(m.uuid for m in d.mig_instances)))
         self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state,
                                mps=self.ledger.mps)
+        uuids = [u for d in devices for u in ((m.uuid for m in d.mig_instances) if d.mig_instances else (d.uuid,))]
+        self.backstop = Backstop(default_source(uuids) if config.backstop.action != "off" else None, config.backstop)
         self.history = History(config.history_points)
         self.latest: NodeView | None = None
         self._lock = threading.Lock()
@@ -83,6 +95,9 @@ class Agent:
         with self._lock:
             grants, waiters = self.ledger.grants(), self.ledger.waiters()
             view = self.monitor.sample([g.watched() for g in grants], waiters)
+            view = replace(view, errors=(*view.errors, *self.ledger.problems()))
+            tracked = [Tracked(g.grant_id, s.device_uuid, s.memory_limit, g.owner) for g in grants for s in g.slices]
+            view = with_backstop(view, self.backstop.check(tracked, lambda pids: attribute(grants, pids)))
             self.latest = view
             self.history.add(view)
         return view
@@ -135,10 +150,6 @@ class _PeerProtocol(H11Protocol):
         self.app = with_peer
 
 
-class Forbidden(GpusliceError):
-    """The caller may not do this (another user's grant or queue ticket)."""
-
-
 def _peer(request: HttpRequest) -> Peer | None:
     return request.scope.get("gpuslice.peer")
 
@@ -151,12 +162,15 @@ def _owned_by(pid: int, uid: int) -> bool:
 
 
 def _checked_ask(ask: Ask, peer: Peer | None) -> Ask:
-    """A non-root caller asks for itself: its uid and name, a holder process it owns."""
-    if peer is None or peer.privileged:
-        return ask
-    if not _owned_by(ask.holder_pid, peer.uid):
+    """A non-root caller asks for itself: its uid and name, a holder process it owns. Whoever asks, the holder
+    is a live process with that start time (a grant held by nobody would only be reclaimed at once)."""
+    mine = peer is None or peer.privileged
+    if not mine and not _owned_by(ask.holder_pid, peer.uid):
         raise Forbidden(f"holder_pid {ask.holder_pid} is not a process of user {peer.user}")
-    return replace(ask, uid=peer.uid, owner=peer.user)
+    if not ask.holder_start or not procs.alive(ask.holder_pid, ask.holder_start):
+        raise SpecError("holder_pid", ask.holder_pid, "the pid of a live process, with its start time in holder_start "
+                                                      "(field 22 of /proc/<pid>/stat)")
+    return ask if mine else replace(ask, uid=peer.uid, owner=peer.user)
 
 
 def _may_change(peer: Peer | None, grant: GrantRecord) -> None:
@@ -170,22 +184,17 @@ def _error(code: int, kind: str, message: str, **extra: Any) -> JSONResponse:
 
 
 async def _body(request: HttpRequest) -> dict[str, Any]:
-    """The request's JSON object (an empty body is ``{}``); anything else is a 400 naming ``body``."""
-    try:
-        data = json.loads(await request.body() or b"{}")
-    except ValueError as exc:
-        raise SpecError("body", "(not JSON)", f"a JSON object ({exc})") from None
-    if not isinstance(data, dict):
-        raise SpecError("body", data, "a JSON object (see the socket API in gpuslice.local.client)")
-    return data
+    """The request's JSON object, bounded and checked (:mod:`gpuslice.local.apibody`)."""
+    return await read_json_object(request)
 
 
-def _whole(data: dict[str, Any], key: str, low: int, *, default: int | None = None) -> int | None:
-    """``data[key]`` as a JSON whole number at least ``low`` (absent or null: ``default``)."""
+def _whole(data: dict[str, Any], key: str, low: int, high: int = MAX_INT, *, default: int | None = None) -> int | None:
+    """``data[key]`` as a JSON whole number from ``low`` to ``high`` (absent or null: ``default``)."""
     value = data.get(key)
     if value is None:
         return default
-    return whole_number(key, value, low, allowed=f"a whole number at least {low}" + (" or null" if default is None else ""))
+    return whole_number(key, value, low, high, allowed=f"a whole number from {low} to {high}"
+                        + (" or null" if default is None else ""))
 
 
 def _flag(data: dict[str, Any], key: str) -> bool:
@@ -216,12 +225,17 @@ def _guard(handler):
         except UnknownGrant as exc:
             return _error(404, "unknown_grant", str(exc), grant=exc.grant_id)
         except SpecError as exc:
-            value = exc.value if isinstance(exc.value, (str, int, float, bool, type(None))) else repr(exc.value)
-            return _error(400, "spec", str(exc), field=exc.field, value=value, allowed=exc.allowed)
+            code = 413 if isinstance(exc, BodyTooLarge) else 400
+            return _error(code, "spec", str(exc), field=exc.field, value=printable(exc.value), allowed=exc.allowed)
         except Forbidden as exc:
             return _error(403, "forbidden", str(exc))
+        except LedgerError as exc:  # the ledger refuses for now (lost grants, a locked file): say why
+            return _error(503, "ledger", str(exc))
         except GpusliceError as exc:
             return _error(500, "internal", str(exc))
+        except Exception as exc:  # a defect: logged here, one line to the caller, the connection kept
+            log.exception("agent: %s %s failed", request.method, request.url.path)
+            return _error(500, "internal", f"{type(exc).__name__}: {str(exc)[:200]}")
     return wrapped
 
 
@@ -246,9 +260,10 @@ def _write_routes(agent: Agent) -> list[Route]:
 
     async def patch_grant(request: HttpRequest) -> Response:
         data = await _body(request)
-        child_pid, child_start = _whole(data, "child_pid", 1), _whole(data, "child_start", 0, default=0)
+        child_pid = _whole(data, "child_pid", 1, PID_MAX)
+        child_start = _whole(data, "child_start", 0, MAX_TICKS, default=0)
         if child_pid is None:
-            raise SpecError("child_pid", None, "the pid of the launched command (a whole number at least 1)")
+            raise SpecError("child_pid", None, f"the pid of the launched command (a whole number from 1 to {PID_MAX})")
         peer = _peer(request)
         _may_change(peer, await agent.call(agent.ledger.grant, request.path_params["grant_id"]))
         if peer is not None and not peer.privileged and not _owned_by(child_pid, peer.uid):
@@ -275,12 +290,13 @@ def _write_routes(agent: Agent) -> list[Route]:
         return JSONResponse({"released": released})
 
     async def delete_ticket(request: HttpRequest) -> Response:
-        peer, ticket = _peer(request), int(request.path_params["ticket"])
+        peer = _peer(request)
+        ticket = whole_number("ticket", request.path_params["ticket"], 1, MAX_INT)
         waiters = await agent.call(agent.ledger.waiters)
         mine = [w for w in waiters if w.ticket == ticket]
         if peer is not None and not peer.privileged and mine and not _owned_by(mine[0].pid, peer.uid):
             raise Forbidden(f"queue ticket {ticket} is not a request of user {peer.user}")
-        await agent.call(agent.ledger.cancel, int(request.path_params["ticket"]))
+        await agent.call(agent.ledger.cancel, ticket)
         return JSONResponse({"cancelled": True})
 
     return [

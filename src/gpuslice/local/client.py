@@ -1,9 +1,15 @@
 """Talking to the agent over its Unix socket (JSON over HTTP), and choosing agent or ledger.
 
 Socket API (all JSON; errors are ``{"error": kind, "message": text}`` with 4xx/5xx: 400 ``spec`` (with
-``field``/``value``/``allowed``: a body that is not a JSON object names ``body``, a field of the wrong type
-names that field), 403 ``forbidden`` (another user's grant or process), 404 ``unknown_grant`` (with ``grant``),
-409 ``nofit``). A GrantRecord is the grant in the one spelling of :mod:`gpuslice.spec.codec` (``grant``,
+``field``/``value``/``allowed``: a body that is not a JSON object names ``body``, a field of the wrong type,
+range or size names that field), 403 ``forbidden`` (another user's grant, process or queue ticket), 404
+``unknown_grant`` (with ``grant``), 409 ``nofit``, 413 ``spec`` (a body above 64 KiB, field ``body``), 503
+``ledger`` (the ledger refuses for now: grants it lost still run), 500 ``internal`` (a defect, one line)).
+Bounds (:mod:`gpuslice.local.apibody`, :data:`gpuslice.local.records.LIMITS`): bodies ≤ 64 KiB, nesting ≤ 8, no
+``NaN``/``Infinity``, integers within 64 bits; ``owner`` ≤ 64, ``command`` ≤ 1024, ``policy`` ≤ 64 characters,
+``devices`` ≤ 64 UUIDs of ≤ 96 characters; ``holder_pid`` and ``child_pid`` 1..4194304, ``holder_start`` and
+``child_start`` 0..2^63-1, the holder a live process with that start time; ``uid`` -1..2^32-2; ``ticket`` 1..2^63-1
+and the caller's own (the waiter's holder process). A bare number of ``request.memory`` is MiB. A GrantRecord is the grant in the one spelling of :mod:`gpuslice.spec.codec` (``grant``,
 ``exclusive``, ``slices`` of ``uuid``/``memory``/…) beside the record's own keys (``owner``, ``request``,
 ``created``, ``holder_pid``, ``holder_start``, ``child_pid``, ``child_start``, ``uid``, ``command``,
 ``slice_file``, ``region_file``, ``ending_since``, and ``mps_pipe_dir`` for a spatial grant, ``generation``

@@ -275,6 +275,14 @@ def agent(
                                           help="Minutes of history the dashboard shows."),
     reclaim_interval: float = typer.Option(5.0, "--reclaim-interval", metavar="SECONDS",
                                            help="Seconds between checks for grants whose processes are gone."),
+    backstop: str = typer.Option("kill", "--backstop", help="What to do with a slice whose processes hold more "
+                                 "device memory than its limit in NVML's count (which no process can forge): kill "
+                                 "(report, then kill its processes on that device after --backstop-grace), report, "
+                                 "or off."),
+    backstop_grace: float = typer.Option(5.0, "--backstop-grace", help="Seconds a slice may stay above its limit "
+                                         "before the kill policy acts."),
+    backstop_tolerance: str = typer.Option("256MiB", "--backstop-tolerance", help="Device memory a slice may show "
+                                           "above its limit before it counts as over (or 2 percent of the limit, if more)."),
     kubernetes: bool = typer.Option(False, "--kubernetes", help="Run as the Kubernetes node agent instead "
                                     "(device plugin, node registration, metrics with pod labels): the same as "
                                     "`gpuslice kube-agent`, whose options then apply (see its --help)."),
@@ -299,9 +307,22 @@ def agent(
         raise typer.BadParameter(f"{history_minutes!r} minutes at one sample per {interval!r} s is {points} samples; "
                                  f"expected at most {MAX_HISTORY_POINTS} (a longer --interval or a shorter --history)",
                                  param_hint="'--history'")
+    policy = backstop_policy(backstop, backstop_grace, backstop_tolerance)
     config = AgentConfig(state=StateDir.default().ensure(), host=host, port=port, interval=interval,
-                         reclaim_every=reclaim_interval, history_points=points)
+                         reclaim_every=reclaim_interval, history_points=points, backstop=policy)
     asyncio.run(serve(config, discover()))
+
+
+def backstop_policy(action: str, grace: float, tolerance: str) -> "Policy":
+    """The --backstop* options as a Policy; a bad value is a usage error naming the option."""
+    from gpuslice.host.backstop import Policy
+    from gpuslice.spec import SpecError
+
+    try:
+        return Policy.from_options(action, grace, tolerance)
+    except SpecError as exc:
+        option = "--" + exc.field.replace("_", "-")
+        raise typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}", param_hint=f"'{option}'") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from rich.live import Live
 
-from gpuslice.host.console import stdout_console
+from gpuslice.host.console import ctrl_c_interrupts, stdout_console
 from gpuslice.spec.errors import GpusliceError
 from gpuslice.local import workload as workload_module
 from gpuslice.local.paths import StateDir
@@ -44,20 +44,23 @@ class DemoFailed(GpusliceError):
     """A slice of the demo did not run to its result (the CLI prints it and exits 1)."""
 
 def _show_while_running(console, source: ViewSource, runs: list[subprocess.Popen], refresh: float) -> None:
-    """A live table on a terminal; into a log (no terminal), a table every 5 refreshes."""
+    """A live table on a terminal; into a log (no terminal), a table every 5 refreshes and whenever a slice
+    starts or ends (a short demo on a busy machine would otherwise end between two tables)."""
     if console.is_terminal:
         with Live(view_renderable(source.view()), console=console, auto_refresh=False) as live:
             while any(r.poll() is None for r in runs):
                 time.sleep(refresh)
                 live.update(view_renderable(source.view()), refresh=True)
         return
-    ticks = 0
+    ticks, shown = 0, -1
     while any(r.poll() is None for r in runs):
         time.sleep(refresh)
         ticks += 1
-        if ticks % 5 == 0:
+        view = source.view()
+        if ticks % 5 == 0 or len(view.slices) != shown:  # and whenever a slice comes or goes
+            shown = len(view.slices)
             console.print(f"--- {time.strftime('%H:%M:%S')}")
-            console.print(view_renderable(source.view()))
+            console.print(view_renderable(view))
 
 
 def torch_workload() -> tuple[str, ...]:
@@ -122,7 +125,11 @@ def run_gpu_demo(seconds: float = 20.0, refresh: float = 1.0, workload: Sequence
     :mod:`gpuslice.local.workload`); it prints one JSON line. With ``check`` a failed slice raises
     :class:`DemoFailed` after the summary. Ctrl-C ends both slices and exits 130 (``SystemExit``).
     """
-    workload = tuple(workload) if workload is not None else torch_workload()
+    with ctrl_c_interrupts():  # Ctrl-C must stop the demo even when it was started with SIGINT ignored
+        return _run(seconds, refresh, tuple(workload) if workload is not None else torch_workload(), check)
+
+
+def _run(seconds: float, refresh: float, workload: tuple[str, ...], check: bool) -> list[dict]:
     state = StateDir.default()
     console = stdout_console()
     console.print(f"demo: state dir {state.root}; in another terminal: gpuslice ps, gpuslice top")

@@ -27,3 +27,7 @@ class LaunchError(GpusliceError):
 
 class AgentError(GpusliceError):
     """The agent answered with an error, or its socket did not answer."""
+
+
+class Forbidden(GpusliceError):
+    """The caller may not do this: another user's grant, process or queue ticket (HTTP 403)."""

@@ -1,29 +1,43 @@
-"""The files of one grant: its folder, slice file and region path under the state dir."""
+"""The files of one grant: its folder, slice file and region under the state dir.
+
+Who writes what (the trust model, ``native/README.md``): the folder and the slice file are written by
+whoever keeps the ledger (root, for a root agent) and stay theirs — mode 0755 and 0644, never handed to the
+grant's user, so the user's processes can read the slice they obey but never replace it (issue 15: a user
+whose grant folder was chowned to them replaced the slice file and raised their own memory limit). The
+region is created here, before any process of the slice starts, owned by the grant's user (``uid``) with
+mode 0600: the slice's processes account in it, nobody else can read or write it, and being in a folder
+only root writes, it cannot be swapped for a link or another file.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 
+from gpuslice.enforcer.region import create_region
+from gpuslice.enforcer.slicefile import slice_config, write_slice_file
 from gpuslice.local.paths import StateDir
 from gpuslice.local.records import GrantRecord
-from gpuslice.enforcer.slicefile import slice_config, write_slice_file
+
+FOLDER_MODE = 0o755
+REGION_MODE = 0o600
 
 
 def write_grant_files(grant: GrantRecord, state: StateDir) -> None:
-    """Create the grant's folder and slice file (owned by ``grant.uid`` when we are root); a live resize
-    writes it again with the grant's new generation (a new file renamed over the old one in the same folder,
-    mode 0644: the running enforcers see the old file or the new, never a part of one)."""
+    """Create the grant's folder, slice file and (empty) region; a live resize writes the slice file again with
+    the grant's new generation (a new file renamed over the old one in the same folder, mode 0644: the running
+    enforcers see the old file or the new, never a part of one) and leaves the region as it is."""
     folder = state.grant_dir(grant.grant_id)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+    os.chmod(folder, FOLDER_MODE)
     write_slice_file(state.slice_file(grant.grant_id), slice_config(
         grant.grant, region=str(state.region_file(grant.grant_id)), device_state_dir=str(state.device_state),
         mps_pipe_dir=grant.mps_pipe_dir, generation=grant.generation, oom_policy=grant.oom.policy,
         oom_wait_ms=grant.oom.wait_ms))
-    # The region is created by the enforcer in the first process of the slice (with its configured
-    # per-context overhead on each device record); until then the monitor shows nothing used.
-    if os.geteuid() == 0 and grant.uid > 0:
-        os.chown(folder, grant.uid, -1)  # the enforcer in the user's processes creates the region here
+    # No device records yet: the enforcer in the slice's first process adds each device with its context
+    # cost (measured on the card, or configured); until then the monitor shows nothing used.
+    owner = grant.uid if os.geteuid() == 0 and grant.uid > 0 else -1
+    create_region(state.region_file(grant.grant_id), mode=REGION_MODE, uid=owner)  # kept if it exists
 
 
 def remove_grant_files(grant_id: str, state: StateDir) -> None:

@@ -47,8 +47,9 @@ from gpuslice.host.mps import MpsError
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons, Reconciled
 from gpuslice.host.usage import region_pids
 from gpuslice.local import ledgerdb
+from gpuslice.local.ledgercheck import BadRow, LostGrant, decode_rows, lost_grants, refusal as lost_refusal
 from gpuslice.local.admission import candidate_devices, never_fits, restrict
-from gpuslice.local.errors import LedgerError, UnknownGrant
+from gpuslice.local.errors import Forbidden, LedgerError, UnknownGrant
 from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
 from gpuslice.local.paths import StateDir
 from gpuslice.local import nofit
@@ -59,12 +60,14 @@ from gpuslice.host.usage import below_usage
 from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place, resize, resized_slices
 from gpuslice.placement.model import describe_free
 from gpuslice.spec import (
-    Device, Engine, Grant, GpusliceError, Resize, SpecError, request_from_json, request_to_json,
+    Device, Engine, Grant, GpusliceError, HoldsGrant, Resize, SpecError, request_from_json, request_to_json,
 )
 
 SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
 
-# Extra liveness evidence, e.g. pids the enforcer recorded in the slice's region: grant -> live pids.
+# Pids the enforcer recorded in a grant's region: grant -> the live ones. Used for one thing only: whether a
+# faulted MPS daemon still has clients (its restart waits for them). Never evidence that a process belongs to
+# a slice: a region is its user's to write (issue 15), so it never keeps a grant alive nor gets a pid signalled.
 RegionPids = Callable[[GrantRecord], list[int]]
 
 
@@ -73,8 +76,7 @@ def _no_region_pids(grant: GrantRecord) -> list[int]:
 
 
 def recorded_pids(grant: GrantRecord) -> list[int]:
-    """The live pids the enforcer recorded in the grant's region: what the agent and ``run``/``ps`` pass as
-    ``region_pids``."""
+    """The live pids the enforcer recorded in the grant's region (MPS client evidence, see RegionPids)."""
     return region_pids(grant.watched())
 
 
@@ -88,10 +90,14 @@ class Ledger:
         self.state = state.ensure()
         self.devices = list(devices)
         self.node_name = node_name or socket.gethostname() or "local"
-        self.region_pids = region_pids
+        self.region_pids = region_pids  # MPS client evidence only (see RegionPids)
         self.mps = mps if mps is not None else MpsDaemons(self.state.mps)
         self.mps_problems: dict[DaemonKey, str] = {}  # of the last reconcile pass, for ps
         self._candidate_cache: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+        self._problems: list[str] = []
+        self._bad: list[BadRow] = []
+        self._bad_waiters: list[str] = []
+        self._live_lost: list[LostGrant] = []
         self._db = ledgerdb.connect(self.state.ledger)
 
     # -------------------------------------------------------------------------------------- storage
@@ -120,10 +126,21 @@ class Ledger:
         rows = db.execute(
             "SELECT ticket, priority, enqueued, pid, pid_start, owner, request, devices FROM waiters "
             "ORDER BY priority, ticket").fetchall()
-        return [Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r)), tuple(json.loads(d or "[]")))
-                for t, p, e, pid, ps, o, r, d in rows]
+        out, self._bad_waiters = [], []
+        for t, p, e, pid, ps, o, r, d in rows:
+            try:
+                out.append(Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r)), tuple(json.loads(d or "[]"))))
+            except (ValueError, TypeError, SpecError) as exc:  # reported and skipped; gone with its process
+                self._bad_waiters.append(f"ledger {self.state.ledger}: queue ticket {t}: unreadable ({str(exc)[:80]}); "
+                                         "skipped")
+        return out
 
-    def node_state(self, grants: Sequence[GrantRecord] | None = None, only: Sequence[str] = ()) -> NodeState:
+    def problems(self) -> list[str]:
+        """What the ledger could not read at its last look (bad rows, lost grants), one line each, for ``ps``."""
+        lost = [lost_refusal(str(self.state.ledger), self._live_lost)] if self._live_lost else []
+        return [*self._problems, *self._bad_waiters, *lost]
+
+    def node_state(self, grants: Sequence[HoldsGrant] | None = None, only: Sequence[str] = ()) -> NodeState:
         """The node as placement sees it: all devices (or ``only`` these UUIDs: a card, or one MIG
         instance; a card's UUID covers its instances) with the slices granted on them."""
         grants = self.grants() if grants is None else grants
@@ -153,11 +170,16 @@ class Ledger:
         mine = candidate_devices(ask.request, empty)
         with self._tx() as db:
             self._reclaim(db)
+            if self._live_lost:
+                raise LedgerError(lost_refusal(str(self.state.ledger), self._live_lost))
+            if ticket is not None:
+                self._check_ticket(db, ticket, ask)
             if wait and ticket is None:
                 ticket = self._enqueue(db, ask)
             ahead = self._competing(db, ask, ticket if wait else None, mine)
             reserved = frozenset().union(*ahead.values()) if ahead else frozenset()
-            node = self.node_state(self._grants(db), ask.devices)
+            granted = self._grants(db)
+            node = self.node_state([*granted, *(b.grant for b in self._bad if b.grant is not None)], ask.devices)
             try:
                 placed = place(ask.request, [restrict(node, drop=reserved)], policy)
             except NoFit as exc:
@@ -192,6 +214,19 @@ class Ledger:
                 remove_grant_files(record.grant_id, self.state)
                 raise
             return record
+
+    @staticmethod
+    def _check_ticket(db: sqlite3.Connection, ticket: int, ask: Ask) -> None:
+        """A queue ticket belongs to the request that queued it: the same holder process (pid + start time),
+        which the agent has checked is the caller's own. Anyone else's ticket is refused, and nothing changes
+        (issue 15: a ticket taken over took the grant and the owner's place in the queue)."""
+        row = db.execute("SELECT pid, pid_start FROM waiters WHERE ticket = ?", (ticket,)).fetchone()
+        if row is None:
+            raise SpecError("ticket", ticket, "a queue ticket this request holds; it is not in the queue (granted, "
+                                              "cancelled, or its process ended): ask again without a ticket")
+        if tuple(row) != (ask.holder_pid, ask.holder_start):
+            raise Forbidden(f"queue ticket {ticket} belongs to another request (holder process {row[0]}), "
+                            f"not to holder process {ask.holder_pid}")
 
     def empty_node(self, only: Sequence[str] = ()) -> NodeState:
         """The node with nothing granted (restricted to ``only`` when given): what could ever fit."""
@@ -238,7 +273,7 @@ class Ledger:
                              request=resized_request(record.request, change))
             db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record.to_json()), grant_id))
             write_grant_files(record, self.state)  # inside the transaction: a failure records nothing
-        evicted = evict(record, limits, self.region_pids) if over else ()
+        evicted = evict(record, limits) if over else ()
         live = share_live(record, self.state.device_state) if (change.compute, change.mode, change.priority) != (
             None, None, None) else ()
         return Resized(record, evicted, live)
@@ -256,10 +291,10 @@ class Ledger:
 
     def release(self, grant_id: str) -> bool:
         """End a grant (and the MPS daemon its spatial slice was the last of); False if it was already gone."""
-        with self._tx() as db:
+        with self._tx() as db:  # the folder goes before the row is committed: a folder never outlives its row
             gone = db.execute("DELETE FROM grants WHERE id = ?", (grant_id,)).rowcount
             self._reconcile_mps(db)
-        remove_grant_files(grant_id, self.state)
+            remove_grant_files(grant_id, self.state)
         return bool(gone)
 
     def reclaim(self) -> list[str]:
@@ -269,14 +304,28 @@ class Ledger:
 
     # -------------------------------------------------------------------------------------- helpers
     def _grants(self, db: sqlite3.Connection) -> list[GrantRecord]:
-        rows = db.execute("SELECT record FROM grants ORDER BY rowid").fetchall()
-        return [GrantRecord.from_json(json.loads(r[0])) for r in rows]
+        """The records that decode; the others are reported by grant id and skipped (:mod:`ledgercheck`)."""
+        good, self._bad = decode_rows(db.execute("SELECT id, record FROM grants ORDER BY rowid").fetchall())
+        self._problems = [b.describe(str(self.state.ledger)) for b in self._bad]
+        return good
 
     def _get(self, db: sqlite3.Connection, grant_id: str) -> GrantRecord:
-        row = db.execute("SELECT record FROM grants WHERE id = ?", (grant_id,)).fetchone()
+        row = db.execute("SELECT id, record FROM grants WHERE id = ?", (grant_id,)).fetchone()
         if row is None:
             raise UnknownGrant(grant_id)
-        return GrantRecord.from_json(json.loads(row[0]))
+        good, bad = decode_rows([row])
+        if bad:
+            raise LedgerError(bad[0].describe(str(self.state.ledger)))
+        return good[0]
+
+    def _find_lost(self, db: sqlite3.Connection) -> None:
+        """Grant folders the ledger has no row for: remove those no process carries any more; remember those
+        still carried (no grant is given while any is: :mod:`gpuslice.local.ledgercheck`)."""
+        recorded = {r[0] for r in db.execute("SELECT id FROM grants").fetchall()}
+        lost = lost_grants(self.state, recorded)
+        for gone in (g for g in lost if not g.pids):
+            remove_grant_files(gone.grant_id, self.state)
+        self._live_lost = [g for g in lost if g.pids]
 
     def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
         cur = db.execute(
@@ -326,6 +375,7 @@ class Ledger:
         for ticket, pid, start in db.execute("SELECT ticket, pid, pid_start FROM waiters").fetchall():
             if (pid, start) not in live:
                 db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
+        self._find_lost(db)
         self._reconcile_mps(db)
         return released
 
@@ -351,7 +401,7 @@ class Ledger:
 
     def _end_processes(self, db: sqlite3.Connection, grant: GrantRecord, stats: list[procs.ProcStat]) -> bool:
         """The holder of ``grant`` is gone: signal what is left of its processes; True when none is left."""
-        found = slice_processes(grant, stats, self.region_pids)
+        found = slice_processes(grant, stats)
         if found.empty:
             return True
         now = time.time()
@@ -369,7 +419,7 @@ class Ledger:
         if found.unsure or not _settled(found.ours):
             return False
         # They are gone; one of them may have forked just before: look once more.
-        return slice_processes(grant, procs.all_stats(), self.region_pids).empty
+        return slice_processes(grant, procs.all_stats()).empty
 
 
 @dataclass(frozen=True)
@@ -384,22 +434,26 @@ class SliceProcesses:
         return not self.ours and not self.unsure
 
 
-def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat],
-                    region_pids: RegionPids = _no_region_pids) -> SliceProcesses:
-    """Which live processes are ``grant``'s, proven so that a stranger that reused a pid is never signalled:
+def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SliceProcesses:
+    """Which live processes are ``grant``'s, proven so that no stranger is ever signalled:
 
-    * the launched process group (``child_pid``, members started at or after ``child_start``) while its
-      leader is still the launched process (same start time: the pgid cannot have been reused);
+    * **lineage**: the launched process group (``child_pid``, members started at or after ``child_start``)
+      while its leader is still the launched process (same start time: the pgid cannot have been reused;
+      only the launcher's child could create that group, and only its session can join it);
     * once the leader is gone, the members carrying the grant's marker (``GPUSLICE_SLICE=<its slice
       file>``) in their environment; a member whose environment cannot be read is ``unsure``;
     * if the leader's pid now names another process, none of the group: a pid is reused only after its
       group has emptied;
-    * processes started since the holder that carry the marker (they left the group with ``setsid``, or the
-      launcher died before it recorded ``child_pid``);
-    * the live processes the enforcer recorded in the grant's region (pid + start time).
+    * **marker**: processes started since the holder that carry the marker (they left the group with
+      ``setsid``, or the launcher died before it recorded ``child_pid``) and whose real uid is the grant's
+      owner's: anyone can put the marker in their own environment, so it proves only processes the owner
+      could signal anyway. A process of another user that carries it is neither signalled nor counted (it
+      cannot keep someone's grant alive);
+    * of a user's grant (``uid`` > 0) a group member of another user is never signalled (``unsure``: it keeps
+      the grant).
 
-    Of a non-root user's grant (``uid`` > 0), a process of another user is never signalled (``unsure``: it
-    keeps the grant): a user writes their own region file and could name anyone's pid in it.
+    Nothing read from the slice's region counts: a region is written by the slice's own processes, so the
+    pids it lists prove nothing (issue 15: a pid planted in a root grant's region made root kill it).
     """
     by_pid = {s.pid: s for s in stats}
     ours: dict[int, procs.ProcStat] = {}
@@ -420,12 +474,9 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat],
         me = os.getpid()
         for s in stats:
             if (s.pid not in ours and s.pid != me and s.start >= grant.holder_start
-                    and procs.environ_has(s.pid, grant.marker)):
+                    and procs.environ_has(s.pid, grant.marker) and _owners(grant, s.pid)):
                 ours[s.pid] = s
-    for pid in region_pids(grant):
-        if pid in by_pid and pid != os.getpid():
-            ours.setdefault(pid, by_pid[pid])
-    if grant.uid > 0:  # a user's grant: never signal another user's process (a region file is the user's to write)
+    if grant.uid > 0:  # a user's grant: never signal another user's process
         strangers = [pid for pid in ours if procs.uid_of(pid) not in (grant.uid, None)]
         for pid in strangers:
             del ours[pid]
@@ -433,11 +484,10 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat],
     return SliceProcesses(tuple(ours.values()), unsure)
 
 
-def grant_alive(grant: GrantRecord, stats: list[procs.ProcStat], region_pids: RegionPids = _no_region_pids) -> bool:
-    """A grant lives while its holder lives, or (until the reclaimer has ended them) any of its processes."""
-    if (grant.holder_pid, grant.holder_start) in {(s.pid, s.start) for s in stats}:
-        return True
-    return not slice_processes(grant, stats, region_pids).empty
+def _owners(grant: GrantRecord, pid: int) -> bool:
+    """Whether ``pid`` runs as the grant's owner (its real uid; a grant of unknown owner, uid -1, from a ledger
+    of before owners were recorded: any)."""
+    return grant.uid < 0 or procs.real_uid(pid) == grant.uid
 
 
 def _settled(signalled: Sequence[procs.ProcStat], wait: float = SETTLE_S) -> bool:

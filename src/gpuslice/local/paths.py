@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from gpuslice.local.errors import StateDirError
 
@@ -86,10 +87,45 @@ class StateDir:
                 folder.mkdir(parents=True, exist_ok=True)
             self.device_state.mkdir(parents=True, exist_ok=True)
             if os.geteuid() == 0:
-                os.chmod(self.device_state, 0o1777)
+                _check_roots(self.root)
+                os.chmod(self.device_state, 0o1777, follow_symlinks=False)
         except OSError as exc:
             raise StateDirError(_unusable(self.root, exc)) from None
         return self
+
+
+    def prepare_device_state(self, uuids: Iterable[str]) -> None:
+        """Create the pacing file of each device (and MIG instance) as root, before any tenant can name it
+        (0666 in the sticky devices folder: every slice's processes coordinate through it, none can replace
+        it). A name a tenant took first is left alone and never followed (the enforcer refuses it)."""
+        from gpuslice.enforcer.devstate import state_file_name
+        from gpuslice.spec.files import ensure_shared_file
+
+        if os.geteuid() != 0:
+            return
+        for uuid in uuids:
+            try:
+                ensure_shared_file(self.device_state, state_file_name(uuid), 0o666)
+            except OSError:
+                pass  # the enforcer refuses a name that is not a plain file; the monitor reports it
+
+
+def _check_roots(root: Path) -> None:
+    """Root keeps grants only where no one else can swap a path under it: the state dir and every folder above
+    it owned by root and writable by root alone (a sticky folder like /tmp may be world-writable: nobody can
+    replace root's entries there); ``grants`` and ``devices`` must be real folders, not links. Raises
+    PermissionError naming the folder otherwise (the trust model, native/README.md)."""
+    import errno
+    import stat
+
+    for folder in (root / "grants", root / "devices"):
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            raise PermissionError(errno.EPERM, "a symbolic link where root keeps grants", str(folder))
+    for folder in (root, *root.parents):
+        st = os.stat(folder)
+        if st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise PermissionError(errno.EPERM, f"owned by uid {st.st_uid} with mode {st.st_mode & 0o7777:04o}: "
+                                  "root keeps grants only in folders that only root can change", str(folder))
 
 
 def _unusable(root: Path, exc: OSError) -> str:

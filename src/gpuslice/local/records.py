@@ -16,6 +16,20 @@ from gpuslice.spec import (
 )
 
 
+# The socket API's bounds (documented in gpuslice.local.client): what one grant request may carry.
+PID_MAX = 1 << 22  # Linux's largest pid_max (PID_MAX_LIMIT on 64-bit)
+MAX_TICKS = 2**63 - 1  # a start time in clock ticks since boot (SQLite's INTEGER)
+MAX_UID = 2**32 - 2  # uid_t; -1 = unknown
+MAX_OWNER = 64
+MAX_COMMAND = 1024  # `gpuslice run` sends at most 500 characters of the command line
+MAX_POLICY = 64
+MAX_DEVICE_LIST = 64
+MAX_UUID = 96
+LIMITS = {"holder_pid": f"1..{PID_MAX}", "holder_start": f"0..{MAX_TICKS}", "uid": f"-1..{MAX_UID}",
+          "owner": f"{MAX_OWNER} characters", "command": f"{MAX_COMMAND} characters",
+          "policy": f"{MAX_POLICY} characters", "devices": f"{MAX_DEVICE_LIST} UUIDs of {MAX_UUID} characters"}
+
+
 @dataclass(frozen=True)
 class OomPolicy:
     """What the slice's enforcer does when memory runs out (the slice file's ``oom_policy``): ``return`` the
@@ -67,19 +81,31 @@ class Ask:
 
     @classmethod
     def from_json(cls, data: Any) -> "Ask":
+        """An Ask from the socket API, every field typed and bounded (the limits are in :data:`LIMITS`)."""
         if not isinstance(data, dict):
             raise SpecError("ask", data, "an object with request, owner, holder_pid, holder_start")
         for key in ("owner", "holder_pid", "holder_start"):
             if key not in data:
                 raise SpecError(key, None, f"field {key} in the grant request")
         devices = data.get("devices") or []
-        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
-            raise SpecError("devices", devices, "a list of device UUIDs")
-        return cls(request=request_from_json(data.get("request", {})), owner=str(data["owner"]),
-                   holder_pid=whole_number("holder_pid", data["holder_pid"]),
-                   holder_start=whole_number("holder_start", data["holder_start"]), uid=whole_number("uid", data.get("uid", -1)),
-                   devices=tuple(devices), command=str(data.get("command", "")),
-                   policy=str(data.get("policy", "binpack")), oom=OomPolicy.from_json(data))
+        if not isinstance(devices, list) or len(devices) > MAX_DEVICE_LIST \
+                or not all(isinstance(d, str) and 0 < len(d) <= MAX_UUID for d in devices):
+            raise SpecError("devices", devices, f"a list of at most {MAX_DEVICE_LIST} device UUIDs "
+                                                f"(each at most {MAX_UUID} characters)")
+        return cls(request=request_from_json(data.get("request", {})),
+                   owner=bounded_text("owner", data["owner"], MAX_OWNER),
+                   holder_pid=whole_number("holder_pid", data["holder_pid"], 1, PID_MAX),
+                   holder_start=whole_number("holder_start", data["holder_start"], 0, MAX_TICKS),
+                   uid=whole_number("uid", data.get("uid", -1), -1, MAX_UID),
+                   devices=tuple(devices), command=bounded_text("command", data.get("command", ""), MAX_COMMAND),
+                   policy=bounded_text("policy", data.get("policy", "binpack"), MAX_POLICY), oom=OomPolicy.from_json(data))
+
+
+def bounded_text(field_name: str, value: Any, limit: int) -> str:
+    """``value`` if it is a string of at most ``limit`` characters without NUL; SpecError naming the field."""
+    if not isinstance(value, str) or len(value) > limit or "\0" in value:
+        raise SpecError(field_name, value, f"a string of at most {limit} characters")
+    return value
 
 
 @dataclass(frozen=True)

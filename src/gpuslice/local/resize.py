@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from gpuslice.host import procs
 from gpuslice.host.usage import held_now
@@ -42,15 +41,16 @@ def share_live(record: GrantRecord, device_state: Path) -> tuple[str, ...]:
     return devstate.set_shares(device_state, record.grant_id, devstate.live_values(record.slices))
 
 
-def evict(record: GrantRecord, limits: dict[str, int], region_pids: Callable[[GrantRecord], list[int]]) -> tuple[int, ...]:
+def evict(record: GrantRecord, limits: dict[str, int]) -> tuple[int, ...]:
     """SIGTERM the grant's live processes that hold memory on a device whose new limit is below the slice's
-    use there: only processes proven to be the grant's (:func:`gpuslice.local.ledger.slice_processes`'s rule:
-    the enforcer recorded them in the grant's region and they still run with the same start time)."""
+    use there: the region says which pids hold it, but only those proven to be the grant's
+    (:func:`gpuslice.local.ledger.slice_processes`: lineage, or the marker and the owner's uid) are
+    signalled, through their start time: a pid a tenant planted in the region is never one of them."""
     from gpuslice.local.ledger import slice_processes
 
     held = held_now(record.watched())
     holders = {pid for uuid, (used, pids) in held.items() if used > limits.get(uuid, used) for pid in pids}
-    ours = slice_processes(record, procs.all_stats(), region_pids).ours
+    ours = slice_processes(record, procs.all_stats()).ours
     ended = []
     for s in ours:
         if s.pid in holders and procs.signal_exact(s.pid, s.start, signal.SIGTERM):

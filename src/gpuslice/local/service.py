@@ -19,10 +19,10 @@ def open_service(state: StateDir) -> tuple[GrantService, list[Device]]:
         client = AgentClient(socket_path)
         return client, client.devices()
     from gpuslice.host.devices import discover
-    from gpuslice.local.ledger import Ledger, recorded_pids
+    from gpuslice.local.ledger import Ledger
 
     devices = discover()
-    return Ledger(state, devices, region_pids=recorded_pids), devices
+    return Ledger(state, devices), devices
 
 
 def snapshot_note() -> str | None:

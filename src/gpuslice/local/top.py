@@ -7,13 +7,22 @@ import time
 
 from rich.live import Live
 
-from gpuslice.host.console import print_table, stdout_console
+from gpuslice.host.console import ctrl_c_interrupts, print_table, stdout_console
 from gpuslice.local.paths import StateDir
 from gpuslice.host.tables import view_renderable
 from gpuslice.local.viewsource import ViewSource
 
 
 def run_top(state: StateDir, interval: float, count: int, as_json: bool, wide: bool = False) -> None:
+    """Until ``count`` refreshes, or Ctrl-C (taken as the end even when SIGINT was inherited ignored)."""
+    with ctrl_c_interrupts():
+        try:
+            _refresh(state, interval, count, as_json, wide)
+        except KeyboardInterrupt:
+            pass
+
+
+def _refresh(state: StateDir, interval: float, count: int, as_json: bool, wide: bool) -> None:
     source = ViewSource(state)
     shown = 0
     if as_json:
@@ -31,12 +40,9 @@ def run_top(state: StateDir, interval: float, count: int, as_json: bool, wide: b
             if count == 0 or shown < count:
                 time.sleep(interval)
         return
-    try:
-        with Live(view_renderable(source.view(), wide), console=console, auto_refresh=False) as live:
-            shown = 1
-            while count == 0 or shown < count:
-                time.sleep(interval)
-                live.update(view_renderable(source.view(), wide), refresh=True)
-                shown += 1
-    except KeyboardInterrupt:
-        pass
+    with Live(view_renderable(source.view(), wide), console=console, auto_refresh=False) as live:
+        shown = 1
+        while count == 0 or shown < count:
+            time.sleep(interval)
+            live.update(view_renderable(source.view(), wide), refresh=True)
+            shown += 1

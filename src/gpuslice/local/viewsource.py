@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuslice.local.client import AgentClient, find_agent_socket
 from gpuslice.host.monitor import Monitor, NodeView, view_from_json
 from gpuslice.local.paths import StateDir
@@ -34,4 +36,5 @@ class ViewSource:
             self.ledger.reclaim()
         except Exception:  # a read-only state dir: show what is recorded
             pass
-        return self.monitor.sample([g.watched() for g in self.ledger.grants()], self.ledger.waiters())
+        view = self.monitor.sample([g.watched() for g in self.ledger.grants()], self.ledger.waiters())
+        return replace(view, errors=(*view.errors, *self.ledger.problems()))

@@ -7,6 +7,17 @@ class GpusliceError(Exception):
     """Base of every runtime error gpuslice raises on purpose; the CLI prints it and exits 1."""
 
 
+MAX_SHOWN = 120  # characters of a refused value an error message repeats (a value may be megabytes long)
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`MAX_SHOWN` characters with the full length said."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN:
+        return text
+    return f"{text[:MAX_SHOWN]}… ({len(text)} characters)"
+
+
 class SpecError(ValueError):
     """A request, slice or grant field that is not allowed. Carries the field, the value and the rule."""
 
@@ -14,5 +25,5 @@ class SpecError(ValueError):
         self.field = field_name
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field_name}: {value!r} is not allowed; expected {allowed}")
+        super().__init__(f"{field_name}: {shown(value)} is not allowed; expected {allowed}")
 

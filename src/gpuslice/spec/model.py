@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from gpuslice.spec.colocation import Colocation, check_colocation, parse_tidal_schedule
 from gpuslice.spec.errors import SpecError
-from gpuslice.spec.units import MemoryAmount, parse_compute, parse_memory
+from gpuslice.spec.units import MAX_MEMORY_BYTES, MemoryAmount, parse_compute, parse_memory
 
 
 class Priority(enum.IntEnum):
@@ -119,6 +119,8 @@ class Request:
         whole_number("weight", self.weight, 1, 16)
         if self.memory is not None and not isinstance(self.memory, MemoryAmount):
             raise SpecError("memory", self.memory, "a MemoryAmount (use parse_memory)")
+        if self.memory is not None and self.memory.bytes is not None:
+            whole_number("memory", self.memory.bytes, 1, MAX_MEMORY_BYTES)
         if not isinstance(self.priority, Priority):
             raise SpecError("priority", self.priority, "a Priority")
         if not isinstance(self.mode, ComputeMode):
@@ -156,7 +158,11 @@ class Request:
         if "count" in data:
             kwargs["count"] = _parse_count(data["count"])
         if data.get("memory") is not None:
-            kwargs["memory"] = parse_memory(data["memory"])
+            # A bare number means MiB wherever a human or a wire writes it (``3000``, as HAMi's gpumem): a JSON
+            # number too, read as its text. Only program code passes bytes, as a MemoryAmount.
+            value = data["memory"]
+            kwargs["memory"] = parse_memory(str(value) if isinstance(value, int) and not isinstance(value, bool)
+                                            else value, max_bytes=MAX_MEMORY_BYTES)
         if "compute" in data:
             kwargs["compute"] = parse_compute(data["compute"])
         if "priority" in data:
@@ -235,7 +241,7 @@ class Slice:
     def __post_init__(self) -> None:
         if not isinstance(self.device_uuid, str) or not self.device_uuid.strip():
             raise SpecError("device_uuid", self.device_uuid, "a device UUID like GPU-…")
-        whole_number("memory_limit", self.memory_limit, 1)
+        whole_number("memory_limit", self.memory_limit, 1, MAX_MEMORY_BYTES)
         whole_number("compute", self.compute, 0, 100)
         whole_number("weight", self.weight, 1, 16)
         if not isinstance(self.engine, Engine):

@@ -45,6 +45,10 @@ KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 TiB = 1024**4
+# The largest memory a request or a slice may name (1 PiB, thousands of times any GPU's): sizes are summed
+# over devices and slices in 64-bit integers (numpy in placement, SQLite), which must never overflow
+# (issue 15: ``--memory 9999999999999999GiB`` ended in an OverflowError traceback).
+MAX_MEMORY_BYTES = 1 << 50
 
 _MEMORY_UNITS: dict[str, int] = {
     "b": 1,
@@ -111,7 +115,8 @@ def parse_memory(
 
     ``bare_unit``: what a number without a unit means (MiB by default, as HAMi's ``gpumem``; 1 = bytes).
     ``allow_percent``: accept ``50%``. ``allow_zero``: accept a size of 0. ``strict``: only the slice
-    file's grammar (whole digits directly followed by a unit). ``max_bytes``: the largest size allowed.
+    file's grammar (whole digits directly followed by a unit). ``max_bytes``: the largest size allowed
+    (requests pass :data:`MAX_MEMORY_BYTES`).
     """
     if bare_unit not in _MEMORY_UNITS.values():
         raise ValueError(f"bare_unit must be one of the unit scales, not {bare_unit!r}")
@@ -146,7 +151,7 @@ def parse_memory(
 
 def _size_range(smallest: int, max_bytes: int | None) -> str:
     low = "a size above zero" if smallest else "a size of zero or more"
-    return low if max_bytes is None else f"{low} and at most {max_bytes} bytes"
+    return low if max_bytes is None else f"{low} and at most {max_bytes} bytes ({format_bytes(max_bytes)})"
 
 
 def parse_bytes(

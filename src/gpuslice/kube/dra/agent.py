@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from gpuslice.host.backstop import Policy
 from gpuslice.kube.agent import Rediscovery
+from gpuslice.kube.backstop import start_backstop
 from gpuslice.kube.devicestate import DeviceTracker, HealthSource
 from gpuslice.host.usage import Watched
 from gpuslice.kube.allocator import PluginConfig
 from gpuslice.kube.api import ClientAPI
 from gpuslice.kube.dra.api import ClientDraAPI, DraAPI
+from gpuslice.kube.dra.backstop import claim_containers, claim_tracked
 from gpuslice.kube.dra.checkpoint import Checkpoint
 from gpuslice.kube.dra.driver import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR, DraConfig, DraDriver
 from gpuslice.kube.dra.plugin import DraPlugin
@@ -104,6 +107,8 @@ class DraOptions:
     metrics_port: int = 0
     register_only: bool = False
     static_health: bool = False
+    backstop: Policy = field(default_factory=lambda: Policy(action="off"))  # NVML held to each claim's limit
+    backstop_interval: float = 2.0
 
 
 def config(files: PluginConfig, options: DraOptions) -> DraConfig:
@@ -135,10 +140,13 @@ def run(files: PluginConfig, options: DraOptions, discover: Callable[[], Sequenc
         else NvmlHealth(recover_seconds=options.health_recovery)
     agent = build(api, cfg, devices, health=health, discover=discover,
                   rediscover_interval=options.rediscover_interval, publish_interval=options.publish_interval)
+    guard = start_backstop(options.backstop, options.backstop_interval, devices, agent.driver.checkpoint.claims,
+                           lambda: api.list_pods(f"spec.nodeName={cfg.node}"), say,
+                           tracked_of=claim_tracked, containers_of=claim_containers)
     if options.metrics_port:
         serve_metrics(devices, cfg.node, options.metrics_port,
                       lambda: watched_claims(agent.driver.checkpoint, cfg.file_config.local_state),
-                      claim_labels(agent.driver.checkpoint))
+                      claim_labels(agent.driver.checkpoint), backstop=(lambda: guard.latest) if guard else None)
         say(f"metrics on :{options.metrics_port}/metrics")
     agent.tracker.start_health()
     agent.publisher.start()

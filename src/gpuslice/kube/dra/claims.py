@@ -209,3 +209,22 @@ def claim_grant(alloc: ClaimAllocation, devices: Mapping[str, SliceDevice], shar
             raise SpecError(f"ResourceClaim {alloc.namespace}/{alloc.name}: SliceParameters.{key}", exc.value,
                             exc.allowed) from None
     return Grant(grant_id=alloc.grant_id, slices=tuple(slices), exclusive=all(whole))
+
+
+def containers_with_claim(pod: Mapping[str, Any], claim_name: str) -> set[str]:
+    """The names of ``pod``'s containers (init containers included) that get the ResourceClaim ``claim_name``:
+    ``resources.claims[].name`` names an entry of ``spec.resourceClaims`` that is the claim itself
+    (``resourceClaimName``) or a template the claim was made from (``status.resourceClaimStatuses``)."""
+    spec = pod.get("spec") or {}
+    entries = {e.get("name") for e in spec.get("resourceClaims") or [] if isinstance(e, dict)
+               and e.get("resourceClaimName") == claim_name}
+    entries |= {s.get("name") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+                if isinstance(s, dict) and s.get("resourceClaimName") == claim_name}
+    entries.discard(None)
+    found = set()
+    for kind in ("initContainers", "containers"):
+        for c in spec.get(kind) or []:
+            claims = ((c.get("resources") or {}).get("claims") or []) if isinstance(c, dict) else []
+            if any(isinstance(r, dict) and r.get("name") in entries for r in claims):
+                found.add(str(c.get("name")))
+    return found

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpuslice.enforcer.slicefile import SliceFileError
-from gpuslice.kube import formats
+from gpuslice.kube import escapes, formats
 from gpuslice.kube.allocator import CONTAINER_DEVICE_STATE, CONTROL_DEVICES, Allocator, PluginConfig
-from gpuslice.kube.api import KubeError
+from gpuslice.kube.api import KubeError, NotFound
 from gpuslice.kube.dra import cdi
 from gpuslice.kube.dra.api import DraAPI
 from gpuslice.kube.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -139,15 +139,11 @@ class DraDriver:
             raise SpecError("claim", f"{ref.namespace}/{ref.name} ({ref.uid})", "namespace, name and uid")
         with self._lock(ref.uid):
             known = self.checkpoint.get(ref.uid)
-            if known is not None:
+            if known is not None:  # answered without asking the API server (a restart, no API server needed)
                 self._write(known.uid, known.grant, [d.device for d in known.devices])
                 return Prepared(known.devices)
-            claim = self.api.get_resource_claim(ref.namespace, ref.name)
-            uid = (claim.get("metadata") or {}).get("uid")
-            if uid != ref.uid:
-                raise SpecError(f"ResourceClaim {ref.namespace}/{ref.name}: metadata.uid", uid,
-                                f"{ref.uid}, the claim the kubelet prepares (it was deleted and created again)")
-            alloc = read_allocation(claim, pool=self.cfg.node)
+            alloc = read_allocation(self._claim(ref), pool=self.cfg.node)
+            self._check_pods(alloc.namespace, alloc.name, alloc.pods)
             grant = claim_grant(alloc, self.by_name(), self.cfg.sharing, self.cfg.default_mode)
             devices = self.prepared_devices(alloc)
             self._write(alloc.uid, grant, [d.device for d in devices])
@@ -156,6 +152,31 @@ class DraDriver:
             log.info("prepared claim %s/%s (%s): grant %s on %s", alloc.namespace, alloc.name, alloc.uid,
                      grant.grant_id, ", ".join(grant.uuids))
             return Prepared(devices)
+
+    def _claim(self, ref: ClaimRef) -> dict[str, Any]:
+        claim = self.api.get_resource_claim(ref.namespace, ref.name)
+        uid = (claim.get("metadata") or {}).get("uid")
+        if uid != ref.uid:
+            raise SpecError(f"ResourceClaim {ref.namespace}/{ref.name}: metadata.uid", uid,
+                            f"{ref.uid}, the claim the kubelet prepares (it was deleted and created again)")
+        return claim
+
+    def _check_pods(self, namespace: str, claim_name: str, pods: Sequence[str]) -> None:
+        """Refuse to prepare a claim for a pod whose containers that get it would step out of their slice
+        (a mount over the enforcer's paths, LD_PRELOAD/LD_AUDIT, a GPUSLICE_* variable: :mod:`..escapes`). No
+        webhook sees DRA pods; the kubelet shows the refusal as the pod's FailedPrepareDynamicResources event
+        and starts none of its containers. A pod already gone is skipped; any other read error refuses too.
+        Checked when the claim is first prepared on the node: a claim prepared before is answered from the
+        checkpoint without asking the API server, so a pod that later shares it by name is not checked
+        (README Limits)."""
+        for pod_name in pods:
+            try:
+                pod = self.api.get_pod(namespace, pod_name)
+            except NotFound:
+                continue
+            problem = escapes.claim_escape_problem(pod, claim_name)
+            if problem:
+                raise SpecError(f"pod {namespace}/{pod_name}", "its spec", f"a pod that stays in its slice: {problem}")
 
     def by_name(self) -> dict[str, Any]:
         return {d.name: d for d in slice_devices(self.devices())}

@@ -125,10 +125,40 @@ function render(history, status) {
   }
 }
 
+// The backstop's findings (slices over their limit in NVML's count, GPU processes of no slice) and whatever
+// the node could not read; the section stays hidden while there is nothing to say.
+function renderBackstop(status) {
+  const report = status.backstop || {};
+  const rows = [];
+  const index = Object.fromEntries(status.devices.map(d => [d.uuid, d.index]));
+  for (const o of report.overruns || []) {
+    rows.push(["over limit", o.grant_id, index[o.device_uuid], human(o.used), human(o.limit),
+      `${o.action} (${o.over_for.toFixed(0)} s over)`, o.pids.join(" ")]);
+  }
+  for (const p of report.unattributed || []) {
+    rows.push(["no slice", String(p.pid), index[p.device_uuid], p.used === null ? "?" : human(p.used), "-", "reported",
+      p.command || ""]);
+  }
+  const body = document.querySelector("#backstop-table tbody");
+  body.innerHTML = "";
+  for (const cells of rows) {
+    const row = document.createElement("tr");
+    for (const c of cells) {
+      const td = document.createElement("td");
+      td.textContent = c === undefined ? "?" : String(c);
+      row.appendChild(td);
+    }
+    body.appendChild(row);
+  }
+  document.getElementById("problems").textContent = (status.errors || []).map(e => "problem: " + e).join("\n");
+  document.getElementById("backstop").style.display = rows.length || (status.errors || []).length ? "" : "none";
+}
+
 async function tick() {
   try {
     const [history, status] = await Promise.all(["v1/history", "v1/status"].map(u => fetch(u).then(r => r.json())));
     render(history, status);
+    renderBackstop(status);
     document.getElementById("error").textContent = "";
     document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
   } catch (err) {
