@@ -72,3 +72,22 @@ def test_pods_without_gpus_are_not_judged():
     p = pod("plain", {"cpu": "1"})
     p["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": "/etc/gpuslice"}]
     assert webhook.mutate(_review(copy.deepcopy(p)), CFG)["response"]["allowed"] is True
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+@pytest.mark.parametrize("var", [{"value": "all"}, {"value": "GPU-0"}, {"value": "0,1"},
+                                 {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])
+def test_nvidia_visible_devices_naming_gpus_is_refused_in_any_pod(gpu, var):
+    """The kubelet puts the pod's env after the device plugin's, and the NVIDIA toolkit gives the container
+    the GPUs it names: with no slice and no enforcer, even in a pod that asks for no GPU."""
+    p = _gpu_pod() if gpu else pod("plain", {})
+    p["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", **var}]
+    answer = webhook.mutate(_review(p), CFG)["response"]
+    assert answer["allowed"] is False and "NVIDIA_VISIBLE_DEVICES" in answer["status"]["message"]
+
+
+@pytest.mark.parametrize("value", ["none", "void", "", "NONE"])
+def test_nvidia_visible_devices_asking_for_none_is_allowed(value):
+    p = pod("plain", {})
+    p["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": value}]
+    assert webhook.mutate(_review(p), CFG)["response"]["allowed"] is True

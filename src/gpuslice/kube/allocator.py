@@ -38,7 +38,7 @@ from gpuslice.enforcer.region import create_region
 from gpuslice.enforcer.slicefile import SliceConfig, slice_config, write_slice_file
 from gpuslice.host.mps import MpsError, client_env
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
-from gpuslice.kube import formats
+from gpuslice.kube import escapes, formats
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
 from gpuslice.spec import Device, Engine, GpusliceError, SpecError
 from gpuslice.spec.files import ensure_shared_file, write_atomic
@@ -355,6 +355,12 @@ class Allocator:
     def allocate(self, ids: Sequence[str]) -> tuple[Match, dict[str, Any]]:
         with self._lock:  # one Allocate at a time: the "allocated" marks must not interleave
             match = self.find(ids)
+            # the webhook refuses these at admission, but it fails open (failurePolicy Ignore) and a pod
+            # admitted while it was down must not get its slice here either
+            problem = escapes.escape_problem(match.pod, lambda c: c.get("name") == match.grant.container) \
+                or escapes.device_env_problem(match.pod)
+            if problem:
+                raise AllocateError(f"container {match.grant.container}: {problem}")
             self.write_files(match.grant)
             key = self.daemon_key(match.grant, match.pod)
             if key is not None:  # first use of the device's daemon starts it

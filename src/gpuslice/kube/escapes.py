@@ -10,6 +10,10 @@ refused with a message naming the container and the field. The variables a tenan
 only tighten its own slice (``GPUSLICE_MEMORY_LIMIT``, ``GPUSLICE_COMPUTE``, ``GPUSLICE_FAIL_OPEN``,
 ``GPUSLICE_LOG_LEVEL``; ``native/README.md``) stay allowed.
 
+Any pod that sets ``NVIDIA_VISIBLE_DEVICES`` to GPUs is refused as well (:func:`device_env_problem`), and
+the device plugin's Allocate runs both checks again for the container it gives a slice (the webhook fails
+open).
+
 What this cannot see (``README.md`` Limits): variables a program sets for its own children, and those an
 ``envFrom`` ConfigMap or Secret brings (their keys are not in the pod). The out-of-process backstop
 (:mod:`gpuslice.host.backstop`) holds the memory limit against those.
@@ -28,6 +32,11 @@ FORBIDDEN_ENV = ("LD_PRELOAD", "LD_AUDIT")
 FORBIDDEN_ENV_PREFIX = "GPUSLICE_"
 TENANT_ENV = ("GPUSLICE_MEMORY_LIMIT", "GPUSLICE_COMPUTE", "GPUSLICE_FAIL_OPEN", "GPUSLICE_LOG_LEVEL")  # lower only
 CONTAINER_LISTS = ("initContainers", "containers")
+# The NVIDIA container toolkit gives a container the GPUs this variable names, and the kubelet puts the pod's
+# own env after the device plugin's: a pod that sets it reaches GPUs no slice of its holds, unenforced, even
+# without asking for a GPU (attacker's review of issue 15). Only the values that ask for none stay allowed.
+DEVICE_ENV = "NVIDIA_VISIBLE_DEVICES"
+DEVICE_ENV_NONE = ("", "none", "void")
 
 
 def _covers(mount_path: str) -> str | None:
@@ -74,6 +83,22 @@ def escape_problem(pod: Mapping[str, Any], only: Callable[[Mapping[str, Any]], b
                 return (f"{where}.env[{e}].name {name!r} is not allowed in a pod asking for GPU slices: "
                         f"{', '.join(FORBIDDEN_ENV)} and {FORBIDDEN_ENV_PREFIX}* are the node agent's to set "
                         f"(allowed, as they only lower a limit: {', '.join(TENANT_ENV)})")
+    return None
+
+
+def device_env_problem(pod: Mapping[str, Any]) -> str | None:
+    """Why ``pod`` would reach GPUs around the device plugin (NVIDIA_VISIBLE_DEVICES naming devices, in any
+    container, GPU request or not), or None."""
+    for kind, i, c in _containers(pod.get("spec") or {}):
+        for e, var in enumerate(c.get("env") or []):
+            if not isinstance(var, dict) or var.get("name") != DEVICE_ENV:
+                continue
+            value = var.get("value")
+            if "valueFrom" in var or not isinstance(value, (str, type(None))) or (value or "").strip().lower() \
+                    not in DEVICE_ENV_NONE:
+                return (f"spec.{kind}[{i}] ({c.get('name', '?')}).env[{e}] {DEVICE_ENV} is not allowed except "
+                        f"{' or '.join(repr(v) for v in DEVICE_ENV_NONE if v)}: GPUs come from the device plugin, "
+                        "held to the pod's slices")
     return None
 
 

@@ -106,6 +106,9 @@ def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None
         req = podrequest.pod_request(pod, cfg)
     except SpecError as exc:
         return _review(uid, False, message=f"gpuslice: {exc}")
+    device_env = escapes.device_env_problem(pod)  # in every pod: it would reach GPUs without a slice
+    if device_env:
+        return _review(uid, False, message=f"gpuslice: {device_env}")
     if req.empty:
         return _review(uid, True, warnings=req.notes)
     escape = escapes.escape_problem(pod)  # mounts over the enforcer's paths, LD_PRELOAD, GPUSLICE_*
