@@ -4,9 +4,11 @@
 # allocation path through ctypes (dlsym, cuGetProcAddress, pitch, managed, VMM, async, pool, arrays,
 # mipmapped arrays), 2 and 4 processes
 # in one slice, each filling until OOM under the limit; queries and nvidia-smi inside the slice;
-# a SIGKILLed process leaking nothing; context overhead; ns per intercepted call; training
-# throughput with vs without the enforcer. Prints a table last; logs and JSON go to $OUT.
-# Usage: bash bench/gpu_acceptance.sh [ctx smi frameworks paths multi kill cost train]   (default: all)
+# per process, the enforcer's books next to NVML's numbers (and the context cost it measured);
+# CUDA graph memory nodes counted and given back; a SIGKILLed process leaking nothing; context
+# overhead; ns per intercepted call; training throughput with vs without the enforcer. Prints the
+# tables last; logs and JSON go to $OUT.
+# Usage: bash bench/gpu_acceptance.sh [ctx smi frameworks paths graph multi kill cost train]   (default: all)
 set -u
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-/tmp/gpuslice-out}

@@ -16,13 +16,8 @@ export PYTHONUNBUFFERED=1
 ALL="build devices pytest-gpu memory-acceptance smi-nvml local-mode compute-bench"
 STEPS=${*:-$ALL}
 
-# Our pinned pure-Python dependencies that the GPU image lacks or has in other versions.
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$ROOT/src
-else
-  export PYTHONPATH=$ROOT/src
-fi
+# Our pinned pure-Python dependencies that the GPU image may lack (.whl/, when carried there).
+. "$ROOT/bench/gpu/wheels.sh"
 
 declare -A STATUS
 step() {  # step NAME LOGFILE LIMIT_S CMD... : run with a time limit, keep the exit code for the table
@@ -49,7 +44,8 @@ if wants devices; then
   python3 -m gpuslice.cli devices >"$OUT/devices.txt" 2>&1
 fi
 wants pytest-gpu && GPUSLICE_REQUIRE_GPU=1 step pytest-gpu pytest.log 240 python3 -m pytest -m gpu -v -p no:cacheprovider \
-  tests/local/test_gpu_local.py tests/host/test_devices.py tests/enforcer/test_gpu_enforcer.py tests/kube/test_health_gpu.py
+  tests/local/test_gpu_local.py tests/local/test_gpu_resize.py tests/host/test_devices.py tests/enforcer/test_gpu_enforcer.py \
+  tests/kube/test_health_gpu.py
 wants memory-acceptance && step memory-acceptance memory.log 330 bash bench/gpu_acceptance.sh
 wants smi-nvml && step smi-nvml smi-nvml.log 60 bash bench/gpu/smi_nvml.sh
 wants local-mode && step local-mode local.log 150 bash bench/local_mode_gpu.sh

@@ -31,13 +31,8 @@ RUN=$(mktemp -d /tmp/gscl.XXXXXX)   # short: MPS puts Unix sockets under it
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$W/bench.log"; }
 
-# Our pinned pure-Python dependencies that the GPU image may lack (bash bench/gpu/fetch_wheels.sh fills .whl).
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$ROOT/src:${PYTHONPATH:-}
-else
-  export PYTHONPATH=$ROOT/src:${PYTHONPATH:-}
-fi
+# Our pinned pure-Python dependencies that the GPU image may lack (.whl/, when carried there).
+. "$ROOT/bench/gpu/wheels.sh"
 PY=${PYTHON:-python3}
 
 MPS_UP=0

@@ -12,6 +12,12 @@ processes really hold on the card. Judged per scenario:
   - real usage (nvidia-smi outside) vs limit, reported as-is: the driver also keeps memory the
     enforcer never sees an allocation for (module code, the context itself), which the per-context
     overhead constant is there to cover.
+  - books vs NVML, per process: the enforcer's books for each process (region) next to what NVML
+    says that process holds (nvidia-smi from outside), the difference judged against 64 MiB (columns
+    ``books``/``nvml``/``diff``; ``context cost`` is what the enforcer measured a context to cost on this
+    card, or its configured value);
+  - CUDA graph memory (``graph``): graphs with memory-allocation nodes uploaded and launched inside a
+    slice are in the books (next to NVML), and leave them when freed, destroyed and trimmed.
 Also: context overhead measured without the enforcer, a SIGKILLed process leaking nothing, the
 added ns per intercepted call, and PyTorch training throughput with vs without the enforcer.
 Writes OUT/memory_acceptance.json and prints a table.
@@ -145,6 +151,7 @@ def run_scenario(name: str, framework: str, nprocs: int, limit: int, env_extra: 
         apps_inside = {a[0]: a[1] for a in inside.get("apps") or []}
         res["smi_inside_shows_accounted"] = all(apps_inside.get(p) == n // MiB for p, n in res["region_processes"].items()
                                                 if p == reps[0]["pid"])
+        res.update(books_vs_nvml(res["region_processes"], res["host_apps"]), context_cost=dev.context_overhead)
         res["pass"] = bool(res["oom_all"] and res["refusals"] > 0 and res["accounted_over"] == 0
                            and res["query_shows_slice"] and res["smi_shows_slice"])
         return res
@@ -157,6 +164,58 @@ def run_scenario(name: str, framework: str, nprocs: int, limit: int, env_extra: 
                 p.kill()
         RESULTS["scenarios"].append(res)
         log(json.dumps(res))
+
+
+BOOKS_TOLERANCE_MIB = 64  # the issue's bound on |NVML - books| per process
+
+
+def books_vs_nvml(books: dict[int, int], nvml_mib: dict[int, int | None]) -> dict:
+    """Per process: the enforcer's books (bytes) next to NVML's number (MiB), the difference NVML - books
+    in MiB, and whether every process is within BOOKS_TOLERANCE_MIB."""
+    rows = {}
+    for pid, mib in nvml_mib.items():
+        b = books.get(pid, 0) / MiB
+        rows[pid] = {"books_mib": round(b, 1), "nvml_mib": mib, "diff_mib": None if mib is None else round(mib - b, 1)}
+    diffs = [r["diff_mib"] for r in rows.values() if r["diff_mib"] is not None]
+    return {"books_vs_nvml": rows, "books_max_diff_mib": max(diffs, key=abs) if diffs else None,
+            "books_within": bool(diffs) and all(abs(d) <= BOOKS_TOLERANCE_MIB for d in diffs)}
+
+
+def graph_memory(limit: int) -> dict:
+    """Graph memory nodes inside a slice: counted while backed, given back when trimmed (graph_probe.py)."""
+    d, region = new_slice(limit)
+    rep = d / "graph"
+    probe = subprocess.Popen([PY, str(ROOT / "bench" / "gpu" / "graph_probe.py"), str(rep)],
+                             env=slice_env(d / "slice.conf"), stdout=open(OUT / "probe-graph.log", "w"),
+                             stderr=subprocess.STDOUT)
+    res: dict = {"name": "graph_memory_nodes", "limit": limit}
+    try:
+        if not wait_files([Path(str(rep) + ".1")], [probe], 120):
+            res["error"] = "graph probe did not get its graphs backed (see probe-graph.log)"
+            return res
+        one = json.loads(Path(str(rep) + ".1").read_text())
+        pid, snap = one["pid"], read_region(region)
+        books1 = {p.pid: p.total_used for p in snap.processes}
+        res.update(graph_bytes=one["graph_bytes"], backed=books_vs_nvml(books1, {pid: host_apps().get(pid)}),
+                   books_used_backed=snap.used(UUID), context_cost=snap.device(UUID).context_overhead)
+        Path(str(rep) + ".next").touch()
+        if not wait_files([Path(str(rep) + ".2")], [probe], 120):
+            res["error"] = "graph probe did not trim (see probe-graph.log)"
+            return res
+        snap2 = read_region(region)
+        books2 = {p.pid: p.total_used for p in snap2.processes}
+        res.update(trimmed=books_vs_nvml(books2, {pid: host_apps().get(pid)}), books_used_trimmed=snap2.used(UUID))
+        # counted: the books rose by (at least) the graphs' bytes; released: and came back down
+        res["pass"] = bool(res["books_used_backed"] - res["books_used_trimmed"] >= one["graph_bytes"])
+        return res
+    finally:
+        Path(str(rep) + ".hold").touch()
+        try:
+            probe.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+        RESULTS["graph"] = res
+        log(json.dumps(res, default=str))
 
 
 def measure_context_overhead() -> dict:
@@ -281,6 +340,8 @@ def main() -> int:
     if want("paths"):  # every driver allocation path, called through ctypes (dlsym / cuGetProcAddress)
         for path in DRIVER_PATHS:
             run_scenario(f"driver_{path}", f"driver:{path}", 1, 2 * GiB)
+    if want("graph"):
+        graph_memory(4 * GiB)
     if want("multi"):
         run_scenario("torch_2_procs", "torch", 2, 6 * GiB)
         run_scenario("torch_4_procs", "torch", 4, 8 * GiB)
@@ -303,6 +364,7 @@ def main() -> int:
     (OUT / "memory_acceptance.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     print_table()
     ok = all(s.get("pass") or "skipped" in s for s in RESULTS["scenarios"])
+    ok = ok and RESULTS.get("graph", {}).get("pass", True)
     return 0 if ok and RESULTS.get("sigkill", {}).get("pass", True) else 1
 
 
@@ -322,6 +384,21 @@ def print_table() -> None:
               f"{s['accounted_peak'] // MiB:>9} {s['accounted_over']:>5} {s['true_used'] // MiB:>8} "
               f"{s['true_over'] // MiB:>10} {str(s['query_shows_slice'])[0]:>6} {str(s['smi_shows_slice'])[0]:>4} "
               f"{str(s['smi_inside_shows_accounted'])[0]:>6} {s['refusals']:>7} {str(s['pass'])[0]:>5}")
+    print(f"\n== the enforcer's books next to NVML, per process (MiB; diff = NVML - books; bound "
+          f"{BOOKS_TOLERANCE_MIB} MiB)")
+    print(f"{'scenario':24} {'context cost':>12} {'pid':>8} {'books':>8} {'nvml':>8} {'diff':>7} {'within':>6}")
+    for s in RESULTS["scenarios"]:
+        for pid, r in (s.get("books_vs_nvml") or {}).items():
+            print(f"{s['name']:24} {(s.get('context_cost') or 0) // MiB:>12} {pid:>8} {r['books_mib']:>8} "
+                  f"{str(r['nvml_mib']):>8} {str(r['diff_mib']):>7} "
+                  f"{str(r['diff_mib'] is not None and abs(r['diff_mib']) <= BOOKS_TOLERANCE_MIB)[0]:>6}")
+    g = RESULTS.get("graph")
+    if g and "error" not in g:
+        print(f"graph memory: {g['graph_bytes'] // MiB} MiB of graph memory nodes; books {g['books_used_backed'] // MiB} MiB "
+              f"backed -> {g['books_used_trimmed'] // MiB} MiB trimmed; vs NVML backed {g['backed']['books_vs_nvml']}, "
+              f"trimmed {g['trimmed']['books_vs_nvml']}; pass {g['pass']}")
+    elif g:
+        print("graph memory: ERROR", g["error"])
     if "context_overhead" in RESULTS:
         print("context overhead (no enforcer):", RESULTS["context_overhead"])
     if "sigkill" in RESULTS:

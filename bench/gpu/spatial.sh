@@ -21,13 +21,8 @@ STEPS=${GS_SPATIAL_STEPS:-}          # e.g. 1,2,3,4 then 5,6,7,8 in a second cal
 RUN=$(mktemp -d /tmp/gssp.XXXXXX)    # short: MPS puts Unix sockets under it
 T0=$(date +%s)
 
-# Our pinned pure-Python dependencies that the GPU image may lack (bash bench/gpu/fetch_wheels.sh fills .whl).
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$ROOT/src:${PYTHONPATH:-}
-else
-  export PYTHONPATH=$ROOT/src:${PYTHONPATH:-}
-fi
+# Our pinned pure-Python dependencies that the GPU image may lack (.whl/, when carried there).
+. "$ROOT/bench/gpu/wheels.sh"
 
 MPS_CONTROL=nvidia-cuda-mps-control
 if [ "$DRY" = 1 ]; then

@@ -39,7 +39,8 @@ static inline void t_fresh_dir(void)
 
 static inline void t_uuid(int dev, char out[64]) { dbl_uuid_string(dev, out); }
 
-/* Write a slice file covering the double's devices 0 and 1, with extra key=value lines. */
+/* Write (or rewrite, as a live resize does: a new file renamed over the old one) a slice file covering
+ * the double's devices 0 and 1, with extra key=value lines. */
 static inline void t_slice(const char *fmt, ...)
 {
     char path[320], extra[2048], u0[64], u1[64];
@@ -50,10 +51,13 @@ static inline void t_slice(const char *fmt, ...)
     t_uuid(0, u0);
     t_uuid(1, u1);
     snprintf(path, sizeof path, "%s/slice.conf", t_dir);
-    FILE *f = fopen(path, "w");
-    if (!f) { perror(path); exit(2); }
+    char tmp[340];
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) { perror(tmp); exit(2); }
     fprintf(f, "version=1\ngrant=test\ndevices=%s,%s\nregion=%s\n%s", u0, u1, t_region, extra);
     fclose(f);
+    if (rename(tmp, path)) { perror("rename"); exit(2); } /* as the node side writes it: whole, or not at all */
     setenv("GPUSLICE_SLICE", path, 1);
 }
 

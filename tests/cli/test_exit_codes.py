@@ -43,6 +43,9 @@ CASES: dict[str, list[tuple[list[str], int, str]]] = {
             (["run", "--device", "9", "--", "true"], 1, "device")],  # this node has no GPU 9
     "ps": [(["ps"], 0, "slices"), (["ps", "--jsn"], 2, "No such option"),
            (["ps"], 1, "state")],  # with the state dir on a file (see _env)
+    "resize": [(["resize", "g-00000000", "--memory", "1GiB"], 1, "not in the ledger"),
+               (["resize", "g-00000000"], 2, "at least one of --memory"),
+               (["resize", "g-00000000", "--compute", "130"], 2, "'--compute'")],  # success: tests/local/test_resize.py
     "top": [(["top", "--count", "1", "--json"], 0, '"devices"'), (["top", "--interval", "0"], 2, "'--interval'"),
             (["top", "--count", "1"], 1, "state")],
     "agent": [(["agent", "--port", "70000"], 2, "'--port'"), (["agent", "--history", "0"], 2, "'--history'"),

@@ -172,9 +172,10 @@ def test_write_policies_keep_each_account_to_its_own_annotations(control_plane: 
                                                                 devices_of: Any) -> None:
     """RBAC lets the agent patch every Node and Pod and the extender every Node; the chart's
     ValidatingAdmissionPolicies, live in the API server, narrow that to what the code writes: the agent only
-    gpuslice.io/devices / allocating of the node its pod-bound token names and gpuslice.io/allocated of
-    pods bound there; the extender only gpuslice.io/ledger / allocating of nodes and gpuslice.io/grant /
-    allocated of pods (its account is kube-scheduler's too, whose pod writes go through subresources)."""
+    gpuslice.io/devices / allocating of the node its pod-bound token names and gpuslice.io/allocated /
+    resize-status of pods bound there; the extender only gpuslice.io/ledger / allocating of nodes and
+    gpuslice.io/grant / allocated / resize-status of pods (its account is kube-scheduler's too, whose pod writes
+    go through subresources)."""
     from kubernetes import client
 
     from gpuslice.kube import formats
@@ -205,10 +206,12 @@ def test_write_policies_keep_each_account_to_its_own_annotations(control_plane: 
     allowed = [
         lambda: agent.patch_node_annotations("policy-a", {"gpuslice.io/devices": devices, "gpuslice.io/allocating": None}),
         lambda: agent.patch_pod_annotations("default", "on-a", {"gpuslice.io/allocated": formats.encode_allocated([])}),
+        lambda: agent.patch_pod_annotations("default", "on-a", {"gpuslice.io/resize-status": "{}"}),  # live resize
         lambda: extender.patch_node_annotations("policy-b", {"gpuslice.io/ledger": formats.encode_ledger(formats.Ledger({})),
                                                              "gpuslice.io/allocating": formats.encode_allocating(["x"])}),
         lambda: extender.patch_node_annotations("policy-b", {"gpuslice.io/allocating": None}),
         lambda: extender.patch_pod_annotations("default", "on-b", {"gpuslice.io/grant": "g", "gpuslice.io/allocated": None}),
+        lambda: extender.patch_pod_annotations("default", "on-b", {"gpuslice.io/resize-status": "{}"}),
     ]
     for call in allowed:
         assert outcome(call) == "allowed"
@@ -227,7 +230,7 @@ def test_write_policies_keep_each_account_to_its_own_annotations(control_plane: 
         "not gpuslice.io/devices":
             lambda: extender.patch_node_annotations("policy-a", {"gpuslice.io/devices": "refused"}),
         "labels, finalizers, owner": node_patch(extender, "policy-a", {"metadata": {"labels": {"gpu": "off"}}}),
-        "annotation(s) gpuslice.io/grant, gpuslice.io/allocated of pods, not team":
+        "annotation(s) gpuslice.io/grant, gpuslice.io/allocated, gpuslice.io/resize-status of pods, not team":
             lambda: extender.patch_pod_annotations("default", "on-b", {"team": "refused"}),
         "only annotations of pods":
             lambda: extender._call("PATCH", "/api/v1/namespaces/default/pods/on-b",

@@ -3,38 +3,20 @@
 from __future__ import annotations
 
 import os
-import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from gpuslice.enforcer import devstate as compute
+from devstatekit import build_writer, write_sample
 
-ROOT = Path(__file__).resolve().parents[2]
-NATIVE = ROOT / "native"
+from gpuslice.enforcer import devstate as compute
 
 
 @pytest.fixture(scope="module")
 def sample_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build native/tests/test_devstate.c (its --write-sample mode) with the real devstate.c."""
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler to build the native writer")
-    out = tmp_path_factory.mktemp("bin") / "devstate_writer"
-    subprocess.run(
-        [cc, "-std=c11", "-O1", "-pthread", f"-I{NATIVE / 'include'}", str(NATIVE / "tests/test_devstate.c"),
-         str(NATIVE / "src/pacing/devstate.c"), "-o", str(out)],
-        check=True,
-    )
-    return out
-
-
-def write_sample(writer: Path, d: Path) -> Path:
-    subprocess.run([str(writer), "--write-sample", str(d)], check=True, capture_output=True)
-    (p,) = list(d.glob("*.dev"))
-    return p
+    """native/tests/test_devstate.c (its --write-sample mode) built with the real devstate.c."""
+    return build_writer(tmp_path_factory.mktemp("bin") / "devstate_writer")
 
 
 def test_reads_what_the_native_side_wrote(sample_writer: Path, tmp_path: Path) -> None:
@@ -142,3 +124,25 @@ def test_a_fifo_or_link_in_place_of_a_device_state_file_is_refused_at_once(tmp_p
         with pytest.raises(DeviceStateError):
             read_device_state(path)
     assert time.monotonic() - started < 5
+
+
+def test_set_live_changes_share_mode_and_priority_of_a_paced_record_only(sample_writer: Path, tmp_path: Path) -> None:
+    p = write_sample(sample_writer, tmp_path)
+    assert compute.set_live(p, "train-a", percent=45, mode="soft", priority=0)
+    a = {s.grant: s for s in compute.read_device_state(p).slices}["train-a"]
+    assert (a.set_share, a.mode, a.priority) == (45.0, "soft", 0)
+    # pacing on/off is a process's decision at start: unpaced records, 0 / 100 % and mode off are left alone
+    assert not compute.set_live(p, "serve-b", percent=45)
+    assert not compute.set_live(p, "train-a", percent=100) and not compute.set_live(p, "train-a", mode="off")
+    assert {s.grant: s.set_share for s in compute.read_device_state(p).slices}["serve-b"] == 100.0
+
+
+def test_set_shares_skips_files_a_tenant_broke(sample_writer: Path, tmp_path: Path) -> None:
+    """A truncated pacing file (any tenant can write it) is skipped, not mapped: mapping it would let the
+    tenant kill the root agent with SIGBUS."""
+    p = write_sample(sample_writer, tmp_path)
+    os.truncate(p, 100)
+    assert compute.set_shares(tmp_path, "train-a", {p.stem: (45.0, "hard", 1)}) == ()
+    fifo = tmp_path / "GPU-fifo.dev"
+    os.mkfifo(fifo)
+    assert compute.set_shares(tmp_path, "train-a", {"GPU-fifo": (45.0, "hard", 1)}) == ()

@@ -38,6 +38,8 @@ def assert_same_as_c(cfg: SliceConfig, c: dict[str, str]) -> None:
     assert c["fail_open"] == str(int(cfg.fail_open))
     assert c["context_overhead"] == ("default" if cfg.context_overhead is None else str(cfg.context_overhead))
     assert c["engine"] == cfg.engine and c["mps_pipe_dir"] == cfg.mps_pipe_dir
+    assert c["generation"] == str(cfg.generation)
+    assert c["oom_wait_ms"] == str(30000 if cfg.oom_wait_ms is None else cfg.oom_wait_ms)
     assert c["colocation"] == cfg.colocation and c["tidal_schedule"] == cfg.tidal_schedule
 
 
@@ -100,6 +102,12 @@ BAD = [
     ("version=1\nengine=spatial\nmps_pipe_dir=relative\n", "mps_pipe_dir"),
     ("version=1\nmps_pipe_dir=/run/mps\n", "mps_pipe_dir"),
     (f"version=1\ndevices={A},{B}\nengine=spatial\n", "engine"),
+    ("version=1\ngeneration=-1\n", "generation"),
+    ("version=1\ngeneration=4294967296\n", "generation"),
+    ("version=1\ngeneration=1g\n", "generation"),
+    ("version=1\noom_policy=sleep\n", "oom_policy"),
+    ("version=1\noom_wait_ms=86400001\n", "oom_wait_ms"),
+    ("version=1\noom_wait_ms=1s\n", "oom_wait_ms"),
     ("version=1\ncolocation=polite\n", "colocation"),
     ("version=1\ncolocation=tidal\npriority=0\n", "colocation"),
     ("version=1\ncolocation=tidal\nmode=soft\n", "colocation"),
@@ -243,3 +251,32 @@ def test_random_configs_agree_with_c(tmp_path: Path, native_build: Path, cfg: Sl
     rc, c, err = c_parse(native_build, p)
     assert rc == 0, err
     assert_same_as_c(cfg, c)
+
+
+def test_resized_slice_carries_its_generation_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
+    """A live resize rewrites the slice file with a higher generation=; both parsers read it, and a
+    file never resized is written without the key (as before live resize)."""
+    p = tmp_path / "slice.conf"
+    write_slice_file(p, SliceConfig(devices=(A,), memory_limit=GiB))
+    assert "generation" not in p.read_text()
+    cfg = write_slice_file(p, SliceConfig(devices=(A,), memory_limit=2 * GiB, generation=4294967295))
+    assert "generation=4294967295\n" in p.read_text()
+    assert read_slice_file(p) == cfg
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)
+
+
+def test_oom_policy_wait_with_its_timeout_and_c_agrees(tmp_path: Path, native_build: Path) -> None:
+    """oom_policy=wait and its oom_wait_ms are read the same by both parsers; without the key the enforcer
+    waits 30 s."""
+    p = tmp_path / "slice.conf"
+    cfg = write_slice_file(p, SliceConfig(devices=(A,), memory_limit=GiB, oom_policy="wait", oom_wait_ms=1500))
+    assert "oom_policy=wait\n" in p.read_text() and "oom_wait_ms=1500\n" in p.read_text()
+    assert read_slice_file(p) == cfg
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0, err
+    assert_same_as_c(cfg, c)
+    cfg = write_slice_file(p, SliceConfig(devices=(A,), oom_policy="wait"))
+    rc, c, err = c_parse(native_build, p)
+    assert rc == 0 and c["oom_wait_ms"] == "30000", err

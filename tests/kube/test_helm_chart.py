@@ -415,9 +415,11 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
                 assert "*" not in rule.get("apiGroups", []), (name, rule)
                 assert "secrets" not in rule["resources"] or name.endswith("-certgen"), (name, rule)
 
-    # What gpuslice.kube.{agent,plugin,labels} call: get/patch its Node, list/patch pods.
+    # What gpuslice.kube.{agent,plugin,labels,resize} call: get/patch its Node, list/watch/patch pods (the
+    # watch: live resizes of its pods).
     agent = _rules(objs, "ClusterRole", "gs-gpuslice-agent")
-    assert agent == {("", "nodes", v, "") for v in ("get", "patch")} | {("", "pods", v, "") for v in ("list", "patch")}
+    assert agent == {("", "nodes", v, "") for v in ("get", "patch")} | {("", "pods", v, "") for v in ("list", "watch",
+                                                                                                     "patch")}
 
     # What gpuslice.kube.extender calls: watch nodes, patch the ledger, read/patch/bind pods, watch pods' usage;
     # with namespace quotas (the default) list ResourceQuotas (the webhook, on the same account, lists a
@@ -469,9 +471,10 @@ def test_write_policies_narrow_the_roles_to_gpuslice_annotations(helm: Path) -> 
     vaps = by_kind(objs, "ValidatingAdmissionPolicy")
     bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
     want = {"gs-gpuslice-agent-nodes": ("gs-gpuslice-agent", "nodes", ["gpuslice.io/devices", "gpuslice.io/allocating"]),
-            "gs-gpuslice-agent-pods": ("gs-gpuslice-agent", "pods", ["gpuslice.io/allocated"]),
+            "gs-gpuslice-agent-pods": ("gs-gpuslice-agent", "pods", ["gpuslice.io/allocated", "gpuslice.io/resize-status"]),
             "gs-gpuslice-extender-nodes": ("gs-gpuslice-scheduler", "nodes", ["gpuslice.io/ledger", "gpuslice.io/allocating"]),
-            "gs-gpuslice-extender-pods": ("gs-gpuslice-scheduler", "pods", ["gpuslice.io/grant", "gpuslice.io/allocated"])}
+            "gs-gpuslice-extender-pods": ("gs-gpuslice-scheduler", "pods", ["gpuslice.io/grant", "gpuslice.io/allocated",
+                                                                            "gpuslice.io/resize-status"])}
     assert set(want) <= set(vaps)
     for name, (sa, resource, allowed) in want.items():
         spec = vaps[name]["spec"]
@@ -491,7 +494,8 @@ def test_write_policies_narrow_the_roles_to_gpuslice_annotations(helm: Path) -> 
     from gpuslice.kube import formats
 
     keys = {k for _, _, allowed in want.values() for k in allowed}
-    assert keys == {formats.NODE_DEVICES, formats.NODE_ALLOCATING, formats.POD_ALLOCATED, formats.NODE_LEDGER, formats.POD_GRANT}
+    assert keys == {formats.NODE_DEVICES, formats.NODE_ALLOCATING, formats.POD_ALLOCATED, formats.NODE_LEDGER, formats.POD_GRANT,
+                    formats.POD_RESIZE_STATUS}
     off = {o["metadata"]["name"] for o in render(helm, "rbac.writePolicies=false") if o["kind"] == "ValidatingAdmissionPolicy"}
     assert off == {"gs-gpuslice-guard"}
 

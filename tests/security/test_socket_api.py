@@ -192,6 +192,22 @@ def test_a_bare_number_of_memory_is_mib_over_the_socket_too(node: Node, conn: Co
     assert data["slices"][0]["memory"] == 5 << 20
 
 
+def test_a_resize_reads_memory_as_a_request_does(node: Node, conn: Conn):
+    """The live resize (``POST /v1/grants/{id}/resize``) came after these bounds: a bare number there meant bytes
+    and a size had no maximum. It follows the request's rules: a bare number is MiB, a size past the maximum is a
+    400 naming ``memory``."""
+    holder = node.popen(None, ["sleep", "600"])
+    status, data = conn.request("POST", "/v1/grants", json.dumps(_ask(holder.pid, memory="1GiB")).encode())
+    assert status == 201, data
+    grant = data["grant"]
+    status, data = conn.request("POST", f"/v1/grants/{grant}/resize", json.dumps({"memory": 2048}).encode())
+    assert status == 200, data
+    assert data["slices"][0]["memory"] == 2048 << 20
+    for huge in (10 ** 30, "9999999999999999GiB"):
+        status, data = conn.request("POST", f"/v1/grants/{grant}/resize", json.dumps({"memory": huge}).encode())
+        assert status == 400 and data["field"] == "memory", data
+
+
 # ------------------------------------------------------------------------------------------- fuzz
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -209,7 +225,8 @@ def _encode(value: object) -> bytes:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=ASKS | st.builds(lambda r, b: {**b, "request": r}, REQUESTS, ASKS), route=st.sampled_from(
-    [("POST", "/v1/grants"), ("PATCH", "/v1/grants/g-1"), ("DELETE", "/v1/grants/g-1"), ("DELETE", "/v1/queue/1")]))
+    [("POST", "/v1/grants"), ("PATCH", "/v1/grants/g-1"), ("POST", "/v1/grants/g-1/resize"),
+     ("DELETE", "/v1/grants/g-1"), ("DELETE", "/v1/queue/1")]))
 def test_fuzzed_bodies_never_get_a_5xx_and_never_drop_the_connection(fuzz_conn: Conn, body, route):
     method, url = route
     status, data = fuzz_conn.request(method, url, _encode(body))

@@ -23,6 +23,7 @@ class ProcRecord:
     busy_ns: dict[int, int] = field(default_factory=dict)
     throttled_ns: dict[int, int] = field(default_factory=dict)
     launches: dict[int, int] = field(default_factory=dict)
+    oom_waits: tuple[int, int, int, int] = (0, 0, 0, 0)  # spare[0..3]: waiting now, waits, timeouts, bytes waited for
 
 
 @dataclass
@@ -53,6 +54,7 @@ def write_region(path: Path, devices: list[DeviceRecord], procs: list[ProcRecord
         for start, table in ((352, p.launches), (480, p.throttled_ns), (608, p.busy_ns)):
             for dev, value in table.items():
                 struct.pack_into("<Q", buf, off + start + 8 * dev, value)
+        struct.pack_into("<4Q", buf, off + 736, *p.oom_waits)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(bytes(buf))
     os.replace(tmp, path)

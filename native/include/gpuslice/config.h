@@ -13,7 +13,10 @@
 
 enum gs_source { GS_SRC_NONE = 0, GS_SRC_SLICE_FILE = 1, GS_SRC_HAMI_ENV = 2 };
 enum gs_mode { GS_MODE_HARD = 0, GS_MODE_SOFT = 1, GS_MODE_OFF = 2 };
-enum gs_oom_policy { GS_OOM_RETURN = 0, GS_OOM_KILL = 1 };
+/* What a refused or failed allocation does: return the error; kill the process (refusals at the
+ * limit); wait (allocations the slice has room for but the device has not: up to oom_wait_ms). */
+enum gs_oom_policy { GS_OOM_RETURN = 0, GS_OOM_KILL = 1, GS_OOM_WAIT = 2 };
+#define GS_DEFAULT_OOM_WAIT_MS 30000
 enum gs_log_level { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
 /* How the device's compute is shared: the pacer takes turns (timeslice), or the slice's processes are
  * clients of the device's MPS daemon and run at once on a fraction of the SMs (spatial: not paced). */
@@ -63,6 +66,11 @@ struct gs_config {
     char warning[256];                       /* non-fatal remarks for the log ("" = none), e.g. an env value ignored */
     int engine;                              /* enum gs_sharing_engine; spatial covers at most one device */
     char mps_pipe_dir[GS_PATH_LEN];          /* spatial: the device's MPS pipe directory ("" = the environment's) */
+    /* Live resize: the node side bumps generation= each time it rewrites the slice file of a running
+     * slice; a file of a higher generation may raise the region's limit (see region.h). 0 = never resized. */
+    uint32_t generation;
+    char slice_path[GS_PATH_LEN];            /* the slice file this config was read from ("" = none) */
+    int oom_wait_ms;                         /* oom_policy=wait: how long a device-full allocation waits */
     int colocation;                          /* enum gs_colocation */
     struct gs_tidal tidal;                   /* colocation=tidal: its schedule (n = 0: follow idle time) */
 };

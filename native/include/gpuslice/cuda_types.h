@@ -27,6 +27,8 @@ typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraph_st *CUgraph;
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2 /* CUgraphMem_attribute */
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct { char bytes[16]; } CUuuid;
 typedef int CUdriverProcAddressQueryResult;

@@ -24,7 +24,7 @@ struct gs_hook {
     void *fn;
 };
 extern const struct gs_hook gs_hooks_memory[], gs_hooks_array[], gs_hooks_vmm[], gs_hooks_pool[],
-    gs_hooks_context[], gs_hooks_launch[], gs_hooks_nvml[], gs_hooks_procaddr[];
+    gs_hooks_context[], gs_hooks_launch[], gs_hooks_nvml[], gs_hooks_procaddr[], gs_hooks_graph[];
 /* The table entry of hook `name`; GS_HOOK_ROW for an X-macro row, which names the hook first,
  * whatever else it carries. */
 #define GS_HOOK_ENTRY(name) {#name, (void *)name},

@@ -33,13 +33,21 @@
     int ord = gs_current_ordinal();        \
     if (ord < 0) return (call)
 
-/* Reserve `bytes` on `ord`, run `call`; on success record (kind, key) -> bytes, else give back. */
+/* Reserve `bytes` on `ord`, run `call`; on success record (kind, key) -> bytes, else give back. A
+ * driver refusal of what the slice had room for (the device is full) may wait and try `call` again
+ * (oom_policy=wait, src/accounting/oomwait.c). */
 #define GS_ACCOUNTED(what, ord, bytes, kind, keyexpr, call)                    \
     do {                                                                       \
         CUresult gs_rr_ = gs_mem_reserve((ord), (bytes), (what));              \
         if (gs_rr_ == GS_PASS_UNCOUNTED) return (call);                        \
         if (gs_rr_ != CUDA_SUCCESS) return gs_rr_;                             \
         gs_rr_ = (call);                                                       \
+        if (gs_rr_ == CUDA_ERROR_OUT_OF_MEMORY) {                              \
+            struct gs_oom_wait gs_w_ = GS_OOM_WAIT_INIT;                       \
+            while (gs_rr_ == CUDA_ERROR_OUT_OF_MEMORY && gs_mem_device_full_wait((ord), (bytes), &gs_w_)) \
+                gs_rr_ = (call);                                               \
+            gs_mem_wait_end(&gs_w_);                                           \
+        }                                                                      \
         if (gs_rr_ == CUDA_SUCCESS) gs_track_add((kind), (uint64_t)(keyexpr), (ord), (bytes)); \
         else gs_mem_release((ord), (bytes));                                   \
         return gs_rr_;                                                         \
@@ -64,6 +72,9 @@
  * with the real cuMemFree-like `real` if ptr is a pool allocation we track (cudaFree of
  * cudaMallocAsync memory), else returns GS_POOL_NOT_MINE. gs_pool_forget_device gives back and
  * forgets the pools of a device whose primary context went. */
+/* CUDA graph memory (src/hooks/cuda_graph.c): the launch hooks report each graph launch, whose first
+ * launch may back the graph's memory nodes with device memory. */
+void gs_graph_launched(CUgraphExec exec, CUresult r);
 #define GS_POOL_NOT_MINE (-2)
 CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
 void gs_pool_forget_device(int ordinal);

@@ -34,9 +34,23 @@ CUresult gs_mem_refused(int ordinal, uint64_t bytes, const char *what);
  * the books must say what the device holds; the caller then refuses or undoes. */
 void gs_mem_charge(int ordinal, uint64_t bytes);
 void gs_mem_release(int ordinal, uint64_t bytes);
-/* Context accounting: adds/removes the configured per-context overhead and the context count. */
-CUresult gs_mem_ctx_add(int ordinal);
-void gs_mem_ctx_remove(int ordinal);
+/* Context accounting: adds the device's per-context cost as the region holds it now (configured, measured,
+ * or the built-in default) and counts the context; *charged = the bytes counted (give them back with
+ * gs_mem_ctx_remove, whatever the region says by then). */
+CUresult gs_mem_ctx_add(int ordinal, uint64_t *charged);
+void gs_mem_ctx_remove(int ordinal, uint64_t charged);
+
+/* The per-context cost measured on the card (src/accounting/ctxcost.c). probe before creating a context
+ * (free device memory by NVML, and the slice's measuring lock, when the device is not measured yet);
+ * settle after (created: whether the context now exists): publishes a plausible measurement in the region
+ * and returns what the context is charged now (the charge settled to the measured value). */
+struct gs_ctx_probe {
+    uint64_t free_before; /* 0: nothing to measure */
+    int fd;               /* the region file, flock'ed while measuring; -1 none */
+    int idx;              /* region device being measured; -1 none */
+};
+struct gs_ctx_probe gs_ctx_cost_probe(int ordinal);
+uint64_t gs_ctx_cost_settle(int ordinal, struct gs_ctx_probe probe, uint64_t charged, int created);
 
 /* Live allocations of this process (src/accounting/track.c). */
 void gs_track_add(int kind, uint64_t key, int ordinal, uint64_t bytes);
@@ -58,6 +72,19 @@ struct gs_slice_proc {
     uint64_t bytes;
 };
 int gs_mem_slice_procs(const char *uuid, struct gs_slice_proc *out, int max);
+
+/* oom_policy=wait (src/accounting/oomwait.c): after the driver refused an allocation the slice had room
+ * for (the device is full), sleep until the device's free memory could hold `bytes` (1: try again) or the
+ * slice's oom_wait_ms passed (0: fail as before; also 0 at once under another policy). Call
+ * gs_mem_wait_end once done, whatever the outcome. */
+struct gs_oom_wait {
+    int64_t deadline_ns, sleep_ns;
+    uint64_t bytes;
+    int slot, started;
+};
+#define GS_OOM_WAIT_INIT {0, 0, 0, -1, 0}
+int gs_mem_device_full_wait(int ordinal, uint64_t bytes, struct gs_oom_wait *w);
+void gs_mem_wait_end(struct gs_oom_wait *w);
 
 /* Who can give memory back before a refusal is final: a refused reservation calls `fn(ordinal)`
  * (it returns the bytes that left the slice's books) and tries once more. The stream-ordered pools

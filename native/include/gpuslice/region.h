@@ -13,7 +13,8 @@
  *   36   u32      proc_size       800 (bytes per process record)
  *   40   u64      seq             seqlock: odd while a writer is inside; readers retry on odd/changed
  *   48   u32      device_count    device records in use
- *   52   u32      flags           bit0 = initialised
+ *   52   u32      flags           bit0 = initialised; bit 1+i = device record i's context_overhead was
+ *                                 measured on the card (src/accounting/ctxcost.c; additive, version 1)
  *   56   u64      created_ns      CLOCK_REALTIME at creation
  *   64   byte[64] lock            pthread_mutex_t, PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST
  *   128  device records [max_devices], each device_size bytes:
@@ -23,9 +24,10 @@
  *        72  u64  used            bytes, sum of the processes' used[] for this device (incl. contexts)
  *        80  u64  peak            highest `used` seen
  *        88  u64  oom_refusals    allocations refused on this device
- *        96  u64  context_overhead bytes counted per CUDA context
+ *        96  u64  context_overhead bytes counted per CUDA context (configured, measured, or the default)
  *        104 u32  compute         compute share 0..100 from the config
- *        108 u32  reserved
+ *        108 u32  generation      the slice file generation= that last set `limit` (live resize; was
+ *                                 `reserved`, always 0 before: additive, version stays 1)
  *        112 u64  compute_spare[10]  written by the compute part (pacer), atomically, outside seq
  *   128 + max_devices*device_size: process records [max_procs], each proc_size bytes:
  *        0   i32  pid             0 = free slot
@@ -39,7 +41,9 @@
  *        352 u64  launches[16]    ┐ written by the compute part (pacer) with atomic adds, outside
  *        480 u64  throttled_ns[16]│ the lock and the seqlock: monotonic counters, each 8-byte
  *        608 u64  busy_ns[16]     ┘ aligned so readers never see a torn value
- *        736 u64  spare[8]
+ *        736 u64  spare[8]        oom_policy=wait (src/accounting/oomwait.c; additive, version 1): [0]
+ *                                 allocations waiting now, [1] waits started, [2] waits timed out, [3]
+ *                                 bytes waited for now; atomic adds outside the lock. [4..7] unused
  *
  * Writers (memory accounting) take the robust mutex, then bump seq to odd, write, bump seq to even.
  * A writer killed inside leaves EOWNERDEAD: the next locker rebuilds device `used` from the process
@@ -63,7 +67,7 @@ struct gs_region_device {
     uint64_t oom_refusals;
     uint64_t context_overhead;
     uint32_t compute;
-    uint32_t reserved;
+    uint32_t generation;
     uint64_t compute_spare[10];
 };
 
@@ -124,9 +128,14 @@ void gs_region_write_end(struct gs_region *r);
  * limit/overhead/compute if missing (caller holds lock). An existing record whose limit is above
  * `limit` is lowered to it (*lowered_from = the old limit): the slice file is authoritative for
  * shrinking a slice; growing one takes a fresh region, so that a process started with an older,
- * larger slice file can never undo a shrink. -1 when the table is full. */
+ * larger slice file can never undo a shrink (a live resize raises it through a newer generation:
+ * gs_region_set_limit). -1 when the table is full. */
 int gs_region_device_index(struct gs_region *r, const char *uuid, uint64_t limit, uint64_t ctx_overhead,
                            uint32_t compute, uint64_t *lowered_from);
+/* Live resize (caller holds lock): a slice file of a higher generation than the record's sets the
+ * device's limit to its own, up or down, and records that generation; one of the same or a lower
+ * generation may only lower it (as gs_region_device_index). Returns 1 when the limit changed. */
+int gs_region_set_limit(struct gs_region *r, int idx, uint64_t limit, uint32_t generation);
 /* Process record for (pid, start_time): reuses our own stale record, else a free one (caller holds
  * lock). -1 when full even after reclaiming dead processes. */
 int gs_region_proc_attach(struct gs_region *r, int32_t pid, uint64_t start_time);

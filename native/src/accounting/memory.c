@@ -9,8 +9,9 @@
  * shared by every process of the slice and read under the lock at every reservation. A process's
  * GPUSLICE_MEMORY_LIMIT only lowers what that process may bring the slice to (gs_cfg.process_limit);
  * it never reaches the region. A slice file can lower an existing region's limit (a shrunk slice
- * takes effect for all its processes at their next allocation), never raise it: a grown slice
- * needs a fresh region (the node removes a grant's region with the grant).
+ * takes effect for all its processes at their next allocation); it raises it only with a higher
+ * generation= than the region records (a live resize, src/core/reload.c): a process started from an
+ * older, larger file can never undo a shrink.
  *
  * Calls down only (start-up's state, region, config, the real driver): a refusal asks the
  * registered make-room callback (the pools' trim) rather than any hook file by name. */
@@ -26,12 +27,14 @@
 #include "gpuslice/log.h"
 #include "gpuslice/memory.h"
 #include "gpuslice/real.h"
+#include "gpuslice/reload.h"
 #include "gpuslice/state.h"
 
 #define MAX_ORD 64
 
 /* Bytes the driver takes per CUDA context on top of the program's allocations, used when the slice
- * does not set context_overhead. Measured on an H100 80GB, driver 580.159, CUDA 13 (lazy module
+ * does not set context_overhead and until the card's own cost is measured (src/accounting/ctxcost.c).
+ * Measured on an H100 80GB, driver 580.159, CUDA 13 (lazy module
  * loading): a bare driver context 518 MiB; PyTorch 2.11 after its first matmul 676 MiB beyond what
  * its allocator holds; real minus accounted in the fill tests up to 512 + 168 MiB (cudaMallocAsync).
  * 680 MiB covers every case measured (bench/results/2026-11-22-h100-memory.txt). Programs that
@@ -161,6 +164,9 @@ int gs_mem_dev_index(int ordinal)
     }
     uint64_t before = 0;
     int idx = gs_region_device_index(gs_shared, name, limit, context_overhead(), compute, &before);
+    if (idx >= 0 && gs_region_set_limit(gs_shared, idx, limit, __atomic_load_n(&gs_cfg.generation, __ATOMIC_ACQUIRE)))
+        GS_INFO("device %s: slice file generation %u sets the slice's limit to %llu bytes", name, gs_cfg.generation,
+                (unsigned long long)limit);
     gs_region_unlock(gs_shared);
     if (idx < 0) GS_ERROR("region %s: no room for device %s (max %d devices)", gs_cfg.region, name, GS_REGION_MAX_DEVICES);
     else if (before)
@@ -168,7 +174,7 @@ int gs_mem_dev_index(int ordinal)
                 (unsigned long long)before, (unsigned long long)limit);
     else if (gs_shared->devices[idx].limit < limit)
         GS_INFO("device %s: the region holds the slice to %llu bytes, below this slice file's %llu (a larger "
-                "limit needs a fresh region)", name, (unsigned long long)gs_shared->devices[idx].limit,
+                "limit needs a newer generation= or a fresh region)", name, (unsigned long long)gs_shared->devices[idx].limit,
                 (unsigned long long)limit);
     if (idx >= 0) {
         g_file_limit[idx] = limit;
@@ -177,6 +183,46 @@ int gs_mem_dev_index(int ordinal)
     __atomic_store_n(&g_devidx[ordinal], DEVIDX_KEEP(idx), __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_devidx_lock);
     return idx;
+}
+
+/* ------------------------------------------------------------------ live resize */
+/* The slice file's limit for region device idx of CUDA ordinal ord, from gs_cfg as it is now. */
+static uint64_t configured_limit(int ord, int idx)
+{
+    if (gs_cfg.device_count > 0) {
+        int i = gs_config_device_index(&gs_cfg, gs_shared->devices[idx].uuid);
+        return i >= 0 ? __atomic_load_n(&gs_cfg.device_limit[i], __ATOMIC_RELAXED) : 0;
+    }
+    return ord < GS_MAX_DEVICES ? __atomic_load_n(&gs_cfg.device_limit[ord], __ATOMIC_RELAXED)
+                                : __atomic_load_n(&gs_cfg.memory_limit, __ATOMIC_RELAXED);
+}
+
+static unsigned g_applied_epoch;
+
+/* Follow the slice file (src/core/reload.c): when it was taken over anew, hold this process to its
+ * limits and set them in the region (raised only by a newer generation: gs_region_set_limit). */
+static void follow_slice_file(void)
+{
+    unsigned epoch = gs_reload_poll();
+    if (epoch == __atomic_load_n(&g_applied_epoch, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&g_devidx_lock);
+    int locked = gs_region_lock(gs_shared) == 0;
+    uint32_t gen = __atomic_load_n(&gs_cfg.generation, __ATOMIC_ACQUIRE);
+    for (int ord = 0; ord < MAX_ORD; ord++) {
+        int kept = g_devidx[ord];
+        if (kept == DEVIDX_UNKNOWN || DEVIDX_OF(kept) < 0) continue;
+        int idx = DEVIDX_OF(kept);
+        uint64_t limit = configured_limit(ord, idx);
+        __atomic_store_n(&g_file_limit[idx], limit, __ATOMIC_RELEASE);
+        if (locked && gs_region_set_limit(gs_shared, idx, limit, gen))
+            GS_INFO("device %s: resized to %llu bytes (slice file generation %u)", gs_shared->devices[idx].uuid,
+                    (unsigned long long)limit, gen);
+    }
+    if (locked) {
+        gs_region_unlock(gs_shared);
+        __atomic_store_n(&g_applied_epoch, epoch, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_devidx_lock);
 }
 
 /* ------------------------------------------------------------------ accounting */
@@ -288,10 +334,10 @@ void gs_mem_set_make_room(uint64_t (*fn)(int ordinal))
 
 static CUresult reserve(int ordinal, uint64_t bytes, int ctx, int flags, const char *what)
 {
+    follow_slice_file();
     int idx = gs_mem_dev_index(ordinal);
     if (idx == GS_DEV_UNAVAILABLE) return refuse_own_failure(what, "region lock failed");
     if (idx < 0) return outside_slice(ordinal, what);
-    if (ctx) bytes = gs_shared->devices[idx].context_overhead;
     if (flags & (RES_TRY | RES_FORCE)) return reserve_idx(ordinal, idx, bytes, ctx, flags, what);
     /* A refusal is final only after this process's stream-ordered pools have given their cache back
      * (their cached memory is counted, and is real, but nobody uses it). */
@@ -340,20 +386,25 @@ void gs_mem_release(int ordinal, uint64_t bytes)
     if (idx >= 0 && bytes) release_idx(idx, bytes, 0);
 }
 
-CUresult gs_mem_ctx_add(int ordinal)
-{
-    return reserve(ordinal, 0, 1, 0, "context creation");
-}
-
-void gs_mem_ctx_remove(int ordinal)
+CUresult gs_mem_ctx_add(int ordinal, uint64_t *charged)
 {
     int idx = gs_mem_dev_index(ordinal);
-    if (idx >= 0) release_idx(idx, gs_shared->devices[idx].context_overhead, 1);
+    uint64_t bytes = idx >= 0 ? __atomic_load_n(&gs_shared->devices[idx].context_overhead, __ATOMIC_RELAXED) : 0;
+    CUresult r = reserve(ordinal, bytes, 1, 0, "context creation");
+    *charged = r == CUDA_SUCCESS ? bytes : 0;
+    return r;
+}
+
+void gs_mem_ctx_remove(int ordinal, uint64_t charged)
+{
+    int idx = gs_mem_dev_index(ordinal);
+    if (idx >= 0) release_idx(idx, charged, 1);
 }
 
 /* ------------------------------------------------------------------ queries */
 int gs_mem_query(int ordinal, uint64_t *limit, uint64_t *used)
 {
+    follow_slice_file();
     int idx = gs_mem_dev_index(ordinal);
     if (idx < 0) return -1;
     *limit = effective_limit(idx);
@@ -373,6 +424,7 @@ static int region_index_of(const char *uuid)
 
 int gs_mem_query_uuid(const char *uuid, uint64_t *limit, uint64_t *used)
 {
+    follow_slice_file();
     int i = region_index_of(uuid);
     if (i >= 0) {
         *limit = effective_limit(i);

@@ -38,6 +38,7 @@ static void defaults(struct gs_config *c)
     c->weight = 1;
     c->priority = 1;
     c->oom_policy = GS_OOM_RETURN;
+    c->oom_wait_ms = GS_DEFAULT_OOM_WAIT_MS;
     c->log_level = GS_LOG_WARN;
     c->context_overhead = GS_UNLIMITED;
     c->process_limit = GS_UNLIMITED;
@@ -159,10 +160,10 @@ struct parse {
 static const char *keys[] = {"version", "grant", "devices", "memory_limit", "compute", "mode",
                              "weight", "priority", "region", "device_state_dir", "oom_policy",
                              "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir", "colocation",
-                             "tidal_schedule"};
+                             "tidal_schedule", "generation", "oom_wait_ms"};
 enum { K_VERSION, K_GRANT, K_DEVICES, K_MEMORY_LIMIT, K_COMPUTE, K_MODE, K_WEIGHT, K_PRIORITY, K_REGION,
        K_DEVICE_STATE_DIR, K_OOM_POLICY, K_LOG_LEVEL, K_FAIL_OPEN, K_CONTEXT_OVERHEAD, K_ENGINE, K_MPS_PIPE_DIR,
-       K_COLOCATION, K_TIDAL };
+       K_COLOCATION, K_TIDAL, K_GENERATION, K_OOM_WAIT_MS };
 
 /* memory_limit.<uuid>=<bytes> */
 static int parse_override(struct parse *p, const char *key, const char *val, int lineno, char *err, size_t errlen)
@@ -239,7 +240,11 @@ static int apply_key(struct parse *p, int k, const char *key, char *val, int lin
     case K_OOM_POLICY:
         if (!strcmp(val, "return")) c->oom_policy = GS_OOM_RETURN;
         else if (!strcmp(val, "kill")) c->oom_policy = GS_OOM_KILL;
-        else FAIL("slice file line %d: oom_policy: '%.40s' is not allowed; expected return or kill", lineno, val);
+        else if (!strcmp(val, "wait")) c->oom_policy = GS_OOM_WAIT;
+        else FAIL("slice file line %d: oom_policy: '%.40s' is not allowed; expected return, kill or wait", lineno, val);
+        break;
+    case K_OOM_WAIT_MS:
+        if (parse_int(val, 0, 86400000, &c->oom_wait_ms)) FAIL("slice file line %d: oom_wait_ms: '%.40s' is not allowed; expected milliseconds 0..86400000", lineno, val);
         break;
     case K_LOG_LEVEL:
         if ((c->log_level = parse_log_level(val)) < 0) FAIL("slice file line %d: log_level: '%.40s' is not allowed; expected error, warn, info or debug", lineno, val);
@@ -254,6 +259,14 @@ static int apply_key(struct parse *p, int k, const char *key, char *val, int lin
         if (!strcmp(val, "spatial")) c->engine = GS_ENGINE_SPATIAL;
         else if (strcmp(val, "timeslice")) FAIL("slice file line %d: engine: '%.40s' is not allowed; expected timeslice or spatial", lineno, val);
         break;
+    case K_GENERATION: {
+        size_t n = strlen(val);
+        unsigned long long g = n && n <= 10 && strspn(val, "0123456789") == n ? strtoull(val, NULL, 10) : ~0ull;
+        if (g > UINT32_MAX)
+            FAIL("slice file line %d: generation: '%.40s' is not allowed; expected a whole number 0..4294967295", lineno, val);
+        c->generation = (uint32_t)g;
+        break;
+    }
     case K_COLOCATION:
         if ((c->colocation = gs_coloc_parse(val)) < 0) FAIL("slice file line %d: colocation: '%.40s' is not allowed; expected preemptive, shared or tidal", lineno, val);
         break;
@@ -281,7 +294,7 @@ static int parse_line(struct parse *p, char *line, int lineno, char *err, size_t
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
         if (!strcmp(key, keys[i])) k = i;
     if (k < 0 && !strncmp(key, "memory_limit.", 13)) return parse_override(p, key, val, lineno, err, errlen);
-    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead engine mps_pipe_dir colocation tidal_schedule)", lineno, key);
+    if (k < 0) FAIL("slice file line %d: unknown key '%.80s' (allowed: version grant devices memory_limit memory_limit.<uuid> compute mode weight priority region device_state_dir oom_policy log_level fail_open context_overhead engine mps_pipe_dir colocation tidal_schedule generation oom_wait_ms)", lineno, key);
     if (p->seen & (1u << k)) FAIL("slice file line %d: duplicate key '%s'", lineno, key);
     p->seen |= 1u << k;
     return apply_key(p, k, key, val, lineno, err, errlen);
@@ -577,6 +590,7 @@ int gs_config_load_pinned(gs_env_fn get, void *arg, const char *pinned, struct g
             set_err(err, errlen, "%s: %s", path, perr);
             return -1;
         }
+        snprintf(c.slice_path, sizeof c.slice_path, "%s", path); /* a live resize re-reads it */
     } else if (load_hami_env(get, arg, &c, err, errlen)) {
         return -1;
     }
@@ -636,7 +650,8 @@ void gs_config_dump(const struct gs_config *c, char *buf, size_t len)
                 p = cat(buf, len, p, "memory_limit.#%d=%llu\n", i, (unsigned long long)c->device_limit[i]);
     p = cat(buf, len, p, "compute=%d\nmode=%s\nweight=%d\npriority=%d\nregion=%s\ndevice_state_dir=%s\n",
             c->compute, modes[c->mode], c->weight, c->priority, c->region, c->device_state_dir);
-    p = cat(buf, len, p, "oom_policy=%s\nlog_level=%s\nfail_open=%d\n", c->oom_policy ? "kill" : "return",
+    static const char *policies[] = {"return", "kill", "wait"};
+    p = cat(buf, len, p, "oom_policy=%s\noom_wait_ms=%d\nlog_level=%s\nfail_open=%d\n", policies[c->oom_policy], c->oom_wait_ms,
             levels[c->log_level], c->fail_open);
     if (c->process_limit == GS_UNLIMITED) p = cat(buf, len, p, "process_limit=unlimited\n");
     else p = cat(buf, len, p, "process_limit=%llu\n", (unsigned long long)c->process_limit);
@@ -644,6 +659,7 @@ void gs_config_dump(const struct gs_config *c, char *buf, size_t len)
     if (c->context_overhead == GS_UNLIMITED) p = cat(buf, len, p, "context_overhead=default\n");
     else p = cat(buf, len, p, "context_overhead=%llu\n", (unsigned long long)c->context_overhead);
     p = cat(buf, len, p, "engine=%s\nmps_pipe_dir=%s\n", c->engine ? "spatial" : "timeslice", c->mps_pipe_dir);
+    p = cat(buf, len, p, "generation=%u\n", c->generation);
     char tide[160];
     gs_tidal_format(&c->tidal, tide, sizeof tide);
     cat(buf, len, p, "colocation=%s\ntidal_schedule=%s\n", gs_coloc_name(c->colocation), tide);

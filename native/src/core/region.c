@@ -270,6 +270,22 @@ int gs_region_device_index(struct gs_region *r, const char *uuid, uint64_t limit
     return (int)n;
 }
 
+int gs_region_set_limit(struct gs_region *r, int idx, uint64_t limit, uint32_t generation)
+{
+    if (idx < 0 || idx >= GS_REGION_MAX_DEVICES) return 0;
+    struct gs_region_device *d = &r->devices[idx];
+    int newer = generation > d->generation;
+    if (!(newer ? limit != d->limit : limit < d->limit)) {
+        if (newer) d->generation = generation; /* same limit, newer file: remember it was read */
+        return 0;
+    }
+    gs_region_write_begin(r);
+    d->limit = limit;
+    if (newer) d->generation = generation;
+    gs_region_write_end(r);
+    return 1;
+}
+
 uint64_t gs_proc_start_time(int32_t pid)
 {
     char path[64], buf[1024];

@@ -1,7 +1,8 @@
-/* Context hooks: each CUDA context costs device memory the program never asked for (measured, see
- * GS_DEFAULT_CONTEXT_OVERHEAD in src/accounting/memory.c), so the enforcer counts a per-device
- * overhead per context: once per process for the primary context (refcounted retain/release), once
- * per cuCtxCreate.
+/* Context hooks: each CUDA context costs device memory the program never asked for, so the enforcer
+ * counts a per-device cost per context: once per process for the primary context (refcounted
+ * retain/release), once per cuCtxCreate. The cost is measured on the card around the slice's first
+ * context there (src/accounting/ctxcost.c; the slice's context_overhead= wins, the built-in default
+ * stands in until measured), and each context gives back exactly what it was charged.
  * Destroying a context (or resetting the primary one) frees its allocations with it. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -15,6 +16,7 @@
 static pthread_mutex_t g_primary_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_primary_refs[MAX_ORD];
 static CUcontext g_primary_ctx[MAX_ORD];
+static uint64_t g_primary_charge[MAX_ORD]; /* bytes the primary context of each ordinal was charged */
 
 /* The child holds no contexts of the parent. */
 static void after_fork_child(void)
@@ -24,6 +26,7 @@ static void after_fork_child(void)
     for (int i = 0; i < MAX_ORD; i++) {
         g_primary_refs[i] = 0;
         g_primary_ctx[i] = NULL;
+        g_primary_charge[i] = 0;
     }
 }
 GS_ON_FORK_CHILD(after_fork_child);
@@ -33,20 +36,26 @@ static CUresult primary_retain(CUresult (*real)(CUcontext *, CUdevice), CUcontex
     if (dev < 0 || dev >= MAX_ORD) return real(pctx, dev);
     pthread_mutex_lock(&g_primary_lock);
     CUresult r = CUDA_SUCCESS;
-    int counted = 0;
-    if (g_primary_refs[dev] == 0) {
-        r = gs_mem_ctx_add(dev);
+    uint64_t charged = 0;
+    int first = g_primary_refs[dev] == 0;
+    struct gs_ctx_probe probe = {0, -1, -1};
+    if (first) {
+        probe = gs_ctx_cost_probe(dev);
+        r = gs_mem_ctx_add(dev, &charged);
         if (r == GS_PASS_UNCOUNTED) r = CUDA_SUCCESS;
-        else if (r == CUDA_SUCCESS) counted = 1;
     }
     if (r == CUDA_SUCCESS) {
         r = real(pctx, dev);
         if (r == CUDA_SUCCESS) {
             g_primary_refs[dev]++;
             if (pctx) g_primary_ctx[dev] = *pctx;
-        } else if (counted) {
-            gs_mem_ctx_remove(dev);
+        } else if (charged) {
+            gs_mem_ctx_remove(dev, charged);
         }
+    }
+    if (first) {
+        charged = gs_ctx_cost_settle(dev, probe, charged, r == CUDA_SUCCESS);
+        if (r == CUDA_SUCCESS) g_primary_charge[dev] = charged;
     }
     pthread_mutex_unlock(&g_primary_lock);
     return r;
@@ -67,7 +76,8 @@ static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
     if (r == CUDA_SUCCESS && g_primary_refs[dev] > 0 && --g_primary_refs[dev] == 0) {
         primary_freed(g_primary_ctx[dev], dev);
         g_primary_ctx[dev] = NULL;
-        gs_mem_ctx_remove(dev);
+        gs_mem_ctx_remove(dev, g_primary_charge[dev]);
+        g_primary_charge[dev] = 0;
     }
     pthread_mutex_unlock(&g_primary_lock);
     return r;
@@ -86,31 +96,42 @@ static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
     return r;
 }
 
-/* Creating a context (every version of cuCtxCreate, `call` being the real one): count its overhead
- * first, remember the context once it exists, give the overhead back when it does not. */
+/* After the real cuCtxCreate: settle the charge (measuring the card's context cost if it is the
+ * slice's first there), remember the context with what it was charged, or give the charge back. */
+static CUresult ctx_created(CUresult r, CUcontext *pctx, CUdevice dev, struct gs_ctx_probe probe, uint64_t charged)
+{
+    charged = gs_ctx_cost_settle(dev, probe, charged, r == CUDA_SUCCESS && pctx);
+    if (r == CUDA_SUCCESS && pctx) gs_track_add(GS_K_CTX, (uintptr_t)*pctx, dev, charged);
+    else gs_mem_ctx_remove(dev, charged);
+    return r;
+}
+
+/* Creating a context (every version of cuCtxCreate, `call` being the real one): count its cost first,
+ * then ctx_created. */
 #define CTX_CREATE(call)                                                       \
     do {                                                                       \
-        CUresult rr = gs_mem_ctx_add(dev);                                     \
-        if (rr == GS_PASS_UNCOUNTED) return (call);                            \
-        if (rr != CUDA_SUCCESS) return rr;                                     \
-        rr = (call);                                                           \
-        if (rr == CUDA_SUCCESS && pctx) gs_track_add(GS_K_CTX, (uintptr_t)*pctx, dev, 0); \
-        else gs_mem_ctx_remove(dev);                                           \
-        return rr;                                                             \
+        uint64_t charged_;                                                     \
+        struct gs_ctx_probe probe_ = gs_ctx_cost_probe(dev);                   \
+        CUresult rr = gs_mem_ctx_add(dev, &charged_);                          \
+        if (rr != CUDA_SUCCESS) {                                              \
+            gs_ctx_cost_settle(dev, probe_, 0, 0);                             \
+            return rr == GS_PASS_UNCOUNTED ? (call) : rr;                      \
+        }                                                                      \
+        return ctx_created((call), pctx, dev, probe_, charged_);               \
     } while (0)
 
 static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx)
 {
     int ord;
-    uint64_t zero;
-    int had = gs_track_take(GS_K_CTX, (uintptr_t)ctx, &ord, &zero);
+    uint64_t charged;
+    int had = gs_track_take(GS_K_CTX, (uintptr_t)ctx, &ord, &charged);
     CUresult r = real(ctx);
     if (!had) return r;
     if (r == CUDA_SUCCESS) {
         gs_track_drop_ctx(ctx);
-        gs_mem_ctx_remove(ord);
+        gs_mem_ctx_remove(ord, charged);
     } else {
-        gs_track_add(GS_K_CTX, (uintptr_t)ctx, ord, 0);
+        gs_track_add(GS_K_CTX, (uintptr_t)ctx, ord, charged);
     }
     return r;
 }

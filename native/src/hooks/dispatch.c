@@ -28,7 +28,7 @@ unsigned long gs_stat_procaddr_hooked, gs_stat_dlsym_hooked, gs_stat_procaddr_un
  * address the driver returned (each file lists a _v2 before its legacy twin). */
 static const struct gs_hook *const gs_hook_tables[] = {gs_hooks_memory,  gs_hooks_array,  gs_hooks_vmm,
                                                        gs_hooks_pool,    gs_hooks_context, gs_hooks_launch,
-                                                       gs_hooks_nvml,    gs_hooks_procaddr};
+                                                       gs_hooks_nvml,    gs_hooks_procaddr, gs_hooks_graph};
 #define NTABLES (sizeof gs_hook_tables / sizeof gs_hook_tables[0])
 
 void *gs_hook_for(const char *name)
@@ -50,6 +50,13 @@ static size_t base_len(const char *name)
     return n;
 }
 
+/* Names the driver answers with a function of another name: CUDA 12 headers spell cuGraphInstantiate
+ * as cuGraphInstantiateWithFlags, so a lookup of "cuGraphInstantiate" at 12000 returns that one. */
+static int answered_as(const char *symbol, const char *hook)
+{
+    return !strcmp(symbol, "cuGraphInstantiate") && !strcmp(hook, "cuGraphInstantiateWithFlags");
+}
+
 void *gs_hook_for_real(const char *symbol, void *real)
 {
     if (!symbol || !real || symbol[0] != 'c' || symbol[1] != 'u') return real;
@@ -58,7 +65,8 @@ void *gs_hook_for_real(const char *symbol, void *real)
     for (size_t t = 0; t < NTABLES; t++) {
         for (const struct gs_hook *h = gs_hook_tables[t]; h->name; h++) {
             if (h->name[0] != 'c') continue;
-            if (strcmp(h->name, symbol) && !(base_len(h->name) == slen && !strncmp(h->name, symbol, slen)))
+            if (strcmp(h->name, symbol) && !(base_len(h->name) == slen && !strncmp(h->name, symbol, slen)) &&
+                !answered_as(symbol, h->name))
                 continue;
             candidates++;
             /* The driver may answer a base name with any of its versions (by cudaVersion and the

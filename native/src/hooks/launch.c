@@ -1,5 +1,6 @@
 /* Launch hooks: hand every kernel/graph launch to the compute pacer (src/pacing/, owned by the
- * compute part) before and after the real launch. The device passed is the current context's ordinal;
+ * compute part) before and after the real launch; a graph launch also goes to the graph memory books
+ * (src/hooks/cuda_graph.c). The device passed is the current context's ordinal;
  * the key names the launch's kernel shape (function, grid, block, shared memory; a graph by its
  * executable), whose cost the pacer learns (costmodel.h). */
 #define _GNU_SOURCE
@@ -69,8 +70,15 @@
     {                                                                                              \
         __typeof__(&name) real = GS_REAL(name);                                                    \
         GS_PROLOGUE(real(g, s));                                                                   \
-        PACED(SM(s), gs_cost_key(g, 0, 0, 0, 0, 0, 0, 1), real(g, s));                            \
+        PACED(SM(s), gs_cost_key(g, 0, 0, 0, 0, 0, 0, 1), gs_graph_counted(g, real(g, s)));        \
     }
+
+/* A graph's first launch may back its memory nodes: cuda_graph.c counts them. */
+static inline CUresult gs_graph_counted(CUgraphExec g, CUresult r)
+{
+    gs_graph_launched(g, r);
+    return r;
+}
 
 #define LAUNCH_HOOK(name, generator, SM) generator(name, SM)
 LAUNCH_HOOKS(LAUNCH_HOOK)

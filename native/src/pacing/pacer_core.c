@@ -310,7 +310,9 @@ static int poll_locked(struct gs_engine *e, int64_t now)
     me->last_seen_ns = now;
     me->heartbeat_ns = now;
     e->beat_ns = now;
-    e->share_bp = s->share_bp; /* a live change (set_share) survives a re-join */
+    e->share_bp = s->share_bp; /* a live change (devstate.set_live) survives a re-join */
+    e->mode = s->mode;         /* hard <-> soft of a paced slice, and priority, change live the same way */
+    e->priority = s->priority;
     harvest(e);
     if (e->outstanding > 0) {
         set_flag(me, GS_DS_PROC_BUSY, 1);

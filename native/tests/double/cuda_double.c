@@ -52,6 +52,17 @@ EXPORT unsigned long gsdouble_launches;
 static struct { uint64_t key, size, aux; int dev, kind, refs, released, retains; } g_tab[TAB];
 
 EXPORT unsigned long long gsdouble_used(int dev) { return dev >= 0 && dev < MAXDEV ? g_used[dev] : 0; }
+/* What the live contexts of each device take (GSDOUBLE_CTX_BYTES per context, default 0): NVML's
+ * double reports it as used, so the enforcer can measure a context's cost on this "card". */
+static unsigned long long g_ctx_bytes[MAXDEV];
+EXPORT unsigned long long gsdouble_ctx_bytes(int dev) { return dev >= 0 && dev < MAXDEV ? __atomic_load_n(&g_ctx_bytes[dev], __ATOMIC_RELAXED) : 0; }
+static void ctx_bytes(int dev, int sign)
+{
+    const char *e = getenv("GSDOUBLE_CTX_BYTES");
+    unsigned long long b = e ? strtoull(e, NULL, 10) : 0;
+    if (sign > 0) __atomic_add_fetch(&g_ctx_bytes[dev], b, __ATOMIC_RELAXED);
+    else __atomic_sub_fetch(&g_ctx_bytes[dev], b <= g_ctx_bytes[dev] ? b : g_ctx_bytes[dev], __ATOMIC_RELAXED);
+}
 
 static int ndev(void) { return dbl_device_count(); }
 
@@ -178,7 +189,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
     pthread_mutex_lock(&g_lock);
     g_primary[d].dev = d;
     g_primary[d].alive = 1;
-    g_primary_refs[d]++;
+    if (g_primary_refs[d]++ == 0) ctx_bytes(d, +1);
     pthread_mutex_unlock(&g_lock);
     *pctx = (CUcontext)&g_primary[d];
     return CUDA_SUCCESS;
@@ -187,7 +198,10 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 {
     if (d < 0 || d >= ndev() || g_primary_refs[d] == 0) return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&g_lock);
-    if (--g_primary_refs[d] == 0) g_primary[d].alive = 0;
+    if (--g_primary_refs[d] == 0) {
+        g_primary[d].alive = 0;
+        ctx_bytes(d, -1);
+    }
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
@@ -203,6 +217,7 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice d)
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = d;
     c->alive = 1;
+    ctx_bytes(d, +1);
     t_current = c;
     *pctx = (CUcontext)c;
     return CUDA_SUCCESS;
@@ -215,6 +230,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
     struct ctx *x = (struct ctx *)c;
     if (!x) return CUDA_ERROR_INVALID_VALUE;
     if (t_current == x) t_current = NULL;
+    if (x->alive) ctx_bytes(x->dev, -1);
     x->alive = 0;
     if (x < g_primary || x >= g_primary + MAXDEV) free(x);
     return CUDA_SUCCESS;
@@ -612,7 +628,72 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void *
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p, void **x) { return cuLaunchKernelEx(cfg, f, p, x); }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s, p, NULL); }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s, p, NULL); }
-EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { (void)g; return cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL); }
+/* ---- graphs: an executable graph made by cuGraphInstantiate* has memory nodes of GSDOUBLE_GRAPH_BYTES
+ * (default 0), backed from the device's graph pool when it is uploaded or first launched; a destroyed
+ * graph's memory stays reserved until cuDeviceGraphMemTrim (as the driver keeps it for reuse). */
+struct gexec { int dev, backed, used; };
+static struct gexec g_execs[64];
+static unsigned long long g_graph_reserved[MAXDEV], g_graph_idle[MAXDEV];
+static uint64_t graph_bytes(void) { const char *e = getenv("GSDOUBLE_GRAPH_BYTES"); return e ? strtoull(e, NULL, 10) : 0; }
+static struct gexec *gexec_of(CUgraphExec g)
+{
+    struct gexec *x = (struct gexec *)g;
+    return x >= g_execs && x < g_execs + 64 && x->used ? x : NULL;
+}
+static CUresult instantiate(CUgraphExec *p)
+{
+    NEED_CTX();
+    for (int i = 0; i < 64; i++)
+        if (!g_execs[i].used) {
+            g_execs[i] = (struct gexec){cur_dev(), 0, 1};
+            *p = (CUgraphExec)&g_execs[i];
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult back(struct gexec *x)
+{
+    if (!x || x->backed) return CUDA_SUCCESS;
+    uint64_t b = graph_bytes();
+    uint64_t from_idle = b <= g_graph_idle[x->dev] ? b : g_graph_idle[x->dev]; /* reuse what the pool kept */
+    if (b - from_idle && take(x->dev, b - from_idle) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    g_graph_idle[x->dev] -= from_idle;
+    g_graph_reserved[x->dev] += b - from_idle;
+    x->backed = 1;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *p, void *g, unsigned long long f) { (void)g; (void)f; return instantiate(p); }
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *p, void *g, void *params) { (void)g; (void)params; return instantiate(p); }
+EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) { (void)s; return back(gexec_of(g)); }
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec g)
+{
+    struct gexec *x = gexec_of(g);
+    if (!x) return CUDA_ERROR_INVALID_VALUE;
+    if (x->backed) g_graph_idle[x->dev] += graph_bytes();
+    x->used = 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d)
+{
+    if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    g_used[d] -= g_graph_idle[d];
+    pthread_mutex_unlock(&g_lock);
+    g_graph_reserved[d] -= g_graph_idle[d];
+    g_graph_idle[d] = 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *v)
+{
+    if (d < 0 || d >= ndev() || attr != 2) return CUDA_ERROR_INVALID_VALUE;
+    *(cuuint64_t *)v = g_graph_reserved[d];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+    CUresult r = back(gexec_of(g));
+    return r != CUDA_SUCCESS ? r : cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+}
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned f) { (void)f; static int dummy; *s = (CUstream)&dummy; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return CUDA_SUCCESS; }
@@ -672,7 +753,8 @@ static const struct { const char *name; void *fn; } g_syms[] = {
     F(cuMemMap), F(cuMemUnmap), F(cuMemSetAccess), F(cuMemRetainAllocationHandle), F(cuArrayCreate_v2), F(cuArray3DCreate_v2), F(cuArrayDestroy),
     F(cuMipmappedArrayCreate), F(cuMipmappedArrayDestroy), F(cuLaunchKernel), F(cuLaunchKernel_ptsz),
     F(cuLaunchKernelEx), F(cuLaunchKernelEx_ptsz), F(cuLaunchCooperativeKernel), F(cuLaunchCooperativeKernel_ptsz),
-    F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
+    F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuGraphInstantiateWithFlags), F(cuGraphInstantiateWithParams),
+    F(cuGraphUpload), F(cuGraphExecDestroy), F(cuDeviceGraphMemTrim), F(cuDeviceGetGraphMemAttribute), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
     F(cuStreamSynchronize), F(cuEventCreate), F(cuEventDestroy_v2), F(cuEventRecord), F(cuEventRecord_ptsz),
     F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz), F(cuGetProcAddress), F(cuGetProcAddress_v2),
     F(cuModuleLoadData), F(cuModuleGetFunction), F(cuDeviceGetDefaultMemPool), F(cuDeviceGetMemPool),

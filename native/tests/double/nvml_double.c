@@ -1,9 +1,11 @@
 /* A tiny CPU double of NVML (libnvidia-ml.so.1) for the native tests: the devices of
  * double_common.h (GSDOUBLE_MIG=1: their UUIDs spelled MIG-..., as NVML names MIG instances);
- * memory info reports GSDOUBLE_NVML_USED bytes used (default 1 GiB); the compute process list is
+ * memory info reports GSDOUBLE_NVML_USED bytes used (default 1 GiB) plus what the CUDA double's live
+ * contexts take (GSDOUBLE_CTX_BYTES each, default 0: gsdouble_ctx_bytes); the compute process list is
  * GSDOUBLE_NVML_PIDS ("pid:bytes,pid:bytes", default: none), the MPS compute list
  * GSDOUBLE_NVML_MPS_PIDS, the graphics list GSDOUBLE_NVML_GFX_PIDS (every version of each). */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <string.h>
 
 #include "../../include/gpuslice/cuda_types.h"
@@ -31,16 +33,31 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned len)
     strcpy(buf, u);
     return NVML_SUCCESS;
 }
-static unsigned long long used(void)
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
+{
+    for (int i = 0; i < dbl_device_count(); i++) {
+        char u[64];
+        dbl_uuid_string(i, u);
+        if (!strcmp(u + 4, uuid + (strncmp(uuid, "GPU-", 4) && strncmp(uuid, "MIG-", 4) ? 0 : 4))) {
+            g_ids[i] = i;
+            *d = (nvmlDevice_t)&g_ids[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return 6; /* NVML_ERROR_NOT_FOUND */
+}
+static unsigned long long used_on(nvmlDevice_t d)
 {
     const char *e = getenv("GSDOUBLE_NVML_USED");
-    return e ? strtoull(e, NULL, 10) : 1ull << 30;
+    unsigned long long (*ctx)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "gsdouble_ctx_bytes");
+    return (e ? strtoull(e, NULL, 10) : 1ull << 30) + (ctx && d ? ctx(*(int *)d) : 0);
 }
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
     (void)d;
     m->total = dbl_total();
-    m->used = used();
+    m->used = used_on(d);
     m->free = m->total - m->used;
     return NVML_SUCCESS;
 }
@@ -49,7 +66,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     (void)d;
     m->total = dbl_total();
     m->reserved = 300ull << 20;
-    m->used = used();
+    m->used = used_on(d);
     m->free = m->total - m->used - m->reserved;
     return NVML_SUCCESS;
 }

@@ -47,7 +47,7 @@ LOCK_OFFSET = 64
 # header: magic, version, header_size, size, max_devices, max_procs, device_size, proc_size, seq,
 # device_count, flags, created_ns
 _HEADER = struct.Struct("<8sIIQIIIIQIIQ")
-# device: uuid[64], limit, used, peak, oom_refusals, context_overhead, compute, reserved, spare[10]
+# device: uuid[64], limit, used, peak, oom_refusals, context_overhead, compute, generation, spare[10]
 _DEVICE = struct.Struct("<64sQQQQQII80s")
 # process: pid, state, start_time, oom_refusals, reserved, then arrays
 _PROC_HEAD = struct.Struct("<iIQQQ")
@@ -86,6 +86,7 @@ class DeviceUsage:
     oom_refusals: int
     context_overhead: int
     compute: int
+    generation: int = 0  # the slice file generation that last set ``limit`` (live resize; 0: never resized)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class ProcessUsage:
     launches: Mapping[str, int] = field(default_factory=dict)
     throttled_ns: Mapping[str, int] = field(default_factory=dict)
     busy_ns: Mapping[str, int] = field(default_factory=dict)
+    # oom_policy=wait (spare[0..3] of the process record): allocations waiting now for the device to have
+    # room, the bytes they wait for, waits started and waits that timed out
+    oom_waiting: int = 0
+    oom_waiting_bytes: int = 0
+    oom_waits: int = 0
+    oom_wait_timeouts: int = 0
 
     @property
     def total_used(self) -> int:
@@ -206,9 +213,9 @@ def _parse(path: str, data: bytes, consistent: bool) -> RegionSnapshot:
     device_count = min(h[9], MAX_DEVICES)
     devices = []
     for i in range(device_count):
-        uuid, limit, used, peak, refusals, overhead, compute, _r, _s = _DEVICE.unpack_from(data, HEADER_SIZE + i * DEVICE_SIZE)
+        uuid, limit, used, peak, refusals, overhead, compute, gen, _s = _DEVICE.unpack_from(data, HEADER_SIZE + i * DEVICE_SIZE)
         devices.append(DeviceUsage(i, uuid.split(b"\0", 1)[0].decode("ascii", "replace"),
-                                   None if limit == UNLIMITED else limit, used, peak, refusals, overhead, compute))
+                                   None if limit == UNLIMITED else limit, used, peak, refusals, overhead, compute, gen))
     uuids = [d.uuid for d in devices]
     procs = []
     base = HEADER_SIZE + MAX_DEVICES * DEVICE_SIZE
@@ -221,7 +228,9 @@ def _parse(path: str, data: bytes, consistent: bool) -> RegionSnapshot:
                   _U32X16.unpack_from(data, off + 288), _U64X16.unpack_from(data, off + 352),
                   _U64X16.unpack_from(data, off + 480), _U64X16.unpack_from(data, off + 608)]
         maps = [{uuids[i]: a[i] for i in range(device_count) if a[i]} for a in arrays]
-        procs.append(ProcessUsage(pid, start_time, refusals, *maps))
+        waiting, waits, timeouts, waiting_bytes = struct.unpack_from("<4Q", data, off + 736)
+        procs.append(ProcessUsage(pid, start_time, refusals, *maps, oom_waiting=waiting, oom_waiting_bytes=waiting_bytes,
+                                  oom_waits=waits, oom_wait_timeouts=timeouts))
     return RegionSnapshot(path, h[1], h[11], tuple(devices), tuple(procs), consistent)
 
 

@@ -31,12 +31,16 @@ _UUID_RE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/-]+$")
 _MODES = {"hard": "hard", "force": "hard", "soft": "soft", "default": "soft", "off": "off", "disable": "off"}
 _LOG_LEVELS = ("error", "warn", "info", "debug")
 _KEYS = ("version", "grant", "devices", "memory_limit", "compute", "mode", "weight", "priority", "region",
-         "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir", "colocation", "tidal_schedule")
+         "device_state_dir", "oom_policy", "log_level", "fail_open", "context_overhead", "engine", "mps_pipe_dir",
+         "colocation", "tidal_schedule", "generation", "oom_wait_ms")
+OOM_POLICIES = ("return", "kill", "wait")
+MAX_OOM_WAIT_MS = 86_400_000
 ENGINES = ("timeslice", "spatial")
 COLOCATIONS = ("preemptive", "shared", "tidal")
 MAX_DEVICES = 16
 PATH_MAX = 1023
 U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
 
 
 class SliceFileError(GpusliceError, ValueError):
@@ -64,10 +68,13 @@ def _valid_uuid(u: str) -> bool:
 @dataclass(frozen=True)
 class SliceConfig:
     """One process group's slice. ``memory_limit`` None = no default limit; ``memory_limits`` holds
-    per-device overrides keyed by UUID (each must be in ``devices``). ``context_overhead`` None = the
-    enforcer's built-in measured default. ``engine="spatial"``: the processes are MPS clients of the
+    per-device overrides keyed by UUID (each must be in ``devices``). ``context_overhead`` None = measured
+    by the enforcer on the card at the slice's first context (the built-in 680 MiB until then). ``engine="spatial"``: the processes are MPS clients of the
     daemon whose pipe directory is ``mps_pipe_dir`` (as they see it; "" = their environment's), not paced;
-    such a slice covers at most one device. ``colocation`` (preemptive, shared or tidal) and a tidal
+    such a slice covers at most one device. ``generation``: bumped by the node side at each live resize of
+    the slice (0 = never resized); a running enforcer takes over a rewritten file, and only a higher
+    generation than its region records may raise the slice's limit (``native/README.md``, Live resize).
+    ``colocation`` (preemptive, shared or tidal) and a tidal
     slice's ``tidal_schedule`` (canonical, "" = follow the high-priority slices' idle time): how it shares
     the device with the other priority (:mod:`gpuslice.spec.colocation`)."""
 
@@ -87,6 +94,8 @@ class SliceConfig:
     context_overhead: int | None = None
     engine: str = "timeslice"
     mps_pipe_dir: str = ""
+    generation: int = 0
+    oom_wait_ms: int | None = None  # oom_policy=wait: how long a device-full allocation waits (None: 30 s)
     colocation: str = "preemptive"
     tidal_schedule: str = ""
 
@@ -122,10 +131,13 @@ class SliceConfig:
         _check_int("compute", self.compute, 0, 100)
         _check_int("weight", self.weight, 1, 16)
         _check_int("priority", self.priority, 0, 1)
+        _check_int("generation", self.generation, 0, U32_MAX)
         if self.mode not in ("hard", "soft", "off"):
             raise SliceFileError("mode", self.mode, "hard, soft or off")
-        if self.oom_policy not in ("return", "kill"):
-            raise SliceFileError("oom_policy", self.oom_policy, "return or kill")
+        if self.oom_policy not in OOM_POLICIES:
+            raise SliceFileError("oom_policy", self.oom_policy, "return, kill or wait")
+        if self.oom_wait_ms is not None:
+            _check_int("oom_wait_ms", self.oom_wait_ms, 0, MAX_OOM_WAIT_MS)
         if self.log_level not in _LOG_LEVELS:
             raise SliceFileError("log_level", self.log_level, "error, warn, info or debug")
         if not isinstance(self.fail_open, bool):
@@ -188,12 +200,16 @@ def format_slice(cfg: SliceConfig) -> str:
     if cfg.device_state_dir:
         lines.append(f"device_state_dir={cfg.device_state_dir}")
     lines += [f"oom_policy={cfg.oom_policy}", f"log_level={cfg.log_level}", f"fail_open={int(cfg.fail_open)}"]
+    if cfg.oom_wait_ms is not None:
+        lines.append(f"oom_wait_ms={cfg.oom_wait_ms}")
     if cfg.context_overhead is not None:
         lines.append(f"context_overhead={cfg.context_overhead}")
     if cfg.engine != "timeslice":  # time-sliced slice files stay what they were before engines
         lines.append(f"engine={cfg.engine}")
     if cfg.mps_pipe_dir:
         lines.append(f"mps_pipe_dir={cfg.mps_pipe_dir}")
+    if cfg.generation:  # slice files never resized stay what they were before live resize
+        lines.append(f"generation={cfg.generation}")
     if cfg.colocation != "preemptive":  # likewise: files of preemptive slices stay what they were
         lines.append(f"colocation={cfg.colocation}")
     if cfg.tidal_schedule:
@@ -202,11 +218,12 @@ def format_slice(cfg: SliceConfig) -> str:
 
 
 def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_policy: str = "return",
-                 log_level: str = "warn", fail_open: bool = False, mps_pipe_dir: str = "") -> SliceConfig:
+                 log_level: str = "warn", fail_open: bool = False, mps_pipe_dir: str = "",
+                 generation: int = 0, oom_wait_ms: int | None = None) -> SliceConfig:
     """The slice file of ``grant``: its devices and memory limits (per device where they differ), the first
     slice's compute share, mode, weight, priority, engine and co-location (a grant's slices share them), the region,
     device-state and (spatial) MPS pipe paths as the slice's processes see them, and the node's enforcer
-    settings."""
+    settings; ``generation`` counts the grant's live resizes (0: none)."""
     first = grant.slices[0]
     spatial = first.engine is spec.Engine.SPATIAL
     return SliceConfig(
@@ -215,7 +232,8 @@ def slice_config(grant: spec.Grant, *, region: str, device_state_dir: str, oom_p
         compute=first.compute, mode=first.mode.value, weight=first.weight, priority=int(first.priority),
         region=region, device_state_dir=device_state_dir, oom_policy=oom_policy, log_level=log_level,
         fail_open=fail_open, engine=first.engine.value, mps_pipe_dir=mps_pipe_dir if spatial else "",
-        colocation=first.colocation.value, tidal_schedule=first.tidal_schedule)
+        colocation=first.colocation.value, tidal_schedule=first.tidal_schedule, generation=generation,
+        oom_wait_ms=oom_wait_ms)
 
 
 def write_slice_file(path: str | os.PathLike[str], config: SliceConfig | None = None, **fields_: Any) -> SliceConfig:
@@ -310,6 +328,14 @@ def _value(key: str, val: str, lineno: int, path: str | None) -> dict[str, Any]:
         if not val.startswith("/") or len(val) > PATH_MAX:
             raise bad("an absolute path")
         return {key: val}
+    if key == "oom_wait_ms":
+        if not val.isdigit() or not val.isascii() or len(val) > 8 or int(val) > MAX_OOM_WAIT_MS:
+            raise bad(f"milliseconds from 0 to {MAX_OOM_WAIT_MS}")
+        return {key: int(val)}
+    if key == "generation":
+        if not val.isdigit() or not val.isascii() or len(val) > 10 or int(val) > U32_MAX:
+            raise bad(f"a whole number from 0 to {U32_MAX}")
+        return {key: int(val)}
     if key == "engine":
         if val not in ENGINES:
             raise bad("timeslice or spatial")
@@ -323,7 +349,7 @@ def _value(key: str, val: str, lineno: int, path: str | None) -> dict[str, Any]:
             return {key: spec.parse_tidal_schedule(val) or _empty_schedule(bad)}
         except spec.SpecError as exc:
             raise bad(exc.allowed) from None
-    allowed = {"oom_policy": ("return", "kill"), "log_level": _LOG_LEVELS}[key]
+    allowed = {"oom_policy": OOM_POLICIES, "log_level": _LOG_LEVELS}[key]
     if val not in allowed:
         raise bad(", ".join(allowed[:-1]) + " or " + allowed[-1])
     return {key: val}

@@ -68,6 +68,9 @@ class SliceView:
     memory_seen: int | None = None  # the slice's processes' device memory as NVML counts it (the backstop)
     engine: str = "timeslice"
     mps: str = ""  # spatial: the state of the device's MPS daemon (running | fault | down | none)
+    oom_waiting: int = 0  # oom_policy=wait: allocations waiting now for the device to have room
+    oom_waits: int = 0
+    oom_wait_timeouts: int = 0
     colocation: str = "preemptive"  # preemptive | shared | tidal (issue 13)
 
 
@@ -191,6 +194,8 @@ class Monitor:
                 oom_refusals=u.oom_refusals if u else 0, priority=Priority(s.priority).name.lower(),
                 mode=s.mode.value, pids=pids, age_seconds=max(0.0, now - watched.created),
                 command=watched.command, exclusive=grant.exclusive, engine=s.engine.value,
+                oom_waiting=u.oom_waiting if u else 0, oom_waits=u.oom_waits if u else 0,
+                oom_wait_timeouts=u.oom_wait_timeouts if u else 0,
                 colocation=s.colocation.value))
         return out
 

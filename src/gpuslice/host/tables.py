@@ -87,6 +87,8 @@ def slices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
         Column("set", [_set(x.compute_set, x.exclusive, x.engine) for x in s], justify="right"),
         Column("throttled", [f"{x.throttled_seconds:.1f}s" for x in s], keep=7, justify="right"),
         Column("OOM\nrefusals", [str(x.oom_refusals) for x in s], keep=3, justify="right"),
+        *([Column("OOM\nwaiting", [_waiting(x) for x in s], keep=3, justify="right")]  # oom_policy=wait in use
+          if any(x.oom_waits for x in s) else []),
         # the co-location mode beside the priority when it is not the default (preemptive): "low tidal"
         Column("priority", [x.priority + ("" if x.colocation == "preemptive" else f" {x.colocation}") for x in s],
                keep=1),
@@ -95,6 +97,11 @@ def slices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
         Column("command", [_command(x.command, wide) for x in s], keep=2, wrap=True),
     ]
     return fit_table(columns, width, wide=wide, title="slices", title_justify="left")
+
+
+def _waiting(x) -> str:
+    """Allocations waiting now for device memory, and of all that waited, how many timed out."""
+    return f"{x.oom_waiting} ({x.oom_wait_timeouts}/{x.oom_waits} timed out)" if x.oom_waits else "-"
 
 
 def mps_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:

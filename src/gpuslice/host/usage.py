@@ -41,6 +41,11 @@ class SliceUsage:
     throttled_ns: int = 0
     launches: int = 0
     pids: tuple[int, ...] = ()
+    # oom_policy=wait, summed over the slice's processes: allocations waiting now for the device to have
+    # room, waits started, waits that timed out
+    oom_waiting: int = 0
+    oom_waits: int = 0
+    oom_wait_timeouts: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,50 @@ def _usage_of(grant: Grant, snap: RegionSnapshot) -> GrantUsage:
             busy_ns=sum(p.busy_ns.get(dev.uuid, 0) for p in snap.processes),
             throttled_ns=sum(p.throttled_ns.get(dev.uuid, 0) for p in snap.processes),
             launches=sum(p.launches.get(dev.uuid, 0) for p in snap.processes),
-            pids=tuple(p.pid for p in live if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)))
+            pids=tuple(p.pid for p in live if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)),
+            # a process's waits are not per device: counted on every device it holds memory or a context on
+            oom_waiting=sum(p.oom_waiting for p in live if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)),
+            oom_waits=sum(p.oom_waits for p in snap.processes if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)),
+            oom_wait_timeouts=sum(p.oom_wait_timeouts for p in snap.processes
+                                  if p.used.get(dev.uuid) or p.contexts.get(dev.uuid)))
     for s in grant.slices:
         slices.setdefault(s.device_uuid, SliceUsage(s.device_uuid))
     return GrantUsage(grant.grant_id, slices, tuple(p.pid for p in live), readable=True)
+
+
+def held_now(watched: Watched, *, same_pid_namespace: bool = True) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Per device of the grant: the bytes its *live* processes hold now (contexts included) and those
+    processes' pids (as the region records them); what a live resize compares a lower limit with. Dead
+    processes' leftovers are not counted: the enforcer reclaims them before it would refuse anything.
+    ``same_pid_namespace=False`` (a container's region read from the node: its pids mean nothing here):
+    every process record counts, dead or not, which can only over-state what is held."""
+    held: dict[str, tuple[int, tuple[int, ...]]] = {s.device_uuid: (0, ()) for s in watched.grant.slices}
+    if not watched.region_file or not Path(watched.region_file).exists():
+        return held
+    try:
+        snap = read_region(watched.region_file)
+    except RegionError:
+        return held
+    for p in snap.processes:
+        if same_pid_namespace and not p.alive():
+            continue
+        for uuid, used in p.used.items():
+            if uuid in held and used:
+                total, pids = held[uuid]
+                held[uuid] = (total + used, pids + (p.pid,))
+    return held
+
+
+def below_usage(watched: Watched, limits: dict[str, int], names: dict[str, str] | None = None, *,
+                same_pid_namespace: bool = True) -> str:
+    """"" when every new limit is at least what the grant's live processes hold on its device, else one
+    line saying where and how much is in use (the refusal of a live resize without ``evict``)."""
+    from gpuslice.spec import human_bytes
+
+    names = names or {}
+    over = []
+    for uuid, (used, _pids) in held_now(watched, same_pid_namespace=same_pid_namespace).items():
+        if uuid in limits and used > limits[uuid]:
+            over.append(f"{human_bytes(limits[uuid])} on {names.get(uuid, uuid)} is below the "
+                        f"{human_bytes(used)} the slice's processes hold now")
+    return "; ".join(over)

@@ -81,6 +81,7 @@ class PluginConfig:
     device_nodes: str = "auto"                        # auto: the ones that exist; always; none
     dev_root: Path = Path("/")
     oom_policy: str = "return"
+    oom_wait_ms: int = 30000                          # oom_policy=wait: how long an allocation waits for the device
     log_level: str = "warn"                           # the enforcer's: error, warn, info, debug
     fail_open: bool = False
     watch_interval: float = 1.0                       # how often the kubelet socket is checked
@@ -92,8 +93,11 @@ class PluginConfig:
     def __post_init__(self) -> None:
         if self.device_nodes not in ("auto", "always", "none"):
             raise SpecError("device_nodes", self.device_nodes, "auto, always or none")
-        if self.oom_policy not in ("return", "kill"):
-            raise SpecError("oom_policy", self.oom_policy, "return or kill")
+        if self.oom_policy not in ("return", "kill", "wait"):
+            raise SpecError("oom_policy", self.oom_policy, "return, kill or wait")
+        if isinstance(self.oom_wait_ms, bool) or not isinstance(self.oom_wait_ms, int) \
+                or not 0 <= self.oom_wait_ms <= 86_400_000:
+            raise SpecError("oom_wait_ms", self.oom_wait_ms, "milliseconds from 0 to 86400000")
         if self.log_level not in ("error", "warn", "info", "debug"):
             raise SpecError("log_level", self.log_level, "error, warn, info or debug (the enforcer's)")
         if not isinstance(self.fail_open, bool):
@@ -241,7 +245,8 @@ class Allocator:
         return slice_config(grant.grant, region=f"{CONTAINER_REGION_DIR}/region",
                             device_state_dir=CONTAINER_DEVICE_STATE, oom_policy=self.cfg.oom_policy,
                             log_level=self.cfg.log_level, fail_open=self.cfg.fail_open,
-                            mps_pipe_dir=CONTAINER_MPS_PIPE)
+                            mps_pipe_dir=CONTAINER_MPS_PIPE,
+                            oom_wait_ms=self.cfg.oom_wait_ms if self.cfg.oom_policy == "wait" else None)
 
     @staticmethod
     def daemon_key(grant: formats.ContainerGrant, pod: Mapping[str, Any]) -> DaemonKey | None:

@@ -219,6 +219,9 @@ def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: 
                 logging.getLogger("gpuslice.extender").warning("garbage collection: %s", exc)
 
     threading.Thread(target=collect, name="gpuslice-gc", daemon=True).start()
+    from gpuslice.kube.extender.resize import LedgerResizer
+
+    LedgerResizer(api).start()  # live resize: the ledger side (gpuslice.kube.resize)
     return extender
 
 
@@ -257,9 +260,12 @@ def kube_agent(
                                           "a device NVML answers again is Healthy again (0 = never)."),
     device_nodes: str = typer.Option("auto", "--device-nodes", metavar="auto|always|none",
                                      help="Device nodes in Allocate: auto, always, none."),
-    oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill",
-                                   help="The enforcer's answer to an allocation past the "
-                                   "limit, written into every slice file: return (out-of-memory error) or kill."),
+    oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill|wait",
+                                   help="The enforcer's answer when memory runs out, written into every slice "
+                                   "file: return (out-of-memory error), kill (at the limit), or wait (an "
+                                   "allocation that fits the slice but not the full device waits for memory)."),
+    oom_wait_ms: int = typer.Option(30000, "--oom-wait-ms", metavar="MS",
+                                    help="With --oom-policy wait: how long an allocation waits for the device."),
     fail_open: bool = typer.Option(False, "--fail-open/--no-fail-open", help="On the enforcer's own failure, let "
                                    "calls through unlimited (--fail-open) or refuse them (default)."),
     enforcer_log_level: str = typer.Option("warn", "--enforcer-log-level", metavar="LEVEL",
@@ -319,7 +325,7 @@ def kube_agent(
                            host_state_dir=Path(host_state_dir),
                            local_state_dir=Path(state_dir) if state_dir else None, host_library=Path(library),
                            device_nodes=device_nodes, oom_policy=oom_policy, fail_open=fail_open,
-                           log_level=enforcer_log_level)
+                           log_level=enforcer_log_level, oom_wait_ms=oom_wait_ms)
 
     from gpuslice.host.backstop import Policy
 
@@ -359,6 +365,9 @@ def kube_agent(
         from gpuslice.kube.mpsnode import MpsNode
 
         MpsNode(api, node, plugin.allocator).start()
+        from gpuslice.kube.resize import NodeResizer
+
+        NodeResizer(api, node, plugin.allocator).start()  # live resize: usage check and slice file
     if rediscover_interval:
         Rediscovery(find_devices, plugin.set_devices, rediscover_interval).start()
     guard = _start_backstop(api, node, devices, policy, backstop_interval)

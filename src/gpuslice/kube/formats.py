@@ -28,7 +28,7 @@ FORMAT_VERSION = 1
 
 # ------------------------------------------------------------------------------------- annotation keys
 NODE_DEVICES = "gpuslice.io/devices"          # written by the agent (kube-agent): what the node has
-NODE_LEDGER = "gpuslice.io/ledger"            # written by the extender's bind: grants on the node (CAS)
+NODE_LEDGER = "gpuslice.io/ledger"            # written by the extender (bind, live resize): grants on the node (CAS)
 NODE_ALLOCATING = "gpuslice.io/allocating"    # the allocation lock: pods bound here, Allocate not done (CAS)
 POD_GRANT = "gpuslice.io/grant"               # written by the extender's bind: the pod's slices
 POD_ALLOCATED = "gpuslice.io/allocated"       # written by the device plugin: containers allocated
@@ -37,6 +37,8 @@ POD_NODE_POLICY = "gpuslice.io/node-policy"   # per pod, node level only
 POD_GPU_POLICY = "gpuslice.io/gpu-policy"     # per pod, GPU level only
 POD_COMPUTE_MODE = "gpuslice.io/compute-mode"  # per pod: hard | soft | off
 POD_ENGINE = "gpuslice.io/engine"             # per pod: timeslice | spatial (MPS-backed)
+POD_RESIZE = "gpuslice.io/resize"             # per pod, by users: new sizes of a container's slices (live)
+POD_RESIZE_STATUS = "gpuslice.io/resize-status"  # written by the node agent and the extender: where it stands
 POD_COLOCATION = "gpuslice.io/colocation"     # per pod: preemptive | shared | tidal (issue 13)
 POD_TIDAL_SCHEDULE = "gpuslice.io/tidal-schedule"  # per pod, with colocation tidal: "8-20:30,20-8:100" (UTC hours)
 HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"

@@ -51,7 +51,7 @@ from gpuslice.host.monitor import Monitor, NodeView, with_backstop
 from gpuslice.local.paths import StateDir
 from gpuslice.local.records import MAX_TICKS, PID_MAX, Ask, GrantRecord
 from gpuslice.placement import NoFit
-from gpuslice.spec import Device, SpecError, whole_number
+from gpuslice.spec import Device, Resize, SpecError, whole_number
 
 
 log = logging.getLogger("gpuslice.agent")
@@ -272,6 +272,14 @@ def _write_routes(agent: Agent) -> list[Route]:
         record = await agent.call(agent.ledger.set_child, request.path_params["grant_id"], child_pid, child_start)
         return JSONResponse(record.to_json())
 
+    async def resize_grant(request: HttpRequest) -> Response:
+        change = Resize.from_mapping(await _body(request))
+        grant_id = request.path_params["grant_id"]
+        _may_change(_peer(request), await agent.call(agent.ledger.grant, grant_id))
+        done = await agent.call(agent.ledger.resize, grant_id, change)
+        await asyncio.to_thread(agent.sample_once)  # ps/top/metrics/dashboard show the new limits at once
+        return JSONResponse(done.to_json())
+
     async def delete_grant(request: HttpRequest) -> Response:
         try:
             _may_change(_peer(request), await agent.call(agent.ledger.grant, request.path_params["grant_id"]))
@@ -294,6 +302,7 @@ def _write_routes(agent: Agent) -> list[Route]:
     return [
         Route("/v1/grants", _guard(post_grant), methods=["POST"]),
         Route("/v1/grants/{grant_id}", _guard(patch_grant), methods=["PATCH"]),
+        Route("/v1/grants/{grant_id}/resize", _guard(resize_grant), methods=["POST"]),
         Route("/v1/grants/{grant_id}", _guard(delete_grant), methods=["DELETE"]),
         Route("/v1/queue/{ticket:int}", _guard(delete_ticket), methods=["DELETE"]),
     ]

@@ -12,9 +12,11 @@ Bounds (:mod:`gpuslice.local.apibody`, :data:`gpuslice.local.records.LIMITS`): b
 and the caller's own (the waiter's holder process). A bare number of ``request.memory`` is MiB. A GrantRecord is the grant in the one spelling of :mod:`gpuslice.spec.codec` (``grant``,
 ``exclusive``, ``slices`` of ``uuid``/``memory``/…) beside the record's own keys (``owner``, ``request``,
 ``created``, ``holder_pid``, ``holder_start``, ``child_pid``, ``child_start``, ``uid``, ``command``,
-``slice_file``, ``region_file``, ``ending_since``, and ``mps_pipe_dir`` for a spatial grant). An Ask's
-``request`` may say ``"engine": "spatial"`` (MPS-backed; one device), ``"colocation": "preemptive"|"shared"|"tidal"``
-and ``"tidal_schedule": "8-20:30,20-8:100"`` (issue 13; refusals name the field and what is allowed).
+``slice_file``, ``region_file``, ``ending_since``, and ``mps_pipe_dir`` for a spatial grant, ``generation``
+once resized, ``oom_policy``/``oom_wait_ms`` when not the default). An Ask's ``request`` may say
+``"engine": "spatial"`` (MPS-backed; one device), ``"colocation": "preemptive"|"shared"|"tidal"``
+and ``"tidal_schedule": "8-20:30,20-8:100"`` (issue 13; refusals name the field and what is allowed); an Ask may
+carry ``"oom_policy": "return"|"kill"|"wait"`` and, with wait, ``"oom_wait_ms"`` (0..86400000).
 The agent knows the caller from the kernel (``SO_PEERCRED``): a non-root caller's ``owner``/``uid`` are its
 own whatever the body says, and ``holder_pid`` and ``child_pid`` must be its own processes (the reclaimer
 ends the ``child_pid`` group once the holder is gone).
@@ -23,6 +25,10 @@ ends the ``child_pid`` group once the holder is gone).
 POST     /v1/grants                body: Ask (+ ``"wait": bool, "ticket": int >= 1|null``) →
                                    201 GrantRecord, 202 Queued, 409 ``{"error": "nofit"}``
 PATCH    /v1/grants/{id}           body ``{"child_pid": int >= 1, "child_start": int >= 0}`` → 200 GrantRecord
+POST     /v1/grants/{id}/resize    body ``{"memory": "8GiB"|"50%", "compute": 0..100, "priority": "high"|"low",
+                                   "mode": "hard"|"soft"|"off", "evict": bool}`` (at least one size) → 200
+                                   GrantRecord + ``"evicted": [pid]``; 409 ``nofit`` (does not fit beside the
+                                   other slices, or below what the slice holds now without ``evict``)
 DELETE   /v1/grants/{id}           → 200 ``{"released": bool}``
 DELETE   /v1/queue/{ticket}        → 200 ``{"cancelled": true}``
 GET      /v1/devices               → the node's devices (a devices snapshot document)
@@ -47,8 +53,9 @@ import httpx
 from gpuslice.local.errors import AgentError, UnknownGrant
 from gpuslice.local.paths import SYSTEM_STATE_DIR, StateDir
 from gpuslice.local.records import Ask, GrantRecord, Queued
+from gpuslice.local.resize import Resized
 from gpuslice.placement import NoFit
-from gpuslice.spec import Device
+from gpuslice.spec import Device, Resize
 
 TIMEOUT_S = 30.0
 
@@ -59,6 +66,7 @@ class GrantService(Protocol):
     def acquire(self, ask: Ask, *, wait: bool = False, ticket: int | None = None) -> GrantRecord | Queued: ...
     def set_child(self, grant_id: str, child_pid: int, child_start: int) -> GrantRecord: ...
     def release(self, grant_id: str) -> bool: ...
+    def resize(self, grant_id: str, change: Resize) -> Resized: ...
     def cancel(self, ticket: int) -> None: ...
 
 
@@ -112,6 +120,10 @@ class AgentClient:
     def set_child(self, grant_id: str, child_pid: int, child_start: int) -> GrantRecord:
         _, data = self._call("PATCH", f"/v1/grants/{grant_id}", {"child_pid": child_pid, "child_start": child_start})
         return GrantRecord.from_json(data)
+
+    def resize(self, grant_id: str, change: Resize) -> Resized:
+        _, data = self._call("POST", f"/v1/grants/{grant_id}/resize", change.to_json())
+        return Resized(GrantRecord.from_json(data), tuple(int(p) for p in data.get("evicted", ())))
 
     def release(self, grant_id: str) -> bool:
         _, data = self._call("DELETE", f"/v1/grants/{grant_id}")

@@ -1,4 +1,4 @@
-"""Local-mode verbs: ``run``, ``ps``, ``top``, ``agent``. ``register(app)`` adds them; another module's
+"""Local-mode verbs: ``run``, ``resize``, ``ps``, ``top``, ``agent``. ``register(app)`` adds them; another module's
 ``register`` may add more verbs to the same app (``devices`` lives in ``device_commands``)."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def _say(text: str) -> None:
 # Option names of `run` for the fields of a request: errors name what the user typed.
 RUN_OPTIONS = {"count": "gpus", "memory": "memory", "compute": "compute", "priority": "priority", "mode": "mode",
                "policy": "policy", "policy.node": "policy", "policy.gpu": "policy", "device": "device",
-               "engine": "engine", "colocation": "colocation", "tidal_schedule": "tidal-schedule"}
+               "engine": "engine", "colocation": "colocation", "tidal_schedule": "tidal-schedule",
+               "oom_policy": "oom-policy", "oom_wait_ms": "oom-wait"}
 
 
 def cli_spec_error(exc: "SpecError") -> "SpecError":
@@ -82,6 +83,15 @@ def _split_unit(memory: str | None, compute: str, cmd: list[str]) -> None:
                                  param_hint="'--memory'")
 
 
+def _wait_ms(seconds: float) -> int:
+    """--oom-wait SECONDS as the slice file's milliseconds (0 to one day)."""
+    from gpuslice.spec import SpecError
+
+    if not math.isfinite(seconds) or not 0 <= seconds <= 86_400:
+        raise SpecError("oom_wait_ms", seconds, "seconds from 0 to 86400, like 30 or 0.5")
+    return int(round(seconds * 1000))
+
+
 @verb("run")
 def run(
     cmd: List[str] = typer.Argument(..., metavar="-- CMD...", help="The command to run in the slice, after --."),
@@ -110,6 +120,13 @@ def run(
     engine: str = typer.Option("timeslice", "--engine", help="How the device's compute is shared: timeslice "
                                "(launches paced, exact shares) or spatial (an MPS client: kernels of the device's "
                                "spatial slices run at once, the share is its fraction of the SMs; one device)."),
+    oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill|wait",
+                                   help="When memory runs out: return the error (default); kill the process at "
+                                   "the limit; or wait: an allocation that fits the slice but not the device (the "
+                                   "card is full) waits for memory to free, up to --oom-wait, then fails."),
+    oom_wait: Optional[float] = typer.Option(None, "--oom-wait", metavar="SECONDS",
+                                             help="With --oom-policy wait: how long an allocation waits for the "
+                                             "device (default 30)."),
     colocation: str = typer.Option("preemptive", "--colocation", metavar="preemptive|shared|tidal",
                                    help="How it shares a device with the other priority: preemptive (low "
                                    "priority yields while high-priority work is queued), shared (weighted "
@@ -129,7 +146,7 @@ def run(
     from gpuslice.host import procs
     from gpuslice.enforcer.library import find_enforcer
     from gpuslice.local.ledger import parse_policy
-    from gpuslice.local.records import Ask
+    from gpuslice.local.records import Ask, OomPolicy
     from gpuslice.spec import Request, SpecError
 
     _split_unit(memory, compute, cmd)
@@ -139,6 +156,7 @@ def run(
                                         "engine": engine, "colocation": colocation,
                                         "tidal_schedule": tidal_schedule})
         parse_policy(policy)
+        oom = OomPolicy(oom_policy, None if oom_wait is None else _wait_ms(oom_wait))
     except SpecError as exc:
         raise _usage_error(exc) from None
     if request.compute_only:
@@ -154,11 +172,61 @@ def run(
         ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
                   holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
                   devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
-                  policy=policy)
+                  policy=policy, oom=oom)
         code = launcher.run_command(service, ask, cmd, wait=wait, enforcer=enforcer, say=_say)
     except SpecError as exc:
         raise cli_spec_error(exc) from None
     raise typer.Exit(code)
+
+
+@verb("resize")
+def resize(
+    grant: str = typer.Argument(..., metavar="GRANT", help="The grant id (gpuslice ps shows it: g-…)."),
+    memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE",
+                                         help="New memory limit per device: 8GiB, 8192Mi, 50%."),
+    compute: Optional[str] = typer.Option(None, "--compute", metavar="PCT", help="New compute share in percent."),
+    priority: Optional[str] = typer.Option(None, "--priority", metavar="high|low", help="New priority."),
+    mode: Optional[str] = typer.Option(None, "--mode", metavar="hard|soft|off", help="New compute sharing mode."),
+    evict: bool = typer.Option(False, "--evict", help="Lower the memory limit even below what the slice's "
+                               "processes hold now: those processes get SIGTERM (without it such a resize is "
+                               "refused, saying how much is in use)."),
+) -> None:
+    """Resize a running slice in place: placement checks the new size fits beside the other slices, the slice
+    file is rewritten, and the slice's running processes follow within a second (no restart).
+
+    Exit codes: 0 resized; 1 it does not fit, is below what the slice holds now, or the grant is unknown;
+    2 a bad option value."""
+    from gpuslice.local.service import open_service
+    from gpuslice.spec import Resize, SpecError
+
+    if memory is None and compute is None and priority is None and mode is None:
+        raise typer.BadParameter("nothing to change; give at least one of --memory, --compute, --priority, --mode",
+                                 param_hint="GRANT")
+    try:
+        change = Resize.from_mapping({"memory": memory, "compute": compute, "priority": priority, "mode": mode,
+                                      "evict": evict})
+    except SpecError as exc:
+        raise _usage_error(exc) from None
+    service, _devices = open_service(StateDir.default())
+    done = service.resize(grant, change)
+    for line in resize_lines(done):
+        typer.echo(line)
+
+
+def resize_lines(done) -> list[str]:
+    """What ``resize`` prints: the grant's slices as they are now, and what was evicted."""
+    from gpuslice.spec import human_bytes
+
+    rec = done.record
+    lines = [f"resized {rec.grant_id} (generation {rec.generation}); its running processes follow within a second"]
+    for s in rec.slices:
+        lines.append(f"  {s.device_uuid} memory {human_bytes(s.memory_limit)} compute {s.compute}% "
+                     f"({s.mode.value}) priority {s.priority.name.lower()}")
+    if done.live_share:
+        lines.append(f"share, mode and priority applied to the running processes on {len(done.live_share)} device(s)")
+    if done.evicted:
+        lines.append("evicted (SIGTERM): " + ", ".join(f"pid {p}" for p in done.evicted))
+    return lines
 
 
 @verb("ps")

@@ -55,9 +55,13 @@ from gpuslice.local.paths import StateDir
 from gpuslice.local import nofit
 from gpuslice.local.nofit import device_names, local_words
 from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
-from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place
+from gpuslice.local.resize import Resized, evict, resized_request, share_live
+from gpuslice.host.usage import below_usage
+from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place, resize, resized_slices
 from gpuslice.placement.model import describe_free
-from gpuslice.spec import Device, Engine, Grant, GpusliceError, HoldsGrant, SpecError, request_from_json, request_to_json
+from gpuslice.spec import (
+    Device, Engine, Grant, GpusliceError, HoldsGrant, Resize, SpecError, request_from_json, request_to_json,
+)
 
 SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
 
@@ -194,7 +198,7 @@ class Ledger:
                 created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=ask.uid,
                 command=ask.command, slice_file=str(self.state.slice_file(grant_id)),
                 region_file=str(self.state.region_file(grant_id)),
-                mps_pipe_dir=str(self.mps.pipe_dir(keys[0])) if keys else "")
+                mps_pipe_dir=str(self.mps.pipe_dir(keys[0])) if keys else "", oom=ask.oom)
             db.execute("INSERT INTO grants (id, record) VALUES (?, ?)",
                        (record.grant_id, json.dumps(record.to_json())))
             if ticket is not None:
@@ -242,6 +246,37 @@ class Ledger:
                 plain.reason
         return (f"{ahead} request(s) wait ahead in the queue for the devices this one could use "
                 f"(it fits now only on devices they wait for)"), None
+
+    def resize(self, grant_id: str, change: Resize) -> Resized:
+        """Give a granted slice new sizes where it is (live resize), or refuse with :class:`NoFit`.
+
+        In one transaction (the ledger's write lock: no other resize or grant sees the same free memory):
+        placement's rules decide whether the new sizes fit beside every other slice; a memory limit below
+        what the slice's live processes hold now is refused saying how much is in use, unless
+        ``change.evict``; then the record and the slice file (generation + 1, renamed into place) change
+        together, and running enforcers follow within a second. Evicted processes get SIGTERM once the
+        change is recorded (the grant stays; ``run`` ends when its command does)."""
+        with self._tx() as db:
+            record = self._get(db, grant_id)
+            if record.ending_since:
+                raise GpusliceError(f"grant {grant_id} is ending (its holder is gone): nothing to resize")
+            new = resized_slices(record.grant, change, {d.uuid: d.memory_total for d in self.empty_node().devices})
+            names = device_names(self.devices)
+            resize(self.node_state(self._grants(db)), record.slices, new, exclusive=record.exclusive,
+                   names=names)
+            limits = {s.device_uuid: s.memory_limit for s in new}
+            over = below_usage(record.watched(), limits, names)
+            if over and not change.evict:
+                raise NoFit(f"memory: {over}; free memory in the program first, or resize with --evict to end "
+                            "the slice's processes that hold it")
+            record = replace(record, grant=replace(record.grant, slices=new), generation=record.generation + 1,
+                             request=resized_request(record.request, change))
+            db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record.to_json()), grant_id))
+            write_grant_files(record, self.state)  # inside the transaction: a failure records nothing
+        evicted = evict(record, limits) if over else ()
+        live = share_live(record, self.state.device_state) if (change.compute, change.mode, change.priority) != (
+            None, None, None) else ()
+        return Resized(record, evicted, live)
 
     def cancel(self, ticket: int) -> None:
         with self._tx() as db:

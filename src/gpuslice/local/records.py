@@ -31,6 +31,36 @@ LIMITS = {"holder_pid": f"1..{PID_MAX}", "holder_start": f"0..{MAX_TICKS}", "uid
 
 
 @dataclass(frozen=True)
+class OomPolicy:
+    """What the slice's enforcer does when memory runs out (the slice file's ``oom_policy``): ``return`` the
+    error, ``kill`` the process (at the limit), or ``wait`` up to ``wait_ms`` for the *device* to have room
+    when the slice has room but the card is full (None: the enforcer's 30 s)."""
+
+    policy: str = "return"
+    wait_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("return", "kill", "wait"):
+            raise SpecError("oom_policy", self.policy, "return, kill or wait")
+        if self.wait_ms is not None:
+            whole_number("oom_wait_ms", self.wait_ms, 0, 86_400_000)
+            if self.policy != "wait":
+                raise SpecError("oom_wait_ms", self.wait_ms, "none unless oom_policy is wait")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"oom_policy": self.policy} if self.policy != "return" else {}
+        return {**out, "oom_wait_ms": self.wait_ms} if self.wait_ms is not None else out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "OomPolicy":
+        policy = data.get("oom_policy", "return")
+        if not isinstance(policy, str):
+            raise SpecError("oom_policy", policy, "return, kill or wait")
+        wait = data.get("oom_wait_ms")
+        return cls(policy, None if wait is None else whole_number("oom_wait_ms", wait, 0, 86_400_000))
+
+
+@dataclass(frozen=True)
 class Ask:
     """A request plus who asks: the holder process (pid + start time) keeps the grant alive."""
 
@@ -42,11 +72,12 @@ class Ask:
     devices: tuple[str, ...] = ()  # restrict placement to these device UUIDs (empty: any)
     command: str = ""
     policy: str = "binpack"
+    oom: OomPolicy = field(default_factory=lambda: OomPolicy())
 
     def to_json(self) -> dict[str, Any]:
         return {"request": request_to_json(self.request), "owner": self.owner, "holder_pid": self.holder_pid,
                 "holder_start": self.holder_start, "uid": self.uid, "devices": list(self.devices),
-                "command": self.command, "policy": self.policy}
+                "command": self.command, "policy": self.policy, **self.oom.to_json()}
 
     @classmethod
     def from_json(cls, data: Any) -> "Ask":
@@ -67,7 +98,8 @@ class Ask:
                    holder_start=whole_number("holder_start", data["holder_start"], 0, MAX_TICKS),
                    uid=whole_number("uid", data.get("uid", -1), -1, MAX_UID),
                    devices=tuple(devices), command=bounded_text("command", data.get("command", ""), MAX_COMMAND),
-                   policy=bounded_text("policy", data.get("policy", "binpack"), MAX_POLICY))
+                   policy=bounded_text("policy", data.get("policy", "binpack"), MAX_POLICY),
+                   oom=OomPolicy.from_json(data))
 
 
 def bounded_text(field_name: str, value: Any, limit: int) -> str:
@@ -97,6 +129,8 @@ class GrantRecord(HoldsGrant):
     # SIGKILL follows once $GPUSLICE_KILL_GRACE has passed since then.
     ending_since: float = 0.0
     mps_pipe_dir: str = ""  # a spatial grant: its device's MPS daemon (CUDA_MPS_PIPE_DIRECTORY)
+    generation: int = 0  # live resizes so far: the slice file's generation= (0: never resized)
+    oom: OomPolicy = field(default_factory=lambda: OomPolicy())
 
     @property
     def marker(self) -> str:
@@ -114,7 +148,8 @@ class GrantRecord(HoldsGrant):
                 "created": self.created, "holder_pid": self.holder_pid, "holder_start": self.holder_start,
                 "child_pid": self.child_pid, "child_start": self.child_start, "uid": self.uid,
                 "command": self.command, "slice_file": self.slice_file, "region_file": self.region_file,
-                "ending_since": self.ending_since, **({"mps_pipe_dir": self.mps_pipe_dir} if self.mps_pipe_dir else {})}
+                "ending_since": self.ending_since, **({"mps_pipe_dir": self.mps_pipe_dir} if self.mps_pipe_dir else {}),
+                **({"generation": self.generation} if self.generation else {}), **self.oom.to_json()}
 
     @classmethod
     def from_json(cls, data: Any) -> "GrantRecord":
@@ -126,7 +161,8 @@ class GrantRecord(HoldsGrant):
                    child_start=int(data.get("child_start", 0)), uid=int(data.get("uid", -1)),
                    command=data.get("command", ""), slice_file=data.get("slice_file", ""),
                    region_file=data.get("region_file", ""), ending_since=float(data.get("ending_since", 0.0)),
-                   mps_pipe_dir=str(data.get("mps_pipe_dir", "")))
+                   mps_pipe_dir=str(data.get("mps_pipe_dir", "")), generation=int(data.get("generation", 0)),
+                   oom=OomPolicy.from_json(data))
 
 
 @dataclass(frozen=True)

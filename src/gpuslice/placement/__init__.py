@@ -110,6 +110,7 @@ workload comes from is the caller's: the simulator learns it from the arrivals, 
 from gpuslice.placement.core import filter_nodes, fits, node_fragmentation, place, place_host, score_nodes
 from gpuslice.placement.fleet import Fleet
 from gpuslice.placement.mix import WorkloadMix
+from gpuslice.placement.resize import resize, resized_slices
 from gpuslice.placement.model import (
     DEFAULT_SPLIT_COUNT,
     POLICIES,
@@ -125,6 +126,7 @@ from gpuslice.placement.model import (
 )
 
 __all__ = [
+    "resize", "resized_slices",
     "DEFAULT_SPLIT_COUNT", "POLICIES", "DeviceState", "NodeState", "NoFit", "Placement", "PlacementPolicy",
     "TaskShape", "Workload", "WorkloadMix", "Fleet", "apply", "release", "place", "place_host", "score_nodes", "filter_nodes",
     "fits", "node_fragmentation",

@@ -1,0 +1,111 @@
+/* CUDA graph memory: graph memory nodes (cuGraphAddMemAllocNode, and cudaMallocAsync captured into a
+ * graph) allocate from a per-device graph memory pool that the driver backs with physical memory when an
+ * executable graph is uploaded or first launched, keeps while graphs may use it, and gives back when
+ * trimmed (cuDeviceGraphMemTrim). No allocation call the enforcer sees carries those bytes, so the books
+ * follow the driver's own count instead: after every call that can change it -- instantiate (an upload
+ * may be asked for), upload, an executable graph's first launch, destroying an executable graph, trim --
+ * this process's CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT of the device is read and its change charged to
+ * the slice (gs_mem_charge: the driver already holds it, so the books say so even past the limit, and the
+ * slice's next allocations are refused) or given back (gs_mem_release).
+ *
+ * Only the current context's device is read, and devices this process already charged graph memory on:
+ * asking about a device without a context could create one. A launch costs one lookup in the set of
+ * executable graphs launched before (first launches read the attribute: a few microseconds, once).
+ * Called by the launch hooks (gs_graph_launched) after a graph launch. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+
+#include "gpuslice/fork.h"
+#include "gpuslice/hooks_common.h"
+#include "gpuslice/log.h"
+#include "gpuslice/u64map.h"
+
+#define MAX_ORD 64
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_charged[MAX_ORD];   /* graph memory this process charged per ordinal */
+static struct gs_u64map g_launched;   /* executable graphs launched at least once */
+
+static void after_fork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_lock = fresh;
+    for (int i = 0; i < MAX_ORD; i++) g_charged[i] = 0; /* the child holds none of the parent's graphs */
+    gs_u64map_clear(&g_launched);
+}
+GS_ON_FORK_CHILD(after_fork_child);
+
+static void reconcile_ord(int ord)
+{
+    static CUresult (*attr)(CUdevice, int, void *);
+    if (!attr) attr = (CUresult(*)(CUdevice, int, void *))gs_real("cuDeviceGetGraphMemAttribute");
+    cuuint64_t now = 0;
+    if (!attr || attr(ord, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &now) != CUDA_SUCCESS) return;
+    if (now > g_charged[ord]) gs_mem_charge(ord, now - g_charged[ord]);
+    else if (now < g_charged[ord]) gs_mem_release(ord, g_charged[ord] - now);
+    g_charged[ord] = now;
+}
+
+/* Bring the books in line with the driver's graph memory of the current device (and of the devices
+ * charged before). */
+static void reconcile(void)
+{
+    int cur = gs_current_ordinal();
+    pthread_mutex_lock(&g_lock);
+    for (int ord = 0; ord < MAX_ORD; ord++)
+        if (ord == cur || g_charged[ord]) reconcile_ord(ord);
+    pthread_mutex_unlock(&g_lock);
+}
+
+void gs_graph_launched(CUgraphExec exec, CUresult r)
+{
+    if (r != CUDA_SUCCESS) return;
+    pthread_mutex_lock(&g_lock);
+    int first = !gs_u64map_get(&g_launched, (uint64_t)(uintptr_t)exec);
+    if (first) gs_u64map_put(&g_launched, (uint64_t)(uintptr_t)exec, (struct gs_u64val){0, 0, 0});
+    pthread_mutex_unlock(&g_lock);
+    if (first) reconcile();
+}
+
+static CUresult after(CUresult r)
+{
+    if (r == CUDA_SUCCESS) reconcile();
+    return r;
+}
+
+static CUresult exec_destroy(CUresult (*real)(CUgraphExec), CUgraphExec exec)
+{
+    CUresult r = real(exec);
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_lock);
+        gs_u64map_take(&g_launched, (uint64_t)(uintptr_t)exec, NULL); /* the handle may come back for another */
+        pthread_mutex_unlock(&g_lock);
+        reconcile();
+    }
+    return r;
+}
+
+/* Every entry point whose call can change the graph memory the driver holds (the legacy 5-argument
+ * cuGraphInstantiate / _v2 of CUDA 11 headers beside CUDA 12's WithFlags / WithParams):
+ *   X(name, parameters, arguments, what) */
+#define GRAPH_HOOKS(X)                                                                                    \
+    X(cuGraphInstantiate, (CUgraphExec *pexec, CUgraph graph, void *error_node, char *log, size_t log_size),   \
+      (pexec, graph, error_node, log, log_size), AFTER)                                                   \
+    X(cuGraphInstantiate_v2, (CUgraphExec *pexec, CUgraph graph, void *error_node, char *log, size_t log_size),\
+      (pexec, graph, error_node, log, log_size), AFTER)                                                   \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *pexec, CUgraph graph, unsigned long long flags),         \
+      (pexec, graph, flags), AFTER)                                                                       \
+    X(cuGraphInstantiateWithParams, (CUgraphExec *pexec, CUgraph graph, void *params), (pexec, graph, params), \
+      AFTER)                                                                                              \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *pexec, CUgraph graph, void *params),               \
+      (pexec, graph, params), AFTER)                                                                      \
+    X(cuGraphUpload, (CUgraphExec exec, CUstream stream), (exec, stream), AFTER)                          \
+    X(cuGraphUpload_ptsz, (CUgraphExec exec, CUstream stream), (exec, stream), AFTER)                     \
+    X(cuDeviceGraphMemTrim, (CUdevice dev), (dev), AFTER)                                                 \
+    X(cuGraphExecDestroy, (CUgraphExec exec), (exec), DESTROY)
+
+#define AFTER(call) return after(call)
+#define DESTROY(call) return exec_destroy(real, exec)
+GRAPH_HOOKS(GS_HOOK_DEFINE)
+
+const struct gs_hook gs_hooks_graph[] = {GRAPH_HOOKS(GS_HOOK_ROW){0, 0}};

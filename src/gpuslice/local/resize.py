@@ -1,0 +1,58 @@
+"""Live resize of a local grant: the recorded request and eviction (``Ledger.resize`` checks and records)."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpuslice.host import procs
+from gpuslice.host.usage import held_now
+from gpuslice.local.records import GrantRecord
+from gpuslice.spec import Request, Resize
+
+
+@dataclass(frozen=True)
+class Resized:
+    """A recorded resize: the grant as it is now, and the pids ended because they held more than the new size."""
+
+    record: GrantRecord
+    evicted: tuple[int, ...] = ()
+    live_share: tuple[str, ...] = ()  # devices whose running paced processes took the new share at once
+
+    def to_json(self) -> dict:
+        return {**self.record.to_json(), "evicted": list(self.evicted), "live_share": list(self.live_share)}
+
+
+def resized_request(request: Request, change: Resize) -> Request:
+    """The request as the ledger records it after ``change`` (ps shows it)."""
+    return replace(request, memory=request.memory if change.memory is None else change.memory,
+                   compute=request.compute if change.compute is None else change.compute,
+                   priority=request.priority if change.priority is None else change.priority,
+                   mode=request.mode if change.mode is None else change.mode)
+
+
+def share_live(record: GrantRecord, device_state: Path) -> tuple[str, ...]:
+    """Give the slice's running paced processes its new compute share, mode and priority now, through each
+    device's pacing file (the pacers re-read them on every poll; ``gpuslice.enforcer.devstate.set_live``
+    says what can move live); the devices where they took it."""
+    from gpuslice.enforcer import devstate
+
+    return devstate.set_shares(device_state, record.grant_id, devstate.live_values(record.slices))
+
+
+def evict(record: GrantRecord, limits: dict[str, int]) -> tuple[int, ...]:
+    """SIGTERM the grant's live processes that hold memory on a device whose new limit is below the slice's
+    use there: the region names the holders, but only those proven to be the grant's are signalled
+    (:func:`gpuslice.local.ledger.slice_processes`: launch lineage, or the grant's marker in a process of its
+    owner; a pid a region lists proves nothing, issue 15)."""
+    from gpuslice.local.ledger import slice_processes
+
+    held = held_now(record.watched())
+    holders = {pid for uuid, (used, pids) in held.items() if used > limits.get(uuid, used) for pid in pids}
+    ours = slice_processes(record, procs.all_stats()).ours
+    ended = []
+    for s in ours:
+        if s.pid in holders and procs.signal_exact(s.pid, s.start, signal.SIGTERM):
+            ended.append(s.pid)
+    return tuple(sorted(ended))

@@ -1,0 +1,243 @@
+"""Live resize of local grants: the ledger's check (placement's rules, usage), the slice file rewritten
+atomically with a new generation, no over-commit under concurrent resizes and grants (a real race between
+processes), eviction, the socket API (status/metrics show the new limits at once) and the CLI verb."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from devstatekit import as_grant, build_writer
+from nodekit import gpuslice
+from regionfile import DeviceRecord, ProcRecord, write_region
+
+from gpuslice.enforcer.devstate import read_device_state
+from gpuslice.enforcer.slicefile import read_slice_file
+from gpuslice.host import procs
+from gpuslice.host.devices import load_snapshot
+from gpuslice.local.ledger import Ledger, recorded_pids
+from gpuslice.local.paths import StateDir
+from gpuslice.local.records import Ask, GrantRecord
+from gpuslice.placement import NoFit
+from gpuslice.spec import ComputeMode, GiB, Priority, Request, Resize, SpecError, parse_memory
+
+DEVICES = load_snapshot("h100-80gb")
+GPU0 = DEVICES[0].uuid
+
+
+def ask(memory: str, compute: int = 0, devices: tuple[str, ...] = (GPU0,), pid: int | None = None) -> Ask:
+    pid = os.getpid() if pid is None else pid
+    return Ask(request=Request(memory=parse_memory(memory), compute=compute), owner="t", holder_pid=pid,
+               holder_start=procs.start_time(pid), devices=devices)
+
+
+@pytest.fixture
+def ledger(tmp_path) -> Ledger:
+    return Ledger(StateDir(tmp_path / "state"), DEVICES, node_name="n1", region_pids=recorded_pids)
+
+
+def grant(ledger: Ledger, memory: str, compute: int = 0) -> GrantRecord:
+    g = ledger.acquire(ask(memory, compute))
+    assert isinstance(g, GrantRecord)
+    return g
+
+
+def test_raise_and_lower_rewrite_the_slice_file_with_a_new_generation(ledger):
+    g = grant(ledger, "4GiB", compute=30)
+    folder_before = os.stat(Path(g.slice_file).parent)
+    done = ledger.resize(g.grant_id, Resize(memory=parse_memory("8GiB"), compute=40, priority=Priority.HIGH,
+                                            mode=ComputeMode.SOFT))
+    assert done.evicted == () and done.record.generation == 1
+    s = done.record.slices[0]
+    assert (s.memory_limit, s.compute, s.priority, s.mode) == (8 * GiB, 40, Priority.HIGH, ComputeMode.SOFT)
+    cfg = read_slice_file(g.slice_file)
+    assert (cfg.memory_limit, cfg.compute, cfg.priority, cfg.mode, cfg.generation) == (8 * GiB, 40, 0, "soft", 1)
+    st = os.stat(g.slice_file)  # the same folder, a whole new file: not writable by group or others
+    assert stat.S_IMODE(st.st_mode) == 0o644 and st.st_uid == os.geteuid()
+    assert os.stat(Path(g.slice_file).parent).st_ino == folder_before.st_ino
+    assert not [p for p in Path(g.slice_file).parent.iterdir() if p.name.startswith(".")]  # no temp file left
+    assert ledger.grant(g.grant_id).slices[0].memory_limit == 8 * GiB
+    assert ledger.grant(g.grant_id).request.compute == 40
+    lowered = ledger.resize(g.grant_id, Resize(memory=parse_memory("2GiB")))
+    assert lowered.record.generation == 2 and read_slice_file(g.slice_file).memory_limit == 2 * GiB
+    half = ledger.resize(g.grant_id, Resize(memory=parse_memory("50%")))
+    assert half.record.slices[0].memory_limit == DEVICES[0].memory_total // 2
+
+
+def test_a_resize_that_does_not_fit_is_refused_and_changes_nothing(ledger):
+    grant(ledger, "40GiB", compute=60)
+    g = grant(ledger, "30GiB", compute=30)
+    before = Path(g.slice_file).read_text()
+    with pytest.raises(NoFit) as err:
+        ledger.resize(g.grant_id, Resize(memory=parse_memory("50GiB")))
+    assert "50.0 GiB on GPU 0 does not fit" in err.value.reason and "free there" in err.value.reason
+    with pytest.raises(NoFit) as err:
+        ledger.resize(g.grant_id, Resize(compute=50))
+    assert "compute: 50% on GPU 0" in err.value.reason and "40% is free" in err.value.reason
+    assert Path(g.slice_file).read_text() == before and ledger.grant(g.grant_id) == g
+    ledger.resize(g.grant_id, Resize(memory=parse_memory("39GiB"), compute=40))  # exactly what is free
+
+
+def test_lower_below_usage_is_refused_saying_how_much_is_in_use_unless_evict(ledger):
+    g = grant(ledger, "8GiB")
+    # one of the slice's processes (it carries the grant's marker, as `gpuslice run` gives every process of the
+    # command): only a process proven to be the grant's is ever signalled, not one because a region lists it
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "GPUSLICE_SLICE": g.slice_file})
+    try:
+        region = Path(g.region_file)
+        write_region(region, [DeviceRecord(GPU0, 8 * GiB, used=6 * GiB)],
+                     [ProcRecord(pid=holder.pid, start_time=procs.start_time(holder.pid), used={0: 6 * GiB})])
+        with pytest.raises(NoFit) as err:
+            ledger.resize(g.grant_id, Resize(memory=parse_memory("4GiB")))
+        assert "4.0 GiB on GPU 0 is below the 6.0 GiB the slice's processes hold now" in err.value.reason
+        assert "--evict" in err.value.reason
+        assert read_slice_file(g.slice_file).memory_limit == 8 * GiB
+        ledger.resize(g.grant_id, Resize(memory=parse_memory("6GiB")))  # at what is held: fine
+        done = ledger.resize(g.grant_id, Resize(memory=parse_memory("4GiB"), evict=True))
+        assert done.evicted == (holder.pid,) and read_slice_file(g.slice_file).memory_limit == 4 * GiB
+        assert holder.wait(timeout=10) == -15  # SIGTERM
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_resize_refuses_spatial_exclusive_and_unknown(ledger):
+    whole = ledger.acquire(Ask(request=Request(exclusive=True), owner="t", holder_pid=os.getpid(),
+                               holder_start=procs.start_time(os.getpid())))
+    with pytest.raises(SpecError) as err:
+        ledger.resize(whole.grant_id, Resize(memory=parse_memory("4GiB")))
+    assert err.value.field == "exclusive"
+    ledger.resize(whole.grant_id, Resize(priority=Priority.HIGH))  # priority of a whole device may change
+    with pytest.raises(SpecError) as err:
+        Resize()
+    assert err.value.field == "resize"
+    with pytest.raises(SpecError) as err:
+        Resize.from_mapping({"memroy": "4GiB"})
+    assert err.value.field == "memroy"
+
+
+def _race_worker(state: str, barrier, results, what: str, grant_id: str, size: str, holder: int) -> None:
+    ledger = Ledger(StateDir(Path(state)), DEVICES, node_name="n1")
+    barrier.wait()
+    try:
+        if what == "grant":
+            ledger.acquire(ask(size, pid=holder))
+        else:
+            ledger.resize(grant_id, Resize(memory=parse_memory(size)))
+        results.put((what, "ok"))
+    except NoFit:
+        results.put((what, "nofit"))
+
+
+def test_concurrent_resizes_and_grants_never_over_commit(tmp_path):
+    """Two 30 GiB slices on an 80 GB card (79.6 GiB); four processes at once grow one to 45 GiB, the other to
+    46 GiB, or add a 15 or a 16 GiB slice: any one of them fits, no two do. Exactly one wins each round, and
+    the books hold."""
+    state = tmp_path / "state"
+    ledger = Ledger(StateDir(state), DEVICES, node_name="n1")
+    ctx = multiprocessing.get_context("fork")
+    for _ in range(3):
+        for g in ledger.grants():
+            ledger.release(g.grant_id)
+        a, b = grant(ledger, "30GiB"), grant(ledger, "30GiB")
+        jobs = [("resize", a.grant_id, "45GiB"), ("resize", b.grant_id, "46GiB"), ("grant", "", "15GiB"),
+                ("grant", "", "16GiB")]
+        barrier, results = ctx.Barrier(len(jobs)), ctx.Queue()
+        workers = [ctx.Process(target=_race_worker, args=(str(state), barrier, results, *job, os.getpid()))
+                   for job in jobs]
+        for w in workers:
+            w.start()
+        outcomes = [results.get(timeout=60) for _ in workers]
+        for w in workers:
+            w.join(timeout=60)
+        assert sum(1 for _, o in outcomes if o == "ok") == 1, outcomes
+        on_gpu0 = [s.memory_limit for g in ledger.grants() for s in g.slices if s.device_uuid == GPU0]
+        assert sum(on_gpu0) in (75 * GiB, 76 * GiB) and sum(on_gpu0) <= DEVICES[0].memory_total
+        ledger.node_state()  # the node's books build: DeviceState refuses any over-commit
+
+
+def test_socket_api_resize_shows_at_once(agent):
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent",
+                      timeout=30) as http:
+        body = {"request": {"memory": "4GiB", "compute": 30}, "owner": "t", "holder_pid": os.getpid(),
+                "holder_start": procs.start_time(os.getpid())}
+        g = http.post("/v1/grants", json=body).json()
+        reply = http.post(f"/v1/grants/{g['grant']}/resize", json={"memory": "12GiB", "compute": 50})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["generation"] == 1 and reply.json()["evicted"] == []
+        slices = [s for s in http.get("/v1/status").json()["slices"] if s["grant_id"] == g["grant"]]
+        assert slices[0]["memory_limit"] == 12 * GiB and slices[0]["compute_set"] == 50, slices
+        limits = [s.samples[0].value for s in text_string_to_metric_families(httpx.get(agent.url + "metrics",
+                  timeout=10).text) if s.name == "gpuslice_slice_memory_limit_bytes"]
+        assert limits == [12 * GiB]
+        nofit = http.post(f"/v1/grants/{g['grant']}/resize", json={"memory": "90GiB"})
+        assert nofit.status_code == 409 and "does not fit" in nofit.json()["message"]
+        bad = http.post(f"/v1/grants/{g['grant']}/resize", json={"compute": 130})
+        assert bad.status_code == 400 and bad.json()["field"] == "compute"
+        empty = http.post(f"/v1/grants/{g['grant']}/resize", json={})
+        assert empty.status_code == 400 and empty.json()["field"] == "resize"
+        missing = http.post("/v1/grants/g-00000000/resize", json={"memory": "1GiB"})
+        assert missing.status_code == 404
+        assert read_slice_file(g["slice_file"]).memory_limit == 12 * GiB
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    proc = gpuslice(*args, env=env)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_cli_resize(state_env):
+    ledger = Ledger(StateDir.default(), DEVICES, node_name="n1")
+    g = grant(ledger, "4GiB")
+    out = cli("resize", g.grant_id, "--memory", "6GiB", "--priority", "high", env=state_env)
+    assert out.returncode == 0, out.stderr
+    assert f"resized {g.grant_id} (generation 1)" in out.stdout and "memory 6.0 GiB" in out.stdout
+    assert "priority high" in out.stdout
+    too_big = cli("resize", g.grant_id, "--memory", "90GiB", env=state_env)
+    assert too_big.returncode == 1 and "does not fit" in too_big.stderr
+    nothing = cli("resize", g.grant_id, env=state_env)
+    assert nothing.returncode == 2 and "at least one of --memory" in nothing.stderr
+
+
+@pytest.fixture(scope="module")
+def pacing_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_writer(tmp_path_factory.mktemp("bin") / "devstate_writer")
+
+
+def test_a_new_share_mode_and_priority_reach_the_running_paced_processes_at_once(ledger, pacing_writer, tmp_path):
+    """They move through the device's pacing file, where the running pacers read them on every poll."""
+    g = grant(ledger, "4GiB", compute=30)
+    dev = as_grant(pacing_writer, ledger.state.device_state, GPU0, g.grant_id)
+    done = ledger.resize(g.grant_id, Resize(compute=45))
+    assert done.live_share == (GPU0,) and done.to_json()["live_share"] == [GPU0]
+    assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 45.0
+    done = ledger.resize(g.grant_id, Resize(priority=Priority.HIGH, mode=ComputeMode.SOFT))
+    rec = {s.grant: s for s in read_device_state(dev).slices}[g.grant_id]
+    assert done.live_share == (GPU0,) and (rec.set_share, rec.mode, rec.priority) == (45.0, "soft", 0)
+    # a share of 100 % means "not paced", which only a process start decides: the slice file carries it
+    assert ledger.resize(g.grant_id, Resize(compute=100)).live_share == ()
+    assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 45.0
+
+
+def test_a_link_in_place_of_the_pacing_file_is_not_followed(ledger, pacing_writer, tmp_path):
+    g = grant(ledger, "4GiB", compute=30)
+    real = as_grant(pacing_writer, tmp_path / "elsewhere", GPU0, g.grant_id)
+    (ledger.state.device_state / f"{GPU0}.dev").symlink_to(real)
+    assert ledger.resize(g.grant_id, Resize(compute=45)).live_share == ()
+    assert {s.grant: s.set_share for s in read_device_state(real).slices}[g.grant_id] == 30.0
+
+
+def test_a_slice_with_no_paced_process_yet_takes_its_share_from_the_slice_file(ledger):
+    g = grant(ledger, "4GiB", compute=30)
+    done = ledger.resize(g.grant_id, Resize(compute=45))
+    assert done.live_share == () and read_slice_file(g.slice_file).compute == 45
