@@ -189,7 +189,8 @@ def main() -> int:
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="gpuslice-backstop-state-"))
-    env = {**os.environ, "GPUSLICE_STATE_DIR": str(state), "PYTHONPATH": str(REPO / "src"),
+    env = {**os.environ, "GPUSLICE_STATE_DIR": str(state), "PYTHONPATH": os.pathsep.join(  # ours first, then what the caller had (.whl/'s pinned packages on the GPU image)
+               [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "GPUSLICE_ENFORCER_LIB": str(REPO / "native" / "build" / "libgpuslice.so"), "GPUSLICE_KILL_GRACE": "2"}
     env.pop("GPUSLICE_DEVICE_SNAPSHOT", None)
     if args.dry_run:

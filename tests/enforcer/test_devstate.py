@@ -107,25 +107,6 @@ def test_missing(tmp_path: Path) -> None:
         compute.read_device_state(tmp_path / "x.dev")
 
 
-def test_a_fifo_or_link_in_place_of_a_device_state_file_is_refused_at_once(tmp_path):
-    """Root's monitor reads these files in a folder every tenant may write: no link followed, no FIFO opened."""
-    import os
-    import time
-
-    from gpuslice.enforcer.devstate import DeviceStateError, read_device_state
-
-    fifo = tmp_path / "GPU-fifo.dev"
-    os.mkfifo(fifo)
-    link = tmp_path / "GPU-link.dev"
-    link.symlink_to(tmp_path / "elsewhere")
-    (tmp_path / "elsewhere").write_bytes(b"x" * 64)
-    started = time.monotonic()
-    for path in (fifo, link):
-        with pytest.raises(DeviceStateError):
-            read_device_state(path)
-    assert time.monotonic() - started < 5
-
-
 def test_set_live_changes_share_mode_and_priority_of_a_paced_record_only(sample_writer: Path, tmp_path: Path) -> None:
     p = write_sample(sample_writer, tmp_path)
     assert compute.set_live(p, "train-a", percent=45, mode="soft", priority=0)
@@ -146,3 +127,22 @@ def test_set_shares_skips_files_a_tenant_broke(sample_writer: Path, tmp_path: Pa
     fifo = tmp_path / "GPU-fifo.dev"
     os.mkfifo(fifo)
     assert compute.set_shares(tmp_path, "train-a", {"GPU-fifo": (45.0, "hard", 1)}) == ()
+
+
+def test_a_fifo_or_link_in_place_of_a_device_state_file_is_refused_at_once(tmp_path):
+    """Root's monitor reads these files in a folder every tenant may write: no link followed, no FIFO opened."""
+    import os
+    import time
+
+    from gpuslice.enforcer.devstate import DeviceStateError, read_device_state
+
+    fifo = tmp_path / "GPU-fifo.dev"
+    os.mkfifo(fifo)
+    link = tmp_path / "GPU-link.dev"
+    link.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_bytes(b"x" * 64)
+    started = time.monotonic()
+    for path in (fifo, link):
+        with pytest.raises(DeviceStateError):
+            read_device_state(path)
+    assert time.monotonic() - started < 5

@@ -9,6 +9,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -176,3 +177,34 @@ def test_a_region_path_that_is_a_link_or_a_fifo_is_refused_without_blocking(tmp_
     with pytest.raises(RegionError, match="cannot open"):
         read_region(fifo)
     assert time.monotonic() - t < 5
+
+
+def test_a_region_its_owner_keeps_truncating_never_kills_the_reader(tmp_path: Path) -> None:
+    """The region is its slice user's file; root's agent reads it. A reader that mapped it died of SIGBUS when
+    the owner cut the file short mid-read (issue 15); read by pread it gets a snapshot or a RegionError.
+    Runs in a child so that a SIGBUS fails this test instead of ending the test run."""
+    region = tmp_path / "r"
+    create_region(region, [U0], {U0: MiB})
+    code = f"""
+import os, threading, time
+from gpuslice.enforcer.region import RegionError, TOTAL_SIZE, read_region
+path, stop = {str(region)!r}, time.monotonic() + 1.0
+def cut():
+    while time.monotonic() < stop:
+        os.truncate(path, 4096)
+        os.truncate(path, TOTAL_SIZE)
+threading.Thread(target=cut, daemon=True).start()
+reads = errors = 0
+while time.monotonic() < stop:
+    try:
+        read_region(path)
+        reads += 1
+    except RegionError:
+        errors += 1
+print(reads + errors)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(Path(__file__).resolve().parents[2] / "src"), os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])  # -7 would be SIGBUS
+    assert int(done.stdout) > 10

@@ -25,7 +25,9 @@ def _torch_python() -> str:
 
 @pytest.mark.gpu
 def test_the_backstop_ends_slices_that_bypass_the_enforcer_and_spares_an_honest_one(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(REPO / "src")}
+    # ours first, then what the caller had: the GPU image's own typer is older than ours (.whl/ carries ours)
+    env = {**os.environ, "OUT": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop("GPUSLICE_DEVICE_SNAPSHOT", None)
     done = subprocess.run([_torch_python(), str(REPO / "bench" / "gpu" / "backstop_detection.py"), "--repeats", "1"],
                           env=env, capture_output=True, text=True, timeout=600)

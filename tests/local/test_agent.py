@@ -246,3 +246,35 @@ def test_bad_input_is_a_400_naming_the_field(agent, method, url, body, field):
         assert reply.json()["error"] == "spec" and reply.json()["field"] == field, reply.json()
         http.delete(f"/v1/grants/{grant['grant']}")
     assert httpx.get(agent.url + "v1/history?since=abc", timeout=10).json()["field"] == "since"  # the HTTP face too
+
+
+def test_a_failing_sample_pass_does_not_end_the_sampler():
+    """One exception (EMFILE from /proc under a connection flood) used to end the sampler task for good:
+    no reclaim, no monitor, no backstop, while the agent kept granting."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gpuslice.local.agent import Agent
+
+    passes = []
+
+    def sample_once():
+        passes.append(1)
+        if len(passes) == 1:
+            raise OSError(24, "Too many open files")
+
+    async def call(fn, *args):
+        return fn(*args)
+
+    fake = SimpleNamespace(config=SimpleNamespace(reclaim_every=0.0, interval=0.001), call=call,
+                           ledger=SimpleNamespace(reclaim=lambda: []), sample_once=sample_once)
+
+    async def run():
+        task = asyncio.create_task(Agent.run_sampler(fake))
+        while len(passes) < 3 and not task.done():
+            await asyncio.sleep(0.01)
+        assert not task.done()
+        task.cancel()
+
+    asyncio.run(run())
+    assert len(passes) >= 3

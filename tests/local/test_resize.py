@@ -88,14 +88,15 @@ def test_a_resize_that_does_not_fit_is_refused_and_changes_nothing(ledger):
 
 def test_lower_below_usage_is_refused_saying_how_much_is_in_use_unless_evict(ledger):
     g = grant(ledger, "8GiB")
-    # one of the slice's processes (it carries the grant's marker, as `gpuslice run` gives every process of the
-    # command): only a process proven to be the grant's is ever signalled, not one because a region lists it
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              env={**os.environ, "GPUSLICE_SLICE": g.slice_file})
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    # the slice's process carries its marker; a stranger a tenant lists in the region does not
+    holder = subprocess.Popen(sleep, env={**os.environ, "GPUSLICE_SLICE": g.slice_file})
+    stranger = subprocess.Popen(sleep)
     try:
         region = Path(g.region_file)
         write_region(region, [DeviceRecord(GPU0, 8 * GiB, used=6 * GiB)],
-                     [ProcRecord(pid=holder.pid, start_time=procs.start_time(holder.pid), used={0: 6 * GiB})])
+                     [ProcRecord(pid=p.pid, start_time=procs.start_time(p.pid), used={0: 3 * GiB})
+                      for p in (holder, stranger)])
         with pytest.raises(NoFit) as err:
             ledger.resize(g.grant_id, Resize(memory=parse_memory("4GiB")))
         assert "4.0 GiB on GPU 0 is below the 6.0 GiB the slice's processes hold now" in err.value.reason
@@ -105,9 +106,11 @@ def test_lower_below_usage_is_refused_saying_how_much_is_in_use_unless_evict(led
         done = ledger.resize(g.grant_id, Resize(memory=parse_memory("4GiB"), evict=True))
         assert done.evicted == (holder.pid,) and read_slice_file(g.slice_file).memory_limit == 4 * GiB
         assert holder.wait(timeout=10) == -15  # SIGTERM
+        assert stranger.poll() is None  # listed in the region, but not provably the slice's: spared
     finally:
-        holder.kill()
-        holder.wait()
+        for p in (holder, stranger):
+            p.kill()
+            p.wait()
 
 
 def test_resize_refuses_spatial_exclusive_and_unknown(ledger):

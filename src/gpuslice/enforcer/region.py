@@ -234,11 +234,17 @@ def _parse(path: str, data: bytes, consistent: bool) -> RegionSnapshot:
     return RegionSnapshot(path, h[1], h[11], tuple(devices), tuple(procs), consistent)
 
 
-def read_region(path: str | os.PathLike[str], timeout: float = 1.0) -> RegionSnapshot:
+def read_region(path: str | os.PathLike[str], timeout: float = 0.05) -> RegionSnapshot:
     """Copy the region at ``path`` consistently (seqlock) and decode it.
 
+    Read with pread, never mapped: the file belongs to the slice's user, and a reader that maps it (root's
+    agent, the kube-agent) would die of SIGBUS when that user truncates it (issue 15, attacker's review). A
+    writer holds the seqlock for microseconds, so ``timeout`` is short: a sequence left odd (a writer that
+    died mid-update, or a tenant holding it odd on purpose) costs a monitor at most that long per region,
+    and the copy is returned flagged inconsistent.
+
     Raises :class:`RegionVersionError` for a layout version this reader does not know and
-    :class:`RegionError` for anything else that is not a readable region.
+    :class:`RegionError` for anything else that is not a readable region (a file cut short included).
     """
     path = os.fspath(path)
     try:
@@ -249,19 +255,18 @@ def read_region(path: str | os.PathLike[str], timeout: float = 1.0) -> RegionSna
         size = os.fstat(fd).st_size
         # Magic and version first, so a file of another layout gets the version error, not a size one.
         _check_header(path, os.pread(fd, min(size, TOTAL_SIZE), 0))
-        with mmap.mmap(fd, TOTAL_SIZE, prot=mmap.PROT_READ) as mm:
-            deadline = time.monotonic() + timeout
-            while True:
-                s1 = struct.unpack_from("<Q", mm, SEQ_OFFSET)[0]
-                data = mm[:TOTAL_SIZE]
-                s2 = struct.unpack_from("<Q", mm, SEQ_OFFSET)[0]
-                if s1 == s2 and s1 % 2 == 0:
-                    return _parse(path, data, True)
-                if time.monotonic() > deadline:
-                    # A writer died inside an update and nobody has locked since: take the copy,
-                    # flagged, rather than block a monitor forever.
-                    return _parse(path, data, False)
-                time.sleep(0.0002)
+        deadline = time.monotonic() + timeout
+        while True:
+            data = os.pread(fd, TOTAL_SIZE, 0)
+            if len(data) < TOTAL_SIZE:
+                raise RegionError(path, f"{len(data)} bytes, expected {TOTAL_SIZE} (cut short while read)")
+            s1 = struct.unpack_from("<Q", data, SEQ_OFFSET)[0]
+            s2 = struct.unpack("<Q", os.pread(fd, 8, SEQ_OFFSET).ljust(8, b"\0"))[0]
+            if s1 == s2 and s1 % 2 == 0:
+                return _parse(path, data, True)
+            if time.monotonic() > deadline:
+                return _parse(path, data, False)  # flagged, rather than block a monitor
+            time.sleep(0.0002)
     finally:
         os.close(fd)
 

@@ -33,14 +33,14 @@ SLICE_METRICS: tuple[tuple[str, str, str, Callable[[SliceView], float | None]], 
     ("gpuslice_slice_throttled_seconds", "Time the pacer held kernel launches back.", "counter",
      lambda s: s.throttled_seconds),
     ("gpuslice_slice_oom_refusals", "Allocations refused at the memory limit.", "counter", lambda s: s.oom_refusals),
-    ("gpuslice_slice_memory_seen_bytes", "Device memory of the slice's processes as NVML counts it (the backstop; "
-     "absent when it is off).", "gauge", lambda s: s.memory_seen),
     ("gpuslice_slice_oom_waiting", "Allocations waiting now for the device to have room (oom_policy=wait).", "gauge",
      lambda s: s.oom_waiting),
     ("gpuslice_slice_oom_waits", "Allocations that waited for the device to have room (oom_policy=wait).", "counter",
      lambda s: s.oom_waits),
     ("gpuslice_slice_oom_wait_timeouts", "Waits for device memory that timed out (oom_policy=wait).", "counter",
      lambda s: s.oom_wait_timeouts),
+    ("gpuslice_slice_memory_seen_bytes", "Device memory of the slice's processes as NVML counts it (the backstop; "
+     "absent when it is off).", "gauge", lambda s: s.memory_seen),
 )
 DEVICE_METRICS: tuple[tuple[str, str, str, Callable[[DeviceView], float | None]], ...] = (
     ("gpuslice_device_memory_total_bytes", "Physical device memory.", "gauge", lambda d: d.memory_total),

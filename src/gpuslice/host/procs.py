@@ -4,6 +4,7 @@ exact process meant (a pidfd checked against the start time), never to whoever r
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from dataclasses import dataclass
@@ -40,8 +41,12 @@ def stat(pid: int) -> ProcStat | None:
     """The stat line of ``pid``, or None if it does not exist (or is a zombie: it is already over)."""
     try:
         text = (PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:  # it ended while we read
+            return None
+        raise  # EMFILE, ENOMEM ...: not knowing is not "gone" (the reclaimer would free a live grant)
     # The command name is in parentheses and may contain spaces or ')': split after the last ')'.
     fields = text[text.rfind(")") + 2:].split()
     state = fields[0]

@@ -103,12 +103,20 @@ class Agent:
         return view
 
     async def run_sampler(self) -> None:
+        """Reclaim and sample forever. A pass that fails is logged and the next one runs: one exception (a
+        tenant's connection flood had made /proc unreadable with EMFILE) used to end the task for good,
+        leaving the agent granting with no reclaimer, monitor or backstop."""
         last_reclaim = 0.0
         while True:
-            if time.monotonic() - last_reclaim >= self.config.reclaim_every:
-                await self.call(self.ledger.reclaim)
-                last_reclaim = time.monotonic()
-            await asyncio.to_thread(self.sample_once)
+            try:
+                if time.monotonic() - last_reclaim >= self.config.reclaim_every:
+                    await self.call(self.ledger.reclaim)
+                    last_reclaim = time.monotonic()
+                await asyncio.to_thread(self.sample_once)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one pass
+                log.warning("reclaim/sample pass failed, next in %.1f s: %s", self.config.interval, exc)
             await asyncio.sleep(self.config.interval)
 
 
@@ -131,8 +139,17 @@ class Peer:
             return str(self.uid)
 
 
+MAX_CONNECTIONS_PER_USER = 32  # open socket connections of one non-root uid; more are closed at once
+HEAD_TIMEOUT = 10.0  # seconds a new connection may take to send its first request's head
+
+
 class _PeerProtocol(H11Protocol):
-    """uvicorn's h11 protocol that puts the socket peer's credentials into each request's scope."""
+    """uvicorn's h11 protocol that puts the socket peer's credentials into each request's scope, and bounds
+    what one user's connections may hold: at most MAX_CONNECTIONS_PER_USER at a time (root is not
+    counted), and a first request head within HEAD_TIMEOUT (a tenant that opened connections and sent
+    partial heads had exhausted the agent's file descriptors, attacker's review of issue 15)."""
+
+    open_by_uid: dict[int, int] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -141,6 +158,14 @@ class _PeerProtocol(H11Protocol):
         if sock is not None and sock.family == socket.AF_UNIX:
             raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             peer = Peer(*struct.unpack("3i", raw))
+        self._counted = peer.uid if peer is not None and peer.uid != 0 else None
+        if self._counted is not None:
+            held = self.open_by_uid.get(self._counted, 0)
+            self.open_by_uid[self._counted] = held + 1
+            if held >= MAX_CONNECTIONS_PER_USER:
+                transport.close()
+                return
+        self._head_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._head_late)
         app = self.app
 
         async def with_peer(scope, receive, send):
@@ -148,6 +173,24 @@ class _PeerProtocol(H11Protocol):
             await app(scope, receive, send)
 
         self.app = with_peer
+
+    def _head_late(self) -> None:
+        if self.cycle is None:  # no request has begun on this connection
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        timer = getattr(self, "_head_timer", None)
+        if timer is not None:
+            timer.cancel()
+        uid = getattr(self, "_counted", None)
+        if uid is not None:
+            left = self.open_by_uid.get(uid, 1) - 1
+            if left > 0:
+                self.open_by_uid[uid] = left
+            else:
+                self.open_by_uid.pop(uid, None)
+            self._counted = None
+        super().connection_lost(exc)
 
 
 def _peer(request: HttpRequest) -> Peer | None:
@@ -354,6 +397,16 @@ def _asset(name: str) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------ serving
+def _raise_fd_limit() -> None:
+    """Open files up to the hard limit: the agent holds a socket per client and reads /proc for each sample."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal capture: the agent stops both servers together."""
 
@@ -371,8 +424,9 @@ async def serve(config: AgentConfig, devices: list[Device], ready: threading.Eve
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()  # a stale socket of an agent that died
     tcp = _bind_tcp(config.host, config.port) if config.port >= 0 else None
+    _raise_fd_limit()
     servers = [_Server(uvicorn.Config(socket_app, uds=str(sock), log_level="warning", lifespan="off",
-                                      http=_PeerProtocol))]
+                                      http=_PeerProtocol, limit_concurrency=1024))]
     if tcp is not None:
         config.port = tcp.getsockname()[1]
         servers.append(_Server(uvicorn.Config(http_app, log_level="warning", lifespan="off")))

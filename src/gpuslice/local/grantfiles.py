@@ -24,9 +24,9 @@ REGION_MODE = 0o600
 
 
 def write_grant_files(grant: GrantRecord, state: StateDir) -> None:
-    """Create the grant's folder, slice file and (empty) region. A live resize writes the slice file again with
-    the grant's new generation (a new file renamed over the old one in root's folder, mode 0644: the running
-    enforcers see the old file or the new, never a part of one)."""
+    """Create the grant's folder, slice file and (empty) region; a live resize writes the slice file again with
+    the grant's new generation (a new file renamed over the old one in the same folder, mode 0644: the running
+    enforcers see the old file or the new, never a part of one) and leaves the region as it is."""
     folder = state.grant_dir(grant.grant_id)
     folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
     os.chmod(folder, FOLDER_MODE)
@@ -34,10 +34,10 @@ def write_grant_files(grant: GrantRecord, state: StateDir) -> None:
         grant.grant, region=str(state.region_file(grant.grant_id)), device_state_dir=str(state.device_state),
         mps_pipe_dir=grant.mps_pipe_dir, generation=grant.generation, oom_policy=grant.oom.policy,
         oom_wait_ms=grant.oom.wait_ms))
-    # No device records yet: the enforcer in the slice's first process adds each device with its configured
-    # per-context overhead; until then the monitor shows nothing used.
+    # No device records yet: the enforcer in the slice's first process adds each device with its context
+    # cost (measured on the card, or configured); until then the monitor shows nothing used.
     owner = grant.uid if os.geteuid() == 0 and grant.uid > 0 else -1
-    create_region(state.region_file(grant.grant_id), mode=REGION_MODE, uid=owner)
+    create_region(state.region_file(grant.grant_id), mode=REGION_MODE, uid=owner)  # kept if it exists
 
 
 def remove_grant_files(grant_id: str, state: StateDir) -> None:

@@ -98,8 +98,7 @@ class Ask:
                    holder_start=whole_number("holder_start", data["holder_start"], 0, MAX_TICKS),
                    uid=whole_number("uid", data.get("uid", -1), -1, MAX_UID),
                    devices=tuple(devices), command=bounded_text("command", data.get("command", ""), MAX_COMMAND),
-                   policy=bounded_text("policy", data.get("policy", "binpack"), MAX_POLICY),
-                   oom=OomPolicy.from_json(data))
+                   policy=bounded_text("policy", data.get("policy", "binpack"), MAX_POLICY), oom=OomPolicy.from_json(data))
 
 
 def bounded_text(field_name: str, value: Any, limit: int) -> str:

@@ -43,9 +43,9 @@ def share_live(record: GrantRecord, device_state: Path) -> tuple[str, ...]:
 
 def evict(record: GrantRecord, limits: dict[str, int]) -> tuple[int, ...]:
     """SIGTERM the grant's live processes that hold memory on a device whose new limit is below the slice's
-    use there: the region names the holders, but only those proven to be the grant's are signalled
-    (:func:`gpuslice.local.ledger.slice_processes`: launch lineage, or the grant's marker in a process of its
-    owner; a pid a region lists proves nothing, issue 15)."""
+    use there: the region says which pids hold it, but only those proven to be the grant's
+    (:func:`gpuslice.local.ledger.slice_processes`: lineage, or the marker and the owner's uid) are
+    signalled, through their start time: a pid a tenant planted in the region is never one of them."""
     from gpuslice.local.ledger import slice_processes
 
     held = held_now(record.watched())
