@@ -12,6 +12,7 @@ import os
 import signal
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,33 @@ def test_the_enforcer_creates_a_missing_region_for_its_owner_alone(bare_node: No
     assert st.st_mode & 0o077 == 0, oct(st.st_mode)
     assert st.st_uid == (tenant.uid if tenant else 0)
     p.close()
+
+
+def test_a_resize_with_evict_never_signals_a_pid_because_the_region_lists_it(tmp_path):
+    """The live resize's ``evict`` (issue 17, after these fixes) ended the processes a slice's region names as
+    holding memory: a tenant could list any pid there (its own region) and have root SIGTERM it. Only processes
+    proven to be the grant's are ended; a stranger the region names survives."""
+    from regionfile import DeviceRecord, ProcRecord, write_region
+
+    from gpuslice.host import procs
+    from gpuslice.host.devices import load_snapshot
+    from gpuslice.local.ledger import Ledger, recorded_pids
+    from gpuslice.local.paths import StateDir
+    from gpuslice.local.records import Ask
+    from gpuslice.spec import GiB, Request, Resize, parse_memory
+
+    devices = load_snapshot("h100-80gb")
+    ledger = Ledger(StateDir(tmp_path / "state"), devices, node_name="n1", region_pids=recorded_pids)  # as the agent
+    me = os.getpid()
+    g = ledger.acquire(Ask(request=Request(memory=parse_memory("8GiB")), owner="t", holder_pid=me,
+                           holder_start=procs.start_time(me), devices=(devices[0].uuid,)))
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        write_region(Path(g.region_file), [DeviceRecord(devices[0].uuid, 8 * GiB, used=6 * GiB)],
+                     [ProcRecord(pid=stranger.pid, start_time=procs.start_time(stranger.pid), used={0: 6 * GiB})])
+        done = ledger.resize(g.grant_id, Resize(memory=parse_memory("4GiB"), evict=True))
+        assert done.evicted == () and stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+        ledger.close()

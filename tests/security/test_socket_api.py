@@ -259,7 +259,8 @@ def _encode(value: object) -> bytes:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=ASKS | st.builds(lambda r, b: {**b, "request": r}, REQUESTS, ASKS), route=st.sampled_from(
-    [("POST", "/v1/grants"), ("PATCH", "/v1/grants/g-1"), ("DELETE", "/v1/grants/g-1"), ("DELETE", "/v1/queue/1")]))
+    [("POST", "/v1/grants"), ("PATCH", "/v1/grants/g-1"), ("POST", "/v1/grants/g-1/resize"),
+     ("DELETE", "/v1/grants/g-1"), ("DELETE", "/v1/queue/1")]))
 def test_fuzzed_bodies_never_get_a_5xx_and_never_drop_the_connection(fuzz_conn: Conn, body, route):
     method, url = route
     status, data = fuzz_conn.request(method, url, _encode(body))

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from gpuslice.spec.errors import SpecError
 from gpuslice.spec.model import ComputeMode, Priority, Slice, _parse_bool
-from gpuslice.spec.units import MemoryAmount, parse_compute, parse_memory
+from gpuslice.spec.units import MAX_MEMORY_BYTES, MemoryAmount, parse_compute, parse_memory
 
 FIELDS = ("memory", "compute", "priority", "mode", "evict")
 
@@ -39,7 +39,7 @@ class Resize:
         unknown = sorted(set(data) - set(FIELDS))
         if unknown:
             raise SpecError(unknown[0], data[unknown[0]], "one of the fields " + ", ".join(FIELDS))
-        return cls(memory=parse_memory(data["memory"]) if data.get("memory") is not None else None,
+        return cls(memory=_memory(data["memory"]) if data.get("memory") is not None else None,
                    compute=parse_compute(data["compute"]) if data.get("compute") is not None else None,
                    priority=Priority.parse(data["priority"]) if data.get("priority") is not None else None,
                    mode=ComputeMode.parse(data["mode"]) if data.get("mode") is not None else None,
@@ -67,3 +67,10 @@ class Resize:
         return replace(s, memory_limit=memory, compute=s.compute if self.compute is None else self.compute,
                        priority=s.priority if self.priority is None else self.priority,
                        mode=s.mode if self.mode is None else self.mode)
+
+
+def _memory(value: Any) -> MemoryAmount:
+    """A resize's memory as a request's (``Request.from_json``): a bare number, JSON's too, is MiB, and no size
+    past MAX_MEMORY_BYTES (issue 15: the socket API's bare number means what the README says everywhere)."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    return parse_memory(text, max_bytes=MAX_MEMORY_BYTES)
