@@ -18,7 +18,7 @@ from gpuslice.spec import GiB, MiB
 
 
 def uds(agent) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent", timeout=30)
+    return agent.client()
 
 
 def ask_body(memory="4GiB", compute=30, wait=False) -> dict:

@@ -65,8 +65,7 @@ def test_socket_api_carries_colocation_and_refuses_bad_values(env: dict[str, str
     try:
         body = {"request": {"memory": "1GiB", "colocation": "tidal", "tidal_schedule": "0-8:50"}, "owner": "alice",
                 "holder_pid": os.getpid(), "holder_start": procs.start_time(os.getpid())}
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent",
-                          timeout=30) as http:
+        with agent.client() as http:
             reply = http.post("/v1/grants", json=body)
             assert reply.status_code == 201, reply.text
             grant = reply.json()

@@ -64,8 +64,7 @@ def test_run_options(state_env, enforcer_lib):
 
 
 def test_waiting_allocations_show_in_ps_and_metrics(agent, state_env):
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent",
-                      timeout=30) as http:
+    with agent.client() as http:
         body = {"request": {"memory": "8GiB"}, "owner": "t", "holder_pid": os.getpid(),
                 "holder_start": procs.start_time(os.getpid()), "oom_policy": "wait", "oom_wait_ms": 5000}
         g = http.post("/v1/grants", json=body).json()

@@ -169,8 +169,7 @@ def test_concurrent_resizes_and_grants_never_over_commit(tmp_path):
 
 
 def test_socket_api_resize_shows_at_once(agent):
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent",
-                      timeout=30) as http:
+    with agent.client() as http:
         body = {"request": {"memory": "4GiB", "compute": 30}, "owner": "t", "holder_pid": os.getpid(),
                 "holder_start": procs.start_time(os.getpid())}
         g = http.post("/v1/grants", json=body).json()

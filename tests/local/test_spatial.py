@@ -270,8 +270,7 @@ def test_the_socket_api_grants_spatial_slices_and_shows_their_daemon(env: dict[s
     try:
         body = {"request": {"memory": "4GiB", "compute": 25, "engine": "spatial"}, "owner": "alice",
                 "holder_pid": os.getpid(), "holder_start": procs.start_time(os.getpid())}
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent",
-                          timeout=30) as http:
+        with agent.client() as http:
             reply = http.post("/v1/grants", json=body)
             assert reply.status_code == 201, reply.text
             grant = reply.json()

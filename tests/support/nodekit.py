@@ -31,6 +31,12 @@ class AgentProcess:
         self.socket = Path(self.info["socket"])
         self.url = self.info["dashboard"]
 
+    def client(self):
+        """An HTTP client of the agent's UNIX socket API (``with agent.client() as http: ...``)."""
+        import httpx
+
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://agent", timeout=30)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
