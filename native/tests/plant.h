@@ -93,6 +93,13 @@ PLANT int64_t CTX_SWITCH = 0, switch_left; /* GPU time lost per context switch: 
  * preempts a running kernel: < 0 = the same as CTX_SWITCH (see test_launch_bound) */
 PLANT int64_t CTX_SWITCH_IDLE = -1;
 PLANT int last_ctx = -1;
+/* HOLD_EMPTY: a running context whose queue ran empty keeps the GPU, idle, this long (or to its slice's
+ * end) before the scheduler moves on, waiting for its next command (0 = switch at once). A launch-
+ * bound context then holds the device through its launch gaps, and a pair started on its empty queue
+ * holds that idle time: what an event pair measures is no longer what its kernel costs alone. */
+PLANT int64_t HOLD_EMPTY = 0;
+PLANT int64_t held_since = -1;
+PLANT long n_held_steps; /* 5-us steps the GPU idled held by an empty context */
 PLANT long n_switches, n_preempt; /* 100 us per context switch (see gpu_step) */
 PLANT int sim_rec(struct sproc *p, int id)
 {
@@ -100,7 +107,7 @@ PLANT int sim_rec(struct sproc *p, int id)
     e->latest = ++p->seq;
     /* an idle context's marker is processed at once, unless (realistic model) another context holds
      * the GPU: then it waits for this context's turn like any command in its channel */
-    int other_running = cur >= 0 && &P[cur] != p && P[cur].qn > 0;
+    int other_running = cur >= 0 && &P[cur] != p && (P[cur].qn > 0 || held_since >= 0);
     if (p->qn == 0 && !(MARKERS_WAIT && other_running)) { e->done_seq = e->latest; e->t_done = NOW; return 0; }
     struct item *it = &p->q[(p->qh + p->qn) % (QMAX + 64)];
     it->rem = 0; it->marker = id; it->seq = e->latest;
@@ -122,8 +129,15 @@ PLANT int op_query_drain(void *c) { struct simev *e = &((struct sproc *)c)->ev[2
 PLANT int op_record_mark(void *c, int i, void *s) { (void)s; return sim_rec(c, 2 * GS_ENG_RING + 1 + i); }
 PLANT int op_query_mark(void *c, int i) { struct simev *e = &((struct sproc *)c)->ev[2 * GS_ENG_RING + 1 + i]; return e->done_seq == e->latest; }
 PLANT void op_wake(void *c) { ((struct sproc *)c)->next_poll = NOW; }
+PLANT int op_query_start(void *c, int idx) { struct simev *e = &((struct sproc *)c)->ev[2 * idx]; return e->done_seq == e->latest; }
+PLANT int64_t op_now(void *c) { (void)c; return NOW; }
 PLANT const struct gs_gpu_ops SIM_OPS = {op_start, op_end, op_query, op_elapsed, NULL, op_record_drain, op_query_drain,
-                                         op_record_mark, op_query_mark, op_wake};
+                                         op_record_mark, op_query_mark, op_wake, op_query_start, op_now};
+/* GAP_BLIND: the engines get ops without query_start, so they cannot tell a pair started on an empty
+ * queue and charge the launch gap inside it (the pacer before issue 12's fix): pins the cause */
+PLANT int GAP_BLIND = 0;
+PLANT const struct gs_gpu_ops SIM_OPS_GAP_BLIND = {op_start, op_end, op_query, op_elapsed, NULL, op_record_drain,
+                                                   op_query_drain, op_record_mark, op_query_mark, op_wake, NULL, NULL};
 
 /* Where event markers complete. 1 (default, what a time-sliced GPU does: an event is a command in
  * the context's own channel, processed when that context is scheduled): a marker completes when its
@@ -142,6 +156,11 @@ PLANT void gpu_step(void)
 {
     if (!MARKERS_WAIT)
         for (int i = 0; i < NP; i++) pop_markers(&P[i], NOW);
+    if (HOLD_EMPTY > 0 && cur >= 0 && P[cur].qn == 0 && switch_left <= 0 && slice_left > 0) {
+        if (held_since < 0) held_since = NOW;
+        if (NOW - held_since < HOLD_EMPTY) { slice_left -= DT; n_held_steps++; return; } /* held, idle */
+    }
+    held_since = -1;
     for (int round = 0; round < 2; round++) {
         int want = 0;
         for (int i = 0; i < NP; i++) want += P[i].qn > 0;
@@ -208,6 +227,11 @@ PLANT int64_t LAUNCH_GAP = 0;
 /* A thread the engine told to sleep runs again WAKE_LAT after the sleep ends (a timer wake-up and
  * the scheduler: ~5-50 us on a Linux host; 0 = exact, the accuracy tests) */
 PLANT int64_t WAKE_LAT = 0;
+/* CPU_JITTER: a launch-bound loop's CPU time between launches varies by up to +-launch_cpu x this
+ * (0 = exact; Python and the driver vary by tens of percent). Exact loops phase-lock with their
+ * neighbours, so a kernel may land beside the same neighbour's kernel on every one of its sampled
+ * launches, which no real pair of loops keeps up for long. */
+PLANT double CPU_JITTER = 0;
 PLANT void cpu_step(struct sproc *p)
 {
     /* the poller thread of pacer.c: poll, then sleep as long as the engine says (250 us while work
@@ -248,6 +272,8 @@ PLANT void cpu_step(struct sproc *p)
         p->nker++;
         if (!p->raw) gs_engine_after(&p->eng, NOW, NULL, &p->tk, 1);
         p->next_t = NOW + p->launch_cpu;
+        if (CPU_JITTER > 0 && p->launch_cpu > 0)
+            p->next_t += (int64_t)(((double)(rnd(&p->rng) % 2001) / 1000.0 - 1.0) * CPU_JITTER * (double)p->launch_cpu);
         if (p->kper && ++p->iter_k >= p->kper) { p->state = S_SYNC; p->iter_k = 0; }
         return;
     }
@@ -280,6 +306,7 @@ PLANT void (*SIM_HOOK)(void); /* called every step (a test that pokes the shared
 PLANT void sim_reset(void)
 {
     memset(P, 0, sizeof P); NP = 0; cur = -1; slice_left = 0; switch_left = 0; last_ctx = -1; prefer = -1;
+    held_since = -1; n_held_steps = 0;
 }
 PLANT struct sproc *add(const char *grant, double share, int mode, int weight, int prio, int wl, int64_t kmin, int64_t kmax)
 {
@@ -304,7 +331,7 @@ PLANT void sim_run(double secs, double warm)
     NOW = T0;
     for (int i = 0; i < NP; i++) {
         struct sproc *p = &P[i];
-        if (!p->raw && gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, &SIM_OPS, p, NOW) != 0) {
+        if (!p->raw && gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, GAP_BLIND ? &SIM_OPS_GAP_BLIND : &SIM_OPS, p, NOW) != 0) {
             printf("FAIL engine init\n"); exit(1);
         }
         if (!p->raw) {
@@ -330,11 +357,11 @@ PLANT void sim_run(double secs, double warm)
     if (getenv("GS_SIM_DEBUG"))
         for (int i = 0; i < NP; i++)
             if (!P[i].raw)
-                printf("    [%s] path %d offered %.2f measured %llu clean %llu dirty %llu cost_avg %lld us, charged %.3f s, "
+                printf("    [%s] path %d offered %.2f measured %llu clean %llu dirty %llu gap %llu (%.3f s) cost_avg %lld us, charged %.3f s, "
                        "true %.3f s; yield entries %llu, marks late %llu early %llu, slept %.3f s\n", P[i].grant,
                        P[i].eng.path, P[i].eng.offered_bp / 1e4, (unsigned long long)P[i].eng.measured,
                        (unsigned long long)P[i].eng.sampled_clean, (unsigned long long)P[i].eng.sampled_dirty,
-                       (long long)(P[i].eng.cost_avg_ns / 1000), DS.procs[P[i].eng.proc].busy_total_ns / 1e9,
+                       (unsigned long long)P[i].eng.sampled_gap, P[i].eng.gap_total_ns / 1e9, (long long)(P[i].eng.cost_avg_ns / 1000), DS.procs[P[i].eng.proc].busy_total_ns / 1e9,
                        P[i].busy_true / 1e9, (unsigned long long)P[i].eng.yield_entries,
                        (unsigned long long)P[i].eng.marks_late, (unsigned long long)P[i].eng.marks_early,
                        P[i].slept_sum / 1e9);

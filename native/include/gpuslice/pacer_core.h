@@ -50,6 +50,13 @@ struct gs_gpu_ops {
      * drain record while none was pending: the start of a request after idle time, whose queue
      * neighbours must see within DRAIN_POLL, not IDLE_POLL */
     void (*wake)(void *ctx);
+    /* optional (NULL = every pair is taken as started behind queued work): whether pair idx's start
+     * event has completed (1 done, 0 pending, <0 error), asked right after its kernel was launched,
+     * and the clock the engine's `now` comes from. A start already done then ran on an empty queue:
+     * the pair also holds the time the kernel took to reach the GPU after it (the launch call), which
+     * the engine takes off (see account_pair in pacer_core.c). */
+    int (*query_start)(void *ctx, int idx);
+    int64_t (*now)(void *ctx);
 };
 
 /* completion markers of the yield path (coloc.c) */
@@ -84,6 +91,8 @@ struct gs_engine {
     uint64_t ring_key[GS_ENG_RING];   /* kernel shape of each pair (0 = none: charge as measured) */
     int64_t ring_charged[GS_ENG_RING]; /* charged at its launch */
     int64_t ring_launch_ns[GS_ENG_RING];
+    int64_t ring_rs_ns[GS_ENG_RING];  /* when its start event was recorded (ops->now, else the launch) */
+    int64_t ring_gap_ns[GS_ENG_RING]; /* its start ran on an empty queue: launch call time inside it */
     int head, tail, outstanding;   /* pairs handed out: [tail, head) */
     struct gs_costmodel cm;
     int64_t cost_ns;      /* mean GPU time per measured launch (EWMA of pairs), 0 = unknown */
@@ -107,6 +116,8 @@ struct gs_engine {
     int others;           /* other processes on the device (recounted every ms): 0 = skip the scans */
     int64_t rate_at_ns;
     uint64_t measured, sampled_clean, sampled_dirty, event_errors;
+    uint64_t sampled_gap;  /* pairs whose start ran on an empty queue (the launch gap taken off) */
+    int64_t gap_total_ns;  /* the launch-gap time taken off those pairs */
     uint32_t unknown_seen; /* launches of shapes the full table cannot hold (sampled 1 in 16) */
     /* identity of our process record, and what to join again with if a reaper of another PID
      * namespace freed it as stale (see devstate.h) */
