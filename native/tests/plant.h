@@ -59,6 +59,7 @@ struct sproc {
     struct simev ev[2 * GS_ENG_RING + 1 + GS_ENG_MARKS];   /* pairs, the drain event, the markers */
     uint64_t seq;
     int64_t busy_true;          /* ground truth GPU time */
+    int64_t charged;            /* what the engine charged it over the run (its proc record) */
     int nker;                   /* kernels (not markers) in its queue */
     int64_t busy_at_warm;       /* busy_true when the warm-up ended */
     int64_t win_busy; double wins[64]; int nwin;
@@ -93,13 +94,6 @@ PLANT int64_t CTX_SWITCH = 0, switch_left; /* GPU time lost per context switch: 
  * preempts a running kernel: < 0 = the same as CTX_SWITCH (see test_launch_bound) */
 PLANT int64_t CTX_SWITCH_IDLE = -1;
 PLANT int last_ctx = -1;
-/* HOLD_EMPTY: a running context whose queue ran empty keeps the GPU, idle, this long (or to its slice's
- * end) before the scheduler moves on, waiting for its next command (0 = switch at once). A launch-
- * bound context then holds the device through its launch gaps, and a pair started on its empty queue
- * holds that idle time: what an event pair measures is no longer what its kernel costs alone. */
-PLANT int64_t HOLD_EMPTY = 0;
-PLANT int64_t held_since = -1;
-PLANT long n_held_steps; /* 5-us steps the GPU idled held by an empty context */
 PLANT long n_switches, n_preempt; /* 100 us per context switch (see gpu_step) */
 PLANT int sim_rec(struct sproc *p, int id)
 {
@@ -107,7 +101,7 @@ PLANT int sim_rec(struct sproc *p, int id)
     e->latest = ++p->seq;
     /* an idle context's marker is processed at once, unless (realistic model) another context holds
      * the GPU: then it waits for this context's turn like any command in its channel */
-    int other_running = cur >= 0 && &P[cur] != p && (P[cur].qn > 0 || held_since >= 0);
+    int other_running = cur >= 0 && &P[cur] != p && P[cur].qn > 0;
     if (p->qn == 0 && !(MARKERS_WAIT && other_running)) { e->done_seq = e->latest; e->t_done = NOW; return 0; }
     struct item *it = &p->q[(p->qh + p->qn) % (QMAX + 64)];
     it->rem = 0; it->marker = id; it->seq = e->latest;
@@ -156,11 +150,6 @@ PLANT void gpu_step(void)
 {
     if (!MARKERS_WAIT)
         for (int i = 0; i < NP; i++) pop_markers(&P[i], NOW);
-    if (HOLD_EMPTY > 0 && cur >= 0 && P[cur].qn == 0 && switch_left <= 0 && slice_left > 0) {
-        if (held_since < 0) held_since = NOW;
-        if (NOW - held_since < HOLD_EMPTY) { slice_left -= DT; n_held_steps++; return; } /* held, idle */
-    }
-    held_since = -1;
     for (int round = 0; round < 2; round++) {
         int want = 0;
         for (int i = 0; i < NP; i++) want += P[i].qn > 0;
@@ -306,7 +295,6 @@ PLANT void (*SIM_HOOK)(void); /* called every step (a test that pokes the shared
 PLANT void sim_reset(void)
 {
     memset(P, 0, sizeof P); NP = 0; cur = -1; slice_left = 0; switch_left = 0; last_ctx = -1; prefer = -1;
-    held_since = -1; n_held_steps = 0;
 }
 PLANT struct sproc *add(const char *grant, double share, int mode, int weight, int prio, int wl, int64_t kmin, int64_t kmax)
 {
@@ -365,6 +353,7 @@ PLANT void sim_run(double secs, double warm)
                        P[i].busy_true / 1e9, (unsigned long long)P[i].eng.yield_entries,
                        (unsigned long long)P[i].eng.marks_late, (unsigned long long)P[i].eng.marks_early,
                        P[i].slept_sum / 1e9);
+    for (int i = 0; i < NP; i++) if (!P[i].raw) P[i].charged = (int64_t)DS.procs[P[i].eng.proc].busy_total_ns;
     if (!getenv("GS_KEEP")) for (int i = 0; i < NP; i++) if (!P[i].raw) gs_engine_fini(&P[i].eng);
 }
 PLANT void win_stats(const struct sproc *p, double *mean, double *lo, double *hi)
