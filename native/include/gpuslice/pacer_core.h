@@ -27,6 +27,11 @@
  * recorded before it, end after it on the same stream). When all 256 are outstanding the next
  * measured launch waits for the oldest to finish; a sampled (free) launch goes unmeasured instead. */
 #define GS_ENG_RING 256
+/* The most a pair started on an empty queue loses as its launch gap (its start record to its launch's
+ * return). A launch call takes 3-10 us (plus the state lock on a sampled launch); a longer one blocked
+ * (a full launch queue, a synchronous driver), and the start event may have run anywhere inside that
+ * block: taking all of it off would charge a kernel that ran meanwhile nothing. */
+#define GS_ENG_GAP_MAX_NS 20000LL
 
 struct gs_gpu_ops {
     int (*record_start)(void *ctx, int idx, void *stream);  /* 0 ok */

@@ -596,7 +596,7 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
      * in the pair. Not done: the kernel was queued before the start ran, the pair holds no gap. */
     int64_t gap = 0;
     if (ok && now > 0 && e->ops->query_start && e->ops->query_start(e->ops_ctx, slot) == 1) gap = now - e->ring_rs_ns[slot];
-    e->ring_gap_ns[slot] = gap > 0 ? gap : 0;
+    e->ring_gap_ns[slot] = gap < 0 ? 0 : gap > GS_ENG_GAP_MAX_NS ? GS_ENG_GAP_MAX_NS : gap;
     int rec = ok ? e->ops->record_end(e->ops_ctx, slot, stream) : -1;
     /* No lock: the slot is RESERVED, owned by this launch until this one store. The harvest stops at
      * a RESERVED slot and reads the state with an acquire load, so it sees the end event recorded
