@@ -108,7 +108,8 @@ def cells(kind: str, ns: list[int], mps: bool, focus: bool) -> tuple[list[int], 
     return ns, [m for m in MODES if mps or m != "mps"]
 
 
-def plan(kinds: list[str], ns: list[int], reps: int, mps: bool, modes: list[str] | None = None) -> list[tuple[str, int, int]]:
+def plan(kinds: list[str], ns: list[int], reps: int, mps: bool,
+         modes: list[str] | None = None) -> list[tuple[str, int, int]]:
     """(mode, n, rep) in ABBA order; ("alone", 1, r) first and last."""
     modes = modes if modes is not None else [m for m in MODES if mps or m != "mps"]
     phases: list[tuple[str, int, int]] = [("alone", 1, 0)]
@@ -120,7 +121,8 @@ def plan(kinds: list[str], ns: list[int], reps: int, mps: bool, modes: list[str]
     return phases
 
 
-def planned_seconds(kinds: list[str], ns: list[int], reps: int, seconds: float, mps: bool, focus: bool = False) -> float:
+def planned_seconds(kinds: list[str], ns: list[int], reps: int, seconds: float, mps: bool,
+                    focus: bool = False) -> float:
     total = 0.0
     for kind in kinds:
         kn, km = cells(kind, ns, mps, focus)
@@ -362,8 +364,8 @@ def diagnostics(raw: dict) -> list[str]:
     """Per kind, mode and N: latency, device time by the ruler, by the pacer and by NVML, throttled time,
     and the pacer's paths and offered loads (README-compute.md, "Paths")."""
     nvml = raw.get("nvml", [])
-    lines = ["| kind | mode | N | p50 / p99 ms | launch ms | device time % (ruler) | (eager ruler) | pacer % | NVML SM % | "
-             "throttled % | paths | offered load |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| kind | mode | N | p50 / p99 ms | launch ms | device time % (ruler) | (eager ruler) | pacer % | "
+             "NVML SM % | throttled % | paths | offered load |", "|" + " --- |" * 12]
     mean = (lambda v: statistics.fmean(v) if v else None)
     fmt = (lambda x, f="{:.1f}": f.format(x) if x is not None else "-")
     for kr in raw["kinds"]:

@@ -22,7 +22,10 @@ read cmd; echo "$cmd $CUDA_MPS_PIPE_DIRECTORY" >> "$(dirname "$0")/calls"
 """
 
 
-def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
+def dry_run(tmp_path: Path, native_build: Path, slice_env,
+            **pack: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """bash bench/gpu/packing.sh --dry-run with the double kind and the PACK_* settings given; returns the
+    finished run (asserted successful), the stub MPS control's directory and $OUT."""
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "nvidia-cuda-mps-control").write_text(STUB)
@@ -32,11 +35,16 @@ def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
     for k in ("LD_PRELOAD", "GPUSLICE_LOG_LEVEL"):  # the benchmark preloads per service itself
         env.pop(k)
     env.update(PATH=f"{stub}:{os.environ['PATH']}", OUT=str(out), PYTHON=os.sys.executable, PACK_KINDS="double",
-               PACK_NS="2", PACK_REPS="2", PACK_SECONDS="1.2", PACK_LIB=str(native_build / "libgpuslice.so"))
+               PACK_LIB=str(native_build / "libgpuslice.so"), **pack)
     env.pop("PACK_TAR", None)
     r = subprocess.run(["bash", str(ROOT / "bench/gpu/packing.sh"), "--dry-run"], env=env, capture_output=True,
                        text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, stub, out
+
+
+def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
+    r, stub, out = dry_run(tmp_path, native_build, slice_env, PACK_NS="2", PACK_REPS="2", PACK_SECONDS="1.2")
     lines = r.stdout.splitlines()
     assert "planned" in lines[0] and "phases" in lines[0], lines[0]  # the plan comes first
     # the MPS daemon it started was told to quit, in the same private directory
@@ -73,20 +81,7 @@ def test_packing_focus_dry_run(tmp_path: Path, native_build: Path, slice_env) ->
     """PACK_FOCUS=1: only the cells issue 12 still missed (a dry run's kind takes ResNet-50's: N=8 plain,
     memory-only, equal hard), ABBA with 3 repeats, no MPS daemon, and the accuracy sweep cut to matmul
     10/90 and ResNet-50 training 25/75 %, each share 3 times in ABBA order."""
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "nvidia-cuda-mps-control").write_text(STUB)
-    (stub / "nvidia-cuda-mps-control").chmod(0o755)
-    out = tmp_path / "out"
-    env = slice_env()
-    for k in ("LD_PRELOAD", "GPUSLICE_LOG_LEVEL"):
-        env.pop(k)
-    env.update(PATH=f"{stub}:{os.environ['PATH']}", OUT=str(out), PYTHON=os.sys.executable, PACK_KINDS="double",
-               PACK_FOCUS="1", PACK_REPS="3", PACK_SECONDS="1.0", PACK_LIB=str(native_build / "libgpuslice.so"))
-    env.pop("PACK_TAR", None)
-    r = subprocess.run(["bash", str(ROOT / "bench/gpu/packing.sh"), "--dry-run"], env=env, capture_output=True,
-                       text=True, timeout=400)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r, stub, out = dry_run(tmp_path, native_build, slice_env, PACK_FOCUS="1", PACK_REPS="3", PACK_SECONDS="1.0")
     assert "(focus)" in r.stdout.splitlines()[0], r.stdout.splitlines()[0]
     assert not (stub / "calls").exists()  # no MPS daemon in a focus run
     with tarfile.open(next(out.glob("*-packing-raw.tgz"))) as tf:
