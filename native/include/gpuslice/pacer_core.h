@@ -183,7 +183,15 @@ void gs_engine_fini(struct gs_engine *e);
 /* The rate the controller currently allots this engine's slice (basis points). */
 uint32_t gs_engine_rate(struct gs_engine *e, int64_t now);
 
-/* ---- shared by pacer_core.c and turns.c (not for callers) ---- */
+/* ---- shared by pacer_core.c, pairs.c and turns.c (not for callers) ---- */
+/* What a harvest knows of the other processes (looked up at its first pair) */
+struct gs_eng_others {
+    int known, busy;     /* busy: one has measured work outstanding */
+    int64_t last_launch; /* the latest launch of any of them */
+};
+/* Under the lock: a completed pair i of ns: update the engine's means and the shape's cost, and
+ * return what the launch really cost (pairs.c). */
+int64_t gs_eng_account_pair(struct gs_engine *e, int i, int64_t ns, struct gs_eng_others *o);
 int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now);
 /* Under the state lock: how long a measured launch must wait now (0: go): a low-priority process
  * yields to high-priority work, a paced one to its credit, a turn-taking one takes its turn. */

@@ -3,7 +3,7 @@
  * Charging: a paced launch is charged to its slice's credit when it is made, at the learned cost of
  * its kernel shape (costmodel.h; the process's mean for a shape not seen yet). Launches that carry an
  * event pair (every one on the turns and priority paths, 1 in 16 per shape on the free path) are
- * corrected when the pair completes, to what the kernel cost alone:
+ * corrected when the pair completes, to what the kernel cost alone (pairs.c):
  *   - a pair whose start event had already run when the launch call returned started on an empty
  *     queue: it also holds the time the kernel took to reach the GPU (the launch call, 3-10 us on a
  *     GPU; the sampled launch goes through the state lock first). For a launch-bound loop of 5-20 us
@@ -201,63 +201,12 @@ static void window_add(struct gs_ds_slice *s, int64_t now, int64_t busy, int64_t
     s->throttled_bp = w.throttled_bp;
 }
 
-/* Under the lock, once per harvest: the latest launch of any other process on the device and
- * whether one has measured work outstanding (what decides whether a pair was clean). */
-struct others_view {
-    int known, busy;
-    int64_t last_launch;
-};
-static void look_at_others(struct gs_engine *e, struct others_view *o)
-{
-    o->known = 1;
-    o->busy = 0;
-    o->last_launch = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
-        uint32_t f = __atomic_load_n(&p->flags, __ATOMIC_RELAXED);
-        if (i == e->proc || !(f & GS_DS_PROC_IN_USE)) continue;
-        int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED);
-        if (l > o->last_launch) o->last_launch = l;
-        o->busy |= (f & GS_DS_PROC_BUSY) != 0;
-    }
-}
-
-/* A measured pair: update the means and return what the launch really cost (see the file header). */
-static int64_t account_pair(struct gs_engine *e, int i, int64_t ns, struct others_view *o)
-{
-    e->measured++;
-    int64_t raw = ns, gap = e->ring_gap_ns[i];
-    if (gap > 0) {
-        /* started on an empty queue: the launch call's time is in the pair, not the kernel's */
-        gap = gap < ns ? gap : ns;
-        ns -= gap;
-        e->sampled_gap++;
-        e->gap_total_ns += gap;
-    }
-    e->cost_avg_ns = e->cost_avg_ns ? e->cost_avg_ns + (ns - e->cost_avg_ns) / 64 : (ns > 0 ? ns : 1);
-    /* EWMA 1/8: follows a change of workload within ~20 launches, smooths mixed kernels */
-    if (e->cost_ns) {
-        int64_t d = ns - e->cost_ns;
-        e->cost_ns += d / 8;
-        e->cost_dev_ns += ((d < 0 ? -d : d) - e->cost_dev_ns) / 8;
-    } else {
-        e->cost_ns = ns > 0 ? ns : 1;
-    }
-    if (!o->known) look_at_others(e, o);
-    int clean = !o->busy && o->last_launch < e->ring_launch_ns[i] - GS_CTL_CLEAN_GUARD_NS;
-    if (clean) e->sampled_clean++;
-    else e->sampled_dirty++;
-    if (!e->ring_key[i]) return ns;
-    int64_t learned = gs_cost_sample(&e->cm, e->ring_key[i], raw, gap, clean);
-    return clean ? ns : learned;
-}
-
 /* Harvest completed pairs in launch order; stop at the first one still running. Each corrects its
  * launch's charge from the cost charged then to what it really cost. */
 static void harvest(struct gs_engine *e)
 {
     struct gs_ds_slice *s = &e->ds->slices[e->slice];
-    struct others_view o = {0, 0, 0};
+    struct gs_eng_others o = {0, 0, 0};
     while (e->outstanding > 0) {
         int i = e->tail;
         /* gs_engine_after flips RESERVED to RECORDED/VOID without the lock (release store) */
@@ -273,7 +222,7 @@ static void harvest(struct gs_engine *e)
                 __atomic_fetch_add(&e->event_errors, 1, __ATOMIC_RELAXED);
                 cost = e->ring_charged[i];
             } else {
-                cost = account_pair(e, i, ns, &o);
+                cost = gs_eng_account_pair(e, i, ns, &o);
             }
             int64_t d = cost - e->ring_charged[i];
             if (d) {
