@@ -132,6 +132,7 @@ def main() -> None:
         if not run:
             out(f"{k:8} missing")
             continue
+        reps: dict[float, list[float]] = {}
         for i, ph in enumerate(run["phases"]):
             a, b = span(run, i)
             ws = wins(a, b)
@@ -144,6 +145,12 @@ def main() -> None:
                 f"{fmt(percentile(n, 95) if n else None)} {(f'{nm - share:+6.1f}' if nm is not None else '     -')} | "
                 f"{fmt(statistics.fmean(t) if t else None)} {fmt(percentile(t, 5) if t else None)} "
                 f"{fmt(percentile(t, 95) if t else None)} | {fmt(e, 8)} | {fmt(nv.device('sm_mhz', a, b), 5)} {len(ws):2d}")
+            if nm is not None:
+                reps.setdefault(share, []).append(nm)
+        for share, v in reps.items():  # a schedule that repeats a share (ABBA, GS_COMPUTE_FOCUS=1)
+            if len(v) > 1:
+                out(f"{k:8} {share:4.0f}: NVML mean of {len(v)} repeats {statistics.fmean(v):6.1f} "
+                    f"({statistics.fmean(v) - share:+.1f}), range {min(v):.1f}..{max(v):.1f}")
 
     out("\n-- overhead at share 100 % (enforcer preloaded vs not; goal <= 0.5 %)")
     for k in ("matmul", "resnet"):

@@ -57,16 +57,22 @@ plain() {
   env ${ENVS:-} $W --gate "$RUN/gate.$n" --out "$RAW/$name.json" "$@" 2>>"$RAW/$name.err" &
   GP[$n]+=" $!"
 }
-# sched FULL SHORT: a workload schedule, the short one under GS_COMPUTE_SHORT=1
-sched() { if [ "${GS_COMPUTE_SHORT:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi; }
+# sched FULL SHORT [FOCUS]: a workload schedule, the short one under GS_COMPUTE_SHORT=1, the focus one under
+# GS_COMPUTE_FOCUS=1 (bench/gpu/packing.sh PACK_FOCUS=1: the accuracy phases 3 times each, ABBA order)
+sched() {
+  if [ "${GS_COMPUTE_FOCUS:-0}" = 1 ] && [ -n "${3:-}" ]; then echo "$3"
+  elif [ "${GS_COMPUTE_SHORT:-0}" = 1 ] || [ "${GS_COMPUTE_FOCUS:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi
+}
 group() {
   case $1 in
     1) plain 1 excl_matmul --kind matmul --schedule "$(sched x:4 x:3)" ;;
     2) gs 2 p100_matmul 100 0 --kind matmul --schedule x:4 ;;
     3) plain 3 excl_resnet --kind resnet --schedule "$(sched x:5 x:3)" ;;
     4) gs 4 p100_resnet 100 0 --kind resnet --schedule x:5 ;;
-    5) gs 5 acc_matmul 50 0 --kind matmul --schedule "$(sched 10:5,25:5,50:5,75:5,90:5 10:3,50:3,90:3)" ;;
-    6) gs 6 acc_resnet 50 0 --kind resnet --schedule "$(sched 10:5,25:5,50:5,75:5,90:5 25:3,75:3)" ;;
+    5) gs 5 acc_matmul 50 0 --kind matmul --schedule "$(sched 10:5,25:5,50:5,75:5,90:5 10:3,50:3,90:3 \
+         10:3,90:3,90:3,10:3,10:3,90:3)" ;;
+    6) gs 6 acc_resnet 50 0 --kind resnet --schedule "$(sched 10:5,25:5,50:5,75:5,90:5 25:3,75:3 \
+         25:3,75:3,75:3,25:3,25:3,75:3)" ;;
     7) gs 7 split_a 50 0 --kind matmul --schedule "$(sched 50:6,30:6 50:4,30:4)" --barrier "$RUN/b7" --peers 2
        gs 7 split_b 50 0 --kind matmul --schedule "$(sched 50:6,70:6 50:4,70:4)" --barrier "$RUN/b7" --peers 2 ;;
     8) plain 8 ts_a --kind matmul --schedule "$(sched x:6 x:4)" --barrier "$RUN/b8" --peers 2
@@ -91,7 +97,8 @@ NAMES=(x "exclusive matmul" "matmul, enforcer at 100 %" "exclusive resnet" "resn
 cp "$OUT/env.txt" "$RAW/env.txt"
 python3 "$ROOT/bench/compute/nvml_sampler.py" --out "$RAW/nvml.jsonl" 2>>"$RAW/nvml.err" &
 SAMPLER=$!
-if [ "${GS_COMPUTE_SHORT:-0}" = 1 ]; then RUN_GROUPS=(1 3 5 6 7 8); else RUN_GROUPS=(1 2 3 4 5 6 7 8 9 10 11 12); fi
+if [ "${GS_COMPUTE_FOCUS:-0}" = 1 ]; then RUN_GROUPS=(1 3 5 6)
+elif [ "${GS_COMPUTE_SHORT:-0}" = 1 ]; then RUN_GROUPS=(1 3 5 6 7 8); else RUN_GROUPS=(1 2 3 4 5 6 7 8 9 10 11 12); fi
 group "${RUN_GROUPS[0]}"
 for idx in "${!RUN_GROUPS[@]}"; do
   n=${RUN_GROUPS[$idx]}

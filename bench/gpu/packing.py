@@ -16,6 +16,8 @@ replayed back to back while nothing else runs: the ruler); NVML's per-process ut
 pacer's own charged time are shown beside it.
 
   python3 bench/gpu/packing.py --out DIR [--seconds 3.5] [--reps 2] [--kinds resnet50,encoder] [--ns 2,4,8]
+  python3 bench/gpu/packing.py --focus --out DIR   only the cells issue 12 still missed (FOCUS below), 4 ABBA
+                                                   repeats: about 3 minutes
   python3 bench/gpu/packing.py --plan ...          print the phases and the planned time, run nothing
   python3 bench/gpu/packing.py --report DIR        the tables again from DIR/packing-raw.json
 
@@ -50,8 +52,12 @@ MODES = ("plain", "mps", "memonly", "hard", "soft")
 GPUSLICE = {"memonly": ("hard", False), "hard": ("hard", True), "soft": ("soft", True)}  # mode -> (slice mode, paced)
 BATCH = 8
 SETTLE = 0.5
-START_S = 60.0   # planned start-up of one kind's services (import, load, warm-up; ~46 processes)
+START_S = 10.0     # planned start-up of one kind's services: this, plus START_PER_S per process (46 took ~60 s)
+START_PER_S = 1.1
 PHASE_GAP = 0.8  # per phase: commands out, results back
+# --focus (PACK_FOCUS=1): the cells the 2026-11-25 H100 run missed, per kind (Ns, modes): ResNet-50 at N=8
+# equal hard (0.77x plain) beside plain and memory-only; the encoder at N=4 memory-only (0.85x) beside plain
+FOCUS = {"resnet50": ((8,), ("plain", "memonly", "hard")), "encoder": ((4,), ("plain", "memonly"))}
 
 
 @dataclass
@@ -93,9 +99,19 @@ class Kind:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def plan(kinds: list[str], ns: list[int], reps: int, mps: bool) -> list[tuple[str, int, int]]:
+def cells(kind: str, ns: list[int], mps: bool, focus: bool) -> tuple[list[int], list[str]]:
+    """The Ns and modes one kind runs: all of them, or its FOCUS cells."""
+    if focus:
+        # a dry run's kinds (no GPU) take ResNet-50's cells
+        fn, fm = FOCUS.get(kind) or (FOCUS["resnet50"] if kind in ("fake", "double") else ((), ()))
+        return list(fn), [m for m in fm if mps or m != "mps"]
+    return ns, [m for m in MODES if mps or m != "mps"]
+
+
+def plan(kinds: list[str], ns: list[int], reps: int, mps: bool,
+         modes: list[str] | None = None) -> list[tuple[str, int, int]]:
     """(mode, n, rep) in ABBA order; ("alone", 1, r) first and last."""
-    modes = [m for m in MODES if mps or m != "mps"]
+    modes = modes if modes is not None else [m for m in MODES if mps or m != "mps"]
     phases: list[tuple[str, int, int]] = [("alone", 1, 0)]
     for r in range(reps):
         for m in (modes if r % 2 == 0 else modes[::-1]):
@@ -105,9 +121,14 @@ def plan(kinds: list[str], ns: list[int], reps: int, mps: bool) -> list[tuple[st
     return phases
 
 
-def planned_seconds(kinds: list[str], ns: list[int], reps: int, seconds: float, mps: bool) -> float:
-    per_kind = START_S + len(plan(kinds, ns, reps, mps)) * (seconds + PHASE_GAP) + 10
-    return per_kind * len(kinds)
+def planned_seconds(kinds: list[str], ns: list[int], reps: int, seconds: float, mps: bool,
+                    focus: bool = False) -> float:
+    total = 0.0
+    for kind in kinds:
+        kn, km = cells(kind, ns, mps, focus)
+        procs = sum(max(kn) if m != "mps" else sum(kn) for m in km) if kn else 0
+        total += START_S + START_PER_S * procs + len(plan([kind], kn, reps, mps, km)) * (seconds + PHASE_GAP) + 10
+    return total
 
 
 def start(kind: str, name: str, env: dict[str, str], log: Path) -> Worker:
@@ -132,7 +153,8 @@ def _ready(k: Kind, names: list[str], deadline: float) -> None:
                 w.proc.kill()
 
 
-def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, str] | None) -> None:
+def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, str] | None,
+               modes: tuple[str, ...] = MODES) -> None:
     """Every service process of one kind, into k.sets as they start (so an interrupted start stops them
     too); returns when all are ready (or dropped). The MPS clients start after the others have their
     contexts, so a plain context never waits on the MPS server's start."""
@@ -141,6 +163,8 @@ def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, 
     base["PYTHONUNBUFFERED"] = "1"
     k.sets["plain"] = [start(kind, f"plain{i}", base, log) for i in range(nmax)]
     for mode, (slice_mode, paced) in GPUSLICE.items():
+        if mode not in modes:
+            continue
         ws = k.sets[mode] = []
         for i in range(nmax):
             grant = f"pk-{kind}-{mode}{i}"
@@ -151,6 +175,8 @@ def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, 
             w.grant = grant
             ws.append(w)
     _ready(k, list(k.sets), time.time() + 240)
+    if "mps" not in modes:
+        return
     if mps_env is None:
         k.skipped["mps"] = "no MPS daemon (PACK_MPS_PIPE unset or the daemon did not start)"
         return
@@ -230,8 +256,12 @@ def run_kind(kind: str, args: argparse.Namespace, tmp: Path, log: Path, mps_env:
     result: dict = {"kind": kind, "skipped": k.skipped, "phases": []}
     into.append(result)
     t_start = time.time()
+    ns, modes = cells(kind, args.ns, mps_env is not None, args.focus)
+    if not ns:
+        k.skipped["all"] = "no focus cells for this kind"
+        return
     try:
-        start_kind(k, args.ns, tmp, log, mps_env)
+        start_kind(k, ns, tmp, log, mps_env, tuple(modes))
         print(f"[{time.strftime('%H:%M:%S')}] {kind}: {sum(len(w) for w in k.sets.values())} services ready in "
               f"{time.time() - t_start:.0f} s" + (f"; skipped {k.skipped}" if k.skipped else ""), flush=True)
         if "plain" not in k.sets:
@@ -239,7 +269,8 @@ def run_kind(kind: str, args: argparse.Namespace, tmp: Path, log: Path, mps_env:
         cal = k.sets["plain"][0]
         cal.send({"calibrate": 200})
         result["calibration"] = cal.recv(time.time() + 120)
-        for mode, n, rep in plan([kind], args.ns, args.reps, "mps" not in k.skipped):
+        for mode, n, rep in plan([kind], ns, args.reps, "mps" not in k.skipped,
+                                 [m for m in modes if m != "mps" or "mps" not in k.skipped]):
             if mode != "alone" and (mode if mode != "mps" else f"mps{n}") not in k.sets:
                 continue
             ph = run_phase(k, mode, n, args.seconds, tmp / "state")
@@ -333,12 +364,13 @@ def diagnostics(raw: dict) -> list[str]:
     """Per kind, mode and N: latency, device time by the ruler, by the pacer and by NVML, throttled time,
     and the pacer's paths and offered loads (README-compute.md, "Paths")."""
     nvml = raw.get("nvml", [])
-    lines = ["| kind | mode | N | p50 / p99 ms | device time % (ruler) | pacer % | NVML SM % | throttled % | paths | "
-             "offered load |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| kind | mode | N | p50 / p99 ms | launch ms | device time % (ruler) | (eager ruler) | pacer % | "
+             "NVML SM % | throttled % | paths | offered load |", "|" + " --- |" * 12]
     mean = (lambda v: statistics.fmean(v) if v else None)
     fmt = (lambda x, f="{:.1f}": f.format(x) if x is not None else "-")
     for kr in raw["kinds"]:
         gpu = (kr.get("calibration") or {}).get("gpu_s_per_iter")
+        eager = (kr.get("calibration") or {}).get("eager_s_per_iter")
         keys = sorted({(p["mode"], p["n"]) for p in kr["phases"]}, key=lambda x: (MODES.index(x[0]) if x[0] in MODES
                                                                                   else -1, x[1]))
         for mode, n in keys:
@@ -346,26 +378,37 @@ def diagnostics(raw: dict) -> list[str]:
             p50 = mean([s["p50_s"] * 1e3 for _, s in ss if s.get("p50_s")])
             p99 = mean([s["p99_s"] * 1e3 for _, s in ss if s.get("p99_s")])
             ruler = mean([100 * s["rate"] * gpu for _, s in ss if gpu and "rate" in s])
+            eruler = mean([100 * s["rate"] * eager for _, s in ss if eager and "rate" in s])
+            launch = mean([s["launch_p50_s"] * 1e3 for _, s in ss if s.get("launch_p50_s")])
             pacer = mean([s["pacer_share"] for _, s in ss if "pacer_share" in s])
             sm = mean([x for x in (nvml_share(nvml, s.get("pid", 0), p["t"][1], p["t"][2]) for p, s in ss) if x is not None])
             thr = mean([100 * s["throttled_s"] / (p["t"][2] - p["t"][0]) for p, s in ss if "throttled_s" in s])
             paths = ",".join(sorted({x for _, s in ss for x in s.get("paths", [])})) or "-"
             load = mean([s["offered_load"] for _, s in ss if s.get("offered_load") is not None])
-            lines.append(f"| {kr['kind']} | {mode} | {n} | {fmt(p50, '{:.2f}')} / {fmt(p99, '{:.2f}')} | {fmt(ruler)} | "
-                         f"{fmt(pacer)} | {fmt(sm)} | {fmt(thr)} | {paths} | {fmt(load, '{:.2f}')} |")
+            lines.append(f"| {kr['kind']} | {mode} | {n} | {fmt(p50, '{:.2f}')} / {fmt(p99, '{:.2f}')} | "
+                         f"{fmt(launch, '{:.2f}')} | {fmt(ruler)} | {fmt(eruler)} | {fmt(pacer)} | {fmt(sm)} | {fmt(thr)} | "
+                         f"{paths} | {fmt(load, '{:.2f}')} |")
     return lines
 
 
 def report(raw: dict) -> str:
     lines, goals, _ = summarize(raw)
-    cal = "; ".join(f"{k['kind']}: {1e3 * (k.get('calibration') or {}).get('gpu_s_per_iter', 0):.2f} ms GPU per "
-                    f"request ({(k.get('calibration') or {}).get('how', '-')})" for k in raw["kinds"])
+    def ruler(k: dict) -> str:
+        c = k.get("calibration") or {}
+        text = f"{k['kind']}: {1e3 * c.get('gpu_s_per_iter', 0):.2f} ms GPU per request ({c.get('how', '-')})"
+        if c.get("eager_s_per_iter"):
+            text += f", eager {1e3 * c['eager_s_per_iter']:.2f} ms ({c.get('eager_how', '-')})"
+        return text
+
+    cal = "; ".join(ruler(k) for k in raw["kinds"])
     skipped = "; ".join(f"{k['kind']}: {m} ({why})" for k in raw["kinds"] for m, why in k.get("skipped", {}).items())
     head = [f"Aggregate samples/s (batch {BATCH}) per N and mode: the mean of {raw['reps']} ABBA repeats of "
             f"{raw['seconds']:.1f}-s phases ({SETTLE} s of each not counted); in brackets the ratio to plain time-slicing and its range over "
             "the repeats (each repeat against the plain run on the same side of the order).",
             f"Ruler (GPU time of one request, CUDA graph replayed alone): {cal}.",
-            "Device time of a service = its requests/s x the ruler; 'pacer' = the time gpuslice charged it."]
+            "Device time of a service = its requests/s x the ruler; 'pacer' = the time gpuslice charged it; the eager "
+            "ruler holds what eager launches cost the GPU beyond the graph (no CPU gaps): what the pacer should "
+            "charge. 'launch ms' = the CPU time a request's launches took (median): the light path's cost shows there."]
     if skipped:
         head.append(f"Skipped: {skipped}.")
     if raw.get("interrupted"):
@@ -381,6 +424,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=int(os.environ.get("PACK_REPS", 2)))
     ap.add_argument("--kinds", default=os.environ.get("PACK_KINDS", "resnet50,encoder"))
     ap.add_argument("--ns", default=os.environ.get("PACK_NS", "2,4,8"))
+    ap.add_argument("--focus", action="store_true", default=os.environ.get("PACK_FOCUS", "0") == "1",
+                    help="only the FOCUS cells (PACK_FOCUS=1)")
     ap.add_argument("--plan", action="store_true", help="print the phases and the planned time only")
     ap.add_argument("--report", metavar="DIR", help="print the tables from DIR/packing-raw.json")
     a = ap.parse_args()
@@ -394,10 +439,16 @@ def main() -> None:
     mps_pipe = os.environ.get("PACK_MPS_PIPE")
     mps_env = ({"CUDA_MPS_PIPE_DIRECTORY": mps_pipe, "CUDA_MPS_LOG_DIRECTORY": os.environ.get("PACK_MPS_LOG", mps_pipe)}
                if mps_pipe else None)
-    phases = plan(a.kinds, a.ns, a.reps, mps_env is not None)
-    total = planned_seconds(a.kinds, a.ns, a.reps, a.seconds, mps_env is not None)
-    print(f"packing: {len(a.kinds)} kind(s) x {len(phases)} phases of {a.seconds:.1f} s "
-          f"({', '.join(f'{m}/{n}' for m, n, _ in phases[:12])}, ...): planned {total:.0f} s", flush=True)
+    if a.focus:
+        a.kinds = [k for k in a.kinds if k in FOCUS or k in ("fake", "double")]
+    kp = {}
+    for k in a.kinds:
+        kn, km = cells(k, a.ns, mps_env is not None, a.focus)
+        kp[k] = plan([k], kn, a.reps, mps_env is not None, km)
+    total = planned_seconds(a.kinds, a.ns, a.reps, a.seconds, mps_env is not None, a.focus)
+    print(f"packing{' (focus)' if a.focus else ''}: " + "; ".join(
+        f"{k} {len(p)} phases ({', '.join(f'{m}/{n}' for m, n, _ in p[:8])}, ...)" for k, p in kp.items())
+        + f" of {a.seconds:.1f} s: planned {total:.0f} s", flush=True)
     if a.plan:
         return
     out = Path(a.out)
@@ -409,7 +460,8 @@ def main() -> None:
     if os.environ.get("PACK_NVML", "1") == "1":
         sampler = subprocess.Popen([sys.executable, str(ROOT / "bench" / "compute" / "nvml_sampler.py"), "--out",
                                     str(nvml_file)], stderr=open(log / "nvml.err", "ab"))
-    raw: dict = {"seconds": a.seconds, "reps": a.reps, "ns": a.ns, "batch": BATCH, "kinds": [], "started": time.time()}
+    raw: dict = {"seconds": a.seconds, "reps": a.reps, "ns": a.ns, "batch": BATCH, "kinds": [], "started": time.time(),
+                 "focus": a.focus}
     # packing.sh cuts a run that outgrows its budget with SIGTERM: stop the services (run_kind's
     # finally) and write what was measured, saying so
     signal.signal(signal.SIGTERM, _interrupt)

@@ -9,6 +9,10 @@
 #   4. $OUT/<date>-<gpu>-packing.md (device named) and the short table, printed last; everything else (logs,
 #      packing-raw.json, the sweep's raw data) in $OUT/<date>-<gpu>-packing-raw.tgz: two files come back
 #      from the device tool, whose limit is 8 (PACK_TAR=0 keeps the folder $OUT/packing-run instead)
+# Short re-measurement (PACK_FOCUS=1, about 5 minutes on an H100): only the cells the 2026-11-25 run missed
+# (ResNet-50 N=8 plain / memory-only / equal hard; encoder N=4 plain / memory-only), 4 ABBA repeats, no MPS,
+# and the share-accuracy sweep cut to ResNet-50 training 25/75 % and matmul 10/90 %, each 3 times in ABBA
+# order (GS_COMPUTE_FOCUS=1 of bench/compute): PACK_FOCUS=1 bash bench/gpu/packing.sh
 # Usage: bash bench/gpu/packing.sh [--dry-run]      (from the repository root or anywhere)
 #   PACK_SECONDS (3.5: seconds per phase), PACK_REPS (2), PACK_KINDS (resnet50,encoder), PACK_NS (2,4,8),
 #   PACK_SWEEP (1; 0 = skip step 3), PACK_BUDGET (570: seconds for everything; each step is cut to what is
@@ -30,6 +34,8 @@ if [ "$DRY" = 1 ]; then
   export PACK_KINDS=${PACK_KINDS:-fake} PACK_NVML=0
   export GS_BENCH_WORKLOAD="$PY $ROOT/bench/compute/dry_workload.py"
 fi
+FOCUS=${PACK_FOCUS:-0}
+if [ "$FOCUS" = 1 ]; then export PACK_FOCUS=1 PACK_REPS=${PACK_REPS:-4}; fi
 RUN=$(mktemp -d /tmp/gs-packing-run.XXXXXX)
 MPS_UP=0
 stop_mps() {
@@ -48,7 +54,9 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$W/packing.log"; }
 
 # the MPS daemon first (a second, silently), so that the plan printed first counts its phases
 MPS_NOTE="no nvidia-cuda-mps-control: no MPS rows"
-if command -v nvidia-cuda-mps-control >/dev/null; then
+if [ "$FOCUS" = 1 ]; then
+  MPS_NOTE="focus run: no MPS rows"
+elif command -v nvidia-cuda-mps-control >/dev/null; then
   mkdir -p "$RUN/mps/pipe" "$RUN/mps/log"
   if CUDA_MPS_PIPE_DIRECTORY="$RUN/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$RUN/mps/log" nvidia-cuda-mps-control -d \
       >"$W/mps-start.log" 2>&1; then
@@ -59,7 +67,7 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
     MPS_NOTE="MPS daemon did not start (see mps-start.log): no MPS rows"
   fi
 fi
-SWEEP_S=$([ "${PACK_SWEEP:-1}" = 1 ] && echo 75 || echo 0)
+SWEEP_S=$([ "${PACK_SWEEP:-1}" = 1 ] && { [ "$FOCUS" = 1 ] && echo 70 || echo 75; } || echo 0)
 PLAN=$($PY bench/gpu/packing.py --plan) || exit 2
 PLANNED=$(( $(sed -n 's/.*planned \([0-9]*\) s.*/\1/p' <<<"$PLAN") + SWEEP_S + 30 ))
 log "$PLAN"
@@ -81,8 +89,8 @@ log "packing rc=$PACK_RC"
 SWEEP_RC=skipped
 SWEEP_LIMIT=$(( $(left) - 15 ))
 if [ "${PACK_SWEEP:-1}" = 1 ] && [ "$SWEEP_LIMIT" -ge 45 ]; then
-  log "share-accuracy sweep (bench/compute, short; cut at ${SWEEP_LIMIT} s)"
-  GS_COMPUTE_SHORT=1 OUT=$W timeout -k 10 "$SWEEP_LIMIT" bash bench/compute/run_compute_bench.sh >"$W/sweep.log" 2>&1
+  log "share-accuracy sweep (bench/compute, $([ "$FOCUS" = 1 ] && echo focus || echo short); cut at ${SWEEP_LIMIT} s)"
+  GS_COMPUTE_SHORT=1 GS_COMPUTE_FOCUS=$FOCUS OUT=$W timeout -k 10 "$SWEEP_LIMIT" bash bench/compute/run_compute_bench.sh >"$W/sweep.log" 2>&1
   SWEEP_RC=$?
   log "sweep rc=$SWEEP_RC"
 elif [ "${PACK_SWEEP:-1}" = 1 ]; then
@@ -102,7 +110,7 @@ RES="$OUT/$NAME.md"
   echo
   echo "- device: $GPU; $($PY -c 'import sys, torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {sys.version.split()[0]}")' 2>/dev/null || echo 'no torch')"
   echo "- code: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')"
-  echo "- command: bash bench/gpu/packing.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); PACK_SECONDS=${PACK_SECONDS:-3.5} PACK_REPS=${PACK_REPS:-2}; $(( $(date +%s) - T0 )) s wall (planned ${PLANNED} s); packing rc=$PACK_RC, sweep rc=$SWEEP_RC"
+  echo "- command: $([ "$FOCUS" = 1 ] && echo 'PACK_FOCUS=1 ')bash bench/gpu/packing.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); PACK_SECONDS=${PACK_SECONDS:-3.5} PACK_REPS=${PACK_REPS:-2}; $(( $(date +%s) - T0 )) s wall (planned ${PLANNED} s); packing rc=$PACK_RC, sweep rc=$SWEEP_RC"
   echo "- raw: $NAME-raw.tgz: packing-run/packing/packing-raw.json (every phase, service and NVML sample), packing-run/packing/logs/, packing-run/compute/raw.tgz, the logs"
   echo
   echo "## Packing: launch-bound inference services"

@@ -16,7 +16,10 @@ Protocol, one JSON object per line each way:
   -> {"calibrate": n}                           <- {"gpu_s_per_iter": ...}: the model's GPU time per request,
                                                    from n replays of a CUDA graph of it (no CPU gaps), taken
                                                    while nothing else runs: the benchmark's ruler for each
-                                                   service's share of the device's time (rate x this)
+                                                   service's share of the device's time (rate x this); and
+                                                   "eager_s_per_iter": one request launched eagerly but
+                                                   queued whole before it runs (eager_queued)
+  a run's answer also holds "launch_p50_s": the CPU time a request's launches took (median)
   -> {"quit": 1}
 """
 
@@ -52,10 +55,15 @@ def build(kind: str, batch: int):
     else:
         raise SystemExit(f"packing_worker: kind {kind!r} is not known (resnet50, encoder, fake)")
 
-    def step() -> None:
+    def step() -> float:
+        """Serve one request; returns the CPU time its launches took (before the wait for the GPU):
+        what the enforcer's launch path costs shows here, the GPU's share in the wait."""
+        t = time.perf_counter()
         with torch.inference_mode():
             model(x)
+        t = time.perf_counter() - t
         torch.cuda.synchronize()
+        return t
 
     def forward() -> None:
         with torch.inference_mode():
@@ -81,13 +89,15 @@ def double_launcher():
 def double_step():
     launch = double_launcher()
 
-    def step() -> None:
+    def step() -> float:
+        t0 = time.perf_counter()
         for k in range(20):
             if launch(None, 1 + k, 1, 1, 1, 1, 1, 0, None, None, None):
                 raise SystemExit("packing_worker: a launch failed")
             t = time.perf_counter() + 50e-6
             while time.perf_counter() < t:
                 pass
+        return time.perf_counter() - t0  # all of it is launching: no GPU to wait for
 
     return step
 
@@ -121,25 +131,58 @@ def calibrate(forward, n: int) -> dict:
         run()
     b.record()
     b.synchronize()
-    return {"gpu_s_per_iter": a.elapsed_time(b) / 1000.0 / n, "how": how}
+    return {"gpu_s_per_iter": a.elapsed_time(b) / 1000.0 / n, "how": how, **eager_queued(forward)}
+
+
+def eager_queued(forward, n: int = 20) -> dict:
+    """The second ruler: one request launched eagerly (as the services do) while the GPU is held by a
+    spin kernel long enough that every kernel is queued before the first runs, timed by events around
+    the request alone. It holds what eager launches cost the GPU (a kernel's own front-end work, which
+    the graph saves) but no CPU gap: what the pacer should charge a request. Median of n."""
+    import statistics
+
+    import torch
+
+    if not hasattr(torch.cuda, "_sleep"):
+        return {"eager_s_per_iter": None, "eager_how": "no torch.cuda._sleep"}
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    forward()
+    cpu = time.perf_counter() - t
+    torch.cuda.synchronize()
+    cycles = int(max(0.005, 3 * cpu) * 2.0e9)  # 3x the launch time at up to 2 GHz
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(n):
+        torch.cuda._sleep(cycles)
+        a.record()
+        forward()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1000.0)
+    return {"eager_s_per_iter": statistics.median(times), "eager_launch_cpu_s": cpu,
+            "eager_how": f"eager, queued behind a {cycles / 2e9 * 1e3:.0f}-ms spin, median of {n}"}
 
 
 def serve(step, t0: float, tm: float, t1: float) -> dict:
     while time.time() < t0:
         time.sleep(0.0005)
-    n, lat = 0, []
+    n, lat, cpu = 0, [], []
     while True:
         s = time.time()
         if s >= t1:
             break
-        step()
+        c = step()
         e = time.time()
         if e >= tm and e <= t1:
             n += 1
             lat.append(e - s)
+            if c is not None:
+                cpu.append(c)
     lat.sort()
-    pick = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None)
-    return {"iters": n, "p50_s": pick(0.5), "p99_s": pick(0.99)}
+    cpu.sort()
+    pick = (lambda v, q: v[min(len(v) - 1, int(q * len(v)))] if v else None)
+    return {"iters": n, "p50_s": pick(lat, 0.5), "p99_s": pick(lat, 0.99), "launch_p50_s": pick(cpu, 0.5)}
 
 
 def main() -> None:

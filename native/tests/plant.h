@@ -59,6 +59,7 @@ struct sproc {
     struct simev ev[2 * GS_ENG_RING + 1 + GS_ENG_MARKS];   /* pairs, the drain event, the markers */
     uint64_t seq;
     int64_t busy_true;          /* ground truth GPU time */
+    int64_t charged;            /* what the engine charged it over the run (its proc record) */
     int nker;                   /* kernels (not markers) in its queue */
     int64_t busy_at_warm;       /* busy_true when the warm-up ended */
     int64_t win_busy; double wins[64]; int nwin;
@@ -122,8 +123,15 @@ PLANT int op_query_drain(void *c) { struct simev *e = &((struct sproc *)c)->ev[2
 PLANT int op_record_mark(void *c, int i, void *s) { (void)s; return sim_rec(c, 2 * GS_ENG_RING + 1 + i); }
 PLANT int op_query_mark(void *c, int i) { struct simev *e = &((struct sproc *)c)->ev[2 * GS_ENG_RING + 1 + i]; return e->done_seq == e->latest; }
 PLANT void op_wake(void *c) { ((struct sproc *)c)->next_poll = NOW; }
+PLANT int op_query_start(void *c, int idx) { struct simev *e = &((struct sproc *)c)->ev[2 * idx]; return e->done_seq == e->latest; }
+PLANT int64_t op_now(void *c) { (void)c; return NOW; }
 PLANT const struct gs_gpu_ops SIM_OPS = {op_start, op_end, op_query, op_elapsed, NULL, op_record_drain, op_query_drain,
-                                         op_record_mark, op_query_mark, op_wake};
+                                         op_record_mark, op_query_mark, op_wake, op_query_start, op_now};
+/* GAP_BLIND: the engines get ops without query_start, so they cannot tell a pair started on an empty
+ * queue and charge the launch gap inside it (the pacer before issue 12's fix): pins the cause */
+PLANT int GAP_BLIND = 0;
+PLANT const struct gs_gpu_ops SIM_OPS_GAP_BLIND = {op_start, op_end, op_query, op_elapsed, NULL, op_record_drain,
+                                                   op_query_drain, op_record_mark, op_query_mark, op_wake, NULL, NULL};
 
 /* Where event markers complete. 1 (default, what a time-sliced GPU does: an event is a command in
  * the context's own channel, processed when that context is scheduled): a marker completes when its
@@ -208,6 +216,11 @@ PLANT int64_t LAUNCH_GAP = 0;
 /* A thread the engine told to sleep runs again WAKE_LAT after the sleep ends (a timer wake-up and
  * the scheduler: ~5-50 us on a Linux host; 0 = exact, the accuracy tests) */
 PLANT int64_t WAKE_LAT = 0;
+/* CPU_JITTER: a launch-bound loop's CPU time between launches varies by up to +-launch_cpu x this
+ * (0 = exact; Python and the driver vary by tens of percent). Exact loops phase-lock with their
+ * neighbours, so a kernel may land beside the same neighbour's kernel on every one of its sampled
+ * launches, which no real pair of loops keeps up for long. */
+PLANT double CPU_JITTER = 0;
 PLANT void cpu_step(struct sproc *p)
 {
     /* the poller thread of pacer.c: poll, then sleep as long as the engine says (250 us while work
@@ -248,6 +261,8 @@ PLANT void cpu_step(struct sproc *p)
         p->nker++;
         if (!p->raw) gs_engine_after(&p->eng, NOW, NULL, &p->tk, 1);
         p->next_t = NOW + p->launch_cpu;
+        if (CPU_JITTER > 0 && p->launch_cpu > 0)
+            p->next_t += (int64_t)(((double)(rnd(&p->rng) % 2001) / 1000.0 - 1.0) * CPU_JITTER * (double)p->launch_cpu);
         if (p->kper && ++p->iter_k >= p->kper) { p->state = S_SYNC; p->iter_k = 0; }
         return;
     }
@@ -304,7 +319,7 @@ PLANT void sim_run(double secs, double warm)
     NOW = T0;
     for (int i = 0; i < NP; i++) {
         struct sproc *p = &P[i];
-        if (!p->raw && gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, &SIM_OPS, p, NOW) != 0) {
+        if (!p->raw && gs_engine_init(&p->eng, &DS, p->grant, p->share_bp, p->mode, p->weight, p->prio, getpid(), (uint32_t)i, GAP_BLIND ? &SIM_OPS_GAP_BLIND : &SIM_OPS, p, NOW) != 0) {
             printf("FAIL engine init\n"); exit(1);
         }
         if (!p->raw) {
@@ -330,14 +345,15 @@ PLANT void sim_run(double secs, double warm)
     if (getenv("GS_SIM_DEBUG"))
         for (int i = 0; i < NP; i++)
             if (!P[i].raw)
-                printf("    [%s] path %d offered %.2f measured %llu clean %llu dirty %llu cost_avg %lld us, charged %.3f s, "
+                printf("    [%s] path %d offered %.2f measured %llu clean %llu dirty %llu gap %llu (%.3f s) cost_avg %lld us, charged %.3f s, "
                        "true %.3f s; yield entries %llu, marks late %llu early %llu, slept %.3f s\n", P[i].grant,
                        P[i].eng.path, P[i].eng.offered_bp / 1e4, (unsigned long long)P[i].eng.measured,
                        (unsigned long long)P[i].eng.sampled_clean, (unsigned long long)P[i].eng.sampled_dirty,
-                       (long long)(P[i].eng.cost_avg_ns / 1000), DS.procs[P[i].eng.proc].busy_total_ns / 1e9,
+                       (unsigned long long)P[i].eng.sampled_gap, P[i].eng.gap_total_ns / 1e9, (long long)(P[i].eng.cost_avg_ns / 1000), DS.procs[P[i].eng.proc].busy_total_ns / 1e9,
                        P[i].busy_true / 1e9, (unsigned long long)P[i].eng.yield_entries,
                        (unsigned long long)P[i].eng.marks_late, (unsigned long long)P[i].eng.marks_early,
                        P[i].slept_sum / 1e9);
+    for (int i = 0; i < NP; i++) if (!P[i].raw) P[i].charged = (int64_t)DS.procs[P[i].eng.proc].busy_total_ns;
     if (!getenv("GS_KEEP")) for (int i = 0; i < NP; i++) if (!P[i].raw) gs_engine_fini(&P[i].eng);
 }
 PLANT void win_stats(const struct sproc *p, double *mean, double *lo, double *hi)

@@ -328,9 +328,21 @@ static void check_launch_costs(const char *dir)
 
     /* 2 us of CPU between launches, as in a launch-bound loop: back-to-back launches of the double's
      * empty kernels would offer a load near 1 (the pair spans the launch call) and might take turns */
-    double pairs = 0;
+    double pairs = 0, free_ns = 0;
     snprintf(text, sizeof text, "version=1\ncompute=99\ngrant=cost-free\npriority=1\ndevice_state_dir=%s\n", dir);
-    double free_ns = launch_cost(dir, text, 200000, 2e-6, NULL, 0, &pairs);
+    /* The double's kernels take no time, so its event pairs time the CPU: a thread descheduled inside
+     * one makes a pair of milliseconds, the offered load jumps above 1.5 for a window and the process
+     * takes the turns path (every launch measured). Measured again, up to 3 times, while this thread
+     * waited for a CPU (a loaded box: 0.103-0.146 pairs per launch seen there, before and after issue
+     * 12's change); a quiet box must measure 1 in 16 at once. */
+    for (int attempt = 1; attempt <= 3; attempt++) {
+        double d0 = run_delay_s(), t0 = now_s();
+        free_ns = launch_cost(dir, text, 200000, 2e-6, NULL, 0, &pairs);
+        double starved = (run_delay_s() - d0) / (now_s() - t0);
+        if ((pairs > 0.03 && pairs < 0.1) || starved <= 0.02) break;
+        printf("  free path: %.3f pairs per launch while waiting for a CPU %.1f%% of the time (attempt %d)\n", pairs,
+               100 * starved, attempt);
+    }
     printf("  free path: %.0f ns per launch, %.3f event pairs per launch (this build, the double's events)\n", free_ns, pairs);
     CHECK(free_ns < 3000, "free launch path costs %.0f ns", free_ns);
     CHECK(pairs > 0.03 && pairs < 0.1, "free path measures about 1 launch in 16 of a shape (%.3f)", pairs);

@@ -22,7 +22,10 @@ read cmd; echo "$cmd $CUDA_MPS_PIPE_DIRECTORY" >> "$(dirname "$0")/calls"
 """
 
 
-def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
+def dry_run(tmp_path: Path, native_build: Path, slice_env,
+            **pack: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """bash bench/gpu/packing.sh --dry-run with the double kind and the PACK_* settings given; returns the
+    finished run (asserted successful), the stub MPS control's directory and $OUT."""
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "nvidia-cuda-mps-control").write_text(STUB)
@@ -32,11 +35,16 @@ def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
     for k in ("LD_PRELOAD", "GPUSLICE_LOG_LEVEL"):  # the benchmark preloads per service itself
         env.pop(k)
     env.update(PATH=f"{stub}:{os.environ['PATH']}", OUT=str(out), PYTHON=os.sys.executable, PACK_KINDS="double",
-               PACK_NS="2", PACK_REPS="2", PACK_SECONDS="1.2", PACK_LIB=str(native_build / "libgpuslice.so"))
+               PACK_LIB=str(native_build / "libgpuslice.so"), **pack)
     env.pop("PACK_TAR", None)
     r = subprocess.run(["bash", str(ROOT / "bench/gpu/packing.sh"), "--dry-run"], env=env, capture_output=True,
                        text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, stub, out
+
+
+def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
+    r, stub, out = dry_run(tmp_path, native_build, slice_env, PACK_NS="2", PACK_REPS="2", PACK_SECONDS="1.2")
     lines = r.stdout.splitlines()
     assert "planned" in lines[0] and "phases" in lines[0], lines[0]  # the plan comes first
     # the MPS daemon it started was told to quit, in the same private directory
@@ -67,3 +75,29 @@ def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
     assert "| double | 2 |" in text and "Goals (issue 12)" in text and "accuracy: set share" in text
     assert "gpuslice hard 50/50" in text
     assert lines[-1].startswith(("time-slicing", "gpuslice hard")) or "| double | 2 |" in r.stdout
+
+
+def test_packing_focus_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
+    """PACK_FOCUS=1: only the cells issue 12 still missed (a dry run's kind takes ResNet-50's: N=8 plain,
+    memory-only, equal hard), ABBA with 3 repeats, no MPS daemon, and the accuracy sweep cut to matmul
+    10/90 and ResNet-50 training 25/75 %, each share 3 times in ABBA order."""
+    r, stub, out = dry_run(tmp_path, native_build, slice_env, PACK_FOCUS="1", PACK_REPS="3", PACK_SECONDS="1.0")
+    assert "(focus)" in r.stdout.splitlines()[0], r.stdout.splitlines()[0]
+    assert not (stub / "calls").exists()  # no MPS daemon in a focus run
+    with tarfile.open(next(out.glob("*-packing-raw.tgz"))) as tf:
+        raw = json.load(tf.extractfile("packing-run/packing/packing-raw.json"))
+        with tarfile.open(fileobj=tf.extractfile("packing-run/compute/raw.tgz")) as inner:
+            acc = {n: json.load(inner.extractfile(f"raw/acc_{n}.json")) for n in ("matmul", "resnet")}
+        names = tf.getnames()
+    assert raw["focus"] is True
+    (kind,) = raw["kinds"]
+    got = [(p["mode"], p["n"]) for p in kind["phases"]]
+    fwd = [("plain", 8), ("memonly", 8), ("hard", 8)]
+    assert got == [("alone", 1)] + fwd + fwd[::-1] + fwd + [("alone", 1)], got  # ABBA, 3 repeats
+    for p in kind["phases"]:
+        assert all(s.get("iters", 0) > 0 and s.get("launch_p50_s") for s in p["services"]), p
+    assert any(n.endswith("compute/summary.txt") for n in names), names
+    assert [str(ph["share"]) for ph in acc["resnet"]["phases"]] == ["25", "75", "75", "25", "25", "75"], acc
+    assert [str(ph["share"]) for ph in acc["matmul"]["phases"]] == ["10", "90", "90", "10", "10", "90"], acc
+    (res,) = out.glob("*-cpu-dry-run-packing.md")
+    assert "PACK_FOCUS=1 bash bench/gpu/packing.sh" in res.read_text()

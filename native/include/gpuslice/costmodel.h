@@ -25,15 +25,22 @@
 #define GS_COST_LEARN 4u
 #define GS_COST_SAMPLE_EVERY 16u
 
+/* The floor: the smallest sample of the shape's last FLOOR_RUN..2 x FLOOR_RUN (two runs, the older
+ * dropped when the newer fills). A dirty pair is accepted only within FLOOR_BAND of it (1/8 + 2 us:
+ * a kernel's own spread and the event resolution); the mean is kept inside [floor, band]. */
+#define GS_COST_FLOOR_RUN 8u
+#define GS_COST_BAND_NS 2000
+
 struct gs_cost_entry {
     uint64_t key;       /* 0 = empty; written last (release) */
     int64_t mean_ns;    /* EWMA of accepted samples */
     int64_t dev_ns;     /* EWMA of the absolute deviation */
     uint32_t samples;   /* accepted samples (saturates) */
     uint32_t launches;  /* launches seen (wraps), drives sampling */
-    uint32_t outliers;  /* consecutive rejected samples */
+    uint32_t run_n;     /* samples in the newer run */
     uint32_t pad;
-    int64_t outlier_min_ns; /* smallest of them */
+    int64_t run_min_ns[2][2]; /* smallest raw [0] and corrected [1] sample of the older [.][0] and
+                                 newer [.][1] run */
 };
 
 struct gs_costmodel {
@@ -52,10 +59,13 @@ struct gs_cost_entry *gs_cost_find(struct gs_costmodel *m, uint64_t key);
 /* Lock-free: count a launch of a known shape; 1 = measure this one (learning, or its turn). */
 int gs_cost_should_sample(struct gs_cost_entry *en);
 /* Writer: add a measured pair (ns >= 0). clean = nothing else could have run inside the pair, so it
- * is taken as it is. Otherwise a sample above 1.5 x the mean and above mean + 4 x deviation + 10 us
- * is taken as inflated and ignored, unless 16 in a row are: then the shape's cost really changed (a
- * new input size behind the same grid) and the model restarts from the smallest of them. Returns
- * the entry's mean after the sample (what a launch of this shape costs), or ns when the table is
- * full. */
-int64_t gs_cost_sample(struct gs_costmodel *m, uint64_t key, int64_t ns, int clean);
+ * is taken as it is. Otherwise (a neighbour may have run inside it) a sample above the band over the
+ * shape's floor (the smallest of its last 8..16 samples) is taken as inflated and ignored: inflation
+ * only ever adds, and with 8 launch-bound contexts interleaving nearly every pair holds some of a
+ * neighbour (issue 12: the old outlier rule, 1.5 x the mean, let those in and learned ~1.3x the
+ * kernel). A cost that really changed (a new input behind the same grid) is learned once the older
+ * samples leave the floor's window (at most 16 samples): the mean never falls below the floor.
+ * Returns the entry's mean after the sample (what a launch of this shape costs), or ns when the table
+ * is full. */
+int64_t gs_cost_sample(struct gs_costmodel *m, uint64_t key, int64_t ns, int64_t gap, int clean);
 #endif

@@ -27,6 +27,11 @@
  * recorded before it, end after it on the same stream). When all 256 are outstanding the next
  * measured launch waits for the oldest to finish; a sampled (free) launch goes unmeasured instead. */
 #define GS_ENG_RING 256
+/* The most a pair started on an empty queue loses as its launch gap (its start record to its launch's
+ * return). A launch call takes 3-10 us (plus the state lock on a sampled launch); a longer one blocked
+ * (a full launch queue, a synchronous driver), and the start event may have run anywhere inside that
+ * block: taking all of it off would charge a kernel that ran meanwhile nothing. */
+#define GS_ENG_GAP_MAX_NS 20000LL
 
 struct gs_gpu_ops {
     int (*record_start)(void *ctx, int idx, void *stream);  /* 0 ok */
@@ -50,6 +55,13 @@ struct gs_gpu_ops {
      * drain record while none was pending: the start of a request after idle time, whose queue
      * neighbours must see within DRAIN_POLL, not IDLE_POLL */
     void (*wake)(void *ctx);
+    /* optional (NULL = every pair is taken as started behind queued work): whether pair idx's start
+     * event has completed (1 done, 0 pending, <0 error), asked right after its kernel was launched,
+     * and the clock the engine's `now` comes from. A start already done then ran on an empty queue:
+     * the pair also holds the time the kernel took to reach the GPU after it (the launch call), which
+     * the engine takes off (see account_pair in pacer_core.c). */
+    int (*query_start)(void *ctx, int idx);
+    int64_t (*now)(void *ctx);
 };
 
 /* completion markers of the yield path (coloc.c) */
@@ -84,6 +96,8 @@ struct gs_engine {
     uint64_t ring_key[GS_ENG_RING];   /* kernel shape of each pair (0 = none: charge as measured) */
     int64_t ring_charged[GS_ENG_RING]; /* charged at its launch */
     int64_t ring_launch_ns[GS_ENG_RING];
+    int64_t ring_rs_ns[GS_ENG_RING];  /* when its start event was recorded (ops->now, else the launch) */
+    int64_t ring_gap_ns[GS_ENG_RING]; /* its start ran on an empty queue: launch call time inside it */
     int head, tail, outstanding;   /* pairs handed out: [tail, head) */
     struct gs_costmodel cm;
     int64_t cost_ns;      /* mean GPU time per measured launch (EWMA of pairs), 0 = unknown */
@@ -107,6 +121,8 @@ struct gs_engine {
     int others;           /* other processes on the device (recounted every ms): 0 = skip the scans */
     int64_t rate_at_ns;
     uint64_t measured, sampled_clean, sampled_dirty, event_errors;
+    uint64_t sampled_gap;  /* pairs whose start ran on an empty queue (the launch gap taken off) */
+    int64_t gap_total_ns;  /* the launch-gap time taken off those pairs */
     uint32_t unknown_seen; /* launches of shapes the full table cannot hold (sampled 1 in 16) */
     /* identity of our process record, and what to join again with if a reaper of another PID
      * namespace freed it as stale (see devstate.h) */
@@ -167,7 +183,15 @@ void gs_engine_fini(struct gs_engine *e);
 /* The rate the controller currently allots this engine's slice (basis points). */
 uint32_t gs_engine_rate(struct gs_engine *e, int64_t now);
 
-/* ---- shared by pacer_core.c and turns.c (not for callers) ---- */
+/* ---- shared by pacer_core.c, pairs.c and turns.c (not for callers) ---- */
+/* What a harvest knows of the other processes (looked up at its first pair) */
+struct gs_eng_others {
+    int known, busy;     /* busy: one has measured work outstanding */
+    int64_t last_launch; /* the latest launch of any of them */
+};
+/* Under the lock: a completed pair i of ns: update the engine's means and the shape's cost, and
+ * return what the launch really cost (pairs.c). */
+int64_t gs_eng_account_pair(struct gs_engine *e, int i, int64_t ns, struct gs_eng_others *o);
 int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now);
 /* Under the state lock: how long a measured launch must wait now (0: go): a low-priority process
  * yields to high-priority work, a paced one to its credit, a turn-taking one takes its turn. */

@@ -2,8 +2,6 @@
 #include "gpuslice/costmodel.h"
 #include <stdlib.h>
 
-#define OUTLIER_FLOOR_NS 10000
-#define OUTLIER_RUN 16u
 
 _Static_assert((GS_COST_SLOTS & (GS_COST_SLOTS - 1)) == 0, "a power of two");
 
@@ -61,7 +59,7 @@ int gs_cost_should_sample(struct gs_cost_entry *en)
 
 /* Writer only: a new entry for key (its fields first, the key last, so a reader that finds the key
  * finds a mean), or NULL when the table is 3/4 full (probing stays short for the readers). */
-static struct gs_cost_entry *insert(struct gs_costmodel *m, uint64_t key, int64_t ns)
+static struct gs_cost_entry *insert(struct gs_costmodel *m, uint64_t key, int64_t ns, int64_t raw)
 {
     if (!m->slot || m->used >= GS_COST_SLOTS / 4 * 3) return NULL;
     uint32_t s = home(key);
@@ -69,47 +67,65 @@ static struct gs_cost_entry *insert(struct gs_costmodel *m, uint64_t key, int64_
     struct gs_cost_entry *en = &m->slot[s];
     __atomic_store_n(&en->mean_ns, ns, __ATOMIC_RELAXED);
     en->dev_ns = 0;
-    en->outliers = 0;
+    en->run_n = 1;
+    en->run_min_ns[0][0] = en->run_min_ns[0][1] = raw;
+    en->run_min_ns[1][0] = en->run_min_ns[1][1] = ns;
     __atomic_store_n(&en->samples, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&en->key, key, __ATOMIC_RELEASE);
     m->used++;
     return en;
 }
 
-int64_t gs_cost_sample(struct gs_costmodel *m, uint64_t key, int64_t ns, int clean)
+/* Add `ns` to the floor f (the two runs of run_min[f]); returns the smallest of the window. */
+static int64_t floor_add(struct gs_cost_entry *en, int f, int64_t ns)
+{
+    int64_t *r = en->run_min_ns[f];
+    if (en->run_n == 0 || ns < r[1]) r[1] = ns;
+    return r[1] < r[0] ? r[1] : r[0];
+}
+
+static void floor_roll(struct gs_cost_entry *en)
+{
+    if (++en->run_n < GS_COST_FLOOR_RUN) return;
+    for (int f = 0; f < 2; f++) en->run_min_ns[f][0] = en->run_min_ns[f][1];
+    en->run_n = 0;
+}
+
+int64_t gs_cost_sample(struct gs_costmodel *m, uint64_t key, int64_t ns, int64_t gap, int clean)
 {
     if (ns < 0) ns = 0;
+    gap = gap < 0 ? 0 : gap > ns ? ns : gap;
+    int64_t v = ns - gap; /* the kernel's time, if the launch gap was all the pair held besides */
     struct gs_cost_entry *en = gs_cost_find(m, key);
     if (!en) {
-        /* a first sample that was not clean may hold a neighbour's time slice: the next clean or
-         * smaller samples pull it down (below-mean samples are never rejected) */
-        insert(m, key, ns);
-        return ns;
+        /* a first sample that was not clean may hold a neighbour's time slice: the floor pulls it
+         * down as soon as a smaller one comes */
+        insert(m, key, v, ns);
+        return v;
     }
     int64_t mean = __atomic_load_n(&en->mean_ns, __ATOMIC_RELAXED);
-    if (!clean && en->samples >= 2 && ns > mean + mean / 2 && ns > mean + 4 * en->dev_ns + OUTLIER_FLOOR_NS) {
-        if (en->outliers == 0 || ns < en->outlier_min_ns) en->outlier_min_ns = ns;
-        if (++en->outliers < OUTLIER_RUN) return mean;
-        /* the shape's cost changed: start again from the smallest of the run */
-        ns = en->outlier_min_ns;
-        en->outliers = 0;
-        en->dev_ns = 0;
-        __atomic_store_n(&en->mean_ns, ns, __ATOMIC_RELAXED);
-        return ns;
+    /* the band hangs from the smallest raw pair (never below the kernel's cost: a raw pair only
+     * ever holds more); the lower bound from the smallest corrected one (the gap taken off may be a
+     * little more than the pair held, when the start event ran late in the launch call) */
+    int64_t hi = floor_add(en, 0, ns), lo = floor_add(en, 1, v);
+    floor_roll(en);
+    int64_t band = hi + hi / 8 + GS_COST_BAND_NS;
+    if (clean || v <= band) {
+        int64_t d = v - mean;
+        /* EWMA 1/8 (the first few samples weigh more: 1/2, 1/3, ... until 1/8) */
+        uint32_t n = en->samples < 8 ? en->samples + 1 : 8;
+        mean += d / (int64_t)n;
+        en->dev_ns += ((d < 0 ? -d : d) - en->dev_ns) / (int64_t)n;
+        if (en->samples < UINT32_MAX) __atomic_store_n(&en->samples, en->samples + 1, __ATOMIC_RELAXED);
     }
-    en->outliers = 0;
-    if (en->samples < 2 * GS_COST_LEARN && ns < mean / 2) {
-        /* while learning, a sample far below the mean says the first ones were inflated (nothing
-         * makes a kernel faster than it is): start again from it */
-        mean = ns;
-        en->dev_ns = 0;
+    /* a dirty mean stays within [lo, band]: above, it learned inflated pairs (nothing makes a kernel
+     * faster than it is: restart from this sample when it is within the band); below, the kernel's
+     * cost rose (every recent sample is above it) */
+    if (!clean) {
+        if (mean > band) mean = v <= band ? v : band; /* it learned inflated pairs: start again */
+        if (mean < lo) mean = lo;
     }
-    int64_t d = ns - mean;
-    /* EWMA 1/8 (the first few samples weigh more: 1/2, 1/3, ... until 1/8) */
-    uint32_t n = en->samples < 8 ? en->samples + 1 : 8;
-    mean += d / (int64_t)n;
-    en->dev_ns += ((d < 0 ? -d : d) - en->dev_ns) / (int64_t)n;
-    __atomic_store_n(&en->mean_ns, mean > 0 ? mean : 0, __ATOMIC_RELAXED);
-    if (en->samples < UINT32_MAX) __atomic_store_n(&en->samples, en->samples + 1, __ATOMIC_RELAXED);
-    return mean > 0 ? mean : 0;
+    if (mean < 0) mean = 0;
+    __atomic_store_n(&en->mean_ns, mean, __ATOMIC_RELAXED);
+    return clean ? v : mean;
 }

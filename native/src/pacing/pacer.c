@@ -162,6 +162,17 @@ static int64_t op_elapsed(void *c, int i)
     if (cu.ev_elapsed(&ms, d->start[i], d->end[i]) != CU_OK || ms < 0) return -1;
     return (int64_t)((double)ms * 1e6);
 }
+static int op_query_start(void *c, int i)
+{
+    struct gs_pdev *d = c;
+    CUresult r = cu.ev_query(d->start[i]);
+    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+}
+static int64_t op_now(void *c)
+{
+    (void)c;
+    return mono_ns();
+}
 static int op_capturing(void *c, void *stream)
 {
     (void)c;
@@ -192,7 +203,8 @@ static int op_query_mark(void *c, int i)
     return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
 }
 static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed, op_capturing,
-                                           op_record_drain, op_query_drain, op_record_mark, op_query_mark, op_wake};
+                                           op_record_drain, op_query_drain, op_record_mark, op_query_mark, op_wake,
+                                           op_query_start, op_now};
 
 static int load_driver(void)
 {

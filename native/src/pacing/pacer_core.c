@@ -3,10 +3,17 @@
  * Charging: a paced launch is charged to its slice's credit when it is made, at the learned cost of
  * its kernel shape (costmodel.h; the process's mean for a shape not seen yet). Launches that carry an
  * event pair (every one on the turns and priority paths, 1 in 16 per shape on the free path) are
- * corrected when the pair completes: to the measured time when the pair was clean (no other process
- * launched around it), else to the shape's learned cost, which ignores pairs inflated by a
- * neighbour's time slice. So overlapping contexts are charged what their own kernels cost, never the
- * wall time they waited, and most launch-bound launches cost one atomic subtraction.
+ * corrected when the pair completes, to what the kernel cost alone (pairs.c):
+ *   - a pair whose start event had already run when the launch call returned started on an empty
+ *     queue: it also holds the time the kernel took to reach the GPU (the launch call, 3-10 us on a
+ *     GPU; the sampled launch goes through the state lock first). For a launch-bound loop of 5-20 us
+ *     kernels that was 1.3-2x the kernel (issue 12: ResNet-50 charged 1.6-1.8x its GPU time alone),
+ *     so that time, from the start record to the launch's return, is taken off;
+ *   - clean (no other process launched around it): charged as measured (less that gap);
+ *   - otherwise charged the shape's learned cost, which ignores pairs inflated by a neighbour's time
+ *     slice (a floor of the shape's recent samples: inflation only ever adds).
+ * So overlapping contexts are charged what their own kernels cost, never the wall time they waited,
+ * and most launch-bound launches cost one atomic subtraction.
  *
  * The credit is shared by the processes of a slice through the state file; launches subtract from it
  * without the lock (atomic), refills and corrections are compare-and-swap under it. Everything else
@@ -194,55 +201,12 @@ static void window_add(struct gs_ds_slice *s, int64_t now, int64_t busy, int64_t
     s->throttled_bp = w.throttled_bp;
 }
 
-/* Under the lock, once per harvest: the latest launch of any other process on the device and
- * whether one has measured work outstanding (what decides whether a pair was clean). */
-struct others_view {
-    int known, busy;
-    int64_t last_launch;
-};
-static void look_at_others(struct gs_engine *e, struct others_view *o)
-{
-    o->known = 1;
-    o->busy = 0;
-    o->last_launch = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
-        uint32_t f = __atomic_load_n(&p->flags, __ATOMIC_RELAXED);
-        if (i == e->proc || !(f & GS_DS_PROC_IN_USE)) continue;
-        int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED);
-        if (l > o->last_launch) o->last_launch = l;
-        o->busy |= (f & GS_DS_PROC_BUSY) != 0;
-    }
-}
-
-/* A measured pair: update the means and return what the launch really cost (see the file header). */
-static int64_t account_pair(struct gs_engine *e, int i, int64_t ns, struct others_view *o)
-{
-    e->measured++;
-    e->cost_avg_ns = e->cost_avg_ns ? e->cost_avg_ns + (ns - e->cost_avg_ns) / 64 : (ns > 0 ? ns : 1);
-    /* EWMA 1/8: follows a change of workload within ~20 launches, smooths mixed kernels */
-    if (e->cost_ns) {
-        int64_t d = ns - e->cost_ns;
-        e->cost_ns += d / 8;
-        e->cost_dev_ns += ((d < 0 ? -d : d) - e->cost_dev_ns) / 8;
-    } else {
-        e->cost_ns = ns > 0 ? ns : 1;
-    }
-    if (!o->known) look_at_others(e, o);
-    int clean = !o->busy && o->last_launch < e->ring_launch_ns[i] - GS_CTL_CLEAN_GUARD_NS;
-    if (clean) e->sampled_clean++;
-    else e->sampled_dirty++;
-    if (!e->ring_key[i]) return ns;
-    int64_t learned = gs_cost_sample(&e->cm, e->ring_key[i], ns, clean);
-    return clean ? ns : learned;
-}
-
 /* Harvest completed pairs in launch order; stop at the first one still running. Each corrects its
  * launch's charge from the cost charged then to what it really cost. */
 static void harvest(struct gs_engine *e)
 {
     struct gs_ds_slice *s = &e->ds->slices[e->slice];
-    struct others_view o = {0, 0, 0};
+    struct gs_eng_others o = {0, 0, 0};
     while (e->outstanding > 0) {
         int i = e->tail;
         /* gs_engine_after flips RESERVED to RECORDED/VOID without the lock (release store) */
@@ -258,7 +222,7 @@ static void harvest(struct gs_engine *e)
                 __atomic_fetch_add(&e->event_errors, 1, __ATOMIC_RELAXED);
                 cost = e->ring_charged[i];
             } else {
-                cost = account_pair(e, i, ns, &o);
+                cost = gs_eng_account_pair(e, i, ns, &o);
             }
             int64_t d = cost - e->ring_charged[i];
             if (d) {
@@ -448,6 +412,8 @@ static void launch_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_
         e->ring_key[i] = key;
         e->ring_charged[i] = charge;
         e->ring_launch_ns[i] = now;
+        e->ring_rs_ns[i] = now;
+        e->ring_gap_ns[i] = 0;
         e->head = (i + 1) % GS_ENG_RING;
         e->outstanding++;
         t->slot = i;
@@ -549,6 +515,8 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
         __atomic_store_n(&e->ring[t->slot], GS_RING_VOID, __ATOMIC_RELEASE); /* as in gs_engine_after */
         t->slot = -1;
     }
+    /* the slot is ours until gs_engine_after's release store: plain writes */
+    if (t->slot >= 0) e->ring_rs_ns[t->slot] = e->ops->now ? e->ops->now(e->ops_ctx) : now;
     return wait;
 }
 
@@ -572,6 +540,12 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
     }
     if (t->slot < 0 || t->slot >= GS_ENG_RING) return;
     int slot = t->slot;
+    /* Was the start event already done when the launch call returned? Then the GPU reached it with
+     * nothing of ours queued, and waited (or ran a neighbour) until the kernel arrived: that time is
+     * in the pair. Not done: the kernel was queued before the start ran, the pair holds no gap. */
+    int64_t gap = 0;
+    if (ok && now > 0 && e->ops->query_start && e->ops->query_start(e->ops_ctx, slot) == 1) gap = now - e->ring_rs_ns[slot];
+    e->ring_gap_ns[slot] = gap < 0 ? 0 : gap > GS_ENG_GAP_MAX_NS ? GS_ENG_GAP_MAX_NS : gap;
     int rec = ok ? e->ops->record_end(e->ops_ctx, slot, stream) : -1;
     /* No lock: the slot is RESERVED, owned by this launch until this one store. The harvest stops at
      * a RESERVED slot and reads the state with an acquire load, so it sees the end event recorded
