@@ -62,17 +62,34 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  *   needs to wake and relaunch, so the device does not run dry while the high one is idle. In the
  *   plant (tests/test_coloc.c, trainer kernels of 20-400 us) 100/150/200/300 us gave a GPU-bound
  *   request p50 1.021/1.025/1.027/1.041 x alone and the trainer the same throughput.
- * DRAIN_POLL 100 us: a high-priority process with low-priority preemptive or tidal neighbours polls its
- *   drain event this often while it is pending, and publishes "queue not drained" with the time seen;
- *   neighbours treat that as queued for DRAIN_FRESH = 2 x DRAIN_POLL (a poller may be late by one). */
+ * DRAIN_POLL 100 us / DRAIN_SPIN 10 us: a high-priority process with low-priority preemptive or tidal
+ *   neighbours looks at its pending drain event after half the time it has been pending, between these,
+ *   and publishes each look (drain_seen_ns pending, drain_done_ns drained; GS_DS_PROC_DRAINS). Neighbours
+ *   hold while the latest look is "pending" (issue 13 item 1: the idle time inside a request is handed
+ *   out; YIELD_GAP after every launch left a trainer beside ResNet-50 b1 0.32x its speed on the H100).
+ *   DRAIN_FRESH = 2 x DRAIN_POLL: how long a sighting counts for an enforcer without looks.
+ * DRAIN_SETTLE 10 us: a launch not looked at yet counts queued this long (0 us: the trainer's relaunch
+ *   landed on the server's running kernel, plant p99 1.257x alone; 10 us: 1.000x, same trainer speed).
+ * DRAIN_LATE 50 us: a look this overdue counts the launch queued up to YIELD_GAP after it. */
 #ifndef GS_CTL_YIELD_GAP_NS
 #define GS_CTL_YIELD_GAP_NS     200000LL
 #endif
 #ifndef GS_CTL_YIELD_QUEUE_NS
 #define GS_CTL_YIELD_QUEUE_NS   150000LL
 #endif
+#ifndef GS_CTL_DRAIN_POLL_NS
 #define GS_CTL_DRAIN_POLL_NS    100000LL
+#endif
 #define GS_CTL_DRAIN_FRESH_NS   (2 * GS_CTL_DRAIN_POLL_NS)
+#ifndef GS_CTL_DRAIN_SPIN_NS
+#define GS_CTL_DRAIN_SPIN_NS     10000LL
+#endif
+#ifndef GS_CTL_DRAIN_SETTLE_NS
+#define GS_CTL_DRAIN_SETTLE_NS   10000LL
+#endif
+#ifndef GS_CTL_DRAIN_LATE_NS
+#define GS_CTL_DRAIN_LATE_NS     50000LL
+#endif
 /* a yield-path process records a completion marker after each YIELD_MARK of predicted work (and after
  * any launch while none is pending): markers re-anchor the prediction of its queue (late or early) */
 #define GS_CTL_YIELD_MARK_NS    (GS_CTL_YIELD_QUEUE_NS / 2)

@@ -2,12 +2,13 @@
  * device, per slice's `colocation`.
  *
  * preemptive (the default): a low-priority preemptive process beside a preemptive high-priority one
- *   takes the yield path. It holds back while that one is queued (launched within YIELD_GAP, or its
- *   drain event seen pending, or measured work outstanding), and otherwise keeps at most YIELD_QUEUE
- *   of predicted GPU work in flight, so a request arriving at any time waits behind at most that, the
- *   low-priority kernel last launched, and a context switch. Whenever the high-priority process has
- *   nothing queued, the low-priority one runs at full speed (work-conserving): the bound costs it only
- *   the queue depth, which is kept well above its relaunch latency. Its queue is predicted from the
+ *   takes the yield path. It holds back while that one is queued: its poller's latest look at its drain
+ *   event saw it pending (GS_DS_PROC_DRAINS; an older enforcer: launched within YIELD_GAP), or measured
+ *   work outstanding. Otherwise it keeps at most YIELD_QUEUE of predicted GPU work in flight, so a
+ *   high-priority kernel waits behind at most that, the low-priority kernel last launched, and a
+ *   context switch, per gap the trainer entered. Whenever the high-priority process has nothing
+ *   queued, also inside a request (CPU gaps, a decoder's sampling), the low-priority one runs
+ *   (work-conserving, issue 13 item 1): the bound costs it only the queue depth. Its queue is predicted from the
  *   kernel costs the cost model learns (costmodel.h) and re-anchored by completion markers: a marker
  *   still pending after its predicted end moves the prediction later, one done before it earlier.
  * shared: nobody yields; priorities only order the shares' guarantees (controller.c).
@@ -31,9 +32,20 @@ int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now)
     if ((f & GS_DS_PROC_BUSY) && now - __atomic_load_n(&p->last_seen_ns, __ATOMIC_RELAXED) < GS_CTL_BUSY_STALE_NS)
         return 1;
     int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED);
-    if (l && now - l < GS_CTL_YIELD_GAP_NS) return 1;
-    int64_t d = __atomic_load_n(&p->drain_seen_ns, __ATOMIC_RELAXED);
-    return d && now - d < GS_CTL_DRAIN_FRESH_NS;
+    int64_t seen = __atomic_load_n(&p->drain_seen_ns, __ATOMIC_RELAXED);
+    if (!(f & GS_DS_PROC_DRAINS)) {
+        /* no observations published (an enforcer before issue 13's item 1, no drain events) */
+        if (l && now - l < GS_CTL_YIELD_GAP_NS) return 1;
+        return seen && now - seen < GS_CTL_DRAIN_FRESH_NS;
+    }
+    int64_t done = __atomic_load_n(&p->drain_done_ns, __ATOMIC_RELAXED);
+    /* seen pending and not seen drained since: queued (a stopped poller is believed for BUSY_STALE) */
+    if (seen > done) return now - seen < GS_CTL_BUSY_STALE_NS;
+    /* launched after its last observation: the launch woke its poller, which looks within its wake-up
+     * (~10-50 us); meanwhile the launch is not counted (the GPU runs a short kernel at once, and a
+     * long queue is seen pending at that look). A look that is DRAIN_LATE overdue counts the launch
+     * as queued, up to YIELD_GAP after it (a launch that recorded no drain event is never looked at) */
+    return l > done && (now - l < GS_CTL_DRAIN_SETTLE_NS || (now - l >= GS_CTL_DRAIN_LATE_NS && now - l < GS_CTL_YIELD_GAP_NS));
 }
 
 int gs_coloc_recheck(struct gs_engine *e, int64_t now)
@@ -61,27 +73,47 @@ int gs_coloc_recheck(struct gs_engine *e, int64_t now)
     /* a high-priority process tells its queue's drain to whoever yields to it or follows its idle time */
     int drain = me_high && mine->mode != GS_CTL_OFF && ((me_pre && pre_followers) || tidal_followers);
     __atomic_store_n(&e->drain_wanted, drain, __ATOMIC_RELAXED);
+    /* and says so in its record: neighbours then read its queue from what its poller observes */
+    uint32_t *fl = &e->ds->procs[e->proc].flags;
+    if (drain && e->ops->record_drain && e->ops->query_drain) __atomic_fetch_or(fl, GS_DS_PROC_DRAINS, __ATOMIC_RELAXED);
+    else __atomic_fetch_and(fl, ~GS_DS_PROC_DRAINS, __ATOMIC_RELAXED);
     return n > 0;
 }
 
 /* A drain record out (a high-priority process beside low-priority preemptive or tidal neighbours):
- * while it has not completed, publish when it was seen pending (drain_seen_ns: neighbours treat the
- * process as queued for DRAIN_FRESH after it, coloc.c), so they wait for as long as the queue runs (a
- * CUDA graph, a batch of long kernels), not only YIELD_GAP after the last launch. Cleared only if no
- * launch armed a newer record meanwhile (the generation is read before the query and again after the
- * clear). */
+ * publish what the poll sees. Pending: drain_seen_ns = now (neighbours hold while it is the newer
+ * observation). Complete with no newer record armed meanwhile: drain_done_ns = now, the queue was
+ * empty then, and nobody waits for it any longer. The generation is read before the query and again
+ * after the clear: a record armed meanwhile keeps the drain pending (and is looked at soon, see
+ * gs_coloc_drain_delay) without claiming "drained" for it. */
 void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
 {
     if (!__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return;
     uint32_t g0 = __atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE);
     int q = e->ops->query_drain ? e->ops->query_drain(e->ops_ctx) : -1;
+    struct gs_ds_proc *me = &e->ds->procs[e->proc];
     if (q == 0) {
-        __atomic_store_n(&e->ds->procs[e->proc].drain_seen_ns, now, __ATOMIC_RELAXED);
+        if (!e->drain_since_ns) e->drain_since_ns = now;
+        __atomic_store_n(&me->drain_seen_ns, now, __ATOMIC_RELAXED);
         __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED);
         return;
     }
+    e->drain_since_ns = 0;
     __atomic_store_n(&e->drain_pending, 0, __ATOMIC_RELEASE);
     if (__atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE) != g0) __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
+    else __atomic_store_n(&me->drain_done_ns, now > __atomic_load_n(&me->drain_seen_ns, __ATOMIC_RELAXED) ? now : now + 1,
+                          __ATOMIC_RELAXED);
+}
+
+/* The poller's next look at a pending drain: half the time it has been pending so far, between
+ * DRAIN_SPIN and DRAIN_POLL. A short kernel (a launch-bound request's 5-20 us) is seen complete
+ * within ~DRAIN_SPIN of its end, so a neighbour may use the CPU gap after it; a long queue (a CUDA
+ * graph, a batched request) is looked at every DRAIN_POLL. A look is one event query on the poller
+ * thread, never on the launch path. */
+int64_t gs_coloc_drain_delay(const struct gs_engine *e, int64_t now)
+{
+    int64_t since = e->drain_since_ns, d = since ? (now - since) / 2 : 0;
+    return d < GS_CTL_DRAIN_SPIN_NS ? GS_CTL_DRAIN_SPIN_NS : d > GS_CTL_DRAIN_POLL_NS ? GS_CTL_DRAIN_POLL_NS : d;
 }
 
 /* spin flag of the marker ring (launch threads and the poller; held for a few event calls) */
@@ -132,9 +164,16 @@ int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now)
         const struct gs_ds_proc *p = &e->ds->procs[__atomic_load_n(&e->watch[k], __ATOMIC_RELAXED)];
         int sl = p->slice;
         if (!valid_slice(sl) || e->ds->slices[sl].priority != 0 || !gs_eng_high_queued(p, now)) continue;
-        /* wait out the gap after its last launch, or one drain poll */
-        int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED);
-        int64_t w = l && now - l < GS_CTL_YIELD_GAP_NS ? GS_CTL_YIELD_GAP_NS - (now - l) : GS_CTL_DRAIN_POLL_NS;
+        int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED), w;
+        if (__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_DRAINS) {
+            /* until its poller's next look: soon while it launches (short kernels), its DRAIN_POLL
+             * cadence behind a long queue */
+            w = (now - l) / 2;
+            w = w > GS_CTL_DRAIN_POLL_NS ? GS_CTL_DRAIN_POLL_NS : w;
+        } else {
+            /* wait out the gap after its last launch, or one drain poll */
+            w = l && now - l < GS_CTL_YIELD_GAP_NS ? GS_CTL_YIELD_GAP_NS - (now - l) : GS_CTL_DRAIN_POLL_NS;
+        }
         if (w > wait) wait = w;
     }
     if (wait > 0) {
