@@ -16,8 +16,8 @@ Phases go in ABBA order (the modes forward, then backward), --reps times (2 = AB
 fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
 alone speed x the server's idle fraction (issue 13's goal: >= 80 % of it); the between-requests bound leaves
 out the idle time inside a request (the CPU gaps of a launch-bound request, the decoder's per-token syncs),
-which a preemptive trainer is not given (README-compute.md, "Co-location": each entry costs the request a
-context switch).
+which a preemptive trainer is given since issue 13's item 1 (README-compute.md, "Co-location": each entry
+costs the next server kernel at most YIELD_QUEUE + a trainer kernel + a switch).
 
   python3 bench/gpu/coloc_bench.py --out DIR --tmp SHORTDIR [--steps 1,2,3] [--reps 2] [--window 3]
                                    [--modes alone,trainer,...] [--budget S] [--mps-pipe DIR] [--dry] [--plan-only]
@@ -322,7 +322,8 @@ def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> li
         if r < 0.8 and between and talone:
             note = (f"; between requests alone ({100 * between:.0f} % of the time) the bound is "
                     f"{talone * between:.2f} it/s, the trainer got {tr / (talone * between):.2f} of that: the rest of the "
-                    "idle time is inside requests (CPU gaps, per-token syncs), which the yield path does not give")
+                    "idle time is inside requests (CPU gaps, per-token syncs), which the yield path gives only where its "
+                    "drain looks see the server's queue empty")
         out.append(f"{kind}: preemptive trainer {r:.2f} of the idle bound (goal >= 0.80): "
                    + ("met" if r >= 0.8 else f"MISSED by {100 * (0.8 - r):.0f} points") + note)
     plain_p99 = _pooled(phs, kind, "plain", 0.99)
