@@ -64,13 +64,13 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  *   request p50 1.021/1.025/1.027/1.041 x alone and the trainer the same throughput.
  * DRAIN_POLL 100 us / DRAIN_SPIN 10 us: a high-priority process with low-priority preemptive or tidal
  *   neighbours looks at its pending drain event after half the time it has been pending, between these,
- *   and publishes each look (drain_seen_ns pending, drain_done_ns drained; GS_DS_PROC_DRAINS). Neighbours
- *   hold while the latest look is "pending" (issue 13 item 1: the idle time inside a request is handed
- *   out; YIELD_GAP after every launch left a trainer beside ResNet-50 b1 0.32x its speed on the H100).
- *   DRAIN_FRESH = 2 x DRAIN_POLL: how long a sighting counts for an enforcer without looks.
- * DRAIN_SETTLE 10 us: a launch not looked at yet counts queued this long (0 us: the trainer's relaunch
- *   landed on the server's running kernel, plant p99 1.257x alone; 10 us: 1.000x, same trainer speed).
- * DRAIN_LATE 50 us: a look this overdue counts the launch queued up to YIELD_GAP after it. */
+ *   and publishes each look (GS_DS_PROC_DRAINS; devstate.h). Neighbours hold only while the latest look
+ *   saw a backlog (issue 13 item 1: the idle time inside a request is handed out; YIELD_GAP after every
+ *   launch left a trainer beside ResNet-50 b1 0.32x its speed on the H100). DRAIN_FRESH = 2 x DRAIN_POLL:
+ *   how long a sighting counts for an enforcer without looks.
+ * DRAIN_SHORT 50 us: pending this long (or a second launch behind a pending one) is a backlog; one short
+ *   kernel is not (holding for it: plant ResNet-50-b1-like trainer 0.49 of the idle bound, not 0.80).
+ * DRAIN_LATE 50 us: a look this overdue counts a launch not seen drained as queued, up to YIELD_GAP. */
 #ifndef GS_CTL_YIELD_GAP_NS
 #define GS_CTL_YIELD_GAP_NS     200000LL
 #endif
@@ -84,8 +84,8 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
 #ifndef GS_CTL_DRAIN_SPIN_NS
 #define GS_CTL_DRAIN_SPIN_NS     10000LL
 #endif
-#ifndef GS_CTL_DRAIN_SETTLE_NS
-#define GS_CTL_DRAIN_SETTLE_NS   10000LL
+#ifndef GS_CTL_DRAIN_SHORT_NS
+#define GS_CTL_DRAIN_SHORT_NS    50000LL
 #endif
 #ifndef GS_CTL_DRAIN_LATE_NS
 #define GS_CTL_DRAIN_LATE_NS     50000LL

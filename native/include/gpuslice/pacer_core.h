@@ -81,6 +81,8 @@ struct gs_engine {
     int drain_pending;    /* a drain record may still be running (atomic; launch threads + poller) */
     uint32_t drain_gen;   /* bumped after each drain record (atomic), see gs_engine_poll */
     int64_t drain_since_ns; /* the poller has seen the drain pending since (0: not), coloc.c */
+    uint32_t drain_done_gen; /* drain_gen at its last "drained" look */
+    int drain_backlog;      /* a backlog published (drain_backlog_ns) */
     uint8_t ring[GS_ENG_RING];
     uint64_t ring_key[GS_ENG_RING];   /* kernel shape of each pair (0 = none: charge as measured) */
     int64_t ring_charged[GS_ENG_RING]; /* charged at its launch */

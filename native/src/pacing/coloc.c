@@ -2,15 +2,15 @@
  * device, per slice's `colocation`.
  *
  * preemptive (the default): a low-priority preemptive process beside a preemptive high-priority one
- *   takes the yield path. It holds back while that one is queued: its poller's latest look at its drain
- *   event saw it pending (GS_DS_PROC_DRAINS; an older enforcer: launched within YIELD_GAP), or measured
- *   work outstanding. Otherwise it keeps at most YIELD_QUEUE of predicted GPU work in flight, so a
- *   high-priority kernel waits behind at most that, the low-priority kernel last launched, and a
- *   context switch, per gap the trainer entered. Whenever the high-priority process has nothing
- *   queued, also inside a request (CPU gaps, a decoder's sampling), the low-priority one runs
- *   (work-conserving, issue 13 item 1): the bound costs it only the queue depth. Its queue is predicted from the
- *   kernel costs the cost model learns (costmodel.h) and re-anchored by completion markers: a marker
- *   still pending after its predicted end moves the prediction later, one done before it earlier.
+ *   takes the yield path. It holds back only while that one has a backlog on the GPU: its poller's
+ *   latest look at its drain event saw it pending for DRAIN_SHORT or behind a second launch
+ *   (GS_DS_PROC_DRAINS; an older enforcer: launched within YIELD_GAP), or measured work outstanding.
+ *   Otherwise, also inside a request (CPU gaps, a decoder's sampling: issue 13 item 1), it keeps at most
+ *   YIELD_QUEUE of predicted GPU work in flight, so a high-priority kernel waits behind at most that,
+ *   the low-priority kernel last launched and a context switch, per gap it entered. Its queue is
+ *   predicted from the kernel costs the cost model learns (costmodel.h) and re-anchored by completion
+ *   markers: a marker still pending after its predicted end moves the prediction later, one done
+ *   before it earlier.
  * shared: nobody yields; priorities only order the shares' guarantees (controller.c).
  * tidal (low priority): the slice is paced at a share that follows its schedule (UTC hours), or
  *   without one the fraction of time no high-priority process on the device is queued (EWMA over
@@ -39,13 +39,18 @@ int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now)
         return seen && now - seen < GS_CTL_DRAIN_FRESH_NS;
     }
     int64_t done = __atomic_load_n(&p->drain_done_ns, __ATOMIC_RELAXED);
-    /* seen pending and not seen drained since: queued (a stopped poller is believed for BUSY_STALE) */
-    if (seen > done) return now - seen < GS_CTL_BUSY_STALE_NS;
-    /* launched after its last observation: the launch woke its poller, which looks within its wake-up
-     * (~10-50 us); meanwhile the launch is not counted (the GPU runs a short kernel at once, and a
-     * long queue is seen pending at that look). A look that is DRAIN_LATE overdue counts the launch
-     * as queued, up to YIELD_GAP after it (a launch that recorded no drain event is never looked at) */
-    return l > done && (now - l < GS_CTL_DRAIN_SETTLE_NS || (now - l >= GS_CTL_DRAIN_LATE_NS && now - l < GS_CTL_YIELD_GAP_NS));
+    int64_t backlog = __atomic_load_n(&p->drain_backlog_ns, __ATOMIC_RELAXED);
+    /* a backlog: its latest look saw the drain pending, behind a queue (pending DRAIN_SHORT, or 2+ launches
+     * since it was last seen drained: a batched request, a CUDA graph, a decoder's burst of tokens' kernels).
+     * Believed for BUSY_STALE if its poller stops. One short kernel pending (a launch-bound request's
+     * 3-20 us) is not a backlog: holding for it leaves the trainer only the time between requests, since
+     * a held thread wakes ~20-40 us later, about the CPU gap after the kernel (plant, a ResNet-50-b1-like
+     * server: 0.49 of the idle bound, 0.80 without) */
+    if (seen > done && backlog) return now - seen < GS_CTL_BUSY_STALE_NS;
+    /* not seen drained after its last launch, and the poller's latest look DRAIN_LATE overdue (a stalled
+     * poller, a launch that recorded no drain event): queued up to YIELD_GAP after the launch */
+    int64_t look = seen > done ? seen : done;
+    return l > done && now - look >= GS_CTL_DRAIN_LATE_NS && now - l < GS_CTL_YIELD_GAP_NS;
 }
 
 int gs_coloc_recheck(struct gs_engine *e, int64_t now)
@@ -81,9 +86,10 @@ int gs_coloc_recheck(struct gs_engine *e, int64_t now)
 }
 
 /* A drain record out (a high-priority process beside low-priority preemptive or tidal neighbours):
- * publish what the poll sees. Pending: drain_seen_ns = now (neighbours hold while it is the newer
- * observation). Complete with no newer record armed meanwhile: drain_done_ns = now, the queue was
- * empty then, and nobody waits for it any longer. The generation is read before the query and again
+ * publish what the poll sees. Pending: drain_seen_ns = now, and drain_backlog_ns once it is a backlog
+ * (pending DRAIN_SHORT, or 2+ launches since the last "drained" look; neighbours hold while both are
+ * newer than drain_done_ns). Complete with no newer record armed meanwhile: drain_done_ns = now, the
+ * queue was empty then. The generation is read before the query and again
  * after the clear: a record armed meanwhile keeps the drain pending (and is looked at soon, see
  * gs_coloc_drain_delay) without claiming "drained" for it. */
 void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
@@ -95,21 +101,27 @@ void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
     if (q == 0) {
         if (!e->drain_since_ns) e->drain_since_ns = now;
         __atomic_store_n(&me->drain_seen_ns, now, __ATOMIC_RELAXED);
+        if (!e->drain_backlog && (now - e->drain_since_ns >= GS_CTL_DRAIN_SHORT_NS || g0 - e->drain_done_gen >= 2)) {
+            e->drain_backlog = 1;
+            __atomic_store_n(&me->drain_backlog_ns, now, __ATOMIC_RELAXED);
+        }
         __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED);
         return;
     }
+    /* everything recorded up to g0 has run: the backlog, if any, is over */
     e->drain_since_ns = 0;
+    e->drain_done_gen = g0;
+    e->drain_backlog = 0;
+    __atomic_store_n(&me->drain_backlog_ns, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->drain_pending, 0, __ATOMIC_RELEASE);
-    if (__atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE) != g0) __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
-    else __atomic_store_n(&me->drain_done_ns, now > __atomic_load_n(&me->drain_seen_ns, __ATOMIC_RELAXED) ? now : now + 1,
-                          __ATOMIC_RELAXED);
+    if (__atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE) != g0) {
+        __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    __atomic_store_n(&me->drain_done_ns, now > __atomic_load_n(&me->drain_seen_ns, __ATOMIC_RELAXED) ? now : now + 1,
+                     __ATOMIC_RELAXED);
 }
 
-/* The poller's next look at a pending drain: half the time it has been pending so far, between
- * DRAIN_SPIN and DRAIN_POLL. A short kernel (a launch-bound request's 5-20 us) is seen complete
- * within ~DRAIN_SPIN of its end, so a neighbour may use the CPU gap after it; a long queue (a CUDA
- * graph, a batched request) is looked at every DRAIN_POLL. A look is one event query on the poller
- * thread, never on the launch path. */
 int64_t gs_coloc_drain_delay(const struct gs_engine *e, int64_t now)
 {
     int64_t since = e->drain_since_ns, d = since ? (now - since) / 2 : 0;
@@ -168,8 +180,8 @@ int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now)
         if (__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_DRAINS) {
             /* until its poller's next look: soon while it launches (short kernels), its DRAIN_POLL
              * cadence behind a long queue */
-            w = (now - l) / 2;
-            w = w > GS_CTL_DRAIN_POLL_NS ? GS_CTL_DRAIN_POLL_NS : w;
+            w = (now - l) / 2; /* <= 0 when it launched at our clock reading or after it: held all the same */
+            w = w > GS_CTL_DRAIN_POLL_NS ? GS_CTL_DRAIN_POLL_NS : w < MIN_WAIT_NS ? MIN_WAIT_NS : w;
         } else {
             /* wait out the gap after its last launch, or one drain poll */
             w = l && now - l < GS_CTL_YIELD_GAP_NS ? GS_CTL_YIELD_GAP_NS - (now - l) : GS_CTL_DRAIN_POLL_NS;
@@ -187,7 +199,10 @@ int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now)
     }
     if (pending > GS_CTL_YIELD_QUEUE_NS) {
         int64_t w = pending - GS_CTL_YIELD_QUEUE_NS;
-        return w < MIN_WAIT_NS ? MIN_WAIT_NS : w > GS_CTL_WAIT_MAX_NS ? GS_CTL_WAIT_MAX_NS : w;
+        /* at most one marker's spacing: a marker that completed early (the prediction was moved late while
+         * a high-priority kernel ran in front of ours, and that kernel was short) is seen within one, not
+         * after WAIT_MAX with the device idle (plant, ResNet-50-b1-like server: 117 -> 70 ms idle in 5 s) */
+        return w < MIN_WAIT_NS ? MIN_WAIT_NS : w > GS_CTL_YIELD_MARK_NS ? GS_CTL_YIELD_MARK_NS : w;
     }
     if (__atomic_exchange_n(&e->yield_held, 0, __ATOMIC_RELAXED)) __atomic_add_fetch(&e->yield_entries, 1, __ATOMIC_RELAXED);
     return 0;
