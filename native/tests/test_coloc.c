@@ -294,6 +294,75 @@ static void test_tidal_follows_idle(void)
     CHECK(off_share[1] > 30 && off_share[1] < 75, "a tidal trainer follows the tide, not each lull: %.1f %%", off_share[1]);
 }
 
+/* The contract of the queued signal (devstate.h, GS_DS_PROC_DRAINS): what a high-priority process's
+ * poller publishes from its drain event, and what a neighbour reads from it. */
+static int fake_pending;
+static int fq_drain(void *c) { (void)c; return fake_pending ? 0 : 1; }
+static void test_queued_signal(void)
+{
+    static struct gs_ds_proc procs[1];
+    static struct gs_ds_slice slices[1];
+    struct gs_devstate ds = {.slices = slices, .procs = procs};
+    static const struct gs_gpu_ops ops = {.query_drain = fq_drain};
+    struct gs_engine e;
+    memset(&e, 0, sizeof e);
+    e.ds = &ds;
+    e.ops = &ops;
+    struct gs_ds_proc *p = &procs[0];
+    int64_t t = T0;
+    /* an older enforcer (no DRAINS flag): queued for YIELD_GAP after a launch */
+    p->flags = GS_DS_PROC_IN_USE | GS_DS_PROC_LIGHT;
+    p->last_launch_ns = t;
+    CHECK(gs_eng_high_queued(p, t + GS_CTL_YIELD_GAP_NS - 1) && !gs_eng_high_queued(p, t + GS_CTL_YIELD_GAP_NS),
+          "without drain looks: queued for YIELD_GAP after a launch");
+    p->flags |= GS_DS_PROC_DRAINS;
+    /* one launch, its kernel pending at the first look: not a backlog, not queued */
+    __atomic_store_n(&e.drain_gen, 1, __ATOMIC_RELAXED);
+    e.drain_pending = 1;
+    fake_pending = 1;
+    gs_coloc_drain_poll(&e, t + 10000);
+    CHECK(p->drain_seen_ns == t + 10000 && !p->drain_backlog_ns && !gs_eng_high_queued(p, t + 12000),
+          "one short kernel pending is not a backlog (seen %lld, backlog %lld)", (long long)p->drain_seen_ns,
+          (long long)p->drain_backlog_ns);
+    CHECK(gs_coloc_drain_delay(&e, t + 10000) == GS_CTL_DRAIN_SPIN_NS, "the next look comes after DRAIN_SPIN");
+    /* a second launch behind the pending one: a backlog at the next look, and queued from then on */
+    __atomic_store_n(&e.drain_gen, 2, __ATOMIC_RELAXED);
+    p->last_launch_ns = t + 15000;
+    gs_coloc_drain_poll(&e, t + 20000);
+    CHECK(p->drain_backlog_ns == t + 20000 && gs_eng_high_queued(p, t + 20000 + GS_CTL_BUSY_STALE_NS - 1) &&
+          !gs_eng_high_queued(p, t + 20000 + GS_CTL_BUSY_STALE_NS), "a backlog holds (for BUSY_STALE without looks)");
+    /* pending DRAIN_SHORT is a backlog too; the looks back off to DRAIN_POLL behind it */
+    CHECK(gs_coloc_drain_delay(&e, t + 10000 + 4 * GS_CTL_DRAIN_POLL_NS) == GS_CTL_DRAIN_POLL_NS, "looks back off");
+    /* drained: the backlog is over, the queue seen empty, not queued */
+    fake_pending = 0;
+    gs_coloc_drain_poll(&e, t + 30000);
+    CHECK(!p->drain_backlog_ns && p->drain_done_ns == t + 30000 && !e.drain_pending && !gs_eng_high_queued(p, t + 30001),
+          "drained: not queued");
+    /* a single kernel pending for DRAIN_SHORT becomes a backlog */
+    __atomic_store_n(&e.drain_gen, 3, __ATOMIC_RELAXED);
+    p->last_launch_ns = t + 40000;
+    e.drain_pending = 1;
+    fake_pending = 1;
+    gs_coloc_drain_poll(&e, t + 45000);
+    CHECK(!p->drain_backlog_ns, "not a backlog yet");
+    gs_coloc_drain_poll(&e, t + 45000 + GS_CTL_DRAIN_SHORT_NS);
+    CHECK(p->drain_backlog_ns && gs_eng_high_queued(p, t + 46000 + GS_CTL_DRAIN_SHORT_NS), "pending DRAIN_SHORT: a backlog");
+    /* a launch within a busy spell (a look less than DRAIN_LATE ago) is not queued before its look ... */
+    fake_pending = 0;
+    gs_coloc_drain_poll(&e, t + 100000);
+    p->last_launch_ns = t + 120000;
+    CHECK(!gs_eng_high_queued(p, t + 100000 + GS_CTL_DRAIN_LATE_NS - 1), "a launch in a busy spell is not queued");
+    /* ... the first after a quiet spell (or with a stalled poller) is, until its look, up to YIELD_GAP */
+    int64_t l = t + 1000000;
+    p->last_launch_ns = l;
+    CHECK(gs_eng_high_queued(p, l) && gs_eng_high_queued(p, l + GS_CTL_YIELD_GAP_NS - 1) &&
+          !gs_eng_high_queued(p, l + GS_CTL_YIELD_GAP_NS), "the first launch after a quiet spell: queued until looked at");
+    __atomic_store_n(&e.drain_gen, 4, __ATOMIC_RELAXED);
+    e.drain_pending = 1;
+    gs_coloc_drain_poll(&e, l + 10000);
+    CHECK(!gs_eng_high_queued(p, l + 10001), "looked at and drained: not queued");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -303,6 +372,7 @@ int main(void)
     }
     test_tidal_schedule();
     test_tidal_follows_idle();
+    test_queued_signal();
     plain_model();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);

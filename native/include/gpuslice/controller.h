@@ -70,7 +70,8 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  *   how long a sighting counts for an enforcer without looks.
  * DRAIN_SHORT 50 us: pending this long (or a second launch behind a pending one) is a backlog; one short
  *   kernel is not (holding for it: plant ResNet-50-b1-like trainer 0.49 of the idle bound, not 0.80).
- * DRAIN_LATE 50 us: a look this overdue counts a launch not seen drained as queued, up to YIELD_GAP. */
+ * DRAIN_LATE 50 us: a launch after this long without a look (a request's start, a stalled poller)
+ *   counts queued until looked at, up to YIELD_GAP. */
 #ifndef GS_CTL_YIELD_GAP_NS
 #define GS_CTL_YIELD_GAP_NS     200000LL
 #endif

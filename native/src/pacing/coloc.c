@@ -47,8 +47,11 @@ int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now)
      * a held thread wakes ~20-40 us later, about the CPU gap after the kernel (plant, a ResNet-50-b1-like
      * server: 0.49 of the idle bound, 0.80 without) */
     if (seen > done && backlog) return now - seen < GS_CTL_BUSY_STALE_NS;
-    /* not seen drained after its last launch, and the poller's latest look DRAIN_LATE overdue (a stalled
-     * poller, a launch that recorded no drain event): queued up to YIELD_GAP after the launch */
+    /* not seen drained after its last launch, and its poller's latest look DRAIN_LATE old or older: the
+     * first launch after a quiet spell (a request's start: queued until the look it woke, ~10-50 us, so
+     * the trainer does not top its queue up in front of a batch; plant GPU-bound p50 1.025x with this,
+     * 1.028x without), a stalled poller, a launch that recorded no drain event. Up to YIELD_GAP after
+     * the launch. Within a launch-bound request the looks are ~35 us apart: not held */
     int64_t look = seen > done ? seen : done;
     return l > done && now - look >= GS_CTL_DRAIN_LATE_NS && now - l < GS_CTL_YIELD_GAP_NS;
 }
