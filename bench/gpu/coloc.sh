@@ -11,6 +11,10 @@
 #            each writes <date>-<gpu>-coloc-steps12.md / -steps3.md; one table of both:
 #            tar xzf A-raw.tgz; mv coloc-run a; tar xzf B-raw.tgz; python3 bench/gpu/coloc_bench.py --report \
 #            a/coloc-raw.json coloc-run/coloc-raw.json
+#        GS_COLOC_STEPS=1,2,3 GS_COLOC_MODES=alone,trainer,plain,preemptive GS_COLOC_BUDGET=420 bash bench/gpu/coloc.sh
+#            all three kinds, the modes that judge preemptive (24 phases, 2 ABBA repeats): ~7.5 minutes, one call
+#   GS_COLOC_MODES (all but tidal): a comma list of alone,trainer,plain,mps,preemptive,shared,tidal.
+#   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
 #   GS_COLOC_REPS (2), GS_COLOC_WINDOW (3 s per phase), GS_COLOC_TIDAL (0; 1 adds a tidal-trainer phase),
 #   GS_COLOC_BUDGET (450 s of phases; every phase that would pass it is skipped and listed), OUT (default a new
 #   temp dir). --dry-run: no GPU: sleeping workers, no MPS unless nvidia-cuda-mps-control is on PATH.
@@ -73,6 +77,7 @@ fi
 ARGS=(--out "$W" --tmp "$RUN" --reps "${GS_COLOC_REPS:-2}" --window "${GS_COLOC_WINDOW:-3}"
       --budget "${GS_COLOC_BUDGET:-450}" "${MPS_ARGS[@]}")
 [ -n "${GS_COLOC_STEPS:-}" ] && ARGS+=(--steps "$GS_COLOC_STEPS")
+[ -n "${GS_COLOC_MODES:-}" ] && ARGS+=(--modes "$GS_COLOC_MODES")
 [ "${GS_COLOC_TIDAL:-0}" = 1 ] && ARGS+=(--tidal)
 [ "$DRY" = 1 ] && ARGS+=(--dry)
 log "$($PY bench/gpu/coloc_bench.py "${ARGS[@]}" --plan-only)"

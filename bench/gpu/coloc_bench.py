@@ -16,11 +16,13 @@ Phases go in ABBA order (the modes forward, then backward), --reps times (2 = AB
 fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
 alone speed x the server's idle fraction (issue 13's goal: >= 80 % of it); the between-requests bound leaves
 out the idle time inside a request (the CPU gaps of a launch-bound request, the decoder's per-token syncs),
-which a preemptive trainer is not given (README-compute.md, "Co-location": each entry costs the request a
-context switch).
+which a preemptive trainer is given since issue 13's item 1 (README-compute.md, "Co-location": each entry
+costs the next server kernel at most YIELD_QUEUE + a trainer kernel + a switch).
 
   python3 bench/gpu/coloc_bench.py --out DIR --tmp SHORTDIR [--steps 1,2,3] [--reps 2] [--window 3]
-                                   [--budget S] [--mps-pipe DIR] [--dry] [--plan-only]
+                                   [--modes alone,trainer,...] [--budget S] [--mps-pipe DIR] [--dry] [--plan-only]
+Every phase records the SM clock (NVML) over its window (the table's "SM MHz"): "alone" p99 can be read against
+the clocks of an idle GPU between requests.
   python3 bench/gpu/coloc_bench.py --report DIR/coloc-raw.json [more raw files]   the tables again, merged
 Writes DIR/coloc-raw.json (every phase), DIR/coloc.md (the tables, the goals met or MISSED by how much), and
 DIR/logs/ (each process's output).
@@ -35,6 +37,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,27 +46,72 @@ WORKER = HERE / "coloc_worker.py"
 KINDS = ("launch", "gpu", "decode")
 KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-bound (ResNet-50 b32, 8 ms think)",
               "decode": "decode (32 tokens x ~40 tiny kernels, sync per token, 5 ms think)"}
-STARTUP_S = 9.0  # a phase's process start, imports, warm-up and calibration (H100, torch 2.x; measured ~6-8 s)
+# a phase's process start, imports, warm-up and calibration, and its end: the H100 run of 2026-11-25 took 331 s
+# for 20 phases of a 3-s window (16.5 s a phase), so 11.5 s + window + 2 s
+STARTUP_S = 11.5
 
 
-def modes(tidal: bool) -> list[str]:
-    return ["alone", "trainer", "plain", "mps", "preemptive", "shared"] + (["tidal"] if tidal else [])
+ALL_MODES = ("alone", "trainer", "plain", "mps", "preemptive", "shared", "tidal")
+
+
+def modes(tidal: bool, only: str = "") -> list[str]:
+    """The modes of a step in their forward order; only: a comma list (--modes) to run a subset."""
+    out = ["alone", "trainer", "plain", "mps", "preemptive", "shared"] + (["tidal"] if tidal else [])
+    keep = {m.strip() for m in only.split(",") if m.strip()}
+    return [m for m in out if m in keep] if keep else out
 
 
 def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """(kind, mode, rep) in run order: per kind (a step), the modes forward then backward, --reps times."""
     steps = [int(s) for s in args.steps.split(",")] if args.steps else [1, 2, 3]
+    mine = modes(args.tidal or "tidal" in args.modes.split(","), args.modes)
     out = []
     for s in steps:
         kind = KINDS[s - 1]
         for rep in range(args.reps):
-            order = modes(args.tidal) if rep % 2 == 0 else modes(args.tidal)[::-1]
+            order = list(mine) if rep % 2 == 0 else mine[::-1]
             # 'alone' measures what 'shared' sizes its shares from: keep it first in a backward pass too
-            if rep % 2 == 1:
+            if rep % 2 == 1 and "alone" in order:
                 order.remove("alone")
                 order.insert(0, "alone")
             out.extend((kind, m, rep) for m in order if m != "mps" or args.mps_pipe or args.dry)
     return out
+
+
+class ClockSampler(threading.Thread):
+    """The GPU's SM clock (NVML, nvidia-ml-py) every `every` s from t0 to t0 + window: whether 'alone' ran at
+    lower clocks than the co-located phases (an idle GPU between requests may drop its clocks: issue 13)."""
+
+    def __init__(self, t0: float, window: float, index: int = 0, every: float = 0.05):
+        super().__init__(daemon=True)
+        self.t0, self.window, self.index, self.every = t0, window, index, every
+        self.mhz: list[int] = []
+        self.max_mhz: int | None = None
+        self.error = ""
+
+    def run(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+                self.max_mhz = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)
+                while time.time() < self.t0:
+                    time.sleep(0.005)
+                while time.time() < self.t0 + self.window:
+                    self.mhz.append(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+                    time.sleep(self.every)
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception as exc:  # no NVML (the CPU double has no clocks): recorded, never a crash
+            self.error = f"{type(exc).__name__}: {exc}"[:200]
+
+    def result(self) -> dict:
+        if not self.mhz:
+            return {"error": self.error or "no samples"}
+        return {"mean": round(statistics.fmean(self.mhz), 1), "min": min(self.mhz), "max": max(self.mhz),
+                "p10": sorted(self.mhz)[len(self.mhz) // 10], "n": len(self.mhz), "max_sm_mhz": self.max_mhz}
 
 
 class Bench:
@@ -146,6 +194,8 @@ class Bench:
         t0 = time.time() + 0.5
         (folder / "go.tmp").write_text(f"{t0:.6f}")
         os.replace(folder / "go.tmp", folder / "go")
+        clock = ClockSampler(t0, self.args.window)
+        clock.start()
         time.sleep(0.5 + self.args.window / 2)
         rec["paths"] = self.pacer_paths() if mode in ("preemptive", "shared", "tidal") else {}
         for role, p in procs.items():
@@ -157,11 +207,14 @@ class Bench:
             f = folder / f"out.{role}.json"
             rec[role] = json.loads(f.read_text()) if f.exists() else {"error": f"no result (exit {p.returncode})"}
             rec[role]["exit"] = p.returncode
+        clock.join(timeout=5)
+        rec["sm_clock_mhz"] = clock.result()
         if mode == "alone" and "busy_fraction" in rec.get("server", {}):
             self.busy[kind] = rec["server"]["busy_fraction"]
         self.raw["phases"].append(rec)
         s, t = rec.get("server", {}), rec.get("trainer", {})
-        self.say(f"{label}: server p50 {s.get('p50_ms')} p99 {s.get('p99_ms')} ms, trainer {t.get('it_per_s')} it/s"
+        self.say(f"{label}: server p50 {s.get('p50_ms')} p99 {s.get('p99_ms')} ms, trainer {t.get('it_per_s')} it/s, "
+                 f"SM clock {rec['sm_clock_mhz'].get('mean', rec['sm_clock_mhz'].get('error'))} MHz"
                  + (f", paths {rec['paths']}" if rec["paths"] else ""))
 
     def run(self) -> None:
@@ -186,6 +239,15 @@ def _pooled(phs: list[dict], kind: str, mode: str, q: float) -> float | None:
 
 def _mean(v: list[float]) -> float | None:
     return statistics.fmean(v) if v else None
+
+
+def _clock(phs: list[dict], kind: str, mode: str) -> str:
+    """The SM clock over the phase's window: mean of the repeats' means [lowest sample seen], or why none."""
+    got = [p["sm_clock_mhz"] for p in phs if p["kind"] == kind and p["mode"] == mode and "sm_clock_mhz" in p]
+    ok = [c for c in got if "mean" in c]
+    if not ok:
+        return "n/a" if not got else "n/a (" + got[0].get("error", "")[:40] + ")"
+    return f"{statistics.fmean(c['mean'] for c in ok):.0f} [min {min(c['min'] for c in ok)}]"
 
 
 def _fmt(v: list[float], ref: float | None = None, digits: int = 2, main: float | None = None) -> str:
@@ -220,8 +282,8 @@ def report(raw: dict) -> str:
                   f"Alone: the server keeps the device busy {100 * busy:.1f} % of the time (idle {100 * idle:.1f} %); "
                   f"between requests {100 * between:.1f} % of the time; trainer alone {talone:.2f} it/s, so the idle bound "
                   f"is {bound:.2f} it/s." if busy is not None and talone and between else "Alone: not measured.", "",
-                  "| mode | server p50 ms | server p99 ms | trainer it/s | trainer / idle bound | pacer paths |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+                  "| mode | server p50 ms | server p99 ms | trainer it/s | trainer / idle bound | SM MHz | pacer paths |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for mode in modes(True):
             p50, p99 = _vals(phs, kind, mode, "server", "p50_ms"), _vals(phs, kind, mode, "server", "p99_ms")
             tr = _vals(phs, kind, mode, "trainer", "it_per_s")
@@ -231,7 +293,7 @@ def report(raw: dict) -> str:
             lines.append(f"| {mode} | {_fmt(p50, p50a if mode != 'alone' else None, main=_pooled(phs, kind, mode, 0.5))} | "
                          f"{_fmt(p99, p99a if mode != 'alone' else None, main=_pooled(phs, kind, mode, 0.99))} | {_fmt(tr, talone if mode != 'trainer' else None)} | "
                          f"{f'{_mean(tr) / bound:.2f}' if tr and bound and mode != 'trainer' else '-'} | "
-                         f"{', '.join(paths) or '-'} |")
+                         f"{_clock(phs, kind, mode)} | {', '.join(paths) or '-'} |")
         lines.append("")
         goals += _goals(kind, phs, p50a, p99a, bound, talone, between)
     errors = [f"{p['kind']}/{p['mode']}#{p['rep']} {r}: {p[r]['error']}" for p in phs for r in ("server", "trainer")
@@ -260,7 +322,8 @@ def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> li
         if r < 0.8 and between and talone:
             note = (f"; between requests alone ({100 * between:.0f} % of the time) the bound is "
                     f"{talone * between:.2f} it/s, the trainer got {tr / (talone * between):.2f} of that: the rest of the "
-                    "idle time is inside requests (CPU gaps, per-token syncs), which the yield path does not give")
+                    "idle time is inside requests (CPU gaps, per-token syncs), which the yield path gives only where its "
+                    "drain looks see the server's queue empty")
         out.append(f"{kind}: preemptive trainer {r:.2f} of the idle bound (goal >= 0.80): "
                    + ("met" if r >= 0.8 else f"MISSED by {100 * (0.8 - r):.0f} points") + note)
     plain_p99 = _pooled(phs, kind, "plain", 0.99)
@@ -285,10 +348,14 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=420)
     ap.add_argument("--mps-pipe", default="")
     ap.add_argument("--tidal", action="store_true")
+    ap.add_argument("--modes", default="", help=f"comma list of {','.join(ALL_MODES)} (default: all but tidal)")
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--plan-only", action="store_true")
     ap.add_argument("--report", nargs="+")
     args = ap.parse_args()
+    bad = [m for m in args.modes.split(",") if m.strip() and m.strip() not in ALL_MODES]
+    if bad:
+        ap.error(f"--modes: unknown {','.join(bad)}; allowed: {','.join(ALL_MODES)}")
     if args.report:
         merged: dict = {"phases": [], "skipped": []}
         for f in args.report:

@@ -122,7 +122,14 @@ PLANT int op_record_drain(void *c, void *s) { (void)s; return sim_rec(c, 2 * GS_
 PLANT int op_query_drain(void *c) { struct simev *e = &((struct sproc *)c)->ev[2 * GS_ENG_RING]; return e->done_seq == e->latest; }
 PLANT int op_record_mark(void *c, int i, void *s) { (void)s; return sim_rec(c, 2 * GS_ENG_RING + 1 + i); }
 PLANT int op_query_mark(void *c, int i) { struct simev *e = &((struct sproc *)c)->ev[2 * GS_ENG_RING + 1 + i]; return e->done_seq == e->latest; }
-PLANT void op_wake(void *c) { ((struct sproc *)c)->next_poll = NOW; }
+/* a woken poller thread runs POLL_WAKE_LAT later (a futex wake-up: ~5-20 us on a Linux host; 0 = at
+ * the next step) */
+PLANT int64_t POLL_WAKE_LAT = 0;
+PLANT void op_wake(void *c)
+{
+    struct sproc *p = c;
+    if (p->next_poll > NOW + POLL_WAKE_LAT) p->next_poll = NOW + POLL_WAKE_LAT;
+}
 PLANT int op_query_start(void *c, int idx) { struct simev *e = &((struct sproc *)c)->ev[2 * idx]; return e->done_seq == e->latest; }
 PLANT int64_t op_now(void *c) { (void)c; return NOW; }
 PLANT const struct gs_gpu_ops SIM_OPS = {op_start, op_end, op_query, op_elapsed, NULL, op_record_drain, op_query_drain,

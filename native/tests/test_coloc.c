@@ -34,6 +34,7 @@ static void use_model(const struct gpu_model *m)
     CTX_SWITCH_IDLE = m->sw_idle;
     LAUNCH_GAP = DT;
     WAKE_LAT = 20000;
+    POLL_WAKE_LAT = 10000;
 }
 
 static void plain_model(void)
@@ -44,6 +45,7 @@ static void plain_model(void)
     CTX_SWITCH_IDLE = -1;
     LAUNCH_GAP = 0;
     WAKE_LAT = 0;
+    POLL_WAKE_LAT = 0;
 }
 
 /* A request: ntok tokens of kper kernels (fixed shapes over [kmin, kmax]) launched cpu apart, a sync
@@ -56,6 +58,10 @@ struct server_kind {
 static const struct server_kind SERVERS[] = {
     /* batch 1: 120 kernels of 5-15 us launched 20 us apart (the GPU idles most of a request), 3 ms think */
     {"launch-bound", 1, 120, 5000, 15000, 20000, 0, 3000000},
+    /* shaped like the H100 finding (ResNet-50 b1 under eager PyTorch: the GPU idle 91 % of the time alone, only
+     * 39 % of it between requests, bench/results/2026-11-25-h100-coloc-steps12.md): 160 kernels of 3-10 us
+     * launched 35 us apart (a ~5.6-ms request, the GPU busy ~1 ms of it), 4 ms think */
+    {"gappy-b1", 1, 160, 3000, 10000, 35000, 0, 4000000},
     /* batch 32: 40 kernels of 100-400 us, the CPU runs ahead (10 us apart), 8 ms think */
     {"gpu-bound", 1, 40, 100000, 400000, 10000, 0, 8000000},
     /* a decoder: 16 tokens of 40 kernels of 5-20 us (8 us apart), sync + 100 us of sampling per token */
@@ -148,7 +154,7 @@ static void test_modes(const struct gpu_model *gm)
                    m == M_ALONE ? "" : "");
         }
         printf("  %-13s alone: device busy %.1f %%, idle bound for the trainer %.1f it/s\n", k->name, alone.busy, bound);
-        struct result *p = &res[M_PREEMPT];
+        struct result *p = &res[M_PREEMPT], *pl = &res[M_PLAIN];
         if (gm->arrival) {
             /* the goals of issue 13 where the device preempts on arrival (the H100's behaviour) */
             CHECK(p->p50 <= 1.03 * alone.p50, "%s/%s: preemptive p50 %.3f ms > 1.03 x alone %.3f", gm->name, k->name, p->p50,
@@ -156,20 +162,30 @@ static void test_modes(const struct gpu_model *gm)
             CHECK(p->p99 <= 1.10 * alone.p99, "%s/%s: preemptive p99 %.3f ms > 1.10 x alone %.3f", gm->name, k->name, p->p99,
                   alone.p99);
         } else {
-            /* the bound on the pessimistic device: a request waits behind at most YIELD_QUEUE, the
-             * trainer's longest kernel (400 us) and a switch, once */
+            /* the bound on the pessimistic device: a server kernel waits behind at most YIELD_QUEUE, the
+             * trainer's longest kernel (400 us) and a switch, once per gap the trainer entered. A request
+             * of one burst (launch-bound, GPU-bound) pays it about once; a decoder, whose per-token
+             * sampling gaps the trainer now enters, up to once per token (plain time-slicing: 3.5x alone) */
             double bound_ms = (GS_CTL_YIELD_QUEUE_NS + 400000 + 2 * gm->sw) / 1e6;
-            CHECK(p->p99 <= alone.p99 + bound_ms, "%s/%s: preemptive p99 %.3f ms > alone %.3f + %.2f", gm->name, k->name, p->p99,
-                  alone.p99, bound_ms);
+            CHECK(p->p99 <= alone.p99 + k->ntok * bound_ms, "%s/%s: preemptive p99 %.3f ms > alone %.3f + %d x %.2f", gm->name,
+                  k->name, p->p99, alone.p99, k->ntok, bound_ms);
         }
-        CHECK(p->reqs >= 0.97 * alone.reqs, "%s/%s: the server keeps its request rate (%.1f vs %.1f /s)", gm->name, k->name,
-              p->reqs, alone.reqs);
-        /* work-conserving between requests: the trainer gets the time between them (less YIELD_GAP
-         * after each) at 90 % of its speed alone; the idle time inside a request is not given (each
-         * entry would cost the request a switch: README-compute.md, "Co-location") */
+        if (gm->arrival || k->ntok == 1)
+            CHECK(p->reqs >= 0.97 * alone.reqs, "%s/%s: the server keeps its request rate (%.1f vs %.1f /s)", gm->name, k->name,
+                  p->reqs, alone.reqs);
+        else
+            CHECK(p->reqs >= pl->reqs, "%s/%s: request rate %.1f < plain's %.1f /s", gm->name, k->name, p->reqs, pl->reqs);
+        /* work-conserving (issue 13, item 1): the trainer is held only while the server's queue is seen
+         * not drained, so it also gets the idle time inside requests (CPU gaps, per-token syncs): at least
+         * 80 % of its alone speed x the server's idle fraction, and where plain time-slicing protects the
+         * server's p99 as well (<= 1.10 x alone), what plain gives it (3 % margin: 1 iteration in 5 s of
+         * a ~14 it/s trainer is 1.4 %) */
+        CHECK(p->train >= 0.8 * bound, "%s/%s: preemptive trainer %.1f it/s < 0.8 x the idle bound %.1f", gm->name, k->name,
+              p->train, bound);
+        if (pl->p99 <= 1.10 * alone.p99)
+            CHECK(p->train >= 0.97 * pl->train, "%s/%s: preemptive trainer %.1f it/s < plain's %.1f with the same p99 protection",
+                  gm->name, k->name, p->train, pl->train);
         double period = alone.p50 + k->think / 1e6, between = (k->think - GS_CTL_YIELD_GAP_NS) / 1e6 / period;
-        CHECK(p->train >= 0.9 * talone.train * between, "%s/%s: preemptive trainer %.1f it/s < 0.9 x %.1f (alone x %.2f "
-              "between requests)", gm->name, k->name, p->train, talone.train, between);
         /* shared: nobody yields and nobody is held below its soft share: the server (its share sized from
          * its use alone) is held by the pacer for under 1 % of the time (a GPU-bound request's burst can
          * outrun the 10-ms credit: 0.35 % measured); the trainer gets at least 90 % of its share's worth. The
@@ -178,8 +194,16 @@ static void test_modes(const struct gpu_model *gm)
         struct result *sr = &res[M_SHARED];
         int sh = (int)lround(fmin(90, fmax(10, alone.busy * 1.25 + 5)));
         CHECK(sr->held < 0.01 * SECS, "%s/%s: the shared server was held %.4f s", gm->name, k->name, sr->held);
-        CHECK(sr->train >= 0.9 * talone.train * (100 - sh) / 100.0, "%s/%s: shared trainer %.1f it/s < 0.9 x its %d %% "
-              "share of %.1f", gm->name, k->name, sr->train, 100 - sh, talone.train);
+        double share_worth = talone.train * (100 - sh) / 100.0;
+        if (pl->train >= share_worth)
+            CHECK(sr->train >= 0.9 * share_worth, "%s/%s: shared trainer %.1f it/s < 0.9 x its %d %% share of %.1f", gm->name,
+                  k->name, sr->train, 100 - sh, talone.train);
+        else /* the device's switches (one each way per server kernel) leave even plain time-slicing less than
+              * the share (gappy-b1: 160 kernels a request). Shared gets 0.83 of plain there (h100-like:
+              * 14.0 vs 16.8 it/s): the turns path of a saturating paced trainer beside a server that launches
+              * every 35 us, not co-location's yield path; left to the pacer's throughput work (issue 12) */
+            CHECK(sr->train >= 0.8 * pl->train, "%s/%s: shared trainer %.1f it/s < 0.8 x plain's %.1f", gm->name, k->name,
+                  sr->train, pl->train);
         /* tidal follows the time the server leaves: at least that much of the between-request bound */
         CHECK(res[M_TIDAL].train >= 0.9 * talone.train * between, "%s/%s: tidal trainer %.1f it/s < 0.9 x alone x %.2f",
               gm->name, k->name, res[M_TIDAL].train, between);
@@ -270,6 +294,75 @@ static void test_tidal_follows_idle(void)
     CHECK(off_share[1] > 30 && off_share[1] < 75, "a tidal trainer follows the tide, not each lull: %.1f %%", off_share[1]);
 }
 
+/* The contract of the queued signal (devstate.h, GS_DS_PROC_DRAINS): what a high-priority process's
+ * poller publishes from its drain event, and what a neighbour reads from it. */
+static int fake_pending;
+static int fq_drain(void *c) { (void)c; return fake_pending ? 0 : 1; }
+static void test_queued_signal(void)
+{
+    static struct gs_ds_proc procs[1];
+    static struct gs_ds_slice slices[1];
+    struct gs_devstate ds = {.slices = slices, .procs = procs};
+    static const struct gs_gpu_ops ops = {.query_drain = fq_drain};
+    struct gs_engine e;
+    memset(&e, 0, sizeof e);
+    e.ds = &ds;
+    e.ops = &ops;
+    struct gs_ds_proc *p = &procs[0];
+    int64_t t = T0;
+    /* an older enforcer (no DRAINS flag): queued for YIELD_GAP after a launch */
+    p->flags = GS_DS_PROC_IN_USE | GS_DS_PROC_LIGHT;
+    p->last_launch_ns = t;
+    CHECK(gs_eng_high_queued(p, t + GS_CTL_YIELD_GAP_NS - 1) && !gs_eng_high_queued(p, t + GS_CTL_YIELD_GAP_NS),
+          "without drain looks: queued for YIELD_GAP after a launch");
+    p->flags |= GS_DS_PROC_DRAINS;
+    /* one launch, its kernel pending at the first look: not a backlog, not queued */
+    __atomic_store_n(&e.drain_gen, 1, __ATOMIC_RELAXED);
+    e.drain_pending = 1;
+    fake_pending = 1;
+    gs_coloc_drain_poll(&e, t + 10000);
+    CHECK(p->drain_seen_ns == t + 10000 && !p->drain_backlog_ns && !gs_eng_high_queued(p, t + 12000),
+          "one short kernel pending is not a backlog (seen %lld, backlog %lld)", (long long)p->drain_seen_ns,
+          (long long)p->drain_backlog_ns);
+    CHECK(gs_coloc_drain_delay(&e, t + 10000) == GS_CTL_DRAIN_SPIN_NS, "the next look comes after DRAIN_SPIN");
+    /* a second launch behind the pending one: a backlog at the next look, and queued from then on */
+    __atomic_store_n(&e.drain_gen, 2, __ATOMIC_RELAXED);
+    p->last_launch_ns = t + 15000;
+    gs_coloc_drain_poll(&e, t + 20000);
+    CHECK(p->drain_backlog_ns == t + 20000 && gs_eng_high_queued(p, t + 20000 + GS_CTL_BUSY_STALE_NS - 1) &&
+          !gs_eng_high_queued(p, t + 20000 + GS_CTL_BUSY_STALE_NS), "a backlog holds (for BUSY_STALE without looks)");
+    /* pending DRAIN_SHORT is a backlog too; the looks back off to DRAIN_POLL behind it */
+    CHECK(gs_coloc_drain_delay(&e, t + 10000 + 4 * GS_CTL_DRAIN_POLL_NS) == GS_CTL_DRAIN_POLL_NS, "looks back off");
+    /* drained: the backlog is over, the queue seen empty, not queued */
+    fake_pending = 0;
+    gs_coloc_drain_poll(&e, t + 30000);
+    CHECK(!p->drain_backlog_ns && p->drain_done_ns == t + 30000 && !e.drain_pending && !gs_eng_high_queued(p, t + 30001),
+          "drained: not queued");
+    /* a single kernel pending for DRAIN_SHORT becomes a backlog */
+    __atomic_store_n(&e.drain_gen, 3, __ATOMIC_RELAXED);
+    p->last_launch_ns = t + 40000;
+    e.drain_pending = 1;
+    fake_pending = 1;
+    gs_coloc_drain_poll(&e, t + 45000);
+    CHECK(!p->drain_backlog_ns, "not a backlog yet");
+    gs_coloc_drain_poll(&e, t + 45000 + GS_CTL_DRAIN_SHORT_NS);
+    CHECK(p->drain_backlog_ns && gs_eng_high_queued(p, t + 46000 + GS_CTL_DRAIN_SHORT_NS), "pending DRAIN_SHORT: a backlog");
+    /* a launch within a busy spell (a look less than DRAIN_LATE ago) is not queued before its look ... */
+    fake_pending = 0;
+    gs_coloc_drain_poll(&e, t + 100000);
+    p->last_launch_ns = t + 120000;
+    CHECK(!gs_eng_high_queued(p, t + 100000 + GS_CTL_DRAIN_LATE_NS - 1), "a launch in a busy spell is not queued");
+    /* ... the first after a quiet spell (or with a stalled poller) is, until its look, up to YIELD_GAP */
+    int64_t l = t + 1000000;
+    p->last_launch_ns = l;
+    CHECK(gs_eng_high_queued(p, l) && gs_eng_high_queued(p, l + GS_CTL_YIELD_GAP_NS - 1) &&
+          !gs_eng_high_queued(p, l + GS_CTL_YIELD_GAP_NS), "the first launch after a quiet spell: queued until looked at");
+    __atomic_store_n(&e.drain_gen, 4, __ATOMIC_RELAXED);
+    e.drain_pending = 1;
+    gs_coloc_drain_poll(&e, l + 10000);
+    CHECK(!gs_eng_high_queued(p, l + 10001), "looked at and drained: not queued");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -279,6 +372,7 @@ int main(void)
     }
     test_tidal_schedule();
     test_tidal_follows_idle();
+    test_queued_signal();
     plain_model();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);

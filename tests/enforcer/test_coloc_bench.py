@@ -56,11 +56,79 @@ def test_coloc_dry_run(tmp_path: Path, native_build: Path) -> None:
             assert sorted(p["paths"].values()) == ["preemptive/high:light", "preemptive/low:yield"], p["paths"]
         if p["mode"] == "shared":
             assert all(v.startswith("shared/") and not v.endswith(":yield") for v in p["paths"].values()), p["paths"]
+        # every phase says what the SM clock was, or why it could not (the NVML double has no clocks)
+        assert "mean" in p["sm_clock_mhz"] or p["sm_clock_mhz"]["error"], p["sm_clock_mhz"]
     text = next(out.glob("*-coloc-steps3.md")).read_text()
-    assert "decode: preemptive server p99" in text and "idle bound" in text
+    assert "decode: preemptive server p99" in text and "idle bound" in text and "| SM MHz |" in text
     # the tables again from the raw file (how the two calls' results become one table)
     again = subprocess.run([os.sys.executable, str(ROOT / "bench/gpu/coloc_bench.py"), "--report",
                             str(tmp_path / "coloc-run/coloc-raw.json")], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "| preemptive |" in again.stdout, again.stderr
     tail = lines[next(i for i, x in enumerate(lines) if x.startswith("== co-location")):]  # the short table, last
     assert any(x.startswith("| preemptive |") for x in tail) and any("preemptive server p50" in x for x in tail)
+
+
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("coloc_bench", ROOT / "bench/gpu/coloc_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_coloc_modes_subset_keeps_abba() -> None:
+    """--modes (GS_COLOC_MODES) runs a subset of the modes, still forward then backward per repeat with
+    'alone' first, so all three kinds fit one device call; an unknown mode is refused before anything runs."""
+    mod = _bench_module()
+    ns = mod.argparse.Namespace(steps="1,2,3", reps=2, tidal=False, modes="alone,trainer,plain,preemptive",
+                                mps_pipe="", dry=False)
+    plan = mod.phases(ns)
+    assert len(plan) == 24
+    first = [m for k, m, r in plan if k == "launch" and r == 0]
+    second = [m for k, m, r in plan if k == "launch" and r == 1]
+    assert first == ["alone", "trainer", "plain", "preemptive"] and second == ["alone", "preemptive", "plain", "trainer"]
+    r = subprocess.run([os.sys.executable, str(ROOT / "bench/gpu/coloc_bench.py"), "--out", "x", "--tmp", "y",
+                        "--modes", "alone,bogus", "--plan-only"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown bogus" in r.stderr and "allowed: alone," in r.stderr
+    ok = subprocess.run([os.sys.executable, str(ROOT / "bench/gpu/coloc_bench.py"), "--out", "x", "--tmp", "y",
+                         "--steps", "1,2,3", "--modes", "alone,trainer,plain,preemptive", "--plan-only"],
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "24 phases" in ok.stdout and "cut at 420 s" in ok.stdout, ok.stdout
+
+
+def test_coloc_clock_sampler_reads_the_window(monkeypatch) -> None:
+    """The SM clock is sampled over the phase's window only and summarised (mean, min, p10, max, the
+    board's maximum); without NVML the phase records why."""
+    import sys
+    import time
+    import types
+
+    mod = _bench_module()
+    calls = []
+    fake = types.SimpleNamespace(NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+                                 nvmlDeviceGetHandleByIndex=lambda i: ("h", i),
+                                 nvmlDeviceGetMaxClockInfo=lambda h, c: 1980)
+
+    def clock(h, c):
+        calls.append(time.time())
+        return 1980 if len(calls) % 2 else 1755
+
+    fake.nvmlDeviceGetClockInfo = clock
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    t0 = time.time() + 0.1
+    s = mod.ClockSampler(t0, 0.3, every=0.02)
+    s.start()
+    s.join(timeout=5)
+    res = s.result()
+    assert calls and min(calls) >= t0 and max(calls) <= t0 + 0.3 + 0.05, (t0, calls)
+    assert res["min"] == 1755 and res["max"] == 1980 and res["max_sm_mhz"] == 1980 and res["n"] == len(calls)
+    assert 1755 < res["mean"] < 1980
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails: no NVML
+    s = mod.ClockSampler(time.time(), 0.05)
+    s.start()
+    s.join(timeout=5)
+    assert "error" in s.result() and "Error" in s.result()["error"]
+    phs = [{"kind": "launch", "mode": "alone", "sm_clock_mhz": res}, {"kind": "launch", "mode": "plain",
+                                                                      "sm_clock_mhz": {"error": "no samples"}}]
+    assert mod._clock(phs, "launch", "alone").endswith(f"[min 1755]") and mod._clock(phs, "launch", "plain").startswith("n/a")

@@ -62,17 +62,35 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  *   needs to wake and relaunch, so the device does not run dry while the high one is idle. In the
  *   plant (tests/test_coloc.c, trainer kernels of 20-400 us) 100/150/200/300 us gave a GPU-bound
  *   request p50 1.021/1.025/1.027/1.041 x alone and the trainer the same throughput.
- * DRAIN_POLL 100 us: a high-priority process with low-priority preemptive or tidal neighbours polls its
- *   drain event this often while it is pending, and publishes "queue not drained" with the time seen;
- *   neighbours treat that as queued for DRAIN_FRESH = 2 x DRAIN_POLL (a poller may be late by one). */
+ * DRAIN_POLL 100 us / DRAIN_SPIN 10 us: a high-priority process with low-priority preemptive or tidal
+ *   neighbours looks at its pending drain event after half the time it has been pending, between these,
+ *   and publishes each look (GS_DS_PROC_DRAINS; devstate.h). Neighbours hold only while the latest look
+ *   saw a backlog (issue 13 item 1: the idle time inside a request is handed out; YIELD_GAP after every
+ *   launch left a trainer beside ResNet-50 b1 0.32x its speed on the H100). DRAIN_FRESH = 2 x DRAIN_POLL:
+ *   how long a sighting counts for an enforcer without looks.
+ * DRAIN_SHORT 50 us: pending this long (or a second launch behind a pending one) is a backlog; one short
+ *   kernel is not (holding for it: plant ResNet-50-b1-like trainer 0.49 of the idle bound, not 0.80).
+ * DRAIN_LATE 50 us: a launch after this long without a look (a request's start, a stalled poller)
+ *   counts queued until looked at, up to YIELD_GAP. */
 #ifndef GS_CTL_YIELD_GAP_NS
 #define GS_CTL_YIELD_GAP_NS     200000LL
 #endif
 #ifndef GS_CTL_YIELD_QUEUE_NS
 #define GS_CTL_YIELD_QUEUE_NS   150000LL
 #endif
+#ifndef GS_CTL_DRAIN_POLL_NS
 #define GS_CTL_DRAIN_POLL_NS    100000LL
+#endif
 #define GS_CTL_DRAIN_FRESH_NS   (2 * GS_CTL_DRAIN_POLL_NS)
+#ifndef GS_CTL_DRAIN_SPIN_NS
+#define GS_CTL_DRAIN_SPIN_NS     10000LL
+#endif
+#ifndef GS_CTL_DRAIN_SHORT_NS
+#define GS_CTL_DRAIN_SHORT_NS    50000LL
+#endif
+#ifndef GS_CTL_DRAIN_LATE_NS
+#define GS_CTL_DRAIN_LATE_NS     50000LL
+#endif
 /* a yield-path process records a completion marker after each YIELD_MARK of predicted work (and after
  * any launch while none is pending): markers re-anchor the prediction of its queue (late or early) */
 #define GS_CTL_YIELD_MARK_NS    (GS_CTL_YIELD_QUEUE_NS / 2)

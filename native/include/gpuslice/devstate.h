@@ -100,6 +100,10 @@ struct gs_ds_slice {            /* 256 bytes */
 #define GS_DS_PROC_BUSY 2u      /* has GPU work outstanding (measured with events) */
 #define GS_DS_PROC_LIGHT 4u     /* unpaced: no pairs; queued = launched within YIELD_GAP or drain_seen fresh */
 #define GS_DS_PROC_TURNS 8u     /* takes turns with the other TURNS processes (offered load > 1) */
+/* publishes what its poller observes of its drain event (drain_seen_ns, drain_backlog_ns,
+ * drain_done_ns): neighbours read "queued" (a backlog) from the looks, not from "launched within
+ * YIELD_GAP" (coloc.c; issue 13) */
+#define GS_DS_PROC_DRAINS 16u
 /* proc.path: how the process's launches go through the pacer now (README-compute.md) */
 enum { GS_DS_PATH_LIGHT = 0, GS_DS_PATH_FREE = 1, GS_DS_PATH_TURNS = 2, GS_DS_PATH_YIELD = 3 };
 struct gs_ds_proc {             /* 128 bytes */
@@ -121,7 +125,12 @@ struct gs_ds_proc {             /* 128 bytes */
     unsigned char pad0[3];      /* 93 */
     int64_t drain_seen_ns;      /* 96 last time its poller saw its drain event pending (issue 13, in
                                        what was padding; 0 = never) */
-    unsigned char pad[24];      /* 104 */
+    int64_t drain_done_ns;      /* 104 last time its poller saw its drain event complete with no newer
+                                       record: its queue was empty then (issue 13, in what was padding) */
+    int64_t drain_backlog_ns;   /* 112 its poller has seen a backlog since (0: none): its drain pending for
+                                       DRAIN_SHORT, or 2+ launches since it was last seen drained; a
+                                       neighbour holds only for a backlog (coloc.c) */
+    unsigned char pad[8];       /* 120 */
 };
 
 struct gs_devstate {

@@ -92,6 +92,9 @@ struct gs_engine {
     int drain_wanted;     /* high priority, a low-priority preemptive/tidal neighbour: track queue drain */
     int drain_pending;    /* a drain record may still be running (atomic; launch threads + poller) */
     uint32_t drain_gen;   /* bumped after each drain record (atomic), see gs_engine_poll */
+    int64_t drain_since_ns; /* the poller has seen the drain pending since (0: not), coloc.c */
+    uint32_t drain_done_gen; /* drain_gen at its last "drained" look */
+    int drain_backlog;      /* a backlog published (drain_backlog_ns) */
     uint8_t ring[GS_ENG_RING];
     uint64_t ring_key[GS_ENG_RING];   /* kernel shape of each pair (0 = none: charge as measured) */
     int64_t ring_charged[GS_ENG_RING]; /* charged at its launch */
@@ -199,8 +202,8 @@ int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs
 /* Lock-free: the path this engine's launches take now (re-decided every PATH_RECHECK). */
 int gs_eng_path(struct gs_engine *e, int64_t now);
 /* ---- coloc.c ---- */
-/* Is this (high-priority) process record queued: measured work outstanding, launched within
- * YIELD_GAP, or its drain event seen pending within DRAIN_FRESH? */
+/* Is this (high-priority) process record queued: measured work outstanding, or (GS_DS_PROC_DRAINS)
+ * its poller's latest look saw its drain pending, or (older enforcers) launched within YIELD_GAP? */
 int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now);
 /* Path recheck: the watch list of a low preemptive engine, drain_wanted of a high one. Returns 1 when
  * a low preemptive engine has a preemptive high-priority neighbour (the yield path). */
@@ -213,6 +216,8 @@ void gs_coloc_yield_commit(struct gs_engine *e, int64_t now, int64_t charge_ns);
 void gs_coloc_after(struct gs_engine *e, void *stream);
 /* From the poll: a high-priority process's pending drain record, published as drain_seen_ns. */
 void gs_coloc_drain_poll(struct gs_engine *e, int64_t now);
+/* How long the poller may sleep while a drain record is pending (DRAIN_SPIN .. DRAIN_POLL). */
+int64_t gs_coloc_drain_delay(const struct gs_engine *e, int64_t now);
 /* Harvest completed markers, re-anchoring the predicted queue end (launch threads and the poller). */
 void gs_coloc_harvest(struct gs_engine *e, int64_t now);
 /* Under the state lock, from the poll: a tidal slice's share (sample the high-priority slices'

@@ -26,6 +26,8 @@ _Static_assert(offsetof(struct gs_ds_proc, pidns) == 72, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, joined_ns) == 80, "proc layout");
 _Static_assert(offsetof(struct gs_ds_slice, colocation) == 232, "slice layout");
 _Static_assert(offsetof(struct gs_ds_proc, drain_seen_ns) == 96, "proc layout");
+_Static_assert(offsetof(struct gs_ds_proc, drain_done_ns) == 104, "proc layout");
+_Static_assert(offsetof(struct gs_ds_proc, drain_backlog_ns) == 112, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, offered_bp) == 88, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, path) == 92, "proc layout");
 

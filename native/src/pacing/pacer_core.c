@@ -356,7 +356,7 @@ int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now)
     int path = __atomic_load_n(&e->path, __ATOMIC_RELAXED);
     int64_t last = __atomic_load_n(&e->ds->procs[e->proc].last_launch_ns, __ATOMIC_RELAXED);
     int active = last && now - last < GS_CTL_POLL_ACTIVE_NS;
-    if (__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return GS_CTL_DRAIN_POLL_NS;
+    if (__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return gs_coloc_drain_delay(e, now);
     /* the free path needs no fresh busy flag (nobody takes turns with it, and a stale flag only makes a
      * neighbour's pair count as not clean): its poller publishes, refills and harvests every ms */
     if (path == GS_DS_PATH_FREE) return e->outstanding > 0 || active ? GS_CTL_POLL_FREE_NS : GS_CTL_IDLE_POLL_NS;

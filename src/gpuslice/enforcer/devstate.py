@@ -13,7 +13,10 @@ its launches take through the pacer (``light``, ``free``, ``turns``, ``yield`` â
 README-compute.md, "Paths") and its offered load (GPU time its launches ask for per second of its own CPU time); the writers
 also changed how they share a slice's credit, so the enforcers of versions 2 and 3 refuse each other's
 files. Issue 13 kept version 3 and used padding: each slice record's co-location mode (byte 232; older
-enforcers wrote 0 there, which is ``preemptive``, what they did) and each process record's ``drain_seen_ns``.
+enforcers wrote 0 there, which is ``preemptive``, what they did) and each process record's ``drain_seen_ns``
+(96), ``drain_done_ns`` (104) and ``drain_backlog_ns`` (112) with process flag 16 (``GS_DS_PROC_DRAINS``: a
+high-priority process publishing its drain looks; an enforcer without it is read by the old 200-us rule).
+This reader does not need them.
 
 Reads take no lock (the writers hold a process-shared pthread mutex Python cannot join); the
 header's ``updates`` counter is read before and after the copy and the copy is retried when it
