@@ -2,7 +2,8 @@
  * of the slice on a device is measured by NVML's free memory before/after (the double's contexts take
  * GSDOUBLE_CTX_BYTES each), published in the region for the slice's other processes, and every context
  * is charged it and gives exactly that back; an explicit context_overhead= wins; an implausible
- * measurement (0 here) keeps the built-in default. Also run with the enforcer LD_PRELOADed. */
+ * measurement (0 here) keeps the built-in default, and so does one during which another process on the
+ * device (NVML's process list) appeared or changed its memory. Also run with the enforcer LD_PRELOADed. */
 #include "enforcer_api.h"
 
 #define COST (300 * MiB)
@@ -100,6 +101,60 @@ static void s_implausible_measurement_keeps_the_default(void)
     CHECK_EQ(r.devices[0].used, DEFAULT_COST);
 }
 
+/* Another slice's process allocated while our context was created (NVML lists it with more memory
+ * after): the free-memory difference holds its allocation too, so nothing is published and the
+ * default stays (on the H100, 8 slices starting together measured up to 7.5 GB for a 523-MiB context). */
+static void s_a_neighbour_that_grew_meanwhile_spoils_the_measurement(void)
+{
+    setenv("GSDOUBLE_CTX_BYTES", "314572800", 1);
+    setenv("GSDOUBLE_NVML_PIDS", "4242:1048576", 1);
+    setenv("GSDOUBLE_NVML_PIDS_WITH_CTX", "4242:537919488", 1);
+    t_slice("memory_limit=2g\n");
+    up(0);
+    struct gs_region r = region_copy();
+    CHECK(!(r.flags & MEASURED_BIT(0)), "not measured while a neighbour grew (flags 0x%x)", r.flags);
+    CHECK_EQ(r.devices[0].context_overhead, DEFAULT_COST);
+    CHECK_EQ(r.devices[0].used, DEFAULT_COST);
+}
+
+/* Two processes appeared while our context was created (neither is our pid): which one is ours cannot
+ * be told, so nothing is published. */
+static void s_two_new_processes_spoil_the_measurement(void)
+{
+    setenv("GSDOUBLE_CTX_BYTES", "314572800", 1);
+    setenv("GSDOUBLE_NVML_PIDS", "4242:1048576", 1);
+    setenv("GSDOUBLE_NVML_PIDS_WITH_CTX", "4242:1048576,5001:314572800,5002:314572800", 1);
+    t_slice("memory_limit=2g\n");
+    up(0);
+    CHECK(!(region_copy().flags & MEASURED_BIT(0)), "not measured when two processes appeared");
+}
+
+/* NVML lists this process (a host pid namespace) and nobody else changed: measured as before; likewise
+ * one new process (ours, seen under a host pid a pid namespace hides) beside an unchanged neighbour. */
+static void s_only_this_process_changed_is_measured(void)
+{
+    char after[128];
+    setenv("GSDOUBLE_CTX_BYTES", "314572800", 1);
+    setenv("GSDOUBLE_NVML_PIDS", "4242:1048576", 1);
+    snprintf(after, sizeof after, "4242:1048576,%d:314572800", (int)getpid());
+    setenv("GSDOUBLE_NVML_PIDS_WITH_CTX", after, 1);
+    t_slice("memory_limit=2g\n");
+    up(0);
+    struct gs_region r = region_copy();
+    CHECK(r.flags & MEASURED_BIT(0), "measured (flags 0x%x)", r.flags);
+    CHECK_EQ(r.devices[0].context_overhead, COST);
+}
+
+static void s_one_new_process_under_another_pid_is_ours(void)
+{
+    setenv("GSDOUBLE_CTX_BYTES", "314572800", 1);
+    setenv("GSDOUBLE_NVML_PIDS", "4242:1048576", 1);
+    setenv("GSDOUBLE_NVML_PIDS_WITH_CTX", "4242:1048576,987654:314572800", 1);
+    t_slice("memory_limit=2g\n");
+    up(0);
+    CHECK_EQ(region_copy().devices[0].context_overhead, COST);
+}
+
 int main(void)
 {
     setvbuf(stderr, NULL, _IOLBF, 0);
@@ -109,6 +164,10 @@ int main(void)
     SCENARIO(s_created_context_gives_back_its_charge);
     SCENARIO(s_configured_cost_wins);
     SCENARIO(s_implausible_measurement_keeps_the_default);
+    SCENARIO(s_a_neighbour_that_grew_meanwhile_spoils_the_measurement);
+    SCENARIO(s_two_new_processes_spoil_the_measurement);
+    SCENARIO(s_only_this_process_changed_is_measured);
+    SCENARIO(s_one_new_process_under_another_pid_is_ours);
     fprintf(stderr, "test_enforcer_ctxcost%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

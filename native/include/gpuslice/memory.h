@@ -44,10 +44,20 @@ void gs_mem_ctx_remove(int ordinal, uint64_t charged);
  * (free device memory by NVML, and the slice's measuring lock, when the device is not measured yet);
  * settle after (created: whether the context now exists): publishes a plausible measurement in the region
  * and returns what the context is charged now (the charge settled to the measured value). */
+#define GS_CTX_PROBE_PROCS 32
+struct gs_ctx_proc {
+    unsigned pid;
+    unsigned long long used;
+};
 struct gs_ctx_probe {
     uint64_t free_before; /* 0: nothing to measure */
     int fd;               /* the region file, flock'ed while measuring; -1 none */
     int idx;              /* region device being measured; -1 none */
+    /* NVML's compute processes on the device before (-1: not known): a measurement is kept only when
+     * none of them but this process changed meanwhile (another slice's context or allocation would be
+     * in the free-memory difference) */
+    int nprocs;
+    struct gs_ctx_proc procs[GS_CTX_PROBE_PROCS];
 };
 struct gs_ctx_probe gs_ctx_cost_probe(int ordinal);
 uint64_t gs_ctx_cost_settle(int ordinal, struct gs_ctx_probe probe, uint64_t charged, int created);

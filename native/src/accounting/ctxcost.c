@@ -8,9 +8,14 @@
  *
  * Used only when the slice does not set context_overhead (an explicit value wins). Processes of the
  * slice that create their first context at the same moment are serialised by an advisory lock on the
- * region file so they do not measure each other's contexts; other slices on the same device cannot be
- * serialised, so the value kept is refused when it is not plausible (below 1 MiB or above 8 GiB), and
- * the first plausible measurement wins (later contexts never change it). What a context grows by later
+ * region file so they do not measure each other's contexts. Other slices on the same device cannot be
+ * serialised: NVML's list of compute processes is read before and after too, and the measurement is
+ * dropped when any process but this one appeared, ended or changed its memory meanwhile (on the H100,
+ * 8 slices starting together measured 5.4 and 7.5 GB for a 523-MiB context before this check, and a
+ * 4-GiB slice was full before its first allocation). Where NVML lists no processes (a container that
+ * cannot see them) the check has nothing to say and only plausibility guards the value (1 MiB to
+ * 8 GiB). The first kept measurement wins (later contexts never change it); a dropped one leaves the
+ * built-in default, and the slice's next first context measures again. What a context grows by later
  * (modules loaded lazily at the first launch of their kernels) is not in it: see native/README.md. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -46,6 +51,55 @@ static uint64_t nvml_free(const char *uuid)
     return m.free;
 }
 
+/* NVML's compute processes on the device uuid names, into out (at most GS_CTX_PROBE_PROCS); the count,
+ * or -1 when NVML cannot say or there are more than fit. */
+static int nvml_procs(const char *uuid, struct gs_ctx_proc *out)
+{
+    static nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *);
+    static nvmlReturn_t (*list)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+    if (!list) {
+        by_uuid = (nvmlReturn_t(*)(const char *, nvmlDevice_t *))gs_real_nvml("nvmlDeviceGetHandleByUUID");
+        list = (nvmlReturn_t(*)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *))gs_real_nvml(
+            "nvmlDeviceGetComputeRunningProcesses_v3");
+    }
+    nvmlDevice_t d;
+    nvmlProcessInfo_t info[GS_CTX_PROBE_PROCS];
+    unsigned n = GS_CTX_PROBE_PROCS;
+    if (!by_uuid || !list || uuid[0] == '#' || by_uuid(uuid, &d) != NVML_SUCCESS || list(d, &n, info) != NVML_SUCCESS)
+        return -1;
+    for (unsigned i = 0; i < n; i++) out[i] = (struct gs_ctx_proc){info[i].pid, info[i].usedGpuMemory};
+    return (int)n;
+}
+
+static const struct gs_ctx_proc *find_proc(const struct gs_ctx_proc *v, int n, unsigned pid)
+{
+    for (int i = 0; i < n; i++)
+        if (v[i].pid == pid) return &v[i];
+    return NULL;
+}
+
+/* Whether the free-memory difference is this process's context alone: every process listed before or
+ * after but ours is in both lists with the same memory. Ours is this pid when NVML lists it, else the one
+ * process new in the list (NVML names host pids, which a pid namespace hides from getpid). */
+static int nobody_else_moved(const struct gs_ctx_probe *p, const struct gs_ctx_proc *after, int n_after)
+{
+    if (p->nprocs < 0 || n_after < 0) return p->nprocs == n_after; /* NVML could not say either time */
+    unsigned mine = (unsigned)getpid();
+    if (!find_proc(after, n_after, mine)) {
+        int fresh = 0;
+        for (int i = 0; i < n_after; i++)
+            if (!find_proc(p->procs, p->nprocs, after[i].pid)) mine = after[i].pid, fresh++;
+        if (fresh > 1) return 0; /* two processes appeared: which one is ours cannot be told */
+    }
+    for (int i = 0; i < n_after; i++) {
+        const struct gs_ctx_proc *b = find_proc(p->procs, p->nprocs, after[i].pid);
+        if (after[i].pid != mine && (!b || b->used != after[i].used)) return 0;
+    }
+    for (int i = 0; i < p->nprocs; i++)
+        if (p->procs[i].pid != mine && !find_proc(after, n_after, p->procs[i].pid)) return 0;
+    return 1;
+}
+
 static int measured(int idx)
 {
     return (__atomic_load_n(&gs_shared->flags, __ATOMIC_ACQUIRE) & MEASURED_BIT(idx)) != 0;
@@ -53,7 +107,7 @@ static int measured(int idx)
 
 struct gs_ctx_probe gs_ctx_cost_probe(int ordinal)
 {
-    struct gs_ctx_probe p = {0, -1, -1};
+    struct gs_ctx_probe p = {0, -1, -1, -1, {{0, 0}}};
     if (gs_cfg.context_overhead != GS_UNLIMITED) return p; /* the slice says what a context costs */
     int idx = gs_mem_dev_index(ordinal);
     if (idx < 0 || measured(idx)) return p;
@@ -63,7 +117,8 @@ struct gs_ctx_probe gs_ctx_cost_probe(int ordinal)
     }
     if (!measured(idx)) {
         p.idx = idx;
-        p.free_before = nvml_free(gs_shared->devices[idx].uuid);
+        p.free_before = nvml_free(gs_shared->devices[idx].uuid); /* initialises NVML first */
+        p.nprocs = nvml_procs(gs_shared->devices[idx].uuid, p.procs);
     }
     return p;
 }
@@ -73,7 +128,13 @@ uint64_t gs_ctx_cost_settle(int ordinal, struct gs_ctx_probe p, uint64_t charged
     if (p.idx >= 0 && created && p.free_before) {
         uint64_t after = nvml_free(gs_shared->devices[p.idx].uuid);
         uint64_t cost = after && after < p.free_before ? p.free_before - after : 0;
-        if (cost >= MIN_PLAUSIBLE && cost <= MAX_PLAUSIBLE && gs_region_lock(gs_shared) == 0) {
+        struct gs_ctx_proc now_procs[GS_CTX_PROBE_PROCS];
+        int clean = nobody_else_moved(&p, now_procs, nvml_procs(gs_shared->devices[p.idx].uuid, now_procs));
+        if (!clean) {
+            GS_INFO("context cost not measured on %s: other processes on the device changed their memory "
+                    "meanwhile (counting %llu per context until a later context measures it)",
+                    gs_shared->devices[p.idx].uuid, (unsigned long long)charged);
+        } else if (cost >= MIN_PLAUSIBLE && cost <= MAX_PLAUSIBLE && gs_region_lock(gs_shared) == 0) {
             if (!measured(p.idx)) {
                 gs_region_write_begin(gs_shared);
                 gs_shared->devices[p.idx].context_overhead = cost;

@@ -38,7 +38,7 @@ static CUresult primary_retain(CUresult (*real)(CUcontext *, CUdevice), CUcontex
     CUresult r = CUDA_SUCCESS;
     uint64_t charged = 0;
     int first = g_primary_refs[dev] == 0;
-    struct gs_ctx_probe probe = {0, -1, -1};
+    struct gs_ctx_probe probe = {0, -1, -1, -1, {{0, 0}}};
     if (first) {
         probe = gs_ctx_cost_probe(dev);
         r = gs_mem_ctx_add(dev, &charged);

@@ -2,10 +2,12 @@
  * double_common.h (GSDOUBLE_MIG=1: their UUIDs spelled MIG-..., as NVML names MIG instances);
  * memory info reports GSDOUBLE_NVML_USED bytes used (default 1 GiB) plus what the CUDA double's live
  * contexts take (GSDOUBLE_CTX_BYTES each, default 0: gsdouble_ctx_bytes); the compute process list is
- * GSDOUBLE_NVML_PIDS ("pid:bytes,pid:bytes", default: none), the MPS compute list
+ * GSDOUBLE_NVML_PIDS ("pid:bytes,pid:bytes", default: none; GSDOUBLE_NVML_PIDS_WITH_CTX instead while a
+ * context of the CUDA double is live, when set), the MPS compute list
  * GSDOUBLE_NVML_MPS_PIDS, the graphics list GSDOUBLE_NVML_GFX_PIDS (every version of each). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "../../include/gpuslice/cuda_types.h"
@@ -70,11 +72,21 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     m->free = m->total - m->used - m->reserved;
     return NVML_SUCCESS;
 }
+/* The list in var, or in var_WITH_CTX (when set) while the CUDA double has a live context on d: a test
+ * makes other processes appear or grow while a context is created. */
+static const char *procs_env(const char *var, nvmlDevice_t d)
+{
+    char with[64];
+    snprintf(with, sizeof with, "%s_WITH_CTX", var);
+    unsigned long long (*ctx)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "gsdouble_ctx_bytes");
+    const char *w = getenv(with);
+    return w && ctx && d && ctx(*(int *)d) ? w : getenv(var);
+}
 #define PROCS(name, T, var)                                                    \
     EXPORT nvmlReturn_t name(nvmlDevice_t d, unsigned *count, T *infos)        \
     {                                                                          \
         (void)d;                                                               \
-        const char *e = getenv(var);                                           \
+        const char *e = procs_env(var, d);                                     \
         unsigned n = 0, cap = *count;                                          \
         while (e && *e) {                                                      \
             char *end;                                                         \
