@@ -19,9 +19,12 @@ FGD's workload ("the request shapes seen so far") is the arrived tasks' shapes, 
 (``TaskShape.demand_weight``), refreshed into the typical set (most frequent shapes covering 95 %, at most
 ``FGD_MAX_SHAPES`` — the paper's popularity threshold) at 1, 2, 4, … arrivals and then every
 ``typical_refresh`` (1,024) arrivals; weights are current at every arrival
-(:class:`gpuslice.placement.WorkloadMix`, the same the Kubernetes extender learns with). (The FGD authors' simulator
-fixes the typical set up front from the whole trace, which a scheduler does not have; on openb the
-learnt set gives the same allocation within noise.)
+(:class:`gpuslice.placement.WorkloadMix`, the same the Kubernetes extender learns with). The FGD authors' simulator
+fixes the typical set and its weights up front from the whole trace, which a scheduler does not have;
+``SimConfig.fgd_workload = "trace"`` (``--fgd-workload trace``) does the same. On openb a workload counted over
+the whole trace moved FGD's allocation at 100 % by +0.04 ± 0.11 points on default, +0.17 ± 0.22 on gpushare40
+and +0.10 ± 0.14 on gpushare60 (paired over 4-6 seeds; part of the gap to the published gain on gpushare40,
+none of it on default: ``bench/results/2026-11-25-cpu-2core-vm-sim-openb-fgd-workload.txt``).
 """
 
 from __future__ import annotations
