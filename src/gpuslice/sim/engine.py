@@ -22,8 +22,8 @@ FGD's workload ("the request shapes seen so far") is the arrived tasks' shapes, 
 (:class:`gpuslice.placement.WorkloadMix`, the same the Kubernetes extender learns with). The FGD authors' simulator
 fixes the typical set and its weights up front from the whole trace, which a scheduler does not have;
 ``SimConfig.fgd_workload = "trace"`` (``--fgd-workload trace``) does the same. On openb a workload counted over
-the whole trace moved FGD's allocation at 100 % by +0.04 ± 0.11 points on default, +0.17 ± 0.22 on gpushare40
-and +0.10 ± 0.14 on gpushare60 (paired over 4-6 seeds; part of the gap to the published gain on gpushare40,
+the whole trace moved FGD's allocation at 100 % by +0.04 ± 0.11 points on default, +0.20 ± 0.20 on gpushare40
+and +0.10 ± 0.14 on gpushare60 (paired over 4-10 seeds; half the gap to the published gain on gpushare40,
 none of it on default: ``bench/results/2026-11-25-cpu-2core-vm-sim-openb-fgd-workload.txt``).
 """
 
