@@ -15,7 +15,13 @@ the published variants were made (default plus re-sampled multi-GPU tasks, +1,00
 a fixed seed. They are not the authors' files, so no published number is compared for them; what is measured is
 how each difference moves FGD's gain as the mix gets heavier.
 
-    .venv/bin/python bench/sim/openb_multigpu_mix.py [--seeds 42 43 44 45] [--out FILE]
+Further variants (issue 16, item 5; ``--variants``): ``fgd-trace`` (the simulator's ``--fgd-workload trace``: the
+typical set counted over the whole trace up front, fixed, 32-shape cap kept), ``fgd-trace-typical`` (the same,
+uncapped, as the authors), ``fgd-artifact`` (that on the authors' arrivals) and ``bestfit-shuffled`` (best-fit on
+the authors' arrivals, the base of the shuffled variants' gain). Results:
+``bench/results/2026-11-25-cpu-2core-vm-sim-openb-fgd-workload.txt``.
+
+    .venv/bin/python bench/sim/openb_multigpu_mix.py [--seeds 42 43 44 45] [--traces ...] [--variants ...] [--out FILE]
 
 Bounded: 4 seeds × 3 traces × (best-fit + 3 FGD variants) = 48 full replays of openb's 6,212 GPUs, about 30-45 s
 each on a loaded 2-CPU VM with 2 workers: ~15-20 minutes. Prints a table; writes it to --out (default
