@@ -86,7 +86,7 @@ class Weighed:
     count of the shape that arrived: with p = c / Σc, Σ_k p'_k d_k = (Σc · Σ_k p_k d_k + Σ_j Δc_j d_j) / Σc'.
     One column per changed count replaces the matrix-vector product over every node (at 5,000 × 8 with
     openb's 32 shapes: ~0.1 ms instead of ~0.35 ms plus its temporaries). That pays when a shape comes back
-    before many counts moved (a fixed workload: CPU p50 of a placement 1.6 against 1.8-2.2 ms); on openb's
+    before many counts moved (a fixed workload: median CPU p50 of a placement 1.6 against 1.75-2.2 ms); on openb's
     learnt mix a shape returns every ~27 arrivals, most counts have moved by then and it is weighed afresh
     as before (bench/results/2026-11-25-cpu-2core-vm-placement-latency-fgd.txt). Rows that changed, a change of
     more than ``MAX_COLUMNS`` counts and every ``REFRESH``-th update are weighed afresh with the formula
