@@ -55,7 +55,8 @@ def node_order(fleet: Fleet, rows: np.ndarray, seed: int) -> np.ndarray:
 def _chosen_delta(ctx: Context, choice: Choice) -> np.ndarray:
     """[C] ΔF = Σ_k p_k ΔF_n(k) of the devices chosen on each node."""
     terms, p = ctx.terms, ctx.p
-    assert terms is not None and p is not None and ctx.counts is not None, "the context has terms whenever a level is fgd"
+    assert terms is not None and p is not None and ctx.counts is not None, \
+        "the context has terms whenever a level is fgd"
     if ctx.shape.whole:
         return terms.whole_weighed(ctx.fleet, ctx.fit, ctx.rows, choice.picked, ctx.counts)
     if ctx.shape.count == 1:
