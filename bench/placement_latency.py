@@ -24,6 +24,7 @@ import copy
 import gc
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -92,6 +93,18 @@ def draw(rng: np.random.Generator) -> tuple[Request, int]:
     return req, cpu
 
 
+def timed(fn) -> tuple[float, float]:
+    """Wall and CPU milliseconds of one call. CPU time is this thread's (the placement runs on it; numpy's
+    BLAS did not start threads for these sizes: process time read the same), so it does not count the
+    time the OS gave to other jobs — the figure that says what the code costs on a loaded box."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    try:
+        fn()
+    except NoFit:
+        pass
+    return (time.perf_counter() - w0) * 1000, (time.thread_time() - c0) * 1000
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="100,1000,5000")
@@ -102,14 +115,21 @@ def main() -> int:
                     help="request / workload shapes: the 14-shape openb-like mix, or openb's own 32 most frequent")
     ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parent / "data" / "openb_pod_list_default.csv")
     ap.add_argument("--policies", default="binpack,spread,bestfit,fgd,random")
+    ap.add_argument("--workload", choices=("learnt", "fixed"), default="learnt",
+                    help="learnt: every request is counted into FGD's workload before it is scored, so the shape "
+                         "weights move on every call, as in the extender and the simulator; fixed: they never move")
     ap.add_argument("--load", type=int, default=0,
                     help="busy-loop processes loading the machine while each policy is timed (another job); with "
-                         "--load, every policy is timed twice, unloaded and loaded, in ABBA order per size")
+                         "--load, every policy is timed in separate runs, unloaded and loaded, in ABBA order")
+    ap.add_argument("--baseline-src", type=Path,
+                    help="with --load: also time the gpuslice package under this src directory (e.g. an export of "
+                         "an earlier commit), alternated with this checkout's, A B B A in each load state")
+    ap.add_argument("--label", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.shapes == "openb":
         global MIX, SHAPES, WORKLOAD
         MIX, SHAPES, WORKLOAD = openb_mix(args.trace)
-    if args.load:
+    if args.load or args.baseline_src:
         return loaded_runs(args)
     load = os.getloadavg()
     lines = [
@@ -117,70 +137,75 @@ def main() -> int:
         f"# machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, {sys.platform}, "
         f"Python {platform.python_version()}, numpy {np.__version__}; load average at start "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}" + (" (other jobs were running)" if load[0] > 1 else " (quiet)"),
+        f"# code: {Path(sys.modules['gpuslice'].__file__).parent}",
         f"# shapes: {len(SHAPES)} in FGD's workload ({'openb_pod_list_default, its 32 most frequent' if args.shapes == 'openb' else 'openb-like mix'}), "
-        f"{len(MIX)} GPU request shapes drawn",
+        f"{len(MIX)} GPU request shapes drawn; workload {args.workload}",
         "# fleet: N nodes x 8 GPUs (32 GiB), ~50% allocated; requests drawn from that mix; each call",
         "# is followed (untimed) by applying its placement and releasing an earlier grant (steady state)",
-        f"{'nodes':>6} {'path':>6} {'policy':>8} {'calls':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} {'cold':>7}",
+        "# wall: perf_counter; cpu: thread_time of the same call",
+        f"{'nodes':>6} {'path':>6} {'policy':>8} {'calls':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
+        f"{'cpu_p50':>7} {'cpu_p99':>7} {'cold':>7}",
     ]
     print("\n".join(lines), flush=True)
     for n in (int(s) for s in args.sizes.split(",")):
         base = build(n, np.random.default_rng(n))
         for pol in args.policies.split(","):
-            rng = np.random.default_rng(n + 1)
-            gc.unfreeze()
-            fleet, workload, granted = copy.deepcopy(base)  # every policy starts from the same fleet
-            policy = PlacementPolicy.parse(pol, seed=2)
-            t0 = time.perf_counter()
-            score_nodes(MIX[1][1], fleet, policy, workload=workload, cpu_milli=MIX[1][2])  # first call: cold caches
-            cold = (time.perf_counter() - t0) * 1000
-            for _, req, cpu in MIX:  # warm every shape once, as a running extender would have
-                score_nodes(req, fleet, policy, workload=workload, cpu_milli=cpu)
-            # The ~20,000 grants built above are long-lived Python objects; without this, the cyclic
-            # GC's full passes over them add 100–200 ms pauses to random calls. A long-running service
-            # does the same after start-up (gc.freeze()).
-            gc.collect()
-            gc.freeze()
-            ms = []
-            for _ in range(args.calls):
-                req, cpu = draw(rng)
-                t0 = time.perf_counter()
-                try:
-                    score_nodes(req, fleet, policy, workload=workload, cpu_milli=cpu)
-                except NoFit:
-                    pass
-                ms.append((time.perf_counter() - t0) * 1000)
-                try:
-                    p = place(req, fleet, policy, workload=workload, cpu_milli=cpu, rng=rng)
-                    fleet.apply_placement(p, cpu_milli=cpu)
-                    granted.append((p, cpu))
-                except NoFit:
-                    pass
-                old, old_cpu = granted.pop(int(rng.integers(len(granted))))
-                fleet.release_placement(old, cpu_milli=old_cpu)
-            q = np.percentile(ms, [50, 90, 99])
-            row = f"{n:>6} {'fleet':>6} {pol:>8} {len(ms):>6} {q[0]:7.2f} {q[1]:7.2f} {q[2]:7.2f} {max(ms):7.2f} {cold:7.1f}"
-            print(row, flush=True)
-            lines.append(row)
-            if args.cold and n <= 1000:
-                nodes = fleet.nodes()
-                ms = []
-                for _ in range(max(10, args.calls // 20)):
-                    req, cpu = draw(rng)
-                    t0 = time.perf_counter()
-                    try:
-                        score_nodes(req, nodes, policy, workload=workload, cpu_milli=cpu)
-                    except NoFit:
-                        pass
-                    ms.append((time.perf_counter() - t0) * 1000)
-                q = np.percentile(ms, [50, 90, 99])
-                row = f"{n:>6} {'list':>6} {pol:>8} {len(ms):>6} {q[0]:7.2f} {q[1]:7.2f} {q[2]:7.2f} {max(ms):7.2f} {'':>7}"
-                print(row, flush=True)
-                lines.append(row)
+            lines += time_policy(args, n, pol, copy.deepcopy(base))  # every policy starts from the same fleet
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(lines) + "\n")
     return 0
+
+
+def _row(n: int, path: str, pol: str, wall: list[float], cpu: list[float], cold: str) -> str:
+    q = np.percentile(wall, [50, 90, 99])
+    c = np.percentile(cpu, [50, 99])
+    return (f"{n:>6} {path:>6} {pol:>8} {len(wall):>6} {q[0]:7.2f} {q[1]:7.2f} {q[2]:7.2f} {max(wall):7.2f} "
+            f"{c[0]:7.2f} {c[1]:7.2f} {cold:>7}")
+
+
+def time_policy(args, n: int, pol: str, state) -> list[str]:
+    rng = np.random.default_rng(n + 1)
+    gc.unfreeze()
+    fleet, workload, granted = state
+    policy = PlacementPolicy.parse(pol, seed=2)
+    cold, _ = timed(lambda: score_nodes(MIX[1][1], fleet, policy, workload=workload, cpu_milli=MIX[1][2]))
+    for _, req, cpu in MIX:  # warm every shape once, as a running extender would have
+        score_nodes(req, fleet, policy, workload=workload, cpu_milli=cpu)
+    # The ~20,000 grants built above are long-lived Python objects; without this, the cyclic
+    # GC's full passes over them add 100–200 ms pauses to random calls. A long-running service
+    # does the same after start-up (gc.freeze()).
+    gc.collect()
+    gc.freeze()
+    wall, cpu_ms, lines = [], [], []
+    for _ in range(args.calls):
+        req, cpu = draw(rng)
+        if args.workload == "learnt":  # the extender counts each pod into the workload when it first sees it
+            workload = workload.observe(TaskShape.of(req, cpu_milli=cpu))
+        w, c = timed(lambda: score_nodes(req, fleet, policy, workload=workload, cpu_milli=cpu))
+        wall.append(w)
+        cpu_ms.append(c)
+        try:
+            p = place(req, fleet, policy, workload=workload, cpu_milli=cpu, rng=rng)
+            fleet.apply_placement(p, cpu_milli=cpu)
+            granted.append((p, cpu))
+        except NoFit:
+            pass
+        old, old_cpu = granted.pop(int(rng.integers(len(granted))))
+        fleet.release_placement(old, cpu_milli=old_cpu)
+    lines.append(_row(n, "fleet", pol, wall, cpu_ms, f"{cold:7.1f}"))
+    print(lines[-1], flush=True)
+    if args.cold and n <= 1000:
+        nodes = fleet.nodes()
+        wall, cpu_ms = [], []
+        for _ in range(max(10, args.calls // 20)):
+            req, cpu = draw(rng)
+            w, c = timed(lambda: score_nodes(req, nodes, policy, workload=workload, cpu_milli=cpu))
+            wall.append(w)
+            cpu_ms.append(c)
+        lines.append(_row(n, "list", pol, wall, cpu_ms, ""))
+        print(lines[-1], flush=True)
+    return lines
 
 
 def busy(stop) -> None:
@@ -191,42 +216,65 @@ def busy(stop) -> None:
             x = (x * 31 + i) % 1000003
 
 
-def loaded_runs(args) -> int:
-    """Each size and policy timed without and with ``--load`` busy processes, alternating A B B A, as separate
-    interpreter runs of this script (so one run's caches and GC state do not carry into the next)."""
-    import multiprocessing as mp
+def _child(args, src: Path | None) -> list[str]:
+    """One run of this script in a fresh interpreter (so one run's caches and GC state do not carry into the
+    next), importing gpuslice from ``src`` when given."""
     import subprocess
 
-    base = [sys.executable, __file__, "--sizes", args.sizes, "--calls", str(args.calls), "--shapes", args.shapes,
-            "--trace", str(args.trace), "--policies", args.policies]
-    rows: dict[tuple[str, bool], list[list[str]]] = {}
-    header = ""
-    for loaded in (False, True, True, False):
-        stop = mp.Event()
-        workers = [mp.Process(target=busy, args=(stop,), daemon=True) for _ in range(args.load if loaded else 0)]
-        for w in workers:
-            w.start()
-        try:
-            out = subprocess.run(base, capture_output=True, text=True, check=True).stdout.splitlines()
-        finally:
-            stop.set()
+    cmd = [sys.executable, __file__, "--sizes", args.sizes, "--calls", str(args.calls), "--shapes", args.shapes,
+           "--trace", str(args.trace), "--policies", args.policies, "--workload", args.workload]
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src.resolve())
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout.splitlines()
+
+
+def loaded_runs(args) -> int:
+    """Each size and policy timed in separate runs, unloaded and then with ``--load`` busy processes running
+    (A B B A within each: this checkout, the baseline, the baseline, this checkout — or this checkout twice
+    without ``--baseline-src``). Every run's wall and CPU p50 / p99 is listed, then the median over runs."""
+    import multiprocessing as mp
+
+    codes = [("now", None), ("before", args.baseline_src)] if args.baseline_src else [("now", None), ("now", None)]
+    order = [codes[0], codes[1], codes[1], codes[0]]
+    rows: dict[tuple[str, str, int], list[list[str]]] = {}
+    header: list[str] = []
+    started, load0 = time.time(), os.getloadavg()
+    for loaded in sorted({0, args.load}):
+        for label, src in order:
+            stop = mp.Event()
+            workers = [mp.Process(target=busy, args=(stop,), daemon=True) for _ in range(loaded)]
             for w in workers:
-                w.join(5)
-        header = "\n".join(line for line in out if line.startswith("#"))
-        for line in out:
-            parts = line.split()
-            if parts and parts[0].isdigit():
-                rows.setdefault((f"{parts[0]} {parts[2]}", loaded), []).append(parts)
-    lines = [header, f"# ABBA: unloaded, loaded ({args.load} busy process(es) on {os.cpu_count()} cores), loaded, "
-                     "unloaded; p50 / p99 ms of each run",
-             f"{'nodes policy':>16} {'unloaded p50':>14} {'unloaded p99':>14} {'loaded p50':>12} {'loaded p99':>12}"]
-    for key in dict.fromkeys(k for k, _ in rows):
-        cells = []
-        for loaded in (False, True):
-            runs = rows[(key, loaded)]
-            cells.append(" / ".join(r[4] for r in runs))
-            cells.append(" / ".join(r[6] for r in runs))
-        lines.append(f"{key:>16} {cells[0]:>14} {cells[1]:>14} {cells[2]:>12} {cells[3]:>12}")
+                w.start()
+            try:
+                out = _child(args, src)
+            finally:
+                stop.set()
+                for w in workers:
+                    w.join(5)
+            header = header or [line for line in out if line.startswith("#") and not line.startswith("# code")]
+            for line in out:
+                parts = line.split()
+                if parts and parts[0].isdigit():
+                    rows.setdefault((f"{parts[0]} {parts[2]}", label, loaded), []).append(parts)
+    load1 = os.getloadavg()
+    lines = header + [
+        f"# runs: each row is one interpreter run; {len(order)} runs per load state, A B B A "
+        + ("(now = this checkout, before = " + str(args.baseline_src) + ")" if args.baseline_src else "(this checkout)"),
+        f"# load: 'busy N' = N busy-loop processes (pure Python arithmetic) started by this benchmark on "
+        f"{os.cpu_count()} cores while the run is timed; load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; "
+        f"{time.time() - started:.0f} s",
+        f"{'nodes policy':>16} {'code':>6} {'load':>6} {'wall p50':>9} {'wall p99':>9} {'cpu p50':>8} {'cpu p99':>8}"]
+    for key, label, loaded in rows:
+        for parts in rows[(key, label, loaded)]:
+            lines.append(f"{key:>16} {label:>6} {'busy ' + str(loaded):>6} {parts[4]:>9} {parts[6]:>9} "
+                         f"{parts[8]:>8} {parts[9]:>8}")
+    lines.append("# median over the runs of each row above")
+    for key, label, loaded in rows:
+        runs = rows[(key, label, loaded)]
+        med = [statistics.median(float(r[i]) for r in runs) for i in (4, 6, 8, 9)]
+        lines.append(f"{key:>16} {label:>6} {'busy ' + str(loaded):>6} {med[0]:9.2f} {med[1]:9.2f} "
+                     f"{med[2]:8.2f} {med[3]:8.2f}")
     print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,13 @@ the published variants were made (default plus re-sampled multi-GPU tasks, +1,00
 a fixed seed. They are not the authors' files, so no published number is compared for them; what is measured is
 how each difference moves FGD's gain as the mix gets heavier.
 
-    .venv/bin/python bench/sim/openb_multigpu_mix.py [--seeds 42 43 44 45] [--out FILE]
+Further variants (issue 16, item 5; ``--variants``): ``fgd-trace`` (the simulator's ``--fgd-workload trace``: the
+typical set counted over the whole trace up front, fixed, 32-shape cap kept), ``fgd-trace-typical`` (the same,
+uncapped, as the authors), ``fgd-artifact`` (that on the authors' arrivals) and ``bestfit-shuffled`` (best-fit on
+the authors' arrivals, the base of the shuffled variants' gain). Results:
+``bench/results/2026-11-25-cpu-2core-vm-sim-openb-fgd-workload.txt``.
+
+    .venv/bin/python bench/sim/openb_multigpu_mix.py [--seeds 42 43 44 45] [--traces ...] [--variants ...] [--out FILE]
 
 Bounded: 4 seeds × 3 traces × (best-fit + 3 FGD variants) = 48 full replays of openb's 6,212 GPUs, about 30-45 s
 each on a loaded 2-CPU VM with 2 workers: ~15-20 minutes. Prints a table; writes it to --out (default
@@ -39,7 +45,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data"
-VARIANTS = ("bestfit", "fgd", "fgd-uncapped", "fgd-shuffled")
+VARIANTS = ("bestfit", "fgd", "fgd-uncapped", "fgd-shuffled", "fgd-trace-typical", "fgd-artifact", "bestfit-shuffled",
+            "fgd-trace")
+SHUFFLED = ("fgd-shuffled", "fgd-artifact", "bestfit-shuffled")  # on the authors' arrivals
 
 
 def tasks_of(trace: str):
@@ -59,21 +67,40 @@ def tasks_of(trace: str):
 
 
 def shuffled(tasks, capacity: float, config):
-    """The authors' arrivals where the trace holds more than ratio × capacity: shuffled, each task once, trimmed
-    at ratio × capacity (fewer: drawn with replacement, as ours)."""
-    from gpuslice.sim.engine import draw_inflation
-
+    """The authors' arrivals: the trace shuffled, each task once, trimmed at ratio × capacity where it holds more;
+    where it holds less, topped up with uniform draws (with replacement) until ratio × capacity has arrived."""
     pool = [t for t in tasks if config.cpu_tasks == "include" or t.num_gpu > 0]
-    if sum(t.gpu_demand for t in pool) < config.ratio * capacity:
-        return draw_inflation(tasks, capacity, config)
-    order = np.random.default_rng(config.seed).permutation(len(pool)).tolist()
+    rng = np.random.default_rng(config.seed)
+    target = config.ratio * capacity
     out, demand = [], 0.0
-    for i in order:
+    for i in rng.permutation(len(pool)).tolist():
         out.append(pool[i])
         demand += pool[i].gpu_demand
-        if demand >= config.ratio * capacity:
-            break
+        if demand >= target:
+            return out
+    while demand < target:
+        task = pool[int(rng.integers(len(pool)))]
+        out.append(task)
+        demand += task.gpu_demand
     return out
+
+
+def trace_typical(tasks):
+    """The authors' FGD workload: the typical set (95 % popularity, no cap) counted over the whole trace before
+    the replay starts, fixed for the whole replay (weights included), instead of learnt from the arrivals."""
+    from collections import Counter
+
+    from gpuslice.placement import Workload
+    from gpuslice.placement.mix import WorkloadMix
+    from gpuslice.sim.engine import _shape
+
+    counts = Counter(_shape(t) for t in tasks)
+    fixed = Workload(tuple((s, float(c)) for s, c in counts.items())).typical(0.95, 1000)
+
+    class Fixed(WorkloadMix):
+        def workload(self):
+            return fixed
+    return Fixed
 
 
 def run(job: tuple[str, str, int]) -> tuple[str, str, int, float]:
@@ -87,11 +114,15 @@ def run(job: tuple[str, str, int]) -> tuple[str, str, int, float]:
 
     if variant == "fgd-uncapped":
         frag.FGD_MAX_SHAPES = mix.FGD_MAX_SHAPES = 1000
-    if variant == "fgd-shuffled":
+    if variant in SHUFFLED:
         engine.draw_inflation = shuffled  # type: ignore[assignment]
+    if variant in ("fgd-trace-typical", "fgd-artifact"):
+        engine.WorkloadMix = trace_typical(tasks_of(trace))  # type: ignore[assignment]
+        frag.FGD_MAX_SHAPES = mix.FGD_MAX_SHAPES = 1000
     policy = PlacementPolicy.parse(variant.split("-")[0])
-    result = run_inflation(tasks_of(trace), load_nodes(DATA / "openb_node_list_gpu_node.csv"), policy,
-                           SimConfig(seed=seed))
+    # fgd-trace: the simulator's own --fgd-workload trace (the whole trace's typical set, capped at 32 shapes).
+    config = SimConfig(seed=seed, fgd_workload="trace" if variant == "fgd-trace" else "learnt")
+    result = run_inflation(tasks_of(trace), load_nodes(DATA / "openb_node_list_gpu_node.csv"), policy, config)
     return trace, variant, seed, result.alloc_at(100)
 
 
@@ -100,9 +131,10 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44, 45])
     ap.add_argument("--traces", nargs="+", default=["multigpu30", "synth40", "synth50"])
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    jobs = [(t, v, s) for t in a.traces for s in a.seeds for v in VARIANTS]
+    jobs = [(t, v, s) for t in a.traces for s in a.seeds for v in a.variants]
     started = time.time()
     results: dict[tuple[str, str], dict[int, float]] = {}
     # One process per replay: a variant patches module state (the cap, the arrivals) for its own replay only.
@@ -114,13 +146,16 @@ def main() -> int:
     lines = [f"# FGD's gain over best-fit as multi-GPU tasks grow — {day}, {os.uname().nodename}, "
              f"{len(jobs)} replays in {time.time() - started:.0f} s, load {os.getloadavg()[0]:.1f}",
              "# alloc@100 (% of 6,212 GPUs placed when a cluster's worth has arrived), mean over seeds "
-             + " ".join(map(str, a.seeds)) + "; gain = variant - best-fit, per seed, then mean ± sd",
+             + " ".join(map(str, a.seeds)) + "; gain = variant - best-fit (on the same arrivals: bestfit-shuffled for the "
+             "shuffled ones, where it ran), per seed, then mean ± sd; vs fgd = variant - fgd, per seed",
              f"{'trace':12s} {'variant':14s} {'alloc@100':>10s} {'gain':>14s} {'vs fgd':>8s}"]
     for trace in a.traces:
-        base = results[(trace, "bestfit")]
         fgd = results[(trace, "fgd")]
-        for variant in VARIANTS:
+        for variant in a.variants:
             r = results[(trace, variant)]
+            # Gains on the authors' arrivals are taken over best-fit on the same arrivals, where it ran.
+            own = variant in SHUFFLED and (trace, "bestfit-shuffled") in results
+            base = results[(trace, "bestfit-shuffled" if own else "bestfit")]
             gains = [r[s] - base[s] for s in a.seeds]
             vs = [r[s] - fgd[s] for s in a.seeds]
             lines.append(f"{trace:12s} {variant:14s} {statistics.mean(r.values()):10.2f} "

@@ -62,6 +62,7 @@ def test_same_seed_same_report_numbers(small_trace, tmp_path):
     (["--repeats", "0"], "1 to 100"),
     (["--ratio", "0"], "above 0"),
     (["--cpu-tasks", "some"], "include or skip"),
+    (["--fgd-workload", "future"], "learnt or trace"),
     (["--seed", "-1"], "0 or more"),
     (["--split-count", "0"], "1 or more"),
     (["--workers", "-2"], "0 or more"),

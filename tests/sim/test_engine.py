@@ -125,3 +125,36 @@ def test_timeline_mean_utilisation_is_time_weighted_over_the_arrival_window(tmp_
     r = run_timeline(load_tasks(pods), load_nodes(nodes), PlacementPolicy(), SimConfig())
     assert r.mean_utilization() == pytest.approx(50.0)
     assert r.times.tolist() == [0.0, 5.0, 10.0, 11.0] and r.utilization.tolist() == [100.0, 0.0, 100.0, 0.0]
+
+
+def test_trace_workload_is_counted_over_the_whole_trace_and_fixed(small_trace, monkeypatch):
+    """--fgd-workload trace: FGD weighs the typical set of the whole trace from the first arrival on, and the
+    weights do not move as tasks arrive (the FGD authors' simulator); learnt starts from the first arrival."""
+    import gpuslice.sim.engine as engine
+    from gpuslice.sim.engine import TraceWorkload, _shape
+
+    tasks = load_tasks(small_trace[0])
+    specs = load_nodes(small_trace[1])
+    whole = TraceWorkload(tasks).workload()
+    counts = {}
+    for t in tasks:
+        counts[_shape(t)] = counts.get(_shape(t), 0) + 1
+    assert dict(whole.counts) == {s: c for s, c in counts.items() if s in dict(whole.counts)}
+    assert sum(c for _, c in whole.counts) >= 0.95 * len(tasks) or len(whole.counts) == engine.FGD_MAX_SHAPES
+    seen = []
+    real = engine.Cluster.try_place
+
+    def spy(self, task, policy, workload, rng):
+        seen.append(workload)
+        return real(self, task, policy, workload, rng)
+    monkeypatch.setattr(engine.Cluster, "try_place", spy)
+    run_inflation(tasks, specs, PlacementPolicy.parse("fgd"), SimConfig(seed=3, fgd_workload="trace"))
+    assert seen and all(w == whole for w in seen)
+    seen.clear()
+    run_inflation(tasks, specs, PlacementPolicy.parse("fgd"), SimConfig(seed=3))
+    assert sum(c for _, c in seen[0].counts) == 1  # learnt: only the first arrival is known at the first placement
+
+
+def test_config_refuses_an_unknown_fgd_workload():
+    with pytest.raises(SpecError, match="learnt or trace"):
+        SimConfig(fgd_workload="future")

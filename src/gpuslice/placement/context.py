@@ -45,6 +45,7 @@ class Context:
     generator: np.random.Generator | None  # one stream for both levels when either is ``random``
     terms: Terms | None  # FGD's terms when either level is ``fgd``
     p: np.ndarray | None  # [K] the workload's shape weights, with ``terms``
+    counts: np.ndarray | None  # [K] the same before normalising (the kept weighings move with them)
     frag: np.ndarray | None  # [C, G] ΔF of a one-device shared slice on each device, with ``terms``
     dev_ok: np.ndarray  # [C, G]
     need: np.ndarray  # [C, G] bytes
@@ -72,14 +73,14 @@ def request_context(fleet: Fleet, fit: Fit, policy: PlacementPolicy, workload: W
     rows = np.arange(len(fleet)) if everything else fitting
     generator = seeded_rng(policy, fleet, rng) if "random" in (policy.node, policy.gpu) else None
     uses_fgd = "fgd" in (policy.node, policy.gpu)
-    terms, p = request_terms(fleet, workload, fit.shape, rows) if uses_fgd else (None, None)
+    terms, p, counts = request_terms(fleet, workload, fit.shape, rows) if uses_fgd else (None, None, None)
 
     def take(array: np.ndarray) -> np.ndarray:
         return array if everything else array[rows]
     # Either fgd level needs it for a shared slice: the GPU level ranks devices by it, the node level
     # reads the chosen device's entry.
-    frag = terms.shared_delta(fleet, fit, rows, p) if terms is not None and not fit.shape.whole else None
-    return Context(fleet, policy, fit, fitting, rows, everything, fit.node_ok[rows], generator, terms, p, frag,
+    frag = terms.shared_delta(fleet, fit, rows, counts) if terms is not None and not fit.shape.whole else None
+    return Context(fleet, policy, fit, fitting, rows, everything, fit.node_ok[rows], generator, terms, p, counts, frag,
                    take(fit.dev_ok), take(fit.need), take(fleet.mem_cap), take(fleet.mem_used))
 
 

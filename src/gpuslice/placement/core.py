@@ -109,7 +109,8 @@ def score_nodes(request: Request, nodes: Nodes, policy: PlacementPolicy | None =
     """Score 0..100 (higher is better) of every node that fits; nodes that do not fit are absent."""
     fleet = _as_fleet(nodes)
     _, scored = _score(request, fleet, policy or PlacementPolicy(), workload, cpu_milli, host_memory, rng)
-    return dict(zip(fleet.name_array[scored.rows].tolist(), scored.score.tolist()))
+    every = scored.rows.size == len(fleet)  # rows are in order: the names as they are, no fancy-index copy
+    return dict(zip(fleet.names if every else fleet.name_array[scored.rows].tolist(), scored.score.tolist()))
 
 
 def filter_nodes(request: Request, nodes: Nodes, *, cpu_milli: int = 0,

@@ -51,15 +51,20 @@ def shape_types(fleet: Fleet, shapes: tuple[TaskShape, ...]) -> ShapeTypes:
     return types
 
 
-def workload_vectors(workload: Workload | None, shape: TaskShape) -> tuple[tuple[TaskShape, ...], np.ndarray]:
-    """The shapes FGD weighs and their weights. The shapes tuple keys the caches: callers that keep a
-    workload (``Workload.observe`` keeps first-seen order) hit them call after call."""
+def workload_counts(workload: Workload | None, shape: TaskShape) -> tuple[tuple[TaskShape, ...], np.ndarray]:
+    """The shapes FGD weighs and their counts (weights before normalising). The shapes tuple keys the
+    caches: callers that keep a workload (``Workload.observe`` keeps first-seen order) hit them call after
+    call."""
     if workload is None or not workload.counts:
         return (shape,), np.ones(1)
     top = workload.top(FGD_MAX_SHAPES) if len(workload.counts) > FGD_MAX_SHAPES else workload
-    shapes = tuple(s for s, _ in top.counts)
-    weights = np.array([c for _, c in top.counts], float)
-    return shapes, weights / weights.sum()
+    return tuple(s for s, _ in top.counts), np.array([c for _, c in top.counts], float)
+
+
+def workload_vectors(workload: Workload | None, shape: TaskShape) -> tuple[tuple[TaskShape, ...], np.ndarray]:
+    """The shapes FGD weighs and their weights p_k (summing to 1)."""
+    shapes, counts = workload_counts(workload, shape)
+    return shapes, counts / counts.sum()
 
 
 def weigh(delta_k: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -71,6 +76,61 @@ def weigh(delta_k: np.ndarray, p: np.ndarray) -> np.ndarray:
     np.rint(out, out=out)
     out /= 1e9
     return out
+
+
+class Weighed:
+    """Σ_k p_k · delta[..., k] of a kept per-shape array ``delta`` ([N, ..., K]), kept current as its rows
+    change and as the workload's counts move.
+
+    The workload is learnt arrival by arrival, so its weights change on every call, but only by the
+    count of the shape that arrived: with p = c / Σc, Σ_k p'_k d_k = (Σc · Σ_k p_k d_k + Σ_j Δc_j d_j) / Σc'.
+    One column per changed count replaces the matrix-vector product over every node (at 5,000 × 8 with
+    openb's 32 shapes: ~0.1 ms instead of ~0.35 ms plus its temporaries). That pays when a shape comes back
+    before many counts moved (a fixed workload: median CPU p50 of a placement 1.6 against 1.75-2.2 ms); on openb's
+    learnt mix a shape returns every ~27 arrivals, most counts have moved by then and it is weighed afresh
+    as before (bench/results/2026-11-25-cpu-2core-vm-placement-latency-fgd.txt). Rows that changed, a change of
+    more than ``MAX_COLUMNS`` counts and every ``REFRESH``-th update are weighed afresh with the formula
+    of :func:`weigh`, so rounding drift stays bounded; the result is rounded to 1e-9 as :func:`weigh`
+    rounds, which makes it equal to weighing afresh but for values within an ulp of a rounding edge
+    (``tests/placement/test_fgd_decisions.py`` pins the decisions to those of weighing afresh)."""
+
+    MAX_COLUMNS = 4
+    REFRESH = 1024
+
+    def __init__(self, delta: np.ndarray):
+        self.delta = delta
+        self.sum = np.zeros(delta.shape[:-1])  # Σ_k p_k delta_k, not rounded
+        self.out = np.empty(delta.shape[:-1])
+        self.counts: np.ndarray | None = None
+        self.steps = 0
+
+    def update(self, counts: np.ndarray, dirty: np.ndarray) -> np.ndarray:
+        """The rounded weighed array under ``counts`` after the rows ``dirty`` of ``delta`` changed. The
+        array returned is reused by the next call."""
+        old = self.counts
+        changed = None if old is None or old.shape != counts.shape else np.flatnonzero(counts != old)
+        total = counts.sum()
+        p = counts / total
+        if changed is None or changed.size > self.MAX_COLUMNS or self.steps >= self.REFRESH:
+            np.matmul(self.delta, p, out=self.sum)
+            self.steps = 0
+        else:
+            if changed.size:
+                assert old is not None
+                self.sum *= old.sum()
+                column = self.out  # scratch until the rounding below
+                for j in changed.tolist():
+                    np.multiply(self.delta[..., j], counts[j] - old[j], out=column)
+                    self.sum += column
+                self.sum /= total
+                self.steps += 1
+            if dirty.size:
+                self.sum[dirty] = self.delta[dirty] @ p
+        self.counts = counts.copy()
+        out = np.multiply(self.sum, 1e9, out=self.out)
+        np.rint(out, out=out)
+        out /= 1e9
+        return out
 
 
 def _shape_fits(t: ShapeTypes, rows, mem_free: np.ndarray, comp_free: np.ndarray,
@@ -145,8 +205,8 @@ class Terms:
         self.count = np.zeros((n, k), np.int64)
         self.frag = np.zeros((n, k))
         self.total_share = np.zeros(n)
-        self.deltas: dict[TaskShape, tuple[np.ndarray, np.ndarray]] = {}
-        self.wholes: dict[TaskShape, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.deltas: dict[TaskShape, tuple[np.ndarray, Weighed]] = {}
+        self.wholes: dict[TaskShape, tuple[np.ndarray, np.ndarray, Weighed]] = {}
 
     def refresh(self, fleet: Fleet, rows: np.ndarray) -> None:
         dirty = rows[self.seen[rows] != fleet.row_version[rows]]
@@ -170,27 +230,28 @@ class Terms:
     def total(self, rows: np.ndarray, every: bool) -> np.ndarray:
         return self.total_share if every else self.total_share[rows]
 
-    def shared_delta(self, fleet: Fleet, fit: Fit, rows: np.ndarray, p: np.ndarray) -> np.ndarray:
-        """[C, G]: change of F_n = Σ_k p_k F_n(k) if the one-device request goes on device g of each row.
+    def shared_delta(self, fleet: Fleet, fit: Fit, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """[C, G]: change of F_n = Σ_k p_k F_n(k) if the one-device request goes on device g of each row
+        (p: ``counts`` normalised). The array returned is reused by the next call for this shape.
 
         Only device g (and the node's CPU) change, so the node's sums are updated by g's before/after
-        terms; rows unchanged since the last call for this request shape are served from the cache.
+        terms; rows unchanged since the last call for this request shape are served from the cache, and
+        so is their weighed sum (:class:`Weighed`).
         """
         n = self.t.need.shape[0]
         entry = self.deltas.get(fit.shape)
         if entry is None:
             if len(self.deltas) > 64:
                 self.deltas.clear()
-            entry = (np.full(n, -1, np.int64), np.zeros(self.t.need.shape))
+            entry = (np.full(n, -1, np.int64), Weighed(np.zeros(self.t.need.shape)))
             self.deltas[fit.shape] = entry
-        seen, delta = entry
+        seen, weighed = entry
         dirty = rows[seen[rows] != fleet.row_version[rows]]
         if dirty.size:
-            delta[dirty] = self._shared_delta_rows(fleet, fit, dirty)
+            weighed.delta[dirty] = self._shared_delta_rows(fleet, fit, dirty)
             seen[dirty] = fleet.row_version[dirty]
-        # Weigh the whole cached array (one matrix-vector product) rather than copying the rows out first.
-        weighed = weigh(delta, p)
-        return weighed if rows.size == n else weighed[rows]
+        out = weighed.update(counts, dirty)
+        return out if rows.size == n else out[rows]
 
     def _shared_delta_rows(self, fleet: Fleet, fit: Fit, dirty: np.ndarray) -> np.ndarray:
         """[C, G, K] of :meth:`shared_delta` for the rows ``dirty``, computed afresh."""
@@ -240,28 +301,28 @@ class Terms:
         return after - sel(self.frag)
 
     def whole_weighed(self, fleet: Fleet, fit: Fit, rows: np.ndarray, picked: np.ndarray,
-                      p: np.ndarray) -> np.ndarray:
-        """[C]: Σ_k p_k · :meth:`whole_delta`, with the per-shape terms kept per request shape and
-        recomputed only for rows that changed (or whose picked devices changed) since the last call:
-        whole-device requests are the commonest on openb, and recomputing [N, K] for every node on every
-        call was the largest part of fgd's latency at 5,000 nodes. The weighing itself runs over the
-        whole kept array, so a kept fleet and a fresh one round alike."""
+                      counts: np.ndarray) -> np.ndarray:
+        """[C]: Σ_k p_k · :meth:`whole_delta` (p: ``counts`` normalised), with the per-shape terms kept per
+        request shape and recomputed only for rows that changed (or whose picked devices changed) since
+        the last call: whole-device requests are the commonest on openb, and recomputing [N, K] for every
+        node on every call was the largest part of fgd's latency at 5,000 nodes. The weighed sum is kept
+        too (:class:`Weighed`). The array returned is reused by the next call for this shape."""
         n, _, k = self.t.need.shape
         entry = self.wholes.get(fit.shape)
         if entry is None or entry[1].shape[1] != picked.shape[1]:
             if len(self.wholes) > 16:
                 self.wholes.clear()
-            entry = (np.full(n, -1, np.int64), np.full((n, picked.shape[1]), -1, np.int64), np.zeros((n, k)))
+            entry = (np.full(n, -1, np.int64), np.full((n, picked.shape[1]), -1, np.int64), Weighed(np.zeros((n, k))))
             self.wholes[fit.shape] = entry
-        seen, seen_picked, delta = entry
+        seen, seen_picked, weighed = entry
         stale = np.flatnonzero((seen[rows] != fleet.row_version[rows]) | (seen_picked[rows] != picked).any(axis=1))
+        dirty = rows[stale]
         if stale.size:
-            dirty = rows[stale]
-            delta[dirty] = self.whole_delta(fleet, fit, dirty, picked[stale])
+            weighed.delta[dirty] = self.whole_delta(fleet, fit, dirty, picked[stale])
             seen[dirty] = fleet.row_version[dirty]
             seen_picked[dirty] = picked[stale]
-        weighed = weigh(delta, p)
-        return weighed if rows.size == n else weighed[rows]
+        out = weighed.update(counts, dirty)
+        return out if rows.size == n else out[rows]
 
     def shared_set_delta(self, fleet: Fleet, fit: Fit, rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
         """[C, K]: change of F_n(k) if one slice goes on each device ``picked`` ([C, count], distinct)."""
@@ -306,14 +367,14 @@ def kept_terms(fleet: Fleet, shapes: tuple[TaskShape, ...], rows: np.ndarray) ->
 
 
 def request_terms(fleet: Fleet, workload: Workload | None, shape: TaskShape,
-                  rows: np.ndarray) -> tuple[Terms, np.ndarray]:
-    """The terms and shape weights ``fgd`` scores ``shape`` against (the request alone when no
-    workload was seen)."""
-    shapes, p = workload_vectors(workload, shape)
-    return kept_terms(fleet, shapes, rows), p
+                  rows: np.ndarray) -> tuple[Terms, np.ndarray, np.ndarray]:
+    """The terms, shape weights and shape counts ``fgd`` scores ``shape`` against (the request alone when
+    no workload was seen)."""
+    shapes, counts = workload_counts(workload, shape)
+    return kept_terms(fleet, shapes, rows), counts / counts.sum(), counts
 
 
 __all__ = [
-    "FGD_MAX_SHAPES", "ShapeTypes", "Terms", "kept_terms", "request_terms", "shape_types", "weigh",
-    "workload_vectors",
+    "FGD_MAX_SHAPES", "ShapeTypes", "Terms", "Weighed", "kept_terms", "request_terms", "shape_types", "weigh",
+    "workload_counts", "workload_vectors",
 ]

@@ -45,6 +45,10 @@ def simulate(
                                   help="Timeline: arrivals this many times denser (durations kept). openb's own "
                                        "arrivals keep its cluster far from full; about 50000 makes tasks queue "
                                        "under every policy."),
+    fgd_workload: str = typer.Option("learnt", "--fgd-workload", metavar="learnt|trace",
+                                     help="What FGD weighs: the shapes learnt from the arrivals so far (what a "
+                                          "scheduler knows), or counted over the whole trace up front (the FGD "
+                                          "authors' simulator)."),
     out: Path = typer.Option(Path("out/simulate"), "--out", metavar="DIR",
                              help="Directory for summary.csv, curves.csv, report.html."),
     workers: int = typer.Option(0, "--workers", metavar="N", help="Processes (0 = one per CPU)."),
@@ -66,7 +70,7 @@ def simulate(
             if value < low:
                 raise SpecError(name, value, f"a whole number, {low} or more")
         config = SimConfig(ratio=ratio, seed=seed, split_count=split_count, memory_scaling=memory_scaling,
-                           cpu_tasks=cpu_tasks, speedup=speedup)
+                           cpu_tasks=cpu_tasks, speedup=speedup, fgd_workload=fgd_workload)
         jobs = plan(trace, nodes, parse_policies(policy), mode, config, repeats)
     report = run_and_report(jobs, out, workers or None, as_json=as_json, wide=wide)
     if not as_json:
@@ -89,6 +93,7 @@ def run_and_report(jobs, out: Path, workers: int | None = None, *, as_json: bool
         "mode": first.mode, "seeds": ", ".join(str(s) for s in dict.fromkeys(j.config.seed for j in jobs)),
         "ratio": f"{first.config.ratio:g}", "split count": str(first.config.split_count),
         "CPU-only tasks": first.config.cpu_tasks, "memory scaling": f"{first.config.memory_scaling:g}",
+        "FGD workload": first.config.fgd_workload,
     }
     if first.mode == "timeline":
         params["speedup"] = f"{first.config.speedup:g}"
