@@ -124,13 +124,29 @@ struct gs_ds_proc {             /* 128 bytes */
     unsigned char pad[24];      /* 104 */
 };
 
+/* A process's handle on one file (process-local, not part of the file). */
 struct gs_devstate {
     int fd;
     unsigned char *map;
     struct gs_ds_header *hdr;
     struct gs_ds_slice *slices;
     struct gs_ds_proc *procs;
+    char uuid[64];
+    int guard;                 /* slot of the SIGBUS guard (devstate_guard.c), -1 none */
+    int64_t recover_at_ns;     /* next attempt to map the file again after a truncation */
+    int64_t backoff_until_ns;  /* after a lock timeout: only try the lock (no wait) until then */
+    uint64_t lock_timeouts;    /* waits for the lock that ran out (GS_DS_LOCK_WAIT_NS) */
+    uint64_t lock_refused;     /* lock calls that failed for any reason (timeouts, back-off, bad mutex) */
 };
+
+/* A neighbour may stop (SIGSTOP) while it holds the lock, or hold the file's flock: the longest one
+ * call waits for either. After a timeout the handle only tries the lock, without waiting, for
+ * GS_DS_LOCK_BACKOFF_NS: a stopped holder costs a launch at most one wait per back-off period. A
+ * locker that gets -1 goes on without the shared state (README-compute.md "Hostile neighbours").
+ * 100 ms: a legitimate holder keeps the lock for microseconds (one scan of 160 records); only a
+ * holder descheduled on a loaded machine comes near, and then waiting longer would not pace better. */
+#define GS_DS_LOCK_WAIT_NS     100000000LL
+#define GS_DS_LOCK_BACKOFF_NS 1000000000LL
 
 /* Open (creating if needed) <dir>/<uuid>.dev. 0, or -1 with a one-line reason in err. */
 int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, char *err, size_t errlen);
@@ -148,6 +164,15 @@ void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx);
  * many process records were freed. A record of our own PID namespace is alive while is_alive(pid)
  * (NULL = kill(pid, 0)); any other record while its heartbeat is younger than GS_DS_STALE_NS. */
 int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid));
+/* SIGBUS caught on a truncated state file since start (the mapping went private; devstate_guard.c). */
+uint64_t gs_devstate_faults_caught(void);
+/* Internal to devstate.c / devstate_guard.c. */
+int gs_ds_flock_bounded(int fd);
+int gs_ds_adopt_locked(struct gs_devstate *ds, char *err, size_t errlen);
+int gs_ds_guard_add(struct gs_devstate *ds);
+void gs_ds_guard_remove(struct gs_devstate *ds);
+int gs_ds_guard_lost(const struct gs_devstate *ds);
+int gs_ds_guard_recover(struct gs_devstate *ds);
 /* Inode of this process's PID namespace (readlink /proc/self/ns/pid), 0 when unknown. */
 uint64_t gs_devstate_pidns(void);
 #endif
