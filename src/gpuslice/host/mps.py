@@ -89,23 +89,27 @@ def client_env(item: Slice, pipe_dir: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class DaemonRecord:
-    """``daemon.json``: which device and user the folder's daemon serves, and the process when it runs."""
+    """``daemon.json``: which device, user and tenant (mpsfleet.DaemonKey) the folder's daemon serves, and the
+    process when it runs."""
 
     device: str
     uid: int
     pid: int = 0
     start: int = 0
     started: float = 0.0
+    tenant: str = ""
 
     def to_json(self) -> dict:
-        return {"device": self.device, "uid": self.uid, "pid": self.pid, "start": self.start, "started": self.started}
+        return {"device": self.device, "uid": self.uid, "pid": self.pid, "start": self.start, "started": self.started,
+                "tenant": self.tenant}
 
     @classmethod
     def from_json(cls, data: object) -> "DaemonRecord":
         if not isinstance(data, dict) or not isinstance(data.get("device"), str):
             raise MpsError(f"daemon.json: {str(data)[:80]!r} is not a daemon record")
         return cls(device=data["device"], uid=int(data.get("uid", -1)), pid=int(data.get("pid", 0)),
-                   start=int(data.get("start", 0)), started=float(data.get("started", 0.0)))
+                   start=int(data.get("start", 0)), started=float(data.get("started", 0.0)),
+                   tenant=str(data.get("tenant", "")))
 
 
 class MpsControl:
@@ -117,12 +121,13 @@ class MpsControl:
     """
 
     def __init__(self, binary: Path, folder: Path, device: str, uid: int = -1, *, shm: bool = False,
-                 start_timeout: float = START_TIMEOUT_S, quit_timeout: float = QUIT_TIMEOUT_S):
+                 start_timeout: float = START_TIMEOUT_S, quit_timeout: float = QUIT_TIMEOUT_S, tenant: str = ""):
         self.binary = Path(binary)
         self.folder = Path(folder)
         self.device = device
         self.uid = uid
         self.shm = shm
+        self.tenant = tenant
         self.start_timeout = start_timeout
         self.quit_timeout = quit_timeout
 
@@ -248,7 +253,7 @@ class MpsControl:
                            f"Unix sockets there, whose paths must stay short: at most {MAX_PIPE_DIR} bytes (use a "
                            "shorter state dir, GPUSLICE_STATE_DIR)")
         self._fresh_folders()
-        self.record_file.write_text(json.dumps(DaemonRecord(self.device, self.uid).to_json()))
+        self.record_file.write_text(json.dumps(DaemonRecord(self.device, self.uid, tenant=self.tenant).to_json()))
         cmd = [str(self.binary), "-d"]
         if self.shm:
             cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
@@ -263,7 +268,7 @@ class MpsControl:
                            f"{(done.stderr or done.stdout).strip()[-300:]}{self._log_hint()}")
         pid = self._wait_ready()
         self.record_file.write_text(json.dumps(DaemonRecord(self.device, self.uid, pid, procs.start_time(pid),
-                                                            time.time()).to_json()))
+                                                            time.time(), self.tenant).to_json()))
         return pid
 
     def _fresh_folders(self) -> None:
