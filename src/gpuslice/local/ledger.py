@@ -48,7 +48,7 @@ from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons, Reconciled
 from gpuslice.host.usage import region_pids
 from gpuslice.local import ledgerdb
 from gpuslice.local.ledgercheck import BadRow, LostGrant, decode_rows, lost_grants, refusal as lost_refusal
-from gpuslice.local.admission import candidate_devices, never_fits, restrict
+from gpuslice.local.admission import candidate_devices, check_queue_room, holds_back, never_fits, restrict
 from gpuslice.local.errors import Forbidden, LedgerError, UnknownGrant
 from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
 from gpuslice.local.paths import StateDir
@@ -328,6 +328,8 @@ class Ledger:
         self._live_lost = [g for g in lost if g.pids]
 
     def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
+        me = procs.uid_of(ask.holder_pid)
+        check_queue_room(me, sum(1 for w in self._waiters(db) if procs.uid_of(w.pid) == me))
         cur = db.execute(
             "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request, devices) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -338,14 +340,13 @@ class Ledger:
     def _competing(self, db: sqlite3.Connection, ask: Ask, ticket: int | None,
                    mine: frozenset[str]) -> dict[int, frozenset[str]]:
         """Live waiters ahead of this request (a queued ticket, or a newcomer) that could use a device it
-        could use: ticket -> the devices that waiter could use (reserved for the queue)."""
+        could use: ticket -> the devices that waiter could use (reserved for the queue). Who is ahead of whom:
+        :func:`gpuslice.local.admission.holds_back`."""
         prio = int(ask.request.priority)
+        me = procs.uid_of(ask.holder_pid)
         found: dict[int, frozenset[str]] = {}
         for w in self._waiters(db):
-            if ticket is None:
-                if w.priority > prio:
-                    continue
-            elif w.ticket == ticket or w.priority > prio or (w.priority == prio and w.ticket > ticket):
+            if not holds_back(procs.uid_of(w.pid), w.priority, w.ticket, me, prio, ticket):
                 continue
             theirs = self._candidates(w)
             if theirs & mine:
