@@ -9,6 +9,7 @@
  *    SIGBUS; the handle works on a private copy, and the next lock gives the file its size back and
  *    maps it again, shared with the other processes;
  *  - garbage written over the mutex: the lock is set up again, not refused forever;
+ *  - records scribbled over (a debt of 2^63, indexes out of the tables): back in range at the next lock;
  *  - a SIGBUS that is not about the state file still kills the process (the guard swallows nothing).
  * On the code before the fix the first case blocks forever: alarm() turns that into a failure. */
 #define _GNU_SOURCE
@@ -192,6 +193,37 @@ static void test_garbage_mutex(void)
     gs_devstate_close(&ds);
 }
 
+/* One-shot scribbles over records: brought back into range by the next lock (no index leaves the tables,
+ * no debt beyond what a legitimate writer makes). */
+static void test_scribbled_records_are_brought_into_range(void)
+{
+    struct gs_devstate ds;
+    char err[256];
+    CHECK(gs_devstate_open(&ds, dir, "GPU-scribble", err, sizeof err) == 0, "open: %s", err);
+    int s = -1, p = -1;
+    CHECK(gs_devstate_lock(&ds) == 0, "lock");
+    CHECK(gs_devstate_join_locked(&ds, "victim", 5000, GS_CTL_HARD, 1, 0, 1, getpid(), 1, &s, &p) == 0, "join");
+    gs_devstate_unlock(&ds);
+    struct gs_ds_slice *r = &ds.slices[s];
+    r->credit_ns = INT64_MIN;
+    r->share_bp = 50000;
+    r->rate_bp = 99999;
+    r->mode = 7;
+    r->weight = 0;
+    r->priority = 9;
+    memset(r->grant, 'x', sizeof r->grant);
+    ds.procs[p + 1].flags = GS_DS_PROC_IN_USE;
+    ds.procs[p + 1].slice = 1000000;
+    CHECK(gs_devstate_lock(&ds) == 0, "lock after the scribbles");
+    CHECK(r->credit_ns == -GS_CTL_DEBT_MAX_NS, "debt clamped: %lld", (long long)r->credit_ns);
+    CHECK(r->share_bp == GS_BP_FULL && r->rate_bp == GS_BP_FULL, "share and rate at most the device");
+    CHECK(r->mode == GS_CTL_HARD && r->weight == 1 && r->priority == 1, "mode, weight, priority in range");
+    CHECK(memchr(r->grant, 0, sizeof r->grant) != NULL, "the grant name is terminated");
+    CHECK(!(ds.procs[p + 1].flags & GS_DS_PROC_IN_USE), "a record naming no slice is freed");
+    gs_devstate_unlock(&ds);
+    gs_devstate_close(&ds);
+}
+
 static void test_other_sigbus_still_kills(void)
 {
     pid_t pid = fork();
@@ -228,6 +260,7 @@ int main(void)
     truncate_once(0);
     truncate_once(100);
     test_garbage_mutex();
+    test_scribbled_records_are_brought_into_range();
     test_other_sigbus_still_kills();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

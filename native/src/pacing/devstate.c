@@ -1,6 +1,7 @@
 /* gpuslice per-device shared state (layout and crash-safety: gpuslice/devstate.h). */
 #define _GNU_SOURCE
 #include "gpuslice/devstate.h"
+#include "gpuslice/controller.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -309,6 +310,34 @@ static int take_mutex(struct gs_devstate *ds, int64_t now)
     return rc;
 }
 
+/* Under the lock: values no gpuslice writer produces are brought back into range, so a record a
+ * neighbour scribbled over costs at most what a legitimate one could (a debt of DEBT_MAX, a rate of
+ * the device), and an index read from a record can never leave the tables. A live writer may scribble
+ * again between locks: what that still does is in README-compute.md "Hostile neighbours". Costs one
+ * pass over 32 + 128 records per lock (the poll already scans them). */
+static void sanitize_locked(struct gs_devstate *ds)
+{
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+        struct gs_ds_slice *s = &ds->slices[i];
+        int64_t c = __atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED);
+        if (c < -GS_CTL_DEBT_MAX_NS || c > GS_CTL_WANT_CAP_NS)
+            __atomic_store_n(&s->credit_ns, c < 0 ? -GS_CTL_DEBT_MAX_NS : GS_CTL_WANT_CAP_NS, __ATOMIC_RELAXED);
+        if (s->share_bp > GS_BP_FULL) s->share_bp = GS_BP_FULL;
+        if (s->rate_bp > GS_BP_FULL) s->rate_bp = GS_BP_FULL;
+        if (s->mode > GS_CTL_OFF) s->mode = GS_CTL_HARD;
+        if (s->weight < 1 || s->weight > 16) s->weight = 1;
+        if (s->priority > 1) s->priority = 1;
+        if (s->paced > 1) s->paced = 1;
+        if (s->colocation > 2) s->colocation = 0;
+        s->grant[sizeof s->grant - 1] = 0;
+    }
+    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
+        struct gs_ds_proc *p = &ds->procs[i];
+        if ((p->flags & GS_DS_PROC_IN_USE) && (p->slice < 0 || p->slice >= GS_DS_MAX_SLICES)) memset(p, 0, sizeof *p);
+    }
+    ds->hdr->uuid[sizeof ds->hdr->uuid - 1] = 0;
+}
+
 int gs_devstate_lock(struct gs_devstate *ds)
 {
     if (gs_ds_guard_lost(ds)) gs_ds_guard_recover(ds); /* rate-limited; on failure the private copy serves */
@@ -330,6 +359,7 @@ int gs_devstate_lock(struct gs_devstate *ds)
     }
     __atomic_store_n(&ds->backoff_until_ns, 0, __ATOMIC_RELAXED);
     ds->hdr->updates++;
+    sanitize_locked(ds);
     return 0;
 }
 
