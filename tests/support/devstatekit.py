@@ -22,7 +22,8 @@ def build_writer(out: Path) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler to build the native writer")
-    sources = [NATIVE / "tests/test_devstate.c", NATIVE / "src/pacing/devstate.c", NATIVE / "src/pacing/devstate_guard.c"]
+    sources = [NATIVE / "tests/test_devstate.c", NATIVE / "src/pacing/devstate.c", NATIVE / "src/pacing/devstate_guard.c",
+               NATIVE / "src/pacing/devstate_lock.c"]
     subprocess.run([cc, "-std=c11", "-O1", "-pthread", f"-I{NATIVE / 'include'}", *map(str, sources), "-o", str(out)],
                    check=True)
     return out

@@ -18,7 +18,6 @@
 _Static_assert(sizeof(struct gs_ds_header) == GS_DS_HEADER_SIZE, "header layout");
 _Static_assert(sizeof(struct gs_ds_slice) == GS_DS_SLICE_SIZE, "slice layout");
 _Static_assert(sizeof(struct gs_ds_proc) == GS_DS_PROC_SIZE, "proc layout");
-_Static_assert(sizeof(pthread_mutex_t) <= 128, "mutex fits");
 _Static_assert(offsetof(struct gs_ds_slice, credit_ns) == 144, "slice layout");
 _Static_assert(offsetof(struct gs_ds_slice, achieved_bp) == 216, "slice layout");
 _Static_assert(offsetof(struct gs_ds_proc, busy_total_ns) == 40, "proc layout");
@@ -37,8 +36,6 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static pthread_mutex_t *mtx(struct gs_devstate *ds) { return (pthread_mutex_t *)(void *)ds->hdr->lock; }
-
 static int init_file(struct gs_devstate *ds)
 {
     memset(ds->map, 0, GS_DS_FILE_SIZE);
@@ -52,13 +49,7 @@ static int init_file(struct gs_devstate *ds)
     h->proc_off = GS_DS_PROC_OFF;
     h->proc_size = GS_DS_PROC_SIZE;
     h->created_ns = mono_ns();
-    pthread_mutexattr_t a;
-    if (pthread_mutexattr_init(&a)) return -1;
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    int rc = pthread_mutex_init(mtx(ds), &a);
-    pthread_mutexattr_destroy(&a);
-    if (rc) return -1;
+    /* the lock is not in the file (an OFD lock on byte GS_DS_LOCK_BYTE: devstate_lock.c); bytes 128.. are zero */
     /* magic last: a reader that sees the magic sees an initialised file */
     __atomic_store_n(&h->magic, GS_DS_MAGIC, __ATOMIC_RELEASE);
     return 0;
@@ -179,6 +170,7 @@ int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, 
     memset(ds, 0, sizeof *ds);
     ds->fd = -1;
     ds->guard = -1;
+    pthread_mutex_init(&ds->local, NULL);
     if (!dir || !*dir || !uuid || !*uuid || strchr(uuid, '/') || strlen(uuid) > 63) {
         snprintf(err, errlen, "device state: need a directory and a device uuid");
         return -1;
@@ -237,9 +229,11 @@ void gs_devstate_close(struct gs_devstate *ds)
     gs_ds_guard_remove(ds);
     if (ds->map) munmap(ds->map, GS_DS_FILE_SIZE);
     if (ds->fd >= 0) close(ds->fd);
+    pthread_mutex_destroy(&ds->local);
     memset(ds, 0, sizeof *ds);
     ds->fd = -1;
     ds->guard = -1;
+    pthread_mutex_init(&ds->local, NULL); /* a closed handle may be closed again */
 }
 
 static int alive_kill(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
@@ -272,98 +266,6 @@ static int record_alive(const struct gs_ds_proc *p, uint64_t my_ns, int64_t now,
     if (my_ns && p->pidns == my_ns) return is_alive(p->pid);
     return p->heartbeat_ns > 0 && now - p->heartbeat_ns < GS_DS_STALE_NS;
 }
-
-/* A mutex nobody can take any more (a holder recovered it from a dead owner without marking it
- * consistent, or a tenant wrote garbage over it): set it up again, under the flock so two processes do
- * not, and only while it still refuses. A tenant can do this again at will; it costs coordination
- * (README-compute.md "Hostile neighbours"), never a hang. */
-static void reinit_mutex(struct gs_devstate *ds)
-{
-    if (gs_ds_flock_bounded(ds->fd) != 0) return;
-    int rc = pthread_mutex_trylock(mtx(ds));
-    if (rc == 0 || rc == EOWNERDEAD) {
-        if (rc == EOWNERDEAD) pthread_mutex_consistent(mtx(ds));
-        pthread_mutex_unlock(mtx(ds));
-    } else if (rc != EBUSY) {
-        pthread_mutexattr_t a;
-        if (pthread_mutexattr_init(&a) == 0) {
-            pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-            pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-            pthread_mutex_init(mtx(ds), &a);
-            pthread_mutexattr_destroy(&a);
-        }
-    }
-    flock(ds->fd, LOCK_UN);
-}
-
-/* Bounded: GS_DS_LOCK_WAIT_NS at most, then GS_DS_LOCK_BACKOFF_NS of tries without waiting (header). */
-static int take_mutex(struct gs_devstate *ds, int64_t now)
-{
-    if (now < __atomic_load_n(&ds->backoff_until_ns, __ATOMIC_RELAXED)) return pthread_mutex_trylock(mtx(ds));
-    int64_t until = now + GS_DS_LOCK_WAIT_NS;
-    struct timespec abs = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
-    int rc = pthread_mutex_clocklock(mtx(ds), CLOCK_MONOTONIC, &abs);
-    if (rc == ETIMEDOUT) {
-        __atomic_add_fetch(&ds->lock_timeouts, 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&ds->backoff_until_ns, now + GS_DS_LOCK_BACKOFF_NS, __ATOMIC_RELAXED);
-    }
-    return rc;
-}
-
-/* Under the lock: values no gpuslice writer produces are brought back into range, so a record a
- * neighbour scribbled over costs at most what a legitimate one could (a debt of DEBT_MAX, a rate of
- * the device), and an index read from a record can never leave the tables. A live writer may scribble
- * again between locks: what that still does is in README-compute.md "Hostile neighbours". Costs one
- * pass over 32 + 128 records per lock (the poll already scans them). */
-static void sanitize_locked(struct gs_devstate *ds)
-{
-    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
-        struct gs_ds_slice *s = &ds->slices[i];
-        int64_t c = __atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED);
-        if (c < -GS_CTL_DEBT_MAX_NS || c > GS_CTL_WANT_CAP_NS)
-            __atomic_store_n(&s->credit_ns, c < 0 ? -GS_CTL_DEBT_MAX_NS : GS_CTL_WANT_CAP_NS, __ATOMIC_RELAXED);
-        if (s->share_bp > GS_BP_FULL) s->share_bp = GS_BP_FULL;
-        if (s->rate_bp > GS_BP_FULL) s->rate_bp = GS_BP_FULL;
-        if (s->mode > GS_CTL_OFF) s->mode = GS_CTL_HARD;
-        if (s->weight < 1 || s->weight > 16) s->weight = 1;
-        if (s->priority > 1) s->priority = 1;
-        if (s->paced > 1) s->paced = 1;
-        if (s->colocation > 2) s->colocation = 0;
-        s->grant[sizeof s->grant - 1] = 0;
-    }
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
-        struct gs_ds_proc *p = &ds->procs[i];
-        if ((p->flags & GS_DS_PROC_IN_USE) && (p->slice < 0 || p->slice >= GS_DS_MAX_SLICES)) memset(p, 0, sizeof *p);
-    }
-    ds->hdr->uuid[sizeof ds->hdr->uuid - 1] = 0;
-}
-
-int gs_devstate_lock(struct gs_devstate *ds)
-{
-    if (gs_ds_guard_lost(ds)) gs_ds_guard_recover(ds); /* rate-limited; on failure the private copy serves */
-    int rc = take_mutex(ds, mono_ns());
-    if (rc == ENOTRECOVERABLE || rc == EINVAL) {
-        reinit_mutex(ds);
-        rc = pthread_mutex_trylock(mtx(ds));
-    }
-    if (rc == EOWNERDEAD) {
-        /* The holder died mid-update. Records are sums and flags; make the mutex usable again
-         * and free what the dead process held. */
-        pthread_mutex_consistent(mtx(ds));
-        gs_devstate_reap_locked(ds, NULL);
-        rc = 0;
-    }
-    if (rc != 0) {
-        __atomic_add_fetch(&ds->lock_refused, 1, __ATOMIC_RELAXED);
-        return -1;
-    }
-    __atomic_store_n(&ds->backoff_until_ns, 0, __ATOMIC_RELAXED);
-    ds->hdr->updates++;
-    sanitize_locked(ds);
-    return 0;
-}
-
-void gs_devstate_unlock(struct gs_devstate *ds) { pthread_mutex_unlock(mtx(ds)); }
 
 int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid))
 {
