@@ -486,9 +486,10 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SlicePro
 
 
 def _owners(grant: GrantRecord, pid: int) -> bool:
-    """Whether ``pid`` runs as the grant's owner (its real uid; a grant of unknown owner, uid -1, from a ledger
-    of before owners were recorded: any)."""
-    return grant.uid < 0 or procs.real_uid(pid) == grant.uid
+    """Whether ``pid`` runs as the grant's owner (its real uid). A grant of unknown owner (uid -1) is reclaimed
+    once its holder is gone, so no owner can be learnt from it: its marker proves nobody (issue 15: it proved
+    anybody, and the backstop's same rule let a tenant's process count against a root grant)."""
+    return grant.uid >= 0 and procs.real_uid(pid) == grant.uid
 
 
 def _settled(signalled: Sequence[procs.ProcStat], wait: float = SETTLE_S) -> bool:
