@@ -16,6 +16,7 @@
 #include "gpuslice/cuda_types.h"
 #include "gpuslice/devstate.h"
 #include "gpuslice/pacer.h"
+#include "double/double_common.h"
 
 CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
@@ -73,11 +74,7 @@ int main(void)
         gs_pacer_before_launch(0, NULL, 7);
         gs_pacer_after_launch(0, NULL, 0);
     }
-    unsigned char b[16];
-    for (int k = 0; k < 16; k++) b[k] = (unsigned char)(k * 17);
-    b[0] = 0xA0; /* the double's uuid of device 0 */
-    snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    dbl_uuid_string(0, uuid); /* the double's device 0 */
     CHECK(gs_devstate_open(&ds, dir, uuid, err, sizeof err) == 0, "open the state as the neighbour: %s", err);
     for (int i = 0; i < GS_DS_MAX_SLICES; i++)
         if ((ds.slices[i].flags & GS_DS_SLICE_IN_USE) && strcmp(ds.slices[i].grant, "victim") == 0) victim = i;
@@ -110,10 +107,10 @@ int main(void)
           (long long)ds.slices[victim].credit_ns);
     gs_devstate_close(&ds);
     gs_pacer_shutdown();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd)) {
-    }
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s.dev", dir, uuid); /* the folder holds this one file */
+    unlink(path);
+    rmdir(dir);
     printf("test_pacer_hostile: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }
