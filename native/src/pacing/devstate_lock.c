@@ -98,11 +98,13 @@ static int64_t *held_hint(struct gs_devstate *ds) { return (int64_t *)(void *)(d
 
 int gs_devstate_lock(struct gs_devstate *ds)
 {
-    if (gs_ds_guard_lost(ds)) gs_ds_guard_recover(ds); /* rate-limited; on failure the private copy serves */
     int64_t now = mono_ns();
     int64_t until = now < __atomic_load_n(&ds->backoff_until_ns, __ATOMIC_RELAXED) ? now : now + GS_DS_LOCK_WAIT_NS;
     struct timespec abs = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
     int rc = pthread_mutex_clocklock(&ds->local, CLOCK_MONOTONIC, &abs);
+    /* a truncated file, caught by the guard: map it again (rate-limited) while no other thread of this
+     * handle is inside the lock; on failure the private copy serves */
+    if (rc == 0 && gs_ds_guard_lost(ds)) gs_ds_guard_recover(ds);
     if (rc == 0 && take_file_lock(ds->fd, until) != 0) {
         rc = errno;
         pthread_mutex_unlock(&ds->local);
