@@ -184,6 +184,14 @@ class MpsDaemons:
             self._binary = found
         return self._binary
 
+    def _known_binary(self) -> Path:
+        """The control binary if there is one, else a path of none: stopping and listing daemons needs it to tell
+        a daemon's processes (``MpsControl._program``), but must work on a node without MPS too."""
+        try:
+            return self.binary
+        except MpsError:
+            return Path("/nonexistent")
+
     def available(self) -> bool:
         try:
             return self.binary is not None
@@ -257,7 +265,7 @@ class MpsDaemons:
         folder = self.root / name
         # a folder without a record: its name says whose daemon it was (DaemonKey.name), whom root may signal
         uid = key.uid if key else _uid_of_name(name)
-        ctl = MpsControl(self._binary or Path("/nonexistent"), folder, key.device if key else "", uid, **self._timeouts)
+        ctl = MpsControl(self._known_binary(), folder, key.device if key else "", uid, **self._timeouts)
         faults = ctl.faults() if key is not None else []
         try:
             ctl.stop()
@@ -329,7 +337,7 @@ class MpsDaemons:
         for name, key in self.known().items():
             if key is None:
                 continue
-            ctl = MpsControl(self._binary or Path("/nonexistent"), self.root / name, key.device, key.uid)
+            ctl = MpsControl(self._known_binary(), self.root / name, key.device, key.uid)
             pid = ctl.pid()
             faults = tuple(ctl.faults()[-3:])
             rec = ctl.record()

@@ -195,7 +195,7 @@ class Ledger:
             keys = daemon_keys(placed.slices, ask.uid)
             record = GrantRecord(
                 grant=Grant(grant_id, placed.slices, placed.exclusive), owner=ask.owner, request=ask.request,
-                created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=ask.uid,
+                created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=_owner_uid(ask),
                 command=ask.command, slice_file=str(self.state.slice_file(grant_id)),
                 region_file=str(self.state.region_file(grant_id)),
                 mps_pipe_dir=str(self.mps.pipe_dir(keys[0])) if keys else "", oom=ask.oom)
@@ -483,6 +483,15 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SlicePro
             del ours[pid]
         unsure += len(strangers)
     return SliceProcesses(tuple(ours.values()), unsure)
+
+
+def _owner_uid(ask: Ask) -> int:
+    """The grant's owner: the ask's uid, else (a root caller that gave none) its holder's real uid, so that
+    every new grant names one (a grant of no owner proves nothing by its marker: :func:`_owners`)."""
+    if ask.uid >= 0:
+        return ask.uid
+    uid = procs.real_uid(ask.holder_pid)
+    return uid if uid is not None else -1
 
 
 def _owners(grant: GrantRecord, pid: int) -> bool:
