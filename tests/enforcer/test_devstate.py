@@ -87,7 +87,7 @@ def test_hand_packed_slice_fields() -> None:
 @pytest.mark.parametrize(
     ("buf", "err", "match"),
     [
-        (_blank(version=4), compute.UnknownDeviceStateVersion, "version 4"),
+        (_blank(version=5), compute.UnknownDeviceStateVersion, "version 5"),
         (_blank(version=2), compute.UnknownDeviceStateVersion, "version 2"),  # same layout, other writers' rules
         (_blank(version=1, size=16640), compute.UnknownDeviceStateVersion, "version 1"),  # the 64-byte records
         (_blank(size=999), compute.UnknownDeviceStateVersion, "size 999"),
@@ -99,6 +99,11 @@ def test_hand_packed_slice_fields() -> None:
 def test_refuses_unknown_or_damaged(buf: bytearray, err: type[Exception], match: str) -> None:
     with pytest.raises(err, match=match):
         compute.parse_device_state(bytes(buf))
+
+
+def test_reads_version_3_files_of_the_same_layout() -> None:
+    """Version 4 changed the writers' lock, not the layout: ``ps`` shows a node in the middle of an upgrade."""
+    assert compute.parse_device_state(bytes(_blank(version=3))).uuid == "GPU-test"
 
 
 def test_missing(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def test_allocate_starts_the_daemon_and_mounts_it(root: Path) -> None:
     g = grant_of(api, "svc")
     assert g.slices[0].engine.value == "spatial"
     match, resp = alloc.allocate([device_id(g.uuids[0], 0)])
-    pipe = root / "st" / "kube" / "mps" / DaemonKey(g.uuids[0]).name / "pipe"
+    pipe = root / "st" / "kube" / "mps" / DaemonKey(g.uuids[0], tenant="default").name / "pipe"
     mounts = {c: (h, ro) for c, h, ro in resp["mounts"]}
     assert mounts["/var/run/gpuslice/mps"] == (str(pipe), False)
     assert resp["envs"]["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/gpuslice/mps"
@@ -86,7 +86,7 @@ def test_the_node_loop_stops_the_daemon_once_no_pod_needs_it(root: Path) -> None
     assert loop.reconcile_once().stopped == []  # the ledger holds the pod: kept
     assert len(mps_processes(root)) == 1
     api.patch_node_annotations("n0", {formats.NODE_LEDGER: formats.encode_ledger(formats.Ledger({}))})
-    assert loop.reconcile_once().stopped == [DaemonKey(g.uuids[0])]
+    assert loop.reconcile_once().stopped == [DaemonKey(g.uuids[0], tenant="default")]
     assert mps_processes(root) == [] and alloc.mps.known() == {}
 
 
@@ -133,7 +133,7 @@ def test_each_user_gets_a_daemon_of_their_own() -> None:
     assert run_as_user(p, "main") == 2000
     ledger = formats.Ledger({}).with_entry(formats.PodGrant("n0", p["metadata"]["uid"], "default", "svc", (
         formats.ContainerGrant("main", _spatial_grant()),)))
-    assert wanted_daemons(ledger, [p]) == {DaemonKey("GPU-x", 2000)}  # the agent runs as root here
+    assert wanted_daemons(ledger, [p]) == {DaemonKey("GPU-x", 2000, "default")}  # the agent runs as root here
 
 
 def _spatial_grant():

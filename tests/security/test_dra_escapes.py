@@ -72,3 +72,26 @@ def test_containers_that_do_not_get_the_claim_are_theirs_to_configure(tmp_path: 
     answer = driver.prepare([ClaimRef("ml", "c1", "pod-gpu-x")])["c1"]
     assert answer.devices and not answer.error
 
+
+
+def test_a_pod_that_shares_a_prepared_claim_by_name_is_checked_too(tmp_path: Path) -> None:
+    """The claim was prepared for a clean pod; a second pod that names the same claim (reservedFor grows) and
+    would step out of its slice is refused when the kubelet prepares the claim for it. Before, the checkpoint
+    answered without looking at the new pod (issue 15, attacker's review)."""
+    api, driver = _driver(tmp_path)
+    claim = allocated_claim("c1", "shared-gpu", NODE, [{"device": device_name(H100[0].uuid), "memory": 4 * GiB}],
+                            pods=("p0",))
+    api.add_claim(claim)
+    api.add_pod(_pod("p0", "shared-gpu", gpu={}))
+    first = driver.prepare([ClaimRef("ml", "c1", "shared-gpu")])["c1"]
+    assert first.devices and not first.error
+    claim["status"]["reservedFor"].append({"resource": "pods", "name": "p1", "uid": "uid-p1"})
+    api.add_claim(claim)
+    api.add_pod(_pod("p1", "shared-gpu", gpu=ESCAPES["LD_PRELOAD"]))
+    again = driver.prepare([ClaimRef("ml", "c1", "shared-gpu")])["c1"]
+    assert not again.devices and "ml/p1" in again.error, again
+    assert driver.checkpoint.get("c1").pods == ("p0",)  # still prepared for p0 alone
+    api.pods.pop(("ml", "p1"))
+    api.add_pod(_pod("p1", "shared-gpu", gpu={}))  # p1 fixed: prepared for it too
+    assert driver.prepare([ClaimRef("ml", "c1", "shared-gpu")])["c1"] == first
+    assert driver.checkpoint.get("c1").pods == ("p0", "p1")

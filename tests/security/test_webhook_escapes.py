@@ -91,3 +91,19 @@ def test_nvidia_visible_devices_asking_for_none_is_allowed(value):
     p = pod("plain", {})
     p["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": value}]
     assert webhook.mutate(_review(p), CFG)["response"]["allowed"] is True
+
+
+@pytest.mark.parametrize("prefix", ["LD_", "LD_PRE", "L", "GPUSLICE_", "GPU", "GPUSLICE_X_"])
+def test_an_env_from_prefix_that_makes_a_refused_name_is_refused(prefix):
+    """``envFrom`` keys are not in the pod, but its ``prefix`` is: ``LD_`` + a ConfigMap key ``PRELOAD`` is
+    ``LD_PRELOAD`` (issue 15, attacker's review: let through before)."""
+    p = _gpu_pod(envFrom=[{"configMapRef": {"name": "cm"}}, {"prefix": prefix, "secretRef": {"name": "s"}}])
+    answer = webhook.mutate(_review(p), CFG)["response"]
+    assert answer["allowed"] is False and "envFrom[1].prefix" in answer["status"]["message"]
+
+
+@pytest.mark.parametrize("prefix", ["", "APP_", "MY_LD_", "CUDA_"])
+def test_env_from_without_such_a_prefix_is_allowed(prefix):
+    """An empty prefix cannot be judged from the pod (README Limits: the backstop holds memory against it)."""
+    source = {"configMapRef": {"name": "cm"}, **({"prefix": prefix} if prefix else {})}
+    assert escape_problem(_gpu_pod(envFrom=[source])) is None

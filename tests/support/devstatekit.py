@@ -22,8 +22,10 @@ def build_writer(out: Path) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler to build the native writer")
-    subprocess.run([cc, "-std=c11", "-O1", "-pthread", f"-I{NATIVE / 'include'}", str(NATIVE / "tests/test_devstate.c"),
-                    str(NATIVE / "src/pacing/devstate.c"), "-o", str(out)], check=True)
+    sources = [NATIVE / "tests/test_devstate.c", NATIVE / "src/pacing/devstate.c", NATIVE / "src/pacing/devstate_guard.c",
+               NATIVE / "src/pacing/devstate_lock.c"]
+    subprocess.run([cc, "-std=c11", "-O1", "-pthread", f"-I{NATIVE / 'include'}", *map(str, sources), "-o", str(out)],
+                   check=True)
     return out
 
 

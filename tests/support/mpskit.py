@@ -17,13 +17,14 @@ from gpuslice.host import procs
 STANDIN = Path(__file__).with_name("mps_standin.py")
 
 
-def install_standin(folder: Path) -> Path:
-    """Write the stand-in into ``folder``; the path of its control binary."""
+def install_standin(folder: Path, python: str = sys.executable) -> Path:
+    """Write the stand-in into ``folder`` (run by ``python``: one other users may run where the daemon runs as
+    one of them); the path of its control binary."""
     folder.mkdir(parents=True, exist_ok=True)
     body = STANDIN.read_text().split("\n", 1)[1]
     for name in ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
         path = folder / name
-        path.write_text(f"#!{sys.executable}\n{body}")
+        path.write_text(f"#!{python}\n{body}")
         path.chmod(0o755)
     return folder / "nvidia-cuda-mps-control"
 

@@ -14,13 +14,25 @@
  * add/sub) and only processes flagged TURNS take turns; a version-2 enforcer writing the same file
  * would overwrite those charges and wait for turns no one offers, so the two must not share it.)
  *
+ * Version 4 keeps the layout of version 3 but not its lock: version 3 kept a process-shared robust
+ * pthread mutex at offset 128, which any tenant could overwrite (the file is 0666) to hang or crash
+ * its neighbours; version 4 locks with the kernel (an OFD lock on byte GS_DS_LOCK_BYTE, src/pacing/
+ * devstate_lock.c) and uses the mutex's bytes only as a "held" hint. The two would not exclude each
+ * other, so they refuse each other's files.
+ *
  * Readers check magic, version, size and the record offsets/sizes in the header and refuse what they
  * do not know. A layout change bumps GS_DS_VERSION.
  * Crash safety: creation and validation happen under flock() (released by the kernel when a creator
- * dies); updates happen under a process-shared robust pthread mutex in the header: a holder killed
- * mid-update leaves EOWNERDEAD, the next locker marks it consistent and reaps dead processes (their
- * records are freed; a slice record is freed when no live process refers to it). Counters are
- * monotonic sums, so a half-done update loses at most one increment.
+ * dies); updates happen under the OFD lock (released by the kernel when its holder dies; the "held"
+ * hint it leaves makes the next locker reap dead processes: their records are freed; a slice record
+ * is freed when no live process refers to it). Counters are monotonic sums, so a half-done update
+ * loses at most one increment.
+ *
+ * Hostile neighbours (trust model: native/README.md, README-compute.md): every tenant on the device
+ * writes this file. A neighbour can distort what the records say (shares, credit, activity); it cannot
+ * hang or crash a process: the lock is the kernel's and bounded (GS_DS_LOCK_WAIT_NS), a truncated file
+ * is caught (devstate_guard.c), records are brought back into range at every lock, and a paced launch
+ * is held at most what its own share can owe (pacer.c).
  *
  * Liveness across PID namespaces: in Kubernetes the directory is shared by every pod on the node and
  * each pod has its own PID namespace, so a pid in a record means nothing to a process of another
@@ -31,14 +43,16 @@
  * GS_DS_STALE_NS. An owner that finds its record gone (freed as stale) joins again. */
 #ifndef GPUSLICE_DEVSTATE_H
 #define GPUSLICE_DEVSTATE_H
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define GS_DS_MAGIC 0x0054535645445347ULL /* "GSDEVST\0" little-endian */
-#define GS_DS_VERSION 3u
+#define GS_DS_VERSION 4u
 #define GS_DS_MAX_SLICES 32
 #define GS_DS_MAX_PROCS 128
 #define GS_DS_HEADER_SIZE 256
+#define GS_DS_LOCK_BYTE 128 /* the byte the OFD write lock covers (and where the "held" hint lives) */
 #define GS_DS_SLICE_SIZE 256
 #define GS_DS_PROC_SIZE 128
 #define GS_DS_SLICE_OFF GS_DS_HEADER_SIZE
@@ -64,7 +78,9 @@ struct gs_ds_header {           /* 256 bytes */
     int64_t last_reap_ns;       /*  48 */
     uint64_t updates;           /*  56 count of locked updates (readers: detect a torn read) */
     char uuid[64];              /*  64 device UUID, NUL-terminated */
-    unsigned char lock[128];    /* 128 pthread_mutex_t (robust, process-shared) */
+    unsigned char lock[128];    /* 128 first 8 bytes: pid of the lock's holder while held (a hint); the
+                                       lock is an OFD lock on this byte (GS_DS_LOCK_BYTE); version 3 kept a
+                                       pthread mutex here */
 };
 
 #define GS_DS_SLICE_IN_USE 1u
@@ -133,18 +149,36 @@ struct gs_ds_proc {             /* 128 bytes */
     unsigned char pad[8];       /* 120 */
 };
 
+/* A process's handle on one file (process-local, not part of the file). */
 struct gs_devstate {
     int fd;
     unsigned char *map;
     struct gs_ds_header *hdr;
     struct gs_ds_slice *slices;
     struct gs_ds_proc *procs;
+    char uuid[64];
+    pthread_mutex_t local;     /* this handle's threads take the file's lock in turn (an OFD lock is the open file's) */
+    int64_t hint_reap_ns;      /* last reap because the "held" hint was set */
+    int guard;                 /* slot of the SIGBUS guard (devstate_guard.c), -1 none */
+    int64_t recover_at_ns;     /* next attempt to map the file again after a truncation */
+    int64_t backoff_until_ns;  /* after a lock timeout: only try the lock (no wait) until then */
+    uint64_t lock_timeouts;    /* waits for the lock that ran out (GS_DS_LOCK_WAIT_NS) */
+    uint64_t lock_refused;     /* lock calls that failed for any reason (timeouts, back-off) */
 };
+
+/* A neighbour may stop (SIGSTOP) while it holds the lock, or hold the file's flock: the longest one
+ * call waits for either (devstate_lock.c). After a timeout the handle only tries the lock, without waiting, for
+ * GS_DS_LOCK_BACKOFF_NS: a stopped holder costs a launch at most one wait per back-off period. A
+ * locker that gets -1 goes on without the shared state (README-compute.md "Hostile neighbours").
+ * 100 ms: a legitimate holder keeps the lock for microseconds (one scan of 160 records); only a
+ * holder descheduled on a loaded machine comes near, and then waiting longer would not pace better. */
+#define GS_DS_LOCK_WAIT_NS     100000000LL
+#define GS_DS_LOCK_BACKOFF_NS 1000000000LL
 
 /* Open (creating if needed) <dir>/<uuid>.dev. 0, or -1 with a one-line reason in err. */
 int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, char *err, size_t errlen);
 void gs_devstate_close(struct gs_devstate *ds);
-/* Lock the shared state; recovers a lock whose holder died. 0 or -1. */
+/* Lock the shared state (bounded: GS_DS_LOCK_WAIT_NS; a holder that died releases it). 0 or -1. */
 int gs_devstate_lock(struct gs_devstate *ds);
 void gs_devstate_unlock(struct gs_devstate *ds);
 /* Join (under lock): find or create the slice record for grant, update its configuration, take a
@@ -157,6 +191,15 @@ void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx);
  * many process records were freed. A record of our own PID namespace is alive while is_alive(pid)
  * (NULL = kill(pid, 0)); any other record while its heartbeat is younger than GS_DS_STALE_NS. */
 int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid));
+/* SIGBUS caught on a truncated state file since start (the mapping went private; devstate_guard.c). */
+uint64_t gs_devstate_faults_caught(void);
+/* Internal to devstate.c / devstate_guard.c. */
+int gs_ds_flock_bounded(int fd);
+int gs_ds_adopt_locked(struct gs_devstate *ds, char *err, size_t errlen);
+int gs_ds_guard_add(struct gs_devstate *ds);
+void gs_ds_guard_remove(struct gs_devstate *ds);
+int gs_ds_guard_lost(const struct gs_devstate *ds);
+int gs_ds_guard_recover(struct gs_devstate *ds);
 /* Inode of this process's PID namespace (readlink /proc/self/ns/pid), 0 when unknown. */
 uint64_t gs_devstate_pidns(void);
 #endif

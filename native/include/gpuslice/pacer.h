@@ -15,5 +15,8 @@ int  gs_pacer_init(const struct gs_config *cfg);    /* once after config load; n
 void gs_pacer_before_launch(int dev, void *stream, uint64_t key);
 void gs_pacer_after_launch(int dev, void *stream, int cu_result);
 void gs_pacer_shutdown(void);
+/* Paced launches let go because they were held longer than this slice's share can owe (a neighbour
+ * rewrote the shared state: pacer.c hold_cap_ns), since start. */
+uint64_t gs_pacer_held_too_long(void);
 
 #endif

@@ -1,6 +1,7 @@
 /* gpuslice per-device shared state (layout and crash-safety: gpuslice/devstate.h). */
 #define _GNU_SOURCE
 #include "gpuslice/devstate.h"
+#include "gpuslice/controller.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -17,7 +18,6 @@
 _Static_assert(sizeof(struct gs_ds_header) == GS_DS_HEADER_SIZE, "header layout");
 _Static_assert(sizeof(struct gs_ds_slice) == GS_DS_SLICE_SIZE, "slice layout");
 _Static_assert(sizeof(struct gs_ds_proc) == GS_DS_PROC_SIZE, "proc layout");
-_Static_assert(sizeof(pthread_mutex_t) <= 128, "mutex fits");
 _Static_assert(offsetof(struct gs_ds_slice, credit_ns) == 144, "slice layout");
 _Static_assert(offsetof(struct gs_ds_slice, achieved_bp) == 216, "slice layout");
 _Static_assert(offsetof(struct gs_ds_proc, busy_total_ns) == 40, "proc layout");
@@ -38,8 +38,6 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static pthread_mutex_t *mtx(struct gs_devstate *ds) { return (pthread_mutex_t *)(void *)ds->hdr->lock; }
-
 static int init_file(struct gs_devstate *ds)
 {
     memset(ds->map, 0, GS_DS_FILE_SIZE);
@@ -53,13 +51,7 @@ static int init_file(struct gs_devstate *ds)
     h->proc_off = GS_DS_PROC_OFF;
     h->proc_size = GS_DS_PROC_SIZE;
     h->created_ns = mono_ns();
-    pthread_mutexattr_t a;
-    if (pthread_mutexattr_init(&a)) return -1;
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    int rc = pthread_mutex_init(mtx(ds), &a);
-    pthread_mutexattr_destroy(&a);
-    if (rc) return -1;
+    /* the lock is not in the file (an OFD lock on byte GS_DS_LOCK_BYTE: devstate_lock.c); bytes 128.. are zero */
     /* magic last: a reader that sees the magic sees an initialised file */
     __atomic_store_n(&h->magic, GS_DS_MAGIC, __ATOMIC_RELEASE);
     return 0;
@@ -138,28 +130,67 @@ static int open_state_file(const char *dir, const char *uuid, char *path, size_t
     return fd;
 }
 
+/* The creation lock, bounded: a tenant that takes the flock and stops must not hang a neighbour's
+ * first launch (GS_DS_LOCK_WAIT_NS). 0, or -1 with errno. */
+int gs_ds_flock_bounded(int fd)
+{
+    int64_t until = mono_ns() + GS_DS_LOCK_WAIT_NS;
+    for (;;) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR) return -1;
+        if (mono_ns() >= until) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct timespec ts = {0, 1000000}; /* creation takes microseconds: 1 ms polls are plenty */
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Under the flock, with the file mapped: a file of zeros (just created, or its creator died before
+ * the magic, or a tenant cut it to nothing) is initialised; anything else must be a header we know. */
+int gs_ds_adopt_locked(struct gs_devstate *ds, char *err, size_t errlen)
+{
+    char scratch[256];
+    if (!err) {
+        err = scratch;
+        errlen = sizeof scratch;
+    }
+    if (ds->hdr->magic == 0) {
+        if (init_file(ds) != 0) {
+            snprintf(err, errlen, "device state: mutex init failed");
+            return -1;
+        }
+        snprintf(ds->hdr->uuid, sizeof ds->hdr->uuid, "%s", ds->uuid);
+        return 0;
+    }
+    return validate(ds->hdr, err, errlen);
+}
+
 int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, char *err, size_t errlen)
 {
     memset(ds, 0, sizeof *ds);
     ds->fd = -1;
-    if (!dir || !*dir || !uuid || !*uuid || strchr(uuid, '/') || strlen(uuid) > 70) {
+    ds->guard = -1;
+    pthread_mutex_init(&ds->local, NULL);
+    if (!dir || !*dir || !uuid || !*uuid || strchr(uuid, '/') || strlen(uuid) > 63) {
         snprintf(err, errlen, "device state: need a directory and a device uuid");
         return -1;
     }
+    snprintf(ds->uuid, sizeof ds->uuid, "%s", uuid);
     char path[1200];
     int fd = open_state_file(dir, uuid, path, sizeof path, err, errlen);
     if (fd < 0) return -1;
-    if (flock(fd, LOCK_EX) != 0) {
-        snprintf(err, errlen, "device state: flock %s: %s", path, strerror(errno));
+    if (gs_ds_flock_bounded(fd) != 0) {
+        snprintf(err, errlen, "device state: flock %s: %s", path,
+                 errno == ETIMEDOUT ? "held by another process for more than 100 ms" : strerror(errno));
         close(fd);
         return -1;
     }
     struct stat st;
-    int fresh = 0;
     if (fstat(fd, &st) != 0) goto fail_errno;
     if (st.st_size == 0) {
         if (ftruncate(fd, GS_DS_FILE_SIZE) != 0) goto fail_errno;
-        fresh = 1;
     } else if (st.st_size != GS_DS_FILE_SIZE) {
         snprintf(err, errlen,
                  "device state: %s has size %lld, expected %d (version %u): a gpuslice of another version "
@@ -174,22 +205,19 @@ int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, 
     ds->slices = (struct gs_ds_slice *)(ds->map + GS_DS_SLICE_OFF);
     ds->procs = (struct gs_ds_proc *)(ds->map + GS_DS_PROC_OFF);
     ds->fd = fd;
-    /* a creator that died between ftruncate and writing the magic left zeros: initialise again */
-    if (fresh || ds->hdr->magic == 0) {
-        if (init_file(ds) != 0) {
-            snprintf(err, errlen, "device state: mutex init failed");
-            goto fail_unmap;
-        }
-        snprintf(ds->hdr->uuid, sizeof ds->hdr->uuid, "%s", uuid);
-    } else if (validate(ds->hdr, err, errlen) != 0) {
+    /* guarded before the first access: the file may be cut short from here on (devstate_guard.c) */
+    if (gs_ds_guard_add(ds) != 0) {
+        snprintf(err, errlen, "device state: no SIGBUS guard could be set up; not used");
         goto fail_unmap;
     }
+    if (gs_ds_adopt_locked(ds, err, errlen) != 0) goto fail_unmap;
     flock(fd, LOCK_UN);
     return 0;
 fail_errno:
     snprintf(err, errlen, "device state: %s: %s", path, strerror(errno));
     goto fail;
 fail_unmap:
+    gs_ds_guard_remove(ds);
     munmap(ds->map, GS_DS_FILE_SIZE);
     ds->map = NULL;
 fail:
@@ -200,10 +228,14 @@ fail:
 
 void gs_devstate_close(struct gs_devstate *ds)
 {
+    gs_ds_guard_remove(ds);
     if (ds->map) munmap(ds->map, GS_DS_FILE_SIZE);
     if (ds->fd >= 0) close(ds->fd);
+    pthread_mutex_destroy(&ds->local);
     memset(ds, 0, sizeof *ds);
     ds->fd = -1;
+    ds->guard = -1;
+    pthread_mutex_init(&ds->local, NULL); /* a closed handle may be closed again */
 }
 
 static int alive_kill(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
@@ -236,22 +268,6 @@ static int record_alive(const struct gs_ds_proc *p, uint64_t my_ns, int64_t now,
     if (my_ns && p->pidns == my_ns) return is_alive(p->pid);
     return p->heartbeat_ns > 0 && now - p->heartbeat_ns < GS_DS_STALE_NS;
 }
-
-int gs_devstate_lock(struct gs_devstate *ds)
-{
-    int rc = pthread_mutex_lock(mtx(ds));
-    if (rc == EOWNERDEAD) {
-        /* The holder died mid-update. Records are sums and flags; make the mutex usable again
-         * and free what the dead process held. */
-        pthread_mutex_consistent(mtx(ds));
-        gs_devstate_reap_locked(ds, NULL);
-        rc = 0;
-    }
-    if (rc == 0) ds->hdr->updates++;
-    return rc == 0 ? 0 : -1;
-}
-
-void gs_devstate_unlock(struct gs_devstate *ds) { pthread_mutex_unlock(mtx(ds)); }
 
 int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid))
 {

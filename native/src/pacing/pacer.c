@@ -394,6 +394,34 @@ static struct gs_pdev *device(int dev)
     return st == 1 ? d : NULL;
 }
 
+/* The longest a paced launch may be held, from this slice's own configuration (its root-written slice
+ * file), never from the shared state a neighbour can write: the slice's credit cannot legitimately owe
+ * more than DEBT_MAX of GPU time (controller.c clamps every charge), refilled at no less than its share
+ * while the node's shares fit the device, plus LOOKAHEAD, plus a second for a loaded machine: 50 % ->
+ * 5.0 s, 10 % -> 21 s, 1 % -> 201 s. Past it the state file says something this slice's configuration
+ * cannot produce (a neighbour rewrote our credit, share or rate: README-compute.md "Hostile neighbours"):
+ * the launch goes. 0 = no cap (an unpaced process only waits on the yield path). The yield path is never
+ * capped: it waits for a high-priority neighbour's queue, which may legitimately last as long as that
+ * neighbour is busy. */
+static int64_t hold_cap_ns(int dev)
+{
+    int pct = g.share_pct[dev];
+    if (g.mode == GS_CTL_OFF || pct <= 0 || pct >= 100) return 0;
+    return (GS_CTL_DEBT_MAX_NS + GS_CTL_LOOKAHEAD_NS) * 100 / pct + 1000000000LL;
+}
+
+static uint64_t held_too_long; /* launches let go at the cap, this process */
+
+static void hold_capped(int dev, int64_t held)
+{
+    if (__atomic_fetch_add(&held_too_long, 1, __ATOMIC_RELAXED) == 0)
+        GS_WARN("compute: a launch on device %d was held %.1f s, longer than a %d%% share can owe; the device state "
+                "file looks rewritten by another process; the launch goes (counted, this is said once)",
+                dev, (double)held / 1e9, g.share_pct[dev]);
+}
+
+uint64_t gs_pacer_held_too_long(void) { return __atomic_load_n(&held_too_long, __ATOMIC_RELAXED); }
+
 void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
 {
     tl_ticket.slot = -1;
@@ -402,13 +430,19 @@ void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
     if (!g.enabled) return;
     struct gs_pdev *d = device(dev);
     if (!d) return;
-    int64_t slept = 0;
+    int64_t slept = 0, held = 0, cap = hold_cap_ns(dev);
     for (;;) {
         int64_t t0 = mono_ns();
         int64_t w = gs_engine_before(&d->eng, t0, stream, key, slept, &tl_ticket);
         if (w <= 0) return;
+        /* the yield path waits for a high-priority neighbour's queue, as long as it lasts: not capped */
+        if (cap > 0 && held >= cap && __atomic_load_n(&d->eng.path, __ATOMIC_RELAXED) != GS_DS_PATH_YIELD) {
+            hold_capped(dev, held);
+            return;
+        }
         sleep_ns(w);
         slept = mono_ns() - t0;
+        held += slept;
     }
 }
 

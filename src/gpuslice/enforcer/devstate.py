@@ -17,8 +17,11 @@ enforcers wrote 0 there, which is ``preemptive``, what they did) and each proces
 (96), ``drain_done_ns`` (104) and ``drain_backlog_ns`` (112) with process flag 16 (``GS_DS_PROC_DRAINS``: a
 high-priority process publishing its drain looks; an enforcer without it is read by the old 200-us rule).
 This reader does not need them.
+Version 4 (issue 15) keeps version 3's layout; its writers lock with the kernel (an OFD lock on byte 128)
+instead of a pthread mutex in the file that any tenant could overwrite, so the two refuse each other's files;
+this reader reads both (:data:`READABLE`).
 
-Reads take no lock (the writers hold a process-shared pthread mutex Python cannot join); the
+Reads take no lock (the writers hold a lock Python does not take); the
 header's ``updates`` counter is read before and after the copy and the copy is retried when it
 moved, so a reader never reports half of one update.
 """
@@ -36,7 +39,8 @@ from gpuslice.spec.model import Slice
 from gpuslice.spec.files import open_regular
 
 MAGIC = 0x0054535645445347  # "GSDEVST\0"
-VERSION = 3
+VERSION = 4
+READABLE = (3, 4)  # the same layout: a node in the middle of an upgrade still shows both
 HEADER_SIZE = 256
 SLICE_SIZE = 256
 PROC_SIZE = 128
@@ -46,7 +50,7 @@ SLICE_OFF = HEADER_SIZE
 PROC_OFF = SLICE_OFF + MAX_SLICES * SLICE_SIZE
 FILE_SIZE = PROC_OFF + MAX_PROCS * PROC_SIZE
 
-_HEADER = struct.Struct("<QIIIIIIIIqqQ64s")  # up to the uuid; the mutex follows at 128
+_HEADER = struct.Struct("<QIIIIIIIIqqQ64s")  # up to the uuid; the lock byte and its "held" hint follow at 128
 _SLICE = struct.Struct("<IIBBBBI128sqqqQQQqqqiiqB")  # + colocation at 232 (issue 13, in what was padding)
 _PROC = struct.Struct("<iIiIqqqQqqqQqIB")  # v2: + heartbeat_ns, pidns, joined_ns; v3: + offered_bp, path
 _MODES = {0: "hard", 1: "soft", 2: "off"}
@@ -121,7 +125,7 @@ def _check_header(buf: bytes, path: Path) -> str:
     if magic != MAGIC:
         raise DeviceStateError(f"{path}: not a gpuslice device state file (magic {magic:#x})")
     layout = (size, max_slices, max_procs, slice_off, slice_size, proc_off, proc_size)
-    if version != VERSION or layout != (FILE_SIZE, MAX_SLICES, MAX_PROCS, SLICE_OFF, SLICE_SIZE, PROC_OFF, PROC_SIZE):
+    if version not in READABLE or layout != (FILE_SIZE, MAX_SLICES, MAX_PROCS, SLICE_OFF, SLICE_SIZE, PROC_OFF, PROC_SIZE):
         raise UnknownDeviceStateVersion(
             f"{path}: device state version {version} (size {size}) is not known; this gpuslice reads version "
             f"{VERSION} (size {FILE_SIZE}); update gpuslice or the enforcer so both agree"

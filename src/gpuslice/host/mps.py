@@ -38,6 +38,7 @@ from gpuslice.spec.files import open_regular
 
 CONTROL_ENV = "GPUSLICE_MPS_CONTROL"  # path of nvidia-cuda-mps-control (default: found on PATH)
 CONTROL_NAME = "nvidia-cuda-mps-control"
+SERVER_NAME = "nvidia-cuda-mps-server"  # MPS starts it from the control binary's folder
 PID_FILE = "nvidia-cuda-mps-control.pid"
 PID_FILE_MAX = 32  # bytes read of it: a pid and a newline
 # /proc/<pid>/comm keeps 15 characters: control daemon and server both read "nvidia-cuda-mps".
@@ -88,23 +89,27 @@ def client_env(item: Slice, pipe_dir: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class DaemonRecord:
-    """``daemon.json``: which device and user the folder's daemon serves, and the process when it runs."""
+    """``daemon.json``: which device, user and tenant (mpsfleet.DaemonKey) the folder's daemon serves, and the
+    process when it runs."""
 
     device: str
     uid: int
     pid: int = 0
     start: int = 0
     started: float = 0.0
+    tenant: str = ""
 
     def to_json(self) -> dict:
-        return {"device": self.device, "uid": self.uid, "pid": self.pid, "start": self.start, "started": self.started}
+        return {"device": self.device, "uid": self.uid, "pid": self.pid, "start": self.start, "started": self.started,
+                "tenant": self.tenant}
 
     @classmethod
     def from_json(cls, data: object) -> "DaemonRecord":
         if not isinstance(data, dict) or not isinstance(data.get("device"), str):
             raise MpsError(f"daemon.json: {str(data)[:80]!r} is not a daemon record")
         return cls(device=data["device"], uid=int(data.get("uid", -1)), pid=int(data.get("pid", 0)),
-                   start=int(data.get("start", 0)), started=float(data.get("started", 0.0)))
+                   start=int(data.get("start", 0)), started=float(data.get("started", 0.0)),
+                   tenant=str(data.get("tenant", "")))
 
 
 class MpsControl:
@@ -116,12 +121,13 @@ class MpsControl:
     """
 
     def __init__(self, binary: Path, folder: Path, device: str, uid: int = -1, *, shm: bool = False,
-                 start_timeout: float = START_TIMEOUT_S, quit_timeout: float = QUIT_TIMEOUT_S):
+                 start_timeout: float = START_TIMEOUT_S, quit_timeout: float = QUIT_TIMEOUT_S, tenant: str = ""):
         self.binary = Path(binary)
         self.folder = Path(folder)
         self.device = device
         self.uid = uid
         self.shm = shm
+        self.tenant = tenant
         self.start_timeout = start_timeout
         self.quit_timeout = quit_timeout
 
@@ -174,11 +180,7 @@ class MpsControl:
     def _find_daemon(self) -> int | None:
         """Without a pid file: the MPS process of this pipe directory whose program is the control daemon."""
         for s in self.mps_processes():
-            try:
-                argv = (procs.PROC / str(s.pid) / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(b"mps-control" in arg for arg in argv[:2]):  # [interpreter,] program
+            if self._program(s.pid) == "control":
                 return s.pid
         return None
 
@@ -186,12 +188,53 @@ class MpsControl:
         return self.pid() is not None
 
     def _serves(self, pid: int) -> bool:
-        """``pid`` is an MPS process (control or server) of this pipe directory."""
+        """``pid`` is an MPS process (control or server) of this pipe directory: named like one, running as the
+        daemon's user, its program the control binary or the server beside it, its environment naming this pipe
+        directory. Name and environment alone are anyone's to forge: a tenant's program called
+        ``nvidia-cuda-mps-control`` with another tenant's pipe directory in its environment was adopted as that
+        tenant's daemon (issue 15, attacker's review)."""
         try:
             comm = (procs.PROC / str(pid) / "comm").read_text().strip()
         except OSError:
             return False
-        return comm.startswith(MPS_COMM) and procs.environ_has(pid, f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir}") is True
+        if not comm.startswith(MPS_COMM) or procs.real_uid(pid) != self._daemon_uid() or self._program(pid) is None:
+            return False
+        return procs.environ_has(pid, f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir}") is True
+
+    def _daemon_uid(self) -> int:
+        return self.uid if self.uid >= 0 else os.geteuid()
+
+    def _program(self, pid: int) -> str | None:
+        """``"control"`` or ``"server"`` when ``pid`` runs that MPS binary (its ``/proc/<pid>/exe`` is the same
+        file: device and inode), else None. A ``#!`` script (the tests' stand-in) runs as its interpreter with
+        the script's path as the first argument: both must match."""
+        try:
+            exe = os.stat(procs.PROC / str(pid) / "exe")
+        except OSError:
+            return None
+        argv1: bytes | None = None
+        on_path = shutil.which(SERVER_NAME)
+        candidates = [("control", self.binary), ("server", self.binary.with_name(SERVER_NAME))]
+        if on_path:
+            candidates.append(("server", Path(on_path)))
+        for role, path in candidates:
+            ident = _file_id(path)
+            if ident is None:
+                continue
+            if ident == (exe.st_dev, exe.st_ino):
+                return role
+            interpreter = _interpreter(path)
+            if interpreter is None or _file_id(Path(interpreter)) != (exe.st_dev, exe.st_ino):
+                continue
+            if argv1 is None:
+                try:
+                    argv = (procs.PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    return None
+                argv1 = argv[1] if len(argv) > 1 else b""
+            if argv1.startswith(b"/") and _file_id(Path(os.fsdecode(argv1))) == ident:
+                return role
+        return None
 
     def mps_processes(self) -> list[procs.ProcStat]:
         """Every live MPS process (control daemon, servers) of this pipe directory, whoever its parent is now."""
@@ -210,7 +253,7 @@ class MpsControl:
                            f"Unix sockets there, whose paths must stay short: at most {MAX_PIPE_DIR} bytes (use a "
                            "shorter state dir, GPUSLICE_STATE_DIR)")
         self._fresh_folders()
-        self.record_file.write_text(json.dumps(DaemonRecord(self.device, self.uid).to_json()))
+        self.record_file.write_text(json.dumps(DaemonRecord(self.device, self.uid, tenant=self.tenant).to_json()))
         cmd = [str(self.binary), "-d"]
         if self.shm:
             cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
@@ -225,7 +268,7 @@ class MpsControl:
                            f"{(done.stderr or done.stdout).strip()[-300:]}{self._log_hint()}")
         pid = self._wait_ready()
         self.record_file.write_text(json.dumps(DaemonRecord(self.device, self.uid, pid, procs.start_time(pid),
-                                                            time.time()).to_json()))
+                                                            time.time(), self.tenant).to_json()))
         return pid
 
     def _fresh_folders(self) -> None:
@@ -336,6 +379,27 @@ class MpsControl:
     def _log_hint(self) -> str:
         tail = self.log_text().strip().splitlines()[-3:]
         return f"; its log ({self.log_dir}) ends: {' | '.join(tail)}" if tail else ""
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _interpreter(path: Path) -> str | None:
+    """The interpreter a ``#!`` script names (its first word), else None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    return os.fsdecode(words[0]) if words else None
 
 
 def _read_tenant_file(path: Path, limit: int, tail: bool = False) -> bytes:

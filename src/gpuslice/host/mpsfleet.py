@@ -33,6 +33,7 @@ states alone never showed the fault.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -55,23 +56,31 @@ _HEX = re.compile(r"[^0-9a-f]")
 
 @dataclass(frozen=True, order=True)
 class DaemonKey:
-    """A daemon's identity: the device it serves and the user it runs as (-1: the node side's own)."""
+    """A daemon's identity: the device it serves, the user it runs as (-1: the node side's own) and the tenant
+    it serves ("": every client of that user, local mode; Kubernetes: the pod's namespace). One daemon never
+    serves two tenants: its clients share its pipe and shared-memory folders, and pods of one ``runAsUser`` in
+    two namespaces shared a daemon before (issue 15, attacker's review)."""
 
     device: str
     uid: int = -1
+    tenant: str = ""
 
     @classmethod
-    def for_client(cls, device: str, uid: int) -> "DaemonKey":
-        """The daemon a spatial client of user ``uid`` (-1: unknown) uses on ``device``: run as that user when
-        the node side is root (MPS serves one user per server at a time), else as the node side's own."""
-        return cls(device, uid if os.geteuid() == 0 and uid > 0 else -1)
+    def for_client(cls, device: str, uid: int, tenant: str = "") -> "DaemonKey":
+        """The daemon a spatial client of user ``uid`` (-1: unknown) of ``tenant`` uses on ``device``: run as
+        that user when the node side is root (MPS serves one user per server at a time), else as the node side's
+        own."""
+        return cls(device, uid if os.geteuid() == 0 and uid > 0 else -1, tenant)
 
     @property
     def name(self) -> str:
-        """The folder name: short, stable, and distinct per device and user."""
+        """The folder name: short (MPS sockets live in it), stable, and distinct per device, user and tenant
+        (a tenant as 10 hex digits of its SHA-256: any namespace name fits, none can name a path)."""
         prefix = "m" if self.device.upper().startswith("MIG-") else ""
         digits = _HEX.sub("", self.device.split("-", 1)[-1].lower())[:12] or "x"
-        return f"{prefix}{digits}-{self.uid if self.uid >= 0 else 'self'}"
+        user = self.uid if self.uid >= 0 else "self"
+        tenant = f"-{hashlib.sha256(self.tenant.encode()).hexdigest()[:10]}" if self.tenant else ""
+        return f"{prefix}{digits}-{user}{tenant}"
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,12 @@ class Restart:
     def from_json(cls, data: dict) -> "Restart":
         return cls(float(data["at"]), str(data["reason"]), tuple(map(str, data["faults"])),
                    str(data.get("device", "")), int(data.get("uid", -1)))
+
+
+def _uid_of_name(name: str) -> int:
+    """The user in a daemon folder's name (``<device>-<uid>[-<tenant>]``); -1 for ``self`` or a name not ours."""
+    parts = name.split("-")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
 
 
 def _read_events(path: Path) -> tuple[int, list[Restart]]:
@@ -169,6 +184,14 @@ class MpsDaemons:
             self._binary = found
         return self._binary
 
+    def _known_binary(self) -> Path:
+        """The control binary if there is one, else a path of none: stopping and listing daemons needs it to tell
+        a daemon's processes (``MpsControl._program``), but must work on a node without MPS too."""
+        try:
+            return self.binary
+        except MpsError:
+            return Path("/nonexistent")
+
     def available(self) -> bool:
         try:
             return self.binary is not None
@@ -186,7 +209,8 @@ class MpsDaemons:
         return self.folder(key) / "shm"
 
     def control(self, key: DaemonKey) -> MpsControl:
-        return MpsControl(self.binary, self.folder(key), key.device, key.uid, shm=self.shm, **self._timeouts)
+        return MpsControl(self.binary, self.folder(key), key.device, key.uid, shm=self.shm, tenant=key.tenant,
+                          **self._timeouts)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -208,7 +232,7 @@ class MpsDaemons:
                 continue
             try:
                 rec = DaemonRecord.from_json(json.loads((entry / "daemon.json").read_text()))
-                found[entry.name] = DaemonKey(rec.device, rec.uid)
+                found[entry.name] = DaemonKey(rec.device, rec.uid, rec.tenant)
             except (OSError, ValueError, MpsError):
                 found[entry.name] = None
         return found
@@ -239,8 +263,9 @@ class MpsDaemons:
     def _retire(self, name: str, key: DaemonKey | None, done: Reconciled) -> None:
         """Stop a daemon nobody wants (or clear a folder without a record) and keep its logs."""
         folder = self.root / name
-        ctl = MpsControl(self._binary or Path("/nonexistent"), folder, key.device if key else "", key.uid if key else -1,
-                         **self._timeouts)
+        # a folder without a record: its name says whose daemon it was (DaemonKey.name), whom root may signal
+        uid = key.uid if key else _uid_of_name(name)
+        ctl = MpsControl(self._known_binary(), folder, key.device if key else "", uid, **self._timeouts)
         faults = ctl.faults() if key is not None else []
         try:
             ctl.stop()
@@ -312,7 +337,7 @@ class MpsDaemons:
         for name, key in self.known().items():
             if key is None:
                 continue
-            ctl = MpsControl(self._binary or Path("/nonexistent"), self.root / name, key.device, key.uid)
+            ctl = MpsControl(self._known_binary(), self.root / name, key.device, key.uid)
             pid = ctl.pid()
             faults = tuple(ctl.faults()[-3:])
             rec = ctl.record()

@@ -250,9 +250,13 @@ class Allocator:
 
     @staticmethod
     def daemon_key(grant: formats.ContainerGrant, pod: Mapping[str, Any]) -> DaemonKey | None:
-        """The MPS daemon a spatial container is a client of (None for a time-sliced one)."""
+        """The MPS daemon a spatial container is a client of (None for a time-sliced one): its device, its
+        ``runAsUser`` and its pod's namespace, the tenant boundary (mpsfleet.DaemonKey)."""
         spatial = [s for s in grant.slices if s.engine is Engine.SPATIAL]
-        return DaemonKey.for_client(spatial[0].device_uuid, run_as_user(pod, grant.container)) if spatial else None
+        if not spatial:
+            return None
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        return DaemonKey.for_client(spatial[0].device_uuid, run_as_user(pod, grant.container), namespace)
 
     def mps_paths(self, key: DaemonKey) -> tuple[Path, Path]:
         """The daemon's pipe and shared-memory folders as the host (the kubelet) sees them."""

@@ -14,9 +14,11 @@ Any pod that sets ``NVIDIA_VISIBLE_DEVICES`` to GPUs is refused as well (:func:`
 the device plugin's Allocate runs both checks again for the container it gives a slice (the webhook fails
 open).
 
-What this cannot see (``README.md`` Limits): variables a program sets for its own children, and those an
-``envFrom`` ConfigMap or Secret brings (their keys are not in the pod). The out-of-process backstop
-(:mod:`gpuslice.host.backstop`) holds the memory limit against those.
+What this cannot see (``README.md`` Limits): variables a program sets for its own children, the image's own
+``ENV`` (in the image config, not the pod), and the keys an ``envFrom`` ConfigMap or Secret brings (they are
+not in the pod, and may change after admission). An ``envFrom`` whose ``prefix`` would turn a key into one of
+the refused names (``LD_``, ``GPUSLICE_``, or a beginning of them) is refused; an empty prefix cannot be judged.
+The out-of-process backstop (:mod:`gpuslice.host.backstop`) holds the memory limit against all of these.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def escape_problem(pod: Mapping[str, Any], only: Callable[[Mapping[str, Any]], b
             hit = _covers(str(path)) if path else None
             if hit:
                 return f"{where}.volumeDevices[{d}].devicePath {path!r} is not allowed: it covers {hit}"
+        problem = _env_from_problem(where, c)
+        if problem:
+            return problem
         for e, var in enumerate(c.get("env") or []):
             name = var.get("name", "") if isinstance(var, dict) else ""
             if isinstance(name, str) and (name in FORBIDDEN_ENV or (name.startswith(FORBIDDEN_ENV_PREFIX)
@@ -83,6 +88,19 @@ def escape_problem(pod: Mapping[str, Any], only: Callable[[Mapping[str, Any]], b
                 return (f"{where}.env[{e}].name {name!r} is not allowed in a pod asking for GPU slices: "
                         f"{', '.join(FORBIDDEN_ENV)} and {FORBIDDEN_ENV_PREFIX}* are the node agent's to set "
                         f"(allowed, as they only lower a limit: {', '.join(TENANT_ENV)})")
+    return None
+
+
+def _env_from_problem(where: str, container: Mapping[str, Any]) -> str | None:
+    """An ``envFrom`` prefix that makes some key a refused name (``LD_`` + ``PRELOAD``, ``GPUSLICE_`` + …)."""
+    for f, source in enumerate(container.get("envFrom") or []):
+        prefix = source.get("prefix", "") if isinstance(source, dict) else ""
+        if not isinstance(prefix, str) or not prefix:
+            continue
+        if any(name.startswith(prefix) or prefix.startswith(name) for name in FORBIDDEN_ENV) or \
+                prefix.startswith(FORBIDDEN_ENV_PREFIX) or FORBIDDEN_ENV_PREFIX.startswith(prefix):
+            return (f"{where}.envFrom[{f}].prefix {prefix!r} is not allowed in a pod asking for GPU slices: with it a "
+                    f"key could become {', '.join(FORBIDDEN_ENV)} or {FORBIDDEN_ENV_PREFIX}*, the node agent's to set")
     return None
 
 

@@ -32,7 +32,8 @@ log = logging.getLogger("gpuslice.mps")
 
 
 def wanted_daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> set[DaemonKey]:
-    """The daemons the spatial containers of ``ledger`` are clients of (users from their pods' specs)."""
+    """The daemons the spatial containers of ``ledger`` are clients of (users from their pods' specs, tenants
+    from their namespaces: :meth:`Allocator.daemon_key`)."""
     by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
     wanted = set()
     for entry in ledger.entries.values():
@@ -40,7 +41,7 @@ def wanted_daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> set
         for c in entry.containers:
             for s in c.slices:
                 if s.engine is Engine.SPATIAL:
-                    wanted.add(DaemonKey.for_client(s.device_uuid, run_as_user(pod, c.container)))
+                    wanted.add(DaemonKey.for_client(s.device_uuid, run_as_user(pod, c.container), entry.namespace))
     return wanted
 
 

@@ -10,6 +10,13 @@ once with a :class:`~gpuslice.spec.SpecError` naming the field, instead of waiti
 hold one of its parts if they were empty. The queue rule (see local/README.md): a request is placed only on
 devices that no waiter ahead of it could use. Devices a waiter ahead of it could use are *reserved* for the
 queue; a newcomer for other devices (another GPU, or a card too small for the waiter) goes ahead at once.
+
+*Whose waiters hold whom back* (:func:`holds_back`; issue 15, attacker's review: one user's waiting ticket, at a
+priority any caller may ask for, held every other user's fitting request back): a user orders their own queue
+(priority, then arrival); root's waiting tickets hold back everyone's requests that came later or ask for a
+lower priority (root grants policy); a user's waiting ticket holds back no other user's request. A user may
+have at most :data:`MAX_WAITING_PER_USER` requests waiting (:func:`check_queue_room`); root is not limited.
+Users are told apart by their holder process's owner (which the agent checked is the caller's own).
 """
 
 from __future__ import annotations
@@ -20,6 +27,32 @@ from typing import Iterable, Sequence
 from gpuslice.placement import NodeState, fits
 from gpuslice.placement.model import DeviceState, TaskShape
 from gpuslice.spec import Request, SpecError, human_bytes
+
+ROOT_UID = 0
+# Waiting requests per user: a job array of a few runs queues at once; a user who wants more waits in a loop
+# of their own. Bounds the work every acquire does over the queue (candidate devices per waiter).
+MAX_WAITING_PER_USER = 16
+
+
+def holds_back(waiter_uid: int | None, waiter_priority: int, waiter_ticket: int, uid: int | None, priority: int,
+               ticket: int | None) -> bool:
+    """Whether a waiter (its user, priority 0 high / 1 low, ticket) is ahead of a request of user ``uid`` with
+    ``priority``, queued as ``ticket`` (None: a newcomer, behind every waiter by arrival). See the module doc."""
+    if waiter_uid is None or waiter_ticket == ticket:
+        return False
+    earlier = ticket is None or waiter_ticket < ticket
+    if waiter_uid == uid:
+        return waiter_priority < priority or (waiter_priority == priority and earlier)
+    if waiter_uid == ROOT_UID:
+        return waiter_priority < priority or earlier
+    return False
+
+
+def check_queue_room(uid: int | None, waiting: int) -> None:
+    """:class:`SpecError` (field ``wait``) when user ``uid`` already has :data:`MAX_WAITING_PER_USER` waiting."""
+    if uid != ROOT_UID and waiting >= MAX_WAITING_PER_USER:
+        raise SpecError("wait", True, f"at most {MAX_WAITING_PER_USER} waiting requests per user; user {uid} has "
+                                      f"{waiting} (gpuslice ps lists them): cancel one, or ask again once one is placed")
 
 
 def restrict(node: NodeState, keep: Iterable[str] | None = None, drop: Iterable[str] = ()) -> NodeState:

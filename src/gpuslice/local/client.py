@@ -19,7 +19,11 @@ and ``"tidal_schedule": "8-20:30,20-8:100"`` (issue 13; refusals name the field 
 carry ``"oom_policy": "return"|"kill"|"wait"`` and, with wait, ``"oom_wait_ms"`` (0..86400000).
 The agent knows the caller from the kernel (``SO_PEERCRED``): a non-root caller's ``owner``/``uid`` are its
 own whatever the body says, and ``holder_pid`` and ``child_pid`` must be its own processes (the reclaimer
-ends the ``child_pid`` group once the holder is gone).
+ends the ``child_pid`` group once the holder is gone); a root caller's ``uid`` -1 (none given) records the holder
+process's real uid as the grant's owner. The queue (``"wait": true``): a user orders their own
+waiting requests (priority, then arrival); root's waiting requests hold back everyone's later or lower-priority
+ones; a user's waiting request holds back no other user's; a user may have at most 16 requests waiting (the
+17th is a 400 ``spec`` naming ``wait``; root is not limited) — :mod:`gpuslice.local.admission`.
 
 =======  ========================  ==========================================================
 POST     /v1/grants                body: Ask (+ ``"wait": bool, "ticket": int >= 1|null``) →

@@ -48,7 +48,7 @@ from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons, Reconciled
 from gpuslice.host.usage import region_pids
 from gpuslice.local import ledgerdb
 from gpuslice.local.ledgercheck import BadRow, LostGrant, decode_rows, lost_grants, refusal as lost_refusal
-from gpuslice.local.admission import candidate_devices, never_fits, restrict
+from gpuslice.local.admission import candidate_devices, check_queue_room, holds_back, never_fits, restrict
 from gpuslice.local.errors import Forbidden, LedgerError, UnknownGrant
 from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
 from gpuslice.local.paths import StateDir
@@ -195,7 +195,7 @@ class Ledger:
             keys = daemon_keys(placed.slices, ask.uid)
             record = GrantRecord(
                 grant=Grant(grant_id, placed.slices, placed.exclusive), owner=ask.owner, request=ask.request,
-                created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=ask.uid,
+                created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=_owner_uid(ask),
                 command=ask.command, slice_file=str(self.state.slice_file(grant_id)),
                 region_file=str(self.state.region_file(grant_id)),
                 mps_pipe_dir=str(self.mps.pipe_dir(keys[0])) if keys else "", oom=ask.oom)
@@ -328,6 +328,8 @@ class Ledger:
         self._live_lost = [g for g in lost if g.pids]
 
     def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
+        me = procs.uid_of(ask.holder_pid)
+        check_queue_room(me, sum(1 for w in self._waiters(db) if procs.uid_of(w.pid) == me))
         cur = db.execute(
             "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request, devices) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -338,14 +340,13 @@ class Ledger:
     def _competing(self, db: sqlite3.Connection, ask: Ask, ticket: int | None,
                    mine: frozenset[str]) -> dict[int, frozenset[str]]:
         """Live waiters ahead of this request (a queued ticket, or a newcomer) that could use a device it
-        could use: ticket -> the devices that waiter could use (reserved for the queue)."""
+        could use: ticket -> the devices that waiter could use (reserved for the queue). Who is ahead of whom:
+        :func:`gpuslice.local.admission.holds_back`."""
         prio = int(ask.request.priority)
+        me = procs.uid_of(ask.holder_pid)
         found: dict[int, frozenset[str]] = {}
         for w in self._waiters(db):
-            if ticket is None:
-                if w.priority > prio:
-                    continue
-            elif w.ticket == ticket or w.priority > prio or (w.priority == prio and w.ticket > ticket):
+            if not holds_back(procs.uid_of(w.pid), w.priority, w.ticket, me, prio, ticket):
                 continue
             theirs = self._candidates(w)
             if theirs & mine:
@@ -484,10 +485,20 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SlicePro
     return SliceProcesses(tuple(ours.values()), unsure)
 
 
+def _owner_uid(ask: Ask) -> int:
+    """The grant's owner: the ask's uid, else (a root caller that gave none) its holder's real uid, so that
+    every new grant names one (a grant of no owner proves nothing by its marker: :func:`_owners`)."""
+    if ask.uid >= 0:
+        return ask.uid
+    uid = procs.real_uid(ask.holder_pid)
+    return uid if uid is not None else -1
+
+
 def _owners(grant: GrantRecord, pid: int) -> bool:
-    """Whether ``pid`` runs as the grant's owner (its real uid; a grant of unknown owner, uid -1, from a ledger
-    of before owners were recorded: any)."""
-    return grant.uid < 0 or procs.real_uid(pid) == grant.uid
+    """Whether ``pid`` runs as the grant's owner (its real uid). A grant of unknown owner (uid -1) is reclaimed
+    once its holder is gone, so no owner can be learnt from it: its marker proves nobody (issue 15: it proved
+    anybody, and the backstop's same rule let a tenant's process count against a root grant)."""
+    return grant.uid >= 0 and procs.real_uid(pid) == grant.uid
 
 
 def _settled(signalled: Sequence[procs.ProcStat], wait: float = SETTLE_S) -> bool:

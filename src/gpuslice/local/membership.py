@@ -8,7 +8,10 @@ The same proofs as the reclaimer's (:func:`gpuslice.local.ledger.slice_processes
   process group while its leader is still the launched process;
 * **marker**: its environment carries ``GPUSLICE_SLICE=<the grant's slice file>`` and its real uid is the
   grant's owner's (anyone may put a marker in their own environment; it proves only processes the owner could
-  signal anyway).
+  signal anyway). A grant whose record names no owner (``uid`` -1: a root caller that gave none, or a ledger of
+  before owners were recorded) is owned by its live holder's user; with no live holder the marker proves nothing.
+  Before, any user's marked process counted against such a grant (issue 15, attacker's review): a tenant could
+  push a root grant over its limit and have the backstop kill that grant's processes.
 
 A process none of this ties to a grant is nobody's: the backstop reports it and never counts it against a
 slice, so no tenant can make another's slice look over its limit.
@@ -40,7 +43,7 @@ def attribute(grants: Sequence[GrantRecord], pids: Sequence[int]) -> dict[int, s
         s = by_pid.get(pid)
         if s is None:
             continue
-        grant = _by_lineage(s, by_pid, holders) or _by_group(s, groups) or _by_marker(pid, by_slice)
+        grant = _by_lineage(s, by_pid, holders) or _by_group(s, groups) or _by_marker(pid, by_slice, holders)
         if grant is not None:
             out[pid] = grant.grant_id
     return out
@@ -62,7 +65,7 @@ def _by_group(s: procs.ProcStat, groups: dict[int, GrantRecord]) -> GrantRecord 
     return g if g is not None and s.start >= g.child_start else None
 
 
-def _by_marker(pid: int, by_slice: dict[str, GrantRecord]) -> GrantRecord | None:
+def _by_marker(pid: int, by_slice: dict[str, GrantRecord], holders: dict[int, GrantRecord]) -> GrantRecord | None:
     try:
         env = (procs.PROC / str(pid) / "environ").read_bytes()
     except OSError:
@@ -70,7 +73,16 @@ def _by_marker(pid: int, by_slice: dict[str, GrantRecord]) -> GrantRecord | None
     for entry in env.split(b"\0"):
         if entry.startswith(MARKER):
             grant = by_slice.get(entry[len(MARKER):].decode(errors="replace"))
-            if grant is not None and (grant.uid < 0 or procs.real_uid(pid) == grant.uid):
-                return grant
-            return None
+            if grant is None:
+                return None
+            owner = owner_uid(grant, grant.holder_pid in holders)
+            return grant if owner is not None and procs.real_uid(pid) == owner else None
     return None
+
+
+def owner_uid(grant: GrantRecord, holder_alive: bool) -> int | None:
+    """The user whose processes a grant's marker may prove: the recorded owner, else (``uid`` -1) the real uid of
+    its live holder; None when neither is known (then the marker proves nothing)."""
+    if grant.uid >= 0:
+        return grant.uid
+    return procs.real_uid(grant.holder_pid) if holder_alive else None

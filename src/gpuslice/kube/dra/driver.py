@@ -25,7 +25,7 @@ import shutil
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -139,7 +139,8 @@ class DraDriver:
             raise SpecError("claim", f"{ref.namespace}/{ref.name} ({ref.uid})", "namespace, name and uid")
         with self._lock(ref.uid):
             known = self.checkpoint.get(ref.uid)
-            if known is not None:  # answered without asking the API server (a restart, no API server needed)
+            if known is not None:  # answered from the checkpoint (a restart needs no API server)
+                self._check_new_consumers(ref, known)
                 self._write(known.uid, known.grant, [d.device for d in known.devices])
                 return Prepared(known.devices)
             alloc = read_allocation(self._claim(ref), pool=self.cfg.node)
@@ -152,6 +153,23 @@ class DraDriver:
             log.info("prepared claim %s/%s (%s): grant %s on %s", alloc.namespace, alloc.name, alloc.uid,
                      grant.grant_id, ", ".join(grant.uuids))
             return Prepared(devices)
+
+    def _check_new_consumers(self, ref: ClaimRef, known: PreparedClaim) -> None:
+        """A claim prepared before, prepared again: the pods it is reserved for now that it was not prepared for
+        (a pod that shares the claim by name) are checked as the first ones were (issue 15, attacker's review:
+        they were not). Without an API server (a kubelet restart during an outage) or once the claim is gone,
+        the checkpoint's answer stands."""
+        try:
+            alloc = read_allocation(self._claim(ref), pool=self.cfg.node)
+        except (KubeError, SpecError) as exc:
+            log.warning("claim %s/%s (%s) prepared again; its pods cannot be read now (%s): answered from the "
+                        "checkpoint", ref.namespace, ref.name, ref.uid, exc)
+            return
+        new = [p for p in alloc.pods if p not in known.pods]
+        if not new:
+            return
+        self._check_pods(alloc.namespace, alloc.name, new)
+        self.checkpoint.put(replace(known, pods=(*known.pods, *new)))
 
     def _claim(self, ref: ClaimRef) -> dict[str, Any]:
         claim = self.api.get_resource_claim(ref.namespace, ref.name)
@@ -166,9 +184,8 @@ class DraDriver:
         (a mount over the enforcer's paths, LD_PRELOAD/LD_AUDIT, a GPUSLICE_* variable: :mod:`..escapes`). No
         webhook sees DRA pods; the kubelet shows the refusal as the pod's FailedPrepareDynamicResources event
         and starts none of its containers. A pod already gone is skipped; any other read error refuses too.
-        Checked when the claim is first prepared on the node: a claim prepared before is answered from the
-        checkpoint without asking the API server, so a pod that later shares it by name is not checked
-        (README Limits)."""
+        Checked when the claim is first prepared on the node, and for each pod it is reserved for later
+        (:meth:`_check_new_consumers`)."""
         for pod_name in pods:
             try:
                 pod = self.api.get_pod(namespace, pod_name)
