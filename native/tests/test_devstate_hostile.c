@@ -88,7 +88,7 @@ static void release(pid_t pid)
 static int noop_record(void *c, int i, void *s) { (void)c; (void)i; (void)s; return 0; }
 static int noop_query(void *c, int i) { (void)c; (void)i; return 1; }
 static int64_t noop_elapsed(void *c, int i) { (void)c; (void)i; return 1000; }
-static const struct gs_gpu_ops OPS = {noop_record, noop_record, noop_query, noop_elapsed, NULL, NULL, NULL, NULL, NULL, NULL};
+static const struct gs_gpu_ops OPS = {noop_record, noop_record, noop_query, noop_elapsed, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 
 static void test_stopped_lock_holder(void)
 {
