@@ -71,6 +71,17 @@ static void test_allocate(void)
     CHECK(gs_ctl_refilled(GS_CTL_BURST_NS + 7, 50, GS_CTL_BURST_NS) == GS_CTL_BURST_NS + 7, "the cap takes nothing away");
     CHECK(gs_ctl_charged(0, 3 * GS_CTL_DEBT_MAX_NS) == -GS_CTL_DEBT_MAX_NS, "debt is capped");
     CHECK(gs_ctl_charged(0, -2 * GS_CTL_WANT_CAP_NS) == GS_CTL_WANT_CAP_NS, "a refund banks at most WANT_CAP");
+    /* a credit scribbled to the extremes by a hostile tenant (the pacing file is 0666) clamps and never
+     * overflows: UBSan (this test's sanitizer build) stops on signed overflow */
+    CHECK(gs_ctl_charged(INT64_MIN, INT64_MAX) == -GS_CTL_DEBT_MAX_NS, "debt from the extreme clamps");
+    CHECK(gs_ctl_charged(INT64_MAX, INT64_MIN) == GS_CTL_WANT_CAP_NS, "credit from the extreme clamps");
+    struct gs_ctl_bucket hostile = {0};
+    hostile.credit_ns = INT64_MIN;
+    CHECK(gs_ctl_gate(&hostile, 5000, INT64_MAX) == GS_CTL_WAIT_MAX_NS, "a wait from the extreme is WAIT_MAX");
+    hostile.credit_ns = -1000000000000000LL;
+    CHECK(gs_ctl_gate(&hostile, 1, 1000) == GS_CTL_WAIT_MAX_NS, "a huge debt at a tiny rate waits WAIT_MAX");
+    hostile.credit_ns = INT64_MAX;
+    CHECK(gs_ctl_gate(&hostile, 5000, INT64_MIN) == 0, "a huge credit goes");
     /* offered load: turns from 1.5 up, back to free below 1.0 */
     CHECK(!gs_ctl_takes_turns(0, 14999) && gs_ctl_takes_turns(0, 15000), "turns from an offered load of 1.5");
     CHECK(gs_ctl_takes_turns(1, 10000) && !gs_ctl_takes_turns(1, 9999), "and back below 1.0 (hysteresis)");

@@ -107,9 +107,18 @@ void gs_ctl_refill(struct gs_ctl_bucket *b, int64_t now, uint32_t rate_bp, int64
     b->credit_ns = gs_ctl_refilled(b->credit_ns, add, cap_ns);
 }
 
+/* a - b, saturated: the credit lives in the 0666 pacing file, and a hostile tenant may write any value
+ * there; arithmetic on it must not overflow (UB), only clamp */
+static int64_t sat_sub(int64_t a, int64_t b)
+{
+    int64_t r;
+    if (!__builtin_sub_overflow(a, b, &r)) return r;
+    return b < 0 ? INT64_MAX : INT64_MIN;
+}
+
 int64_t gs_ctl_charged(int64_t credit_ns, int64_t busy_ns)
 {
-    int64_t c = credit_ns - busy_ns;
+    int64_t c = sat_sub(credit_ns, busy_ns);
     if (c < -GS_CTL_DEBT_MAX_NS) c = -GS_CTL_DEBT_MAX_NS;
     if (c > GS_CTL_WANT_CAP_NS) c = GS_CTL_WANT_CAP_NS;
     return c;
@@ -120,9 +129,10 @@ void gs_ctl_charge(struct gs_ctl_bucket *b, int64_t busy_ns) { b->credit_ns = gs
 int64_t gs_ctl_gate(const struct gs_ctl_bucket *b, uint32_t rate_bp, int64_t need_ns)
 {
     if (rate_bp >= GS_BP_FULL) return 0;
-    int64_t need = need_ns - b->credit_ns - GS_CTL_LOOKAHEAD_NS; /* credit missing before this launch */
+    /* credit missing before this launch */
+    int64_t need = sat_sub(sat_sub(need_ns, b->credit_ns), GS_CTL_LOOKAHEAD_NS);
     if (need <= 0) return 0;
-    if (rate_bp == 0) return GS_CTL_WAIT_MAX_NS;
+    if (rate_bp == 0 || need > GS_CTL_WAIT_MAX_NS * (int64_t)GS_BP_FULL) return GS_CTL_WAIT_MAX_NS;
     /* time until the refill covers the gap (an upper bound when other launches are refunded
      * meanwhile; WAIT_MAX keeps the re-check frequent) */
     int64_t w = need * GS_BP_FULL / rate_bp;
