@@ -88,6 +88,11 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
 #ifndef GS_CTL_DRAIN_SHORT_NS
 #define GS_CTL_DRAIN_SHORT_NS    50000LL
 #endif
+/* DRAIN_BACKLOG_LAUNCHES: this many launches since the last "drained" look, the drain still pending, is
+ * a backlog too (before DRAIN_SHORT has passed) */
+#ifndef GS_CTL_DRAIN_BACKLOG_LAUNCHES
+#define GS_CTL_DRAIN_BACKLOG_LAUNCHES 2u
+#endif
 #ifndef GS_CTL_DRAIN_LATE_NS
 #define GS_CTL_DRAIN_LATE_NS     50000LL
 #endif

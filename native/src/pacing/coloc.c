@@ -104,7 +104,7 @@ void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
     if (q == 0) {
         if (!e->drain_since_ns) e->drain_since_ns = now;
         __atomic_store_n(&me->drain_seen_ns, now, __ATOMIC_RELAXED);
-        if (!e->drain_backlog && (now - e->drain_since_ns >= GS_CTL_DRAIN_SHORT_NS || g0 - e->drain_done_gen >= 2)) {
+        if (!e->drain_backlog && (now - e->drain_since_ns >= GS_CTL_DRAIN_SHORT_NS || g0 - e->drain_done_gen >= GS_CTL_DRAIN_BACKLOG_LAUNCHES)) {
             e->drain_backlog = 1;
             __atomic_store_n(&me->drain_backlog_ns, now, __ATOMIC_RELAXED);
         }
