@@ -1,7 +1,12 @@
-/* pacer.c against a neighbour that keeps rewriting this slice's record in the shared device state
- * (credit at -2^40 ns, share and rate at 1 basis point: values no gpuslice writer produces). Before the
- * hold cap such a launch waited forever (the credit never refilled); now a paced launch is held at most
- * what its own configured share can owe (pacer.c hold_cap_ns: 90 % -> 3.2 s), then goes, counted.
+/* pacer.c against a neighbour that keeps rewriting the shared device state.
+ * 1. It rewrites this slice's record (credit at -2^40 ns, share and rate at 1 basis point: values no
+ *    gpuslice writer produces). Before the hold cap such a launch waited forever (the credit never
+ *    refilled); now a paced launch is held at most what its own configured share can owe (pacer.c
+ *    hold_cap_ns: 90 % -> 3.2 s), then goes, counted.
+ * 2. It joins as a slice of its own and forges a high-priority preemptive process with GPU work
+ *    outstanding (priority, busy flag and poll time kept fresh). This slice is low priority by default,
+ *    so it takes the yield path and waits for that "queue": before GS_CTL_YIELD_HOLD_MAX a launch waited
+ *    for as long as the forgery went on (issue 15's review: 30.0 s of 30 s); now at most the bound.
  * Over the CPU driver double, under ASan/UBSan; alarm() turns a hang into a failure. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -26,7 +31,7 @@ static int failures, checks;
 #define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 static struct gs_devstate ds;
-static int victim = -1, stop;
+static int victim = -1, stop, scribbled;
 
 static double now_s(void)
 {
@@ -43,6 +48,62 @@ static void on_alarm(int sig)
     _exit(3);
 }
 
+static int forger_slice = -1, forger_proc = -1;
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* a high-priority preemptive process that always has work outstanding, as far as the file says */
+static void *forger(void *arg)
+{
+    (void)arg;
+    struct gs_ds_proc *p = &ds.procs[forger_proc];
+    struct gs_ds_slice *s = &ds.slices[forger_slice];
+    while (!__atomic_load_n(&stop, __ATOMIC_ACQUIRE)) {
+        int64_t n = mono_ns();
+        __atomic_store_n(&p->last_seen_ns, n, __ATOMIC_RELAXED);
+        __atomic_store_n(&p->heartbeat_ns, n, __ATOMIC_RELAXED);
+        __atomic_fetch_or(&p->flags, GS_DS_PROC_BUSY | GS_DS_PROC_IN_USE, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->priority, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->colocation, GS_COLOC_PREEMPTIVE, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->mode, GS_CTL_HARD, __ATOMIC_RELAXED);
+        usleep(1000);
+    }
+    return NULL;
+}
+
+/* Scenario 2: launches beside the forger for `seconds`; returns the longest one launch was held. */
+static double launches_beside_a_forged_high_priority_queue(double seconds, int *launches)
+{
+    CHECK(gs_devstate_lock(&ds) == 0, "lock the state as the neighbour");
+    int r = gs_devstate_join_locked(&ds, "forger", 5000, GS_CTL_HARD, 1, 1, 1, getpid(), 4242, &forger_slice,
+                                    &forger_proc);
+    gs_devstate_unlock(&ds);
+    CHECK(r == 0, "the forger joins");
+    if (r != 0) return 0;
+    __atomic_store_n(&stop, 0, __ATOMIC_RELEASE);
+    pthread_t t;
+    pthread_create(&t, NULL, forger, NULL);
+    usleep(50000); /* past the victim's 10-ms path recheck: it now watches the forger */
+    double t0 = now_s(), worst = 0;
+    *launches = 0;
+    while (now_s() - t0 < seconds) {
+        double a = now_s();
+        gs_pacer_before_launch(0, NULL, 7);
+        gs_pacer_after_launch(0, NULL, 0);
+        double h = now_s() - a;
+        worst = h > worst ? h : worst;
+        ++*launches;
+    }
+    __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    return worst;
+}
+
 static void *scribbler(void *arg)
 {
     (void)arg;
@@ -51,6 +112,7 @@ static void *scribbler(void *arg)
         __atomic_store_n(&s->credit_ns, -(1LL << 40), __ATOMIC_RELAXED); /* 18 min of debt: forever at 1 bp */
         __atomic_store_n(&s->share_bp, 1u, __ATOMIC_RELAXED);
         __atomic_store_n(&s->rate_bp, 1u, __ATOMIC_RELAXED);
+        __atomic_store_n(&scribbled, 1, __ATOMIC_RELEASE);
         usleep(200);
     }
     return NULL;
@@ -82,7 +144,7 @@ int main(void)
     if (victim < 0) return 1;
     pthread_t t;
     pthread_create(&t, NULL, scribbler, NULL);
-    usleep(5000);
+    while (!__atomic_load_n(&scribbled, __ATOMIC_ACQUIRE)) usleep(1000); /* a loaded machine may start it late */
     double cap = (double)(GS_CTL_DEBT_MAX_NS + GS_CTL_LOOKAHEAD_NS) / 0.9e9 + 1.0;
     double t0 = now_s();
     gs_pacer_before_launch(0, NULL, 7);
@@ -105,6 +167,17 @@ int main(void)
     CHECK(now_s() - t0 < cap, "after the neighbour stopped, 20 launches took %.2f s", now_s() - t0);
     CHECK(ds.slices[victim].credit_ns >= -GS_CTL_DEBT_MAX_NS, "the credit is back in range: %lld",
           (long long)ds.slices[victim].credit_ns);
+
+    double bound = GS_CTL_YIELD_HOLD_MAX_NS / 1e9, forged = 2 * bound + 1.0;
+    int launches = 0;
+    double worst = launches_beside_a_forged_high_priority_queue(forged, &launches);
+    printf("  beside a forged high-priority backlog for %.1f s: %d launches, the longest held %.2f s (bound %.1f s)\n",
+           forged, launches, worst, bound);
+    CHECK(worst >= 0.9 * bound, "no launch was held by the forged queue (%.2f s): the scenario did not run", worst);
+    CHECK(worst < bound + 1.0, "a launch was held %.2f s by a forged queue; the bound is %.1f s", worst, bound);
+    CHECK(launches >= 2, "only %d launches in %.1f s beside a forged queue", launches, forged);
+    CHECK(gs_pacer_held_too_long() >= 2, "the let-go launches are counted: %llu",
+          (unsigned long long)gs_pacer_held_too_long());
     gs_devstate_close(&ds);
     gs_pacer_shutdown();
     char path[160];

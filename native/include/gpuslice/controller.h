@@ -104,6 +104,15 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
 /* how long a queued high-priority process's measured busy flag is believed without a fresh poll (a
  * stopped process must not hold its neighbours forever) */
 #define GS_CTL_BUSY_STALE_NS  20000000LL
+/* YIELD_HOLD_MAX 2 s: the longest one launch waits on the yield path for high-priority neighbours' queues
+ * (pacer.c). What it waits on is what neighbours publish in the shared device state, which a tenant can
+ * forge (priority high, a busy flag kept fresh): without a bound one held a neighbour's launch for as long
+ * as it kept writing (30.0 s of a 30-s forgery, issue 15's review). Past it the launch goes, counted. A
+ * real high-priority server with a backlog longer than this lets one low-priority launch through every
+ * YIELD_HOLD_MAX: one kernel's worth of intrusion per 2 s. */
+#ifndef GS_CTL_YIELD_HOLD_MAX_NS
+#define GS_CTL_YIELD_HOLD_MAX_NS 2000000000LL
+#endif
 /* Tidal: a slice without a schedule follows the high-priority slices' idle time, the fraction of time
  * none of them is queued (as above), an EWMA with time constant TIDAL_TAU (the tide follows load over
  * seconds; a request's own rhythm must not move the share); the share is recomputed every TIDAL_EVERY

@@ -78,6 +78,7 @@ struct gs_ticket {
     int64_t charged;     /* charged to the credit at launch (refunded if the launch fails) */
     int64_t slept_total; /* slept for this launch so far */
     int yield;           /* went on the yield path: gs_engine_after may record a completion marker */
+    int yield_held;      /* this call's wait is the yield gate's (neighbours' queues or our own), not the credit's */
 };
 
 struct gs_engine {

@@ -79,7 +79,7 @@ static struct {
     struct gs_pdev dev[GS_MAX_DEVICES];
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static _Thread_local struct gs_ticket tl_ticket = {-1, 0, 0, 0};
+static _Thread_local struct gs_ticket tl_ticket = {-1, 0, 0, 0, 0};
 
 static int64_t mono_ns(void)
 {
@@ -394,15 +394,15 @@ static struct gs_pdev *device(int dev)
     return st == 1 ? d : NULL;
 }
 
-/* The longest a paced launch may be held, from this slice's own configuration (its root-written slice
- * file), never from the shared state a neighbour can write: the slice's credit cannot legitimately owe
- * more than DEBT_MAX of GPU time (controller.c clamps every charge), refilled at no less than its share
- * while the node's shares fit the device, plus LOOKAHEAD, plus a second for a loaded machine: 50 % ->
- * 5.0 s, 10 % -> 21 s, 1 % -> 201 s. Past it the state file says something this slice's configuration
- * cannot produce (a neighbour rewrote our credit, share or rate: README-compute.md "Hostile neighbours"):
- * the launch goes. 0 = no cap (an unpaced process only waits on the yield path). The yield path is never
- * capped: it waits for a high-priority neighbour's queue, which may legitimately last as long as that
- * neighbour is busy. */
+/* The longest a paced launch may be held by its credit, from this slice's own configuration (its
+ * root-written slice file), never from the shared state a neighbour can write: the slice's credit cannot
+ * legitimately owe more than DEBT_MAX of GPU time (controller.c clamps every charge), refilled at no less
+ * than its share while the node's shares fit the device, plus LOOKAHEAD, plus a second for a loaded
+ * machine: 50 % -> 5.0 s, 10 % -> 21 s, 1 % -> 201 s. Past it the state file says something this slice's
+ * configuration cannot produce (a neighbour rewrote our credit, share or rate: README-compute.md "Hostile
+ * neighbours"): the launch goes. 0 = no cap (an unpaced process waits only on the yield gate, which has
+ * its own: GS_CTL_YIELD_HOLD_MAX, since what it waits for, a high-priority neighbour's queue, is read from
+ * records any tenant on the device can forge). */
 static int64_t hold_cap_ns(int dev)
 {
     int pct = g.share_pct[dev];
@@ -410,11 +410,16 @@ static int64_t hold_cap_ns(int dev)
     return (GS_CTL_DEBT_MAX_NS + GS_CTL_LOOKAHEAD_NS) * 100 / pct + 1000000000LL;
 }
 
-static uint64_t held_too_long; /* launches let go at the cap, this process */
+static uint64_t held_too_long; /* launches let go at a cap, this process */
 
-static void hold_capped(int dev, int64_t held)
+static void hold_capped(int dev, int64_t held, int yield)
 {
-    if (__atomic_fetch_add(&held_too_long, 1, __ATOMIC_RELAXED) == 0)
+    if (__atomic_fetch_add(&held_too_long, 1, __ATOMIC_RELAXED) != 0) return;
+    if (yield)
+        GS_WARN("compute: a launch on device %d waited %.1f s for high-priority neighbours' queues; a real backlog "
+                "that long is rare and a forged one holds nobody: the launch goes (counted, this is said once)",
+                dev, (double)held / 1e9);
+    else
         GS_WARN("compute: a launch on device %d was held %.1f s, longer than a %d%% share can owe; the device state "
                 "file looks rewritten by another process; the launch goes (counted, this is said once)",
                 dev, (double)held / 1e9, g.share_pct[dev]);
@@ -430,19 +435,21 @@ void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
     if (!g.enabled) return;
     struct gs_pdev *d = device(dev);
     if (!d) return;
-    int64_t slept = 0, held = 0, cap = hold_cap_ns(dev);
+    /* the credit's waits and the yield gate's are bounded apart: each by what could legitimately cause it */
+    int64_t slept = 0, held = 0, held_yield = 0, cap = hold_cap_ns(dev);
     for (;;) {
         int64_t t0 = mono_ns();
         int64_t w = gs_engine_before(&d->eng, t0, stream, key, slept, &tl_ticket);
         if (w <= 0) return;
-        /* the yield path waits for a high-priority neighbour's queue, as long as it lasts: not capped */
-        if (cap > 0 && held >= cap && __atomic_load_n(&d->eng.path, __ATOMIC_RELAXED) != GS_DS_PATH_YIELD) {
-            hold_capped(dev, held);
+        int gate = tl_ticket.yield_held;
+        if (gate ? held_yield >= GS_CTL_YIELD_HOLD_MAX_NS : cap > 0 && held >= cap) {
+            hold_capped(dev, gate ? held_yield : held, gate);
             return;
         }
         sleep_ns(w);
         slept = mono_ns() - t0;
-        held += slept;
+        if (gate) held_yield += slept;
+        else held += slept;
     }
 }
 

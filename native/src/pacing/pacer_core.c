@@ -449,6 +449,7 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     t->slot = -1;
     t->charged = 0;
     t->yield = 0;
+    t->yield_held = 0;
     t->slept_total = slept_ns > 0 ? t->slept_total + slept_ns : 0;
     int path = gs_eng_path(e, now);
     if (path == GS_DS_PATH_LIGHT) {
@@ -467,6 +468,7 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
         int64_t w = gs_coloc_yield_gate(e, now);
         if (w > 0) {
             __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED); /* wanting is activity */
+            t->yield_held = 1;
             return w;
         }
     }
