@@ -4,9 +4,13 @@ shorter bursts and the report policy only report; processes of no slice are repo
 
 from __future__ import annotations
 
+import signal
+import subprocess
+
 import pytest
 
-from gpuslice.host.backstop import Backstop, GpuProcess, Policy, Tracked
+from gpuslice.host import procs
+from gpuslice.host.backstop import Backstop, GpuProcess, Policy, Tracked, kill_exact
 from gpuslice.host.monitor import NodeView, SliceView, with_backstop
 from gpuslice.spec import SpecError
 
@@ -24,16 +28,20 @@ class World:
     def source(self):
         return list(self.procs)
 
-    def kill(self, pid: int) -> bool:
+    def kill(self, pid: int, start: int) -> bool:
+        assert start == self.start_of(pid)
         self.killed.append(pid)
         return True
+
+    def start_of(self, pid: int) -> int:
+        return 1000 + pid
 
     def attribute(self, pids):
         return {p: self.members[p] for p in pids if p in self.members}
 
 
 def backstop(world: World, **policy) -> Backstop:
-    return Backstop(world.source, Policy(**policy), kill=world.kill, clock=lambda: world.now)
+    return Backstop(world.source, Policy(**policy), kill=world.kill, clock=lambda: world.now, start_of=world.start_of)
 
 
 SLICES = [Tracked("g-a", U0, 4 * GiB, "alice"), Tracked("g-b", U0, 4 * GiB, "bob")]
@@ -108,9 +116,29 @@ def test_nvml_failing_acts_on_nothing_and_says_why():
     def broken():
         raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
 
-    b = Backstop(broken, Policy(grace=0), kill=lambda pid: pytest.fail("killed on a failed read"))
+    b = Backstop(broken, Policy(grace=0), kill=lambda pid, start: pytest.fail("killed on a failed read"))
     report = b.check(SLICES, lambda pids: {})
     assert "GPU_IS_LOST" in report.error and report.overruns == ()
+
+
+def test_a_pid_reused_after_its_membership_was_proven_is_not_killed():
+    """The backstop reads each GPU process's start time before proving whom it belongs to and kills only that
+    process: a pid freed and taken by a newcomer after the proof (another start time) is not signalled. Before,
+    the kill read the start time anew and would have killed the newcomer (issue 15's review)."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        start = procs.start_time(child.pid)
+        assert start and not kill_exact(child.pid, start + 1) and child.poll() is None
+        over = [Tracked("g-a", U0, GiB)]
+        nvml = lambda: [GpuProcess(U0, child.pid, 9 * GiB)]  # noqa: E731
+        proven = lambda pids: {child.pid: "g-a"}  # noqa: E731
+        as_if_reused = Backstop(nvml, Policy(grace=0), start_of=lambda pid: start + 1)
+        assert as_if_reused.check(over, proven).overruns[0].action == "kill failed" and child.poll() is None
+        assert Backstop(nvml, Policy(grace=0)).check(over, proven).overruns[0].action == "killed"
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_off_and_no_source_are_said():

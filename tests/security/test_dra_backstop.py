@@ -58,8 +58,8 @@ def test_colluding_containers_of_a_claim_over_its_limit_are_killed_after_the_gra
              GpuProcess(DEV, 201, 9 * GiB), GpuProcess(DEV, 301, 9 * GiB)]   # no claim of this node: reported
     killed: list[int] = []
     now = [0.0]
-    guard = KubeBackstop(Backstop(lambda: procs, Policy(grace=2.0), kill=lambda pid: killed.append(pid) or True,
-                                  clock=lambda: now[0]),
+    guard = KubeBackstop(Backstop(lambda: procs, Policy(grace=2.0), kill=lambda pid, start: killed.append(pid) or True,
+                                  clock=lambda: now[0], start_of=lambda pid: 1),
                          _claims, _pods, proc_root=_proc(tmp_path), clock=lambda: now[0],
                          tracked_of=claim_tracked, containers_of=claim_containers)
     first = guard.check_once()

@@ -47,6 +47,10 @@ def _fake_proc(tmp_path: Path) -> Path:
     _proc(root, 201, f"0::/kubepods.slice/crio-{CID_B}.scope\n")
     _proc(root, 301, f"0::/kubepods.slice/cri-containerd-{CID_OTHER}.scope\n")
     _proc(root, 401, "0::/user.slice/user-1000.slice/session-3.scope\n")
+    # a container gpuslice never granted, with cgroup delegation, names a child cgroup after a granted
+    # container's ID; and a cgroup v1 text whose hierarchies disagree (no runtime writes that)
+    _proc(root, 501, f"0::/kubepods.slice/cri-containerd-{CID_OTHER}.scope/{CID_A}\n")
+    _proc(root, 502, f"12:memory:/kubepods/burstable/pod0f0e-pod-a/{CID_A}\n0::/kubepods/besteffort/podx/{CID_OTHER}\n")
     return root
 
 
@@ -62,6 +66,13 @@ def test_processes_are_attributed_by_their_cgroup_only(tmp_path):
     assert found == {101: main, 102: main, 201: side}
 
 
+def test_a_nested_cgroup_named_after_a_granted_container_is_not_that_container(tmp_path):
+    """Attributed to the victim, such a process was counted against the victim's limit, and the backstop killed
+    the victim's processes with it (issue 15's review): the container is the first ID on the path."""
+    root = _fake_proc(tmp_path)
+    assert attribute_by_cgroup(container_grants(_ledger(), PODS), [501, 502], root) == {}
+
+
 def test_a_container_over_its_limit_is_killed_and_no_one_else(tmp_path):
     root = _fake_proc(tmp_path)
     procs = [GpuProcess(DEV, 101, 3 * GiB), GpuProcess(DEV, 102, 3 * GiB),  # main: 6 GiB on a 4 GiB slice
@@ -69,8 +80,8 @@ def test_a_container_over_its_limit_is_killed_and_no_one_else(tmp_path):
              GpuProcess(DEV, 301, 9 * GiB), GpuProcess(DEV, 401, 9 * GiB)]   # no gpuslice container
     killed: list[int] = []
     now = [0.0]
-    guard = KubeBackstop(Backstop(lambda: procs, Policy(grace=2.0), kill=lambda pid: killed.append(pid) or True,
-                                  clock=lambda: now[0]),
+    guard = KubeBackstop(Backstop(lambda: procs, Policy(grace=2.0), kill=lambda pid, start: killed.append(pid) or True,
+                                  clock=lambda: now[0], start_of=lambda pid: 1),
                          ledger=_ledger, pods=lambda: PODS, proc_root=root, clock=lambda: now[0])
     first = guard.check_once()
     assert [(o.grant_id.endswith("main"), o.used, o.action) for o in first.overruns] == [(True, 6 * GiB, "reported")]

@@ -12,8 +12,9 @@ and the grant's marker in processes of its owner; Kubernetes: the container's cg
   ``max(tolerance_bytes, tolerance_ratio × limit)``, default 256 MiB or 2 %, for memory the driver keeps per
   context beyond what the enforcer counts) is **reported** at once (``ps``, metrics, dashboard, the log) and,
   with the ``kill`` policy (default), its processes on that device are **killed** (SIGKILL through a pidfd
-  checked against the start time) once it has stayed above for ``grace`` seconds (default 5) — a burst
-  shorter than the grace is reported only;
+  checked against the start time read *before* membership was proven, so a pid freed and reused after the
+  proof is never signalled) once it has stayed above for ``grace`` seconds (default 5) — a burst shorter than
+  the grace is reported only;
 * reports the GPU processes that belong to no slice (``unattributed``): nothing placed them, nothing limits
   them; they are shown, never killed.
 
@@ -149,10 +150,12 @@ class Backstop:
     """Keeps, per slice and device, since when it is above its limit, and acts on it by ``policy``."""
 
     def __init__(self, source: ProcessMemory | None, policy: Policy = Policy(),
-                 kill: Callable[[int], bool] | None = None, clock: Callable[[], float] = time.monotonic):
+                 kill: Callable[[int, int], bool] | None = None, clock: Callable[[], float] = time.monotonic,
+                 start_of: Callable[[int], int] = procs.start_time):
         self.source = source
         self.policy = policy
-        self.kill = kill or kill_exact
+        self.kill = kill or kill_exact  # (pid, start time) -> signalled
+        self.start_of = start_of  # pid -> start time, 0 when gone
         self.clock = clock
         self._over_since: dict[tuple[str, str], float] = {}
         self.kills_total: dict[tuple[str, str], int] = {}
@@ -162,7 +165,9 @@ class Backstop:
             return BackstopReport("off" if self.policy.action == "off" else "off (no per-process memory source)")
         try:
             found = self.source()
-            grant_of = attribute(sorted({p.pid for p in found})) if found else {}
+            # each process as it is before its membership is proven: only that process may be killed for it
+            starts = {p.pid: self.start_of(p.pid) for p in found}
+            grant_of = attribute(sorted(starts)) if found else {}
         except Exception as exc:  # NVML away for a moment: say so, act on nothing
             return BackstopReport(self.policy.action, error=f"per-process device memory unavailable: {exc}")
         now = self.clock()
@@ -188,7 +193,7 @@ class Backstop:
             since = self._over_since.setdefault(key, now)
             action = "reported"
             if self.policy.action == "kill" and now - since >= self.policy.grace:
-                done = [pid for pid in on_device.get(key, []) if self.kill(pid)]
+                done = [pid for pid in on_device.get(key, []) if starts[pid] and self.kill(pid, starts[pid])]
                 kills += len(done)
                 self.kills_total[key] = self.kills_total.get(key, 0) + len(done)
                 action = "killed" if done else "kill failed"
@@ -215,11 +220,9 @@ def _stranger(p: GpuProcess) -> Stranger:
     return Stranger(p.device_uuid, p.pid, p.used, procs.real_uid(p.pid), command.strip()[:200])
 
 
-def kill_exact(pid: int) -> bool:
-    """SIGKILL ``pid`` as it is now (its start time read and checked through a pidfd): a pid freed and reused
-    between NVML's answer and this call is not touched."""
-    start = procs.start_time(pid)
-    return bool(start) and procs.signal_exact(pid, start, signal.SIGKILL)
+def kill_exact(pid: int, start: int) -> bool:
+    """SIGKILL ``pid`` only if it is still the process that started at ``start`` (checked through a pidfd)."""
+    return procs.signal_exact(pid, start, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------------------ sources

@@ -44,19 +44,30 @@ def container_grants(ledger: formats.Ledger, pods: Sequence[dict[str, Any]]) -> 
     return out
 
 
+def container_of(cgroup: str) -> str | None:
+    """The container ID a ``/proc/<pid>/cgroup`` text places its process in, or ``None``.
+
+    On each line it is the *first* ID along the path: the runtime's scope of the container. Anything below it is
+    the container's own (with cgroup delegation a tenant can make ``…/cri-containerd-<own>.scope/<victim's ID>``,
+    and reading any ID on the path attributed its processes to the victim, whose processes the backstop would
+    then kill). Lines that place the process in different containers prove nothing: ``None``."""
+    found = {m.group(0) for line in cgroup.splitlines() if (m := _ID.search(line.partition(":")[2].partition(":")[2]))}
+    return found.pop() if len(found) == 1 else None
+
+
 def attribute_by_cgroup(by_container: dict[str, str], pids: Sequence[int],
                         proc_root: Path = Path("/proc")) -> dict[int, str]:
-    """``{pid: grant id}`` for the ``pids`` whose cgroup names a container of ``by_container``."""
+    """``{pid: grant id}`` for the ``pids`` whose cgroup places them in a container of ``by_container``
+    (:func:`container_of`)."""
     out = {}
     for pid in pids:
         try:
             text = (proc_root / str(pid) / "cgroup").read_text()
         except OSError:
             continue
-        for cid in _ID.findall(text):
-            if cid in by_container:
-                out[pid] = by_container[cid]
-                break
+        cid = container_of(text)
+        if cid in by_container:
+            out[pid] = by_container[cid]
     return out
 
 
