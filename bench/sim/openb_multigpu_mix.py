@@ -19,7 +19,21 @@ Further variants (issue 16, item 5; ``--variants``): ``fgd-trace`` (the simulato
 typical set counted over the whole trace up front, fixed, 32-shape cap kept), ``fgd-trace-typical`` (the same,
 uncapped, as the authors), ``fgd-artifact`` (that on the authors' arrivals) and ``bestfit-shuffled`` (best-fit on
 the authors' arrivals, the base of the shuffled variants' gain). Results:
-``bench/results/2026-11-25-cpu-2core-vm-sim-openb-fgd-workload.txt``.
+``bench/results/2026-11-25-cpu-2core-vm-sim-openb-fgd-workload.txt`` (run with every policy seeded 0, see below).
+
+The rest of item 5 (``bench/results/2026-11-28-cpu-2core-vm-sim-openb-fgd-ties.txt``), from the authors' code:
+
+* **tie order.** Every variant's policy is seeded with the replay seed, as ``gpuslice simulate`` seeds it, so FGD's
+  equal scores go to a fixed node order drawn anew for each seed (the authors rename their nodes ``%04d-`` + name with
+  a permutation drawn from the seed, simulator.go). Until 2026-11-28 this script seeded every policy 0: one order for
+  all seeds, which is ``fgd-order0``; ``fgd-order1..3`` are other single orders, ``fgd-indexorder`` the node list's.
+* **the authors' best-fit** (``bestfit-artifact``, best_fit_score.go): the same weighted remaining CPU + GPU, but an
+  integer score, so nodes within one point tie and go to the fixed node order; ``bestfit-ordered`` keeps our exact
+  score and sends only exact ties to that order.
+* **host memory** (``fgd-nomem``, ``bestfit-nomem``): tasks ask for none (the authors' pods ask for memory_mib, and
+  kube-scheduler's NodeResourcesFit enforces it, as we do; this only measures whether it binds).
+* every replay is also read as the authors' analysis reads it (``read@100``: the mean allocation over the arrivals
+  whose arrived load rounds to 100 %, merge_alloc_discrete_0920.py) besides ours (the first arrival at 100 %).
 
     .venv/bin/python bench/sim/openb_multigpu_mix.py [--seeds 42 43 44 45] [--traces ...] [--variants ...] [--out FILE]
 
@@ -46,12 +60,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data"
 VARIANTS = ("bestfit", "fgd", "fgd-uncapped", "fgd-shuffled", "fgd-trace-typical", "fgd-artifact", "bestfit-shuffled",
-            "fgd-trace", "fgd-seedorder", "fgd-indexorder", "bestfit-seedorder", "bestfit-artifact", "fgd-authors",
-            "fgd-nomem", "bestfit-nomem", "fgd-order1", "fgd-order2", "fgd-order3")
+            "fgd-trace", "bestfit-artifact", "bestfit-ordered", "fgd-order0", "fgd-order1", "fgd-order2", "fgd-order3",
+            "fgd-indexorder", "fgd-nomem", "bestfit-nomem")
 SHUFFLED = ("fgd-shuffled", "fgd-artifact", "bestfit-shuffled")  # on the authors' arrivals
-# Tie order per replay seed (the authors' simulator renames its nodes "%04d-" + name with a permutation drawn from
-# the seed, so equal scores go to a different fixed order in every replay; ours is one fixed order for all seeds).
-SEED_ORDER = ("fgd-seedorder", "bestfit-seedorder", "bestfit-artifact", "fgd-authors")
 NO_MEMORY = ("fgd-nomem", "bestfit-nomem")  # host memory not asked for (never binds, or does it?)
 
 
@@ -178,26 +189,25 @@ def run(job: tuple[str, str, int]) -> tuple[str, str, int, float, float]:
         tasks = [replace(t, memory_mib=0) for t in tasks]
     if variant == "bestfit-artifact":
         scorers.SCORERS["bestfit"] = authors_bestfit()  # type: ignore[index]
-    if variant == "bestfit-seedorder":
+    if variant == "bestfit-ordered":
         scorers.SCORERS["bestfit"] = ordered_bestfit()  # type: ignore[index]
     if variant == "fgd-indexorder":  # ties to the first node of the node list (openb-node-0000, ...)
         import gpuslice.placement.scorers.fgd as fgd_scorer
         fgd_scorer.node_order = lambda fleet, rows, seed: 1.0 - rows / len(fleet)  # type: ignore[assignment]
-    if variant == "fgd-authors":
-        engine.WorkloadMix = trace_typical(tasks)  # type: ignore[assignment]
-        frag.FGD_MAX_SHAPES = mix.FGD_MAX_SHAPES = 1000
 
     if variant == "fgd-uncapped":
         frag.FGD_MAX_SHAPES = mix.FGD_MAX_SHAPES = 1000
     if variant in SHUFFLED:
         engine.draw_inflation = shuffled  # type: ignore[assignment]
     if variant in ("fgd-trace-typical", "fgd-artifact"):
-        engine.WorkloadMix = trace_typical(tasks_of(trace))  # type: ignore[assignment]
+        engine.WorkloadMix = trace_typical(tasks)  # type: ignore[assignment]
         frag.FGD_MAX_SHAPES = mix.FGD_MAX_SHAPES = 1000
-    policy = PlacementPolicy.parse(variant.split("-")[0])
-    if variant in SEED_ORDER:
-        policy = replace(policy, seed=seed)
-    if variant.startswith("fgd-order"):  # one other fixed order (order seed N) for every replay, as ours (0)
+    # The policy's seed is the replay's, as `gpuslice simulate` has it (sim/runner.py): FGD's ties (and
+    # bestfit-artifact's) then go to a fixed node order drawn anew for every seed, as in the authors' simulator,
+    # which renames its nodes "%04d-" + name with a permutation drawn from the seed. fgd-orderN keeps one order
+    # (order seed N) for every replay; before 2026-11-28 this script ran every variant with seed 0 (fgd-order0).
+    policy = PlacementPolicy.parse(variant.split("-")[0], seed=seed)
+    if variant.startswith("fgd-order"):
         policy = replace(policy, seed=int(variant[len("fgd-order"):]))
     # fgd-trace: the simulator's own --fgd-workload trace (the whole trace's typical set, capped at 32 shapes).
     config = SimConfig(seed=seed, fgd_workload="trace" if variant == "fgd-trace" else "learnt")
