@@ -210,3 +210,46 @@ def test_dashboard_axes_are_round_with_units_at_every_scale_and_at_zero(state_en
             browser.close()
     finally:
         agent.stop()
+
+
+def test_dashboard_shows_a_gpu_process_of_no_slice(state_env, tmp_path):
+    """The backstop's strangers (a GPU process no slice holds, from NVML's per-process list; here its
+    stand-in ``$GPUSLICE_GPU_PROCESSES``) reach the page as a "no slice" row with the pid, device and size."""
+    browser_path = chromium()
+    import json
+    import sys
+
+    from playwright.sync_api import sync_playwright
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    agent = None
+    try:
+        procs_file = tmp_path / "gpu-processes.json"
+        procs_file.write_text("[]")
+        agent = AgentProcess({**state_env, "GPUSLICE_GPU_PROCESSES": str(procs_file)}, interval=0.2,
+                             extra=("--backstop", "report"))
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://a", timeout=30) as http:
+            devices = http.get("/v1/status").json()["devices"]
+            uuid, index = devices[1]["uuid"], devices[1]["index"]
+            procs_file.write_text(json.dumps([{"uuid": uuid, "pid": stranger.pid, "used": 3 * GiB}]))
+            deadline = time.monotonic() + 30
+            while not http.get("/v1/status").json()["backstop"]["unattributed"]:
+                assert time.monotonic() < deadline, "the agent never reported the stranger"
+                time.sleep(0.05)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=browser_path, args=ARGS)
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page.goto(agent.url, wait_until="load")
+            page.wait_for_function("[...document.querySelectorAll('#backstop-table tbody tr')].length > 0",
+                                   timeout=20000)
+            rows = page.eval_on_selector_all("#backstop-table tbody tr",
+                                             "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+            assert page.is_visible("#backstop")
+            assert len(rows) == 1 and rows[0][:6] == ["no slice", str(stranger.pid), str(index), "3.0 GiB", "-",
+                                                      "reported"], rows
+            browser.close()
+    finally:
+        stranger.kill()
+        stranger.wait()
+        if agent is not None:
+            agent.stop()

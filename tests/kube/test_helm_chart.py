@@ -331,6 +331,9 @@ def test_webhook_points_at_its_service_and_skips_own_namespace(helm: Path) -> No
     assert hook["sideEffects"] == "None"
     assert hook["failurePolicy"] == "Fail"
     assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE"]
+    # kubectl debug's ephemeral containers are reviewed too (tests/security/test_webhook_escapes.py)
+    assert hook["rules"][1] == {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"}
     svc = hook["clientConfig"]["service"]
     assert svc["path"] == "/mutate" and svc["namespace"] == "gpuslice-system"
     service = by_kind(objs, "Service")[svc["name"]]

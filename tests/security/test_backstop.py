@@ -113,7 +113,7 @@ def test_a_gpu_process_of_no_slice_is_reported_not_killed(watched_node: Node):
     assert [(p["pid"], p["used"], p["device_uuid"]) for p in found] == [(stranger.pid, 3 * GiB, double_uuid(1))]
     metrics = node.cli(None, "ps").stdout
     assert "no slice" in metrics and str(stranger.pid) in metrics
-    time.sleep(1.5)  # longer than the grace: still not killed
+    _sampled_past_the_grace(node, lambda s: [p["pid"] for p in s["backstop"]["unattributed"]] == [stranger.pid])
     assert stranger.poll() is None
 
 
@@ -129,5 +129,32 @@ def test_a_tenant_cannot_make_anothers_slice_look_over_its_limit(watched_node: N
     found = wait_for(lambda: _status(node)["backstop"].get("unattributed"), "the forger to be seen")
     assert [p["pid"] for p in found] == [forger.pid]
     assert not _status(node)["backstop"].get("overruns")
-    time.sleep(1.5)
+    _sampled_past_the_grace(node, lambda s: [p["pid"] for p in s["backstop"]["unattributed"]] == [forger.pid]
+                            and not s["backstop"]["overruns"])
     assert forger.poll() is None and run.poll() is None
+
+
+GRACE = 1.0  # watched_node's --backstop-grace
+SAMPLE = 0.2  # and --interval
+
+
+def _sampled_past_the_grace(node: Node, holds) -> None:
+    """Wait until the agent has sampled (and so run the backstop) past the grace since it first saw what the
+    test set up, with ``holds(status)`` true in every sample on the way; then one sample more, so that a kill
+    made in the pass that crossed the grace has been delivered. "Not killed" then means the agent looked and
+    let it be, not that it had not looked yet (a fixed sleep passed on a loaded machine whose agent had not
+    sampled at all)."""
+    first = _status(node)
+    assert holds(first), first["backstop"]
+    seen = [first["time"]]
+
+    def past() -> bool:
+        status = _status(node)
+        assert holds(status), status["backstop"]
+        if status["time"] != seen[-1]:
+            seen.append(status["time"])
+        return status["time"] >= first["time"] + GRACE and len(seen) >= 3
+
+    wait_for(past, f"the agent to sample {GRACE:g} s past the first sample", every=0.05)
+    last = seen[-1]
+    wait_for(lambda: _status(node)["time"] > last, "one more sample", every=0.05)

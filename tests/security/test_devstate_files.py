@@ -50,25 +50,45 @@ def test_roots_enforcer_does_not_follow_a_tenants_link_in_the_pacing_folder(bare
     assert (st.st_mode & 0o777, st.st_size) == (0o600, 0), (oct(st.st_mode), st.st_size, err)
 
 
-def test_the_agent_is_not_hung_by_a_fifo_planted_as_a_pacing_file(node: Node, tenants):
-    """Root's monitor reads every device's pacing file each second: a FIFO in its place must not stop it."""
+def test_the_agent_is_not_hung_by_a_fifo_planted_as_a_pacing_file(bare_node: Node, tenants):
+    """A running agent has made every device's pacing file before any tenant can name it, so the name a tenant
+    can take first is one of a device the agent has not made yet: a card or MIG instance that appears before
+    the agent's next start, in the sticky devices folder the last run left. There root meets the tenant's FIFO
+    twice, and neither may wait for a writer that never comes: at start, making the device's pacing file
+    (``ensure_shared_file`` must open what is there without blocking), and then on every sample (the monitor
+    must skip it). The enforcer's side, a pacer handed a FIFO, is pinned in native/tests/test_devstate_open.c,
+    and the Python readers' in tests/enforcer/test_devstate.py
+    (``test_a_fifo_or_link_in_place_of_a_device_state_file_is_refused_at_once``)."""
+    import stat
+    import sys
+
     a, _ = tenants
+    node = bare_node
+    node.state.mkdir(mode=0o755)
+    os.chmod(node.state, 0o755)
     devices = node.state / "devices"
-    wait_for(devices.is_dir, "the state dir's devices folder")
+    devices.mkdir()
+    os.chmod(devices, 0o1777)  # as a previous run of the agent left it
     target = devices / f"{double_uuid(1)}.dev"
-    if target.exists():  # the agent made it first: the tenant cannot replace root's file in a sticky folder
-        done = node.python_as(a, "import os, sys\ntry:\n    os.unlink(sys.argv[1])\nexcept PermissionError:\n"
-                                 "    print('denied')", str(target))
-        assert done.stdout.strip() == "denied", done.stdout + done.stderr
-        return
     done = node.python_as(a, "import os, sys; os.mkfifo(sys.argv[1], 0o666)", str(target))
     assert done.returncode == 0, done.stderr
-    # a grant takes the agent's lock, which a sampler stuck opening the FIFO would hold for ever
+    assert stat.S_ISFIFO(os.lstat(target).st_mode)
+    agent = node.popen(None, [sys.executable, "-m", "gpuslice.cli", "agent", "--port", "0", "--interval", "0.2",
+                              "--reclaim-interval", "0.3"])
+
+    def started():
+        assert agent.poll() is None, f"the agent ended (rc={agent.returncode}): {agent.communicate()[1][-3000:]}"
+        return (node.state / "agent.json").exists()
+
+    wait_for(started, "the agent to start past a tenant's FIFO in place of a device's pacing file (hung opening it?)")
+    # a grant on that device takes the agent's lock, which a sampler stuck opening the FIFO would hold for ever
     try:
-        granted = node.cli(None, "run", "--memory", "1GiB", "--", "true", timeout=60)
+        granted = node.cli(None, "run", "--device", "1", "--memory", "1GiB", "--", "true", timeout=60)
     except subprocess.TimeoutExpired:
         raise AssertionError("the agent hung on a FIFO in the pacing folder") from None
     assert granted.returncode == 0, granted.stderr
+    assert agent.poll() is None
+    assert stat.S_ISFIFO(os.lstat(target).st_mode), "root must leave a name a tenant took alone, not replace it"
 
 
 def test_the_agent_makes_every_devices_pacing_file_itself(node: Node):

@@ -85,7 +85,7 @@ def test_the_enforcer_refuses_a_root_slice_file_its_user_could_replace(bare_node
     slice_file = _slice_in(folder, file_mode)
     code, err = _init_as(bare_node, a, slice_file)
     if refused:
-        assert code == NOT_INITIALIZED and "lets others replace it" in err or "writable by others" in err, err
+        assert code == NOT_INITIALIZED and ("lets others replace it" in err or "writable by others" in err), (code, err)
     else:
         assert code == 0, err
 

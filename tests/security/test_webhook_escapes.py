@@ -107,3 +107,55 @@ def test_env_from_without_such_a_prefix_is_allowed(prefix):
     """An empty prefix cannot be judged from the pod (README Limits: the backstop holds memory against it)."""
     source = {"configMapRef": {"name": "cm"}, **({"prefix": prefix} if prefix else {})}
     assert escape_problem(_gpu_pod(envFrom=[source])) is None
+
+
+# ---------------------------------------------------------------------------------- ephemeral containers
+def _debug_review(obj):
+    """What the API server sends for ``kubectl debug``: an UPDATE of pods/ephemeralcontainers, the whole Pod."""
+    review = _review(obj)
+    review["request"].update(operation="UPDATE", subResource="ephemeralcontainers",
+                             resource={"group": "", "version": "v1", "resource": "pods"},
+                             oldObject=copy.deepcopy(obj))
+    review["request"]["oldObject"]["spec"].pop("ephemeralContainers", None)
+    return review
+
+
+def _debugged(base, **container):
+    p = copy.deepcopy(base)
+    p["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "busybox", "targetContainerName": "main",
+                                         **container}]
+    return p
+
+
+@pytest.mark.parametrize("container, needle", [
+    ({"env": [{"name": "LD_PRELOAD", "value": "/tmp/mine.so"}]}, "env[0].name 'LD_PRELOAD'"),
+    ({"env": [{"name": "GPUSLICE_SLICE", "value": "/tmp/slice"}]}, "env[0].name 'GPUSLICE_SLICE'"),
+    ({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, "NVIDIA_VISIBLE_DEVICES"),
+    ({"volumeMounts": [{"name": "mine", "mountPath": "/etc/ld.so.preload"}]}, "volumeMounts[0].mountPath"),
+    ({"envFrom": [{"prefix": "LD_", "configMapRef": {"name": "cm"}}]}, "envFrom[0].prefix"),
+])
+def test_an_ephemeral_container_that_escapes_is_refused_naming_it(container, needle):
+    """``kubectl debug`` adds a container to a running GPU pod through the pods/ephemeralcontainers subresource
+    (attacker's review of issue 15: neither the checks nor the webhook's rules covered it)."""
+    p = _debugged(_gpu_pod(), **container)
+    assert escape_problem(p) or needle == "NVIDIA_VISIBLE_DEVICES"
+    answer = webhook.mutate(_debug_review(p), CFG)["response"]
+    assert answer["allowed"] is False, answer
+    message = answer["status"]["message"]
+    assert "spec.ephemeralContainers[0] (debugger)" in message and needle in message, message
+
+
+def test_nvidia_visible_devices_in_an_ephemeral_container_of_any_pod_is_refused():
+    p = _debugged(pod("plain", {}), env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+    answer = webhook.mutate(_debug_review(p), CFG)["response"]
+    assert answer["allowed"] is False and "spec.ephemeralContainers[0] (debugger)" in answer["status"]["message"]
+
+
+def test_a_plain_debug_container_is_allowed_and_nothing_is_patched():
+    for base in (_gpu_pod(), pod("plain", {"cpu": "1"})):
+        answer = webhook.mutate(_debug_review(_debugged(base, env=[{"name": "TERM", "value": "xterm"}])), CFG)
+        assert answer["response"] == {"uid": "u-1", "allowed": True}
+    # in a pod asking for no GPU, LD_PRELOAD is not the webhook's business (as at CREATE)
+    plain = _debugged(pod("plain", {"cpu": "1"}), env=[{"name": "LD_PRELOAD", "value": "/x.so"}])
+    assert webhook.mutate(_debug_review(plain), CFG)["response"]["allowed"] is True
+

@@ -6,7 +6,8 @@ pacing files under ``/var/run/gpuslice``. A container that mounts a volume of it
 paths, or sets ``LD_PRELOAD``/``LD_AUDIT`` (loaded before ``/etc/ld.so.preload``: a library there can
 answer the driver calls first) or a ``GPUSLICE_*`` variable that is the device plugin's to set
 (``GPUSLICE_SLICE``, ``GPUSLICE_GRANT``, …) in its spec, is trying to leave or to loosen its slice; its pod is
-refused with a message naming the container and the field. The variables a tenant may set because they can
+refused with a message naming the container and the field. Init, app and ephemeral containers (``kubectl
+debug`` adds those to a running pod; the webhook reviews that update too) are judged alike. The variables a tenant may set because they can
 only tighten its own slice (``GPUSLICE_MEMORY_LIMIT``, ``GPUSLICE_COMPUTE``, ``GPUSLICE_FAIL_OPEN``,
 ``GPUSLICE_LOG_LEVEL``; ``native/README.md``) stay allowed.
 
@@ -33,7 +34,9 @@ PROTECTED_PATHS = ("/etc/ld.so.preload", "/etc/gpuslice", "/usr/local/gpuslice",
 FORBIDDEN_ENV = ("LD_PRELOAD", "LD_AUDIT")
 FORBIDDEN_ENV_PREFIX = "GPUSLICE_"
 TENANT_ENV = ("GPUSLICE_MEMORY_LIMIT", "GPUSLICE_COMPUTE", "GPUSLICE_FAIL_OPEN", "GPUSLICE_LOG_LEVEL")  # lower only
-CONTAINER_LISTS = ("initContainers", "containers")
+# ephemeralContainers: added to a running pod through the pods/ephemeralcontainers subresource (kubectl debug),
+# which the webhook reviews too (deploy/helm/gpuslice/templates/mutatingwebhook.yaml)
+CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 # The NVIDIA container toolkit gives a container the GPUs this variable names, and the kubelet puts the pod's
 # own env after the device plugin's: a pod that sets it reaches GPUs no slice of its holds, unenforced, even
 # without asking for a GPU (attacker's review of issue 15). Only the values that ask for none stay allowed.

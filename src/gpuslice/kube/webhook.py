@@ -20,7 +20,9 @@ JSONPatch:
   and the device plugin write those);
 * refuses a pod that would step out of its slice: a volume mounted over the enforcer's paths
   (``/etc/ld.so.preload``, ``/etc/gpuslice``, the library, ``/var/run/gpuslice``), or ``LD_PRELOAD``,
-  ``LD_AUDIT`` or a device-plugin ``GPUSLICE_*`` variable in its spec (:mod:`gpuslice.kube.escapes`).
+  ``LD_AUDIT`` or a device-plugin ``GPUSLICE_*`` variable in its spec (:mod:`gpuslice.kube.escapes`);
+* judges ephemeral containers (``kubectl debug``: an UPDATE of the ``pods/ephemeralcontainers``
+  subresource, which the chart's webhook rules include) by the same two checks, and patches nothing there.
 
 It writes no normalised request: the extender parses every pod from its resource limits, which are
 immutable and are what the kubelet allocates by (an annotation could say something else, and a pod
@@ -94,7 +96,10 @@ def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None
     kind = request.get("kind") or {}
     if not isinstance(kind, dict) or kind.get("kind") != "Pod" or kind.get("group", "") != "":
         return _review(uid, True)  # not ours: let it through untouched
-    if request.get("operation", "CREATE") != "CREATE":
+    operation = request.get("operation", "CREATE")
+    if operation == "UPDATE" and request.get("subResource") == "ephemeralcontainers":
+        return _ephemeral(uid, request, cfg)
+    if operation != "CREATE":
         return _review(uid, True)
     pod = request.get("object")
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
@@ -139,6 +144,32 @@ def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None
     patch += _count_fill(pod, req, cfg)
     patch += _forged(pod)
     return _review(uid, True, patch, warnings=notes)
+
+
+def _ephemeral(uid: str, request: Mapping[str, Any], cfg: resources.KubeConfig) -> dict[str, Any]:
+    """An UPDATE of the ``pods/ephemeralcontainers`` subresource (``kubectl debug``): the running pod with the
+    containers it adds in ``spec.ephemeralContainers``. They ask for no resources and get no slice, but are
+    judged as the pod's other containers were at CREATE: ``NVIDIA_VISIBLE_DEVICES`` naming GPUs in any pod, and
+    in a pod asking for GPU slices a mount over the enforcer's paths, ``LD_PRELOAD``/``LD_AUDIT`` or a
+    device-plugin ``GPUSLICE_*`` variable. Nothing is patched; the pod's request itself was admitted already, so
+    one that no longer parses is judged as a GPU pod rather than refused for it."""
+    pod = request.get("object")
+    if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
+        raise BadReview("AdmissionReview.request.object must be a Pod with a spec")
+    problem = podrequest.pod_shape_problem(pod)
+    if problem:
+        raise BadReview(f"AdmissionReview.request.object {problem}")
+    device_env = escapes.device_env_problem(pod)
+    if device_env:
+        return _review(uid, False, message=f"gpuslice: {device_env}")
+    try:
+        gpu = not podrequest.pod_request(pod, cfg).empty
+    except SpecError:
+        gpu = True
+    escape = escapes.escape_problem(pod) if gpu else None
+    if escape:
+        return _review(uid, False, message=f"gpuslice: {escape}")
+    return _review(uid, True)
 
 
 def _count_fill(pod: Mapping[str, Any], req: podrequest.PodRequest, cfg: resources.KubeConfig) -> list[dict[str, Any]]:

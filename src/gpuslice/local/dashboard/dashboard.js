@@ -151,7 +151,8 @@ function renderBackstop(status) {
     body.appendChild(row);
   }
   document.getElementById("problems").textContent = (status.errors || []).map(e => "problem: " + e).join("\n");
-  document.getElementById("backstop").style.display = rows.length || (status.errors || []).length ? "" : "none";
+  // "block", not "": an empty inline style falls back to the stylesheet's display: none, and the section never showed
+  document.getElementById("backstop").style.display = rows.length || (status.errors || []).length ? "block" : "none";
 }
 
 async function tick() {
