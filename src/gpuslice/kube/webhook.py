@@ -101,12 +101,7 @@ def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None
         return _ephemeral(uid, request, cfg)
     if operation != "CREATE":
         return _review(uid, True)
-    pod = request.get("object")
-    if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
-        raise BadReview("AdmissionReview.request.object must be a Pod with a spec")
-    problem = podrequest.pod_shape_problem(pod)
-    if problem:
-        raise BadReview(f"AdmissionReview.request.object {problem}")
+    pod = _pod_of(request)
     try:
         req = podrequest.pod_request(pod, cfg)
     except SpecError as exc:
@@ -146,6 +141,17 @@ def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None
     return _review(uid, True, patch, warnings=notes)
 
 
+def _pod_of(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The review's pod, of a shape the checks can read; :class:`BadReview` (HTTP 400) otherwise."""
+    pod = request.get("object")
+    if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
+        raise BadReview("AdmissionReview.request.object must be a Pod with a spec")
+    problem = podrequest.pod_shape_problem(pod)
+    if problem:
+        raise BadReview(f"AdmissionReview.request.object {problem}")
+    return pod
+
+
 def _ephemeral(uid: str, request: Mapping[str, Any], cfg: resources.KubeConfig) -> dict[str, Any]:
     """An UPDATE of the ``pods/ephemeralcontainers`` subresource (``kubectl debug``): the running pod with the
     containers it adds in ``spec.ephemeralContainers``. They ask for no resources and get no slice, but are
@@ -153,12 +159,7 @@ def _ephemeral(uid: str, request: Mapping[str, Any], cfg: resources.KubeConfig) 
     in a pod asking for GPU slices a mount over the enforcer's paths, ``LD_PRELOAD``/``LD_AUDIT`` or a
     device-plugin ``GPUSLICE_*`` variable. Nothing is patched; the pod's request itself was admitted already, so
     one that no longer parses is judged as a GPU pod rather than refused for it."""
-    pod = request.get("object")
-    if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
-        raise BadReview("AdmissionReview.request.object must be a Pod with a spec")
-    problem = podrequest.pod_shape_problem(pod)
-    if problem:
-        raise BadReview(f"AdmissionReview.request.object {problem}")
+    pod = _pod_of(request)
     device_env = escapes.device_env_problem(pod)
     if device_env:
         return _review(uid, False, message=f"gpuslice: {device_env}")
