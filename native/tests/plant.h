@@ -88,6 +88,12 @@ PLANT int ARRIVAL_PREEMPT = 0;
 PLANT int64_t PREEMPT_LAT = 5000;
 PLANT int prefer = -1;
 PLANT int MARKERS_WAIT = 1; /* see gpu_step */
+/* MARKER_PREEMPT (with ARRIVAL_PREEMPT): an event marker recorded into a context with nothing queued
+ * while another context runs brings its context in like a kernel would (an event is a command in the
+ * channel: the scheduler must load the context to process it). A pair's start event then runs ahead
+ * of its kernel, the context drains while the launch call is still in flight and the GPU goes back
+ * to a neighbour; the kernel waits for it. 0 (default): a marker waits for its context's turn. */
+PLANT int MARKER_PREEMPT = 0;
 PLANT int64_t GAP_FROM;    /* gaps are measured from here (the warm-up's end) */
 PLANT int64_t CTX_SWITCH = 0, switch_left; /* GPU time lost per context switch: 0 = ideal plant; test_switch_cost sets 100 us */
 /* A switch away from a context whose queue ran empty (no kernel to save) may cost less than one that
@@ -103,6 +109,10 @@ PLANT int sim_rec(struct sproc *p, int id)
      * the GPU: then it waits for this context's turn like any command in its channel */
     int other_running = cur >= 0 && &P[cur] != p && P[cur].qn > 0;
     if (p->qn == 0 && !(MARKERS_WAIT && other_running)) { e->done_seq = e->latest; e->t_done = NOW; return 0; }
+    if (MARKER_PREEMPT && ARRIVAL_PREEMPT && p->qn == 0 && other_running && P[cur].nker > 0) {
+        if (slice_left > PREEMPT_LAT) slice_left = PREEMPT_LAT;
+        prefer = (int)(p - P);
+    }
     struct item *it = &p->q[(p->qh + p->qn) % (QMAX + 64)];
     it->rem = 0; it->marker = id; it->seq = e->latest;
     p->qn++;
