@@ -391,6 +391,40 @@ def diagnostics(raw: dict) -> list[str]:
     return lines
 
 
+def charge_split(raw: dict) -> list[str]:
+    """Where each paced service's charge came from (the enforcer's counters over the measured span, summed
+    over services and repeats, per request): what its launches were charged when made, and what the
+    harvest turned the measured ones into: clean pairs (nothing else ran: charged as measured, less the
+    launch gap) and dirty ones (charged the shape's learned cost; the raw pair holds neighbours' time too).
+    Against the eager ruler this tells a per-kernel bias of the cost model (dirty learned > clean measured,
+    at every N) from a real cost of sharing (clean pairs themselves dearer as N grows)."""
+    lines = ["| kind | mode | N | charged ms/req | eager ms/req | launches/req | pairs/req (clean, dirty) | "
+             "clean us/pair: at launch -> measured | dirty us/pair: at launch -> learned (raw) | gap us/pair |",
+             "|" + " --- |" * 10]
+    fmt = (lambda x, f="{:.2f}": f.format(x) if x is not None else "-")
+    for kr in raw["kinds"]:
+        eager = (kr.get("calibration") or {}).get("eager_s_per_iter")
+        for mode, n in sorted({(p["mode"], p["n"]) for p in kr["phases"] if p["mode"] in ("hard", "soft")},
+                              key=lambda x: (MODES.index(x[0]), x[1])):
+            cs = [s["pacer"] for p in kr["phases"] if (p["mode"], p["n"]) == (mode, n) for s in p["services"]
+                  if s.get("pacer") and s.get("iters")]
+            reqs = sum(s["iters"] for p in kr["phases"] if (p["mode"], p["n"]) == (mode, n) for s in p["services"]
+                       if s.get("pacer") and s.get("iters"))
+            if not cs or not reqs:
+                continue
+            tot = {k: sum(c.get(k, 0) for c in cs) for k in cs[0] if k not in ("path", "cost_avg_ns")}
+            charged = (tot["launch_charged_ns"] + tot["clean_cost_ns"] - tot["clean_launch_ns"]
+                       + tot["dirty_cost_ns"] - tot["dirty_launch_ns"])
+            per = (lambda k, d: tot[k] / d / 1e3 if d else None)
+            lines.append(
+                f"| {kr['kind']} | {mode} | {n} | {fmt(charged / reqs / 1e6)} | {fmt(eager * 1e3 if eager else None)} | "
+                f"{tot['launches'] / reqs:.0f} | {tot['clean'] / reqs:.1f}, {tot['dirty'] / reqs:.1f} | "
+                f"{fmt(per('clean_launch_ns', tot['clean']), '{:.1f}')} -> {fmt(per('clean_cost_ns', tot['clean']), '{:.1f}')} | "
+                f"{fmt(per('dirty_launch_ns', tot['dirty']), '{:.1f}')} -> {fmt(per('dirty_cost_ns', tot['dirty']), '{:.1f}')} "
+                f"({fmt(per('dirty_raw_ns', tot['dirty']), '{:.1f}')}) | {fmt(per('gap_ns', tot['gap_pairs']), '{:.1f}')} |")
+    return lines if len(lines) > 2 else []
+
+
 def report(raw: dict) -> str:
     lines, goals, _ = summarize(raw)
     def ruler(k: dict) -> str:
@@ -401,6 +435,10 @@ def report(raw: dict) -> str:
         return text
 
     cal = "; ".join(ruler(k) for k in raw["kinds"])
+    split = charge_split(raw)
+    if split:
+        split = ["", "Where the paced services' charge came from (the enforcer's counters, gpuslice_pacer_stats, "
+                 "summed over services and repeats; per request, and per measured pair):", ""] + split
     skipped = "; ".join(f"{k['kind']}: {m} ({why})" for k in raw["kinds"] for m, why in k.get("skipped", {}).items())
     head = [f"Aggregate samples/s (batch {BATCH}) per N and mode: the mean of {raw['reps']} ABBA repeats of "
             f"{raw['seconds']:.1f}-s phases ({SETTLE} s of each not counted); in brackets the ratio to plain time-slicing and its range over "
@@ -414,7 +452,7 @@ def report(raw: dict) -> str:
     if raw.get("interrupted"):
         head.append(f"**Incomplete**: {raw['interrupted']}.")
     return "\n".join(head + [""] + lines + ["", "Goals (issue 12):"] + goals + ["", "Per mode (means over services and "
-                      "repeats), to tell causes apart:", ""] + diagnostics(raw)) + "\n"
+                      "repeats), to tell causes apart:", ""] + diagnostics(raw) + split) + "\n"
 
 
 def main() -> None:

@@ -19,7 +19,8 @@ Protocol, one JSON object per line each way:
                                                    service's share of the device's time (rate x this); and
                                                    "eager_s_per_iter": one request launched eagerly but
                                                    queued whole before it runs (eager_queued)
-  a run's answer also holds "launch_p50_s": the CPU time a request's launches took (median)
+  a run's answer also holds "launch_p50_s": the CPU time a request's launches took (median), and under
+  gpuslice "pacer": what the enforcer's charge counters (gpuslice_pacer_stats) gained over the measured span
   -> {"quit": 1}
 """
 
@@ -164,9 +165,37 @@ def eager_queued(forward, n: int = 20) -> dict:
             "eager_how": f"eager, queued behind a {cycles / 2e9 * 1e3:.0f}-ms spin, median of {n}"}
 
 
-def serve(step, t0: float, tm: float, t1: float) -> dict:
+def pacer_stats():
+    """A reader of the preloaded enforcer's charge counters on device 0 (gpuslice_pacer_stats), or None
+    when gpuslice is not preloaded or paces nothing: returns a function giving the counters as a dict."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None).gpuslice_pacer_stats
+    except AttributeError:
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
+    buf = ctypes.create_string_buffer(1024)
+
+    def read() -> dict | None:
+        n = fn(0, buf, len(buf))
+        return json.loads(buf.value) if 0 < n < len(buf) else None
+
+    return read
+
+
+def counters_since(before: dict | None, after: dict | None) -> dict | None:
+    """What the counters gained over a measured phase (path: the one at its end)."""
+    if not after:
+        return None
+    before = before or {}
+    return {k: (v if k in ("path", "cost_avg_ns") else v - before.get(k, 0)) for k, v in after.items()}
+
+
+def serve(step, t0: float, tm: float, t1: float, stats=None) -> dict:
     while time.time() < t0:
         time.sleep(0.0005)
+    c0 = None
     n, lat, cpu = 0, [], []
     while True:
         s = time.time()
@@ -174,6 +203,8 @@ def serve(step, t0: float, tm: float, t1: float) -> dict:
             break
         c = step()
         e = time.time()
+        if stats and c0 is None and e >= tm:
+            c0 = stats() or {}
         if e >= tm and e <= t1:
             n += 1
             lat.append(e - s)
@@ -182,7 +213,11 @@ def serve(step, t0: float, tm: float, t1: float) -> dict:
     lat.sort()
     cpu.sort()
     pick = (lambda v, q: v[min(len(v) - 1, int(q * len(v)))] if v else None)
-    return {"iters": n, "p50_s": pick(lat, 0.5), "p99_s": pick(lat, 0.99), "launch_p50_s": pick(cpu, 0.5)}
+    out = {"iters": n, "p50_s": pick(lat, 0.5), "p99_s": pick(lat, 0.99), "launch_p50_s": pick(cpu, 0.5)}
+    if stats:
+        # from the first request that ended in the measured span to the last: about n + 1 requests
+        out["pacer"] = counters_since(c0, stats())
+    return out
 
 
 def main() -> None:
@@ -194,13 +229,14 @@ def main() -> None:
     step, forward = build(a.kind, a.batch)
     for _ in range(a.warmup):
         step()
+    stats = pacer_stats()
     print(json.dumps({"ready": os.getpid(), "kind": a.kind}), flush=True)
     for line in sys.stdin:
         msg = json.loads(line)
         if "quit" in msg:
             break
         if "run" in msg:
-            out = serve(step, *msg["run"])
+            out = serve(step, *msg["run"], stats=stats)
         elif "calibrate" in msg:
             out = calibrate(forward, int(msg["calibrate"]))
         else:

@@ -69,11 +69,19 @@ def test_packing_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
                 assert s["paths"] == ["light"] and s["throttled_s"] == 0, s  # never waits
             if p["mode"] in ("hard", "soft"):
                 assert s["paths"] == ["free"] and s["offered_load"] is not None, s
+                # the enforcer's charge counters, read in the service through gpuslice_pacer_stats: every
+                # request's 20 launches counted and charged, its measured pairs sorted clean or dirty
+                c = s["pacer"]
+                assert c["launches"] >= 20 * s["iters"] and c["launch_charged_ns"] > 0, c
+                assert c["measured"] > 0 and c["clean"] + c["dirty"] == c["measured"], c
+            if p["mode"] in ("plain", "mps", "alone"):
+                assert s.get("pacer") is None, s  # no gpuslice, no counters
     # the dated results file names the run and holds both parts; the short table is printed last
     (res,) = out.glob("*-cpu-dry-run-packing.md")
     text = res.read_text()
     assert "| double | 2 |" in text and "Goals (issue 12)" in text and "accuracy: set share" in text
     assert "gpuslice hard 50/50" in text
+    assert "Where the paced services' charge came from" in text and "| double | hard | 2 |" in text
     assert lines[-1].startswith(("time-slicing", "gpuslice hard")) or "| double | 2 |" in r.stdout
 
 

@@ -127,6 +127,14 @@ struct gs_engine {
     uint64_t measured, sampled_clean, sampled_dirty, event_errors;
     uint64_t sampled_gap;  /* pairs whose start ran on an empty queue (the launch gap taken off) */
     int64_t gap_total_ns;  /* the launch-gap time taken off those pairs */
+    /* where the charge came from (gs_engine_stats; issue 12's N=8 over-charge could not be split
+     * without them): launches and what they were charged when made (lock-free adds); measured pairs,
+     * by kind, with what they were charged at launch and what they finally cost (under the lock) */
+    uint64_t st_launches;
+    int64_t st_launch_charged_ns;
+    int64_t st_clean_launch_ns, st_clean_cost_ns;   /* clean pairs: charged at launch, measured (less gap) */
+    int64_t st_dirty_launch_ns, st_dirty_raw_ns, st_dirty_cost_ns; /* dirty: at launch, raw pair, learned */
+    uint64_t st_dirty_keyless;                      /* dirty pairs without a shape: charged raw */
     uint32_t unknown_seen; /* launches of shapes the full table cannot hold (sampled 1 in 16) */
     /* identity of our process record, and what to join again with if a reaper of another PID
      * namespace freed it as stale (see devstate.h) */
@@ -184,6 +192,9 @@ void gs_engine_poll(struct gs_engine *e, int64_t now);
  * poller and the simulation in tests/test_controller.c both poll by this. */
 int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now);
 void gs_engine_fini(struct gs_engine *e);
+/* The engine's charge counters as one JSON object into buf (what gpuslice_pacer_stats hands a
+ * caller; README-compute.md "Charge counters"). Returns what snprintf returns. */
+int gs_engine_stats(const struct gs_engine *e, char *buf, size_t len);
 /* The rate the controller currently allots this engine's slice (basis points). */
 uint32_t gs_engine_rate(struct gs_engine *e, int64_t now);
 

@@ -23,6 +23,7 @@
 #include "gpuslice/config.h"
 #include "gpuslice/cuda_types.h"
 #include "gpuslice/fork.h"
+#include "gpuslice/hook.h"
 #include "gpuslice/log.h"
 #include "gpuslice/pacer_core.h"
 #include "gpuslice/real.h"
@@ -465,6 +466,18 @@ void gs_pacer_after_launch(int dev, void *stream, int cu_result)
     /* a paced engine leaves the time blocked in the driver's launch call out of its offered load;
      * the light path reads no clock after the launch */
     gs_engine_after(&d->eng, d->eng.paced ? mono_ns() : 0, stream, &t, cu_result == CU_OK);
+}
+
+/* A benchmark's (or a debugger's) look at where this process's charge on device `dev` came from: one
+ * JSON object of counters since the process started (gs_engine_stats; README-compute.md "Charge
+ * counters"), found by name in the preloaded library (ctypes.CDLL(None)). Returns its length, or -1 when
+ * this process paces nothing on that device. Read-only: it changes nothing the pacer decides. */
+GS_EXPORT int gpuslice_pacer_stats(int dev, char *buf, size_t len)
+{
+    if (!buf || !len || !g.enabled || dev < 0 || dev >= GS_MAX_DEVICES) return -1;
+    struct gs_pdev *d = &g.dev[dev];
+    if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) return -1;
+    return gs_engine_stats(&d->eng, buf, len);
 }
 
 void gs_pacer_shutdown(void)

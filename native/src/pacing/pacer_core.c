@@ -384,6 +384,8 @@ static int64_t price(struct gs_engine *e, uint64_t key, int *sample)
 static void count_launch(struct gs_engine *e, int64_t now, int64_t charge, struct gs_ticket *t)
 {
     add(&e->pub_launches, 1);
+    __atomic_add_fetch(&e->st_launches, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&e->st_launch_charged_ns, charge, __ATOMIC_RELAXED);
     add(&e->ol_launches, 1);
     add(&e->ol_cost, charge);
     int64_t prev = __atomic_exchange_n(&e->last_before_ns, now, __ATOMIC_RELAXED);
@@ -539,6 +541,8 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
         /* the driver refused the launch: nothing runs, nothing is owed */
         __atomic_add_fetch(&e->ds->slices[e->slice].credit_ns, t->charged, __ATOMIC_RELAXED);
         add(&e->pub_charged, -t->charged);
+        __atomic_sub_fetch(&e->st_launches, 1, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&e->st_launch_charged_ns, t->charged, __ATOMIC_RELAXED);
     }
     if (t->slot < 0 || t->slot >= GS_ENG_RING) return;
     int slot = t->slot;
@@ -570,4 +574,21 @@ void gs_engine_fini(struct gs_engine *e)
     }
     gs_cost_free(&e->cm);
     e->ds = NULL;
+}
+
+int gs_engine_stats(const struct gs_engine *e, char *buf, size_t len)
+{
+#define LD(x) ((long long)__atomic_load_n(&e->x, __ATOMIC_RELAXED))
+    /* the pair sums are written under the state lock by the poller; a reader without it may see one
+     * pair half counted, which a rate read over seconds does not notice */
+    return snprintf(buf, len,
+                    "{\"launches\": %lld, \"launch_charged_ns\": %lld, \"measured\": %lld, \"gap_pairs\": %lld, "
+                    "\"gap_ns\": %lld, \"clean\": %lld, \"clean_launch_ns\": %lld, \"clean_cost_ns\": %lld, "
+                    "\"dirty\": %lld, \"dirty_launch_ns\": %lld, \"dirty_raw_ns\": %lld, \"dirty_cost_ns\": %lld, "
+                    "\"dirty_keyless\": %lld, \"event_errors\": %lld, \"cost_avg_ns\": %lld, \"path\": %d}",
+                    LD(st_launches), LD(st_launch_charged_ns), LD(measured), LD(sampled_gap), LD(gap_total_ns),
+                    LD(sampled_clean), LD(st_clean_launch_ns), LD(st_clean_cost_ns), LD(sampled_dirty),
+                    LD(st_dirty_launch_ns), LD(st_dirty_raw_ns), LD(st_dirty_cost_ns), LD(st_dirty_keyless),
+                    LD(event_errors), LD(cost_avg_ns), (int)__atomic_load_n(&e->path, __ATOMIC_RELAXED));
+#undef LD
 }

@@ -42,9 +42,22 @@ int64_t gs_eng_account_pair(struct gs_engine *e, int i, int64_t ns, struct gs_en
     }
     if (!o->known) look_at_others(e, o);
     int clean = !o->busy && o->last_launch < e->ring_launch_ns[i] - GS_CTL_CLEAN_GUARD_NS;
-    if (clean) e->sampled_clean++;
-    else e->sampled_dirty++;
-    if (!e->ring_key[i]) return ns;
-    int64_t learned = gs_cost_sample(&e->cm, e->ring_key[i], raw, gap, clean);
-    return clean ? ns : learned;
+    int64_t cost = ns;
+    if (e->ring_key[i]) {
+        int64_t learned = gs_cost_sample(&e->cm, e->ring_key[i], raw, gap, clean);
+        if (!clean) cost = learned;
+    } else if (!clean) {
+        e->st_dirty_keyless++;
+    }
+    if (clean) {
+        e->sampled_clean++;
+        e->st_clean_launch_ns += e->ring_charged[i];
+        e->st_clean_cost_ns += cost;
+    } else {
+        e->sampled_dirty++;
+        e->st_dirty_launch_ns += e->ring_charged[i];
+        e->st_dirty_raw_ns += raw;
+        e->st_dirty_cost_ns += cost;
+    }
+    return cost;
 }
