@@ -48,8 +48,23 @@ from gpuslice.enforcer.slicefile import write_slice_file  # noqa: E402
 
 LIB = Path(os.environ.get("PACK_LIB", ROOT / "native" / "build" / "libgpuslice.so"))
 WORKER = [sys.executable, str(HERE / "packing_worker.py")]
-MODES = ("plain", "mps", "memonly", "hard", "soft")
-GPUSLICE = {"memonly": ("hard", False), "hard": ("hard", True), "soft": ("soft", True)}  # mode -> (slice mode, paced)
+# Variants of the enforcer, A/B in one run (PACK_VARIANTS="B=/path/libgpuslice.so,C=..."): each adds a mode
+# "hard-B", ... of equal hard shares whose services preload that build (a constant changed at compile time),
+# interleaved with the others in the same ABBA order, so a constant is chosen by measurement (issue 12)
+VARIANTS = dict(v.split("=", 1) for v in os.environ.get("PACK_VARIANTS", "").split(",") if "=" in v)
+MODES = ("plain", "mps", "memonly", "hard", *(f"hard-{v}" for v in VARIANTS), "soft")
+GPUSLICE = {"memonly": ("hard", False), "hard": ("hard", True), "soft": ("soft", True),  # mode -> (slice mode, paced)
+            **{f"hard-{v}": ("hard", True) for v in VARIANTS}}
+PACED = tuple(m for m, (_, paced) in GPUSLICE.items() if paced)
+
+
+def use_variants(variants: dict[str, str]) -> None:
+    """The variant modes of a run read back from its raw data (--report)."""
+    global VARIANTS, MODES, GPUSLICE, PACED, FOCUS
+    VARIANTS = dict(variants)
+    MODES = ("plain", "mps", "memonly", "hard", *(f"hard-{v}" for v in VARIANTS), "soft")
+    GPUSLICE = {**{m: GPUSLICE[m] for m in ("memonly", "hard", "soft")}, **{f"hard-{v}": ("hard", True) for v in VARIANTS}}
+    PACED = tuple(m for m, (_, paced) in GPUSLICE.items() if paced)
 BATCH = 8
 SETTLE = 0.5
 START_S = 10.0     # planned start-up of one kind's services: this, plus START_PER_S per process (46 took ~60 s)
@@ -57,7 +72,8 @@ START_PER_S = 1.1
 PHASE_GAP = 0.8  # per phase: commands out, results back
 # --focus (PACK_FOCUS=1): the cells the 2026-11-25 H100 run missed, per kind (Ns, modes): ResNet-50 at N=8
 # equal hard (0.77x plain) beside plain and memory-only; the encoder at N=4 memory-only (0.85x) beside plain
-FOCUS = {"resnet50": ((8,), ("plain", "memonly", "hard")), "encoder": ((4,), ("plain", "memonly"))}
+FOCUS = {"resnet50": ((8,), ("plain", "memonly", "hard", *(f"hard-{v}" for v in VARIANTS))),
+         "encoder": ((4,), ("plain", "memonly"))}
 
 
 @dataclass
@@ -171,7 +187,8 @@ def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, 
             sf = tmp / f"{grant}.slice"
             write_slice_file(sf, grant=grant, compute=100 // nmax if paced else 0, mode=slice_mode, priority=1,
                              memory_limit=4 * 2**30, device_state_dir=str(tmp / "state"), log_level="warn")
-            w = start(kind, f"{mode}{i}", {**base, "LD_PRELOAD": str(LIB), "GPUSLICE_SLICE": str(sf)}, log)
+            lib = VARIANTS.get(mode.partition("-")[2], str(LIB))
+            w = start(kind, f"{mode}{i}", {**base, "LD_PRELOAD": lib, "GPUSLICE_SLICE": str(sf)}, log)
             w.grant = grant
             ws.append(w)
     _ready(k, list(k.sets), time.time() + 240)
@@ -215,7 +232,7 @@ def slices_now(state: Path) -> dict[str, devstate.SliceCompute]:
 def run_phase(k: Kind, mode: str, n: int, seconds: float, state: Path) -> dict:
     """n services of `mode` together; per service: requests/s, latency, pacer view."""
     ws = k.sets["plain"][:1] if mode == "alone" else (k.sets[f"mps{n}"] if mode == "mps" else k.sets[mode][:n])
-    share = 100 // n if mode in ("hard", "soft") else None
+    share = 100 // n if mode in PACED else None
     if share is not None:
         for w in ws:
             for p in state.glob("*.dev"):
@@ -291,8 +308,8 @@ def nvml_share(nvml: list[dict], pid: int, a: float, b: float) -> float | None:
 def summarize(raw: dict) -> tuple[list[str], list[str], list[dict]]:
     """(table lines, goal lines, rows) from the raw results."""
     nvml = raw.get("nvml", [])
-    lines = ["| kind | N | alone | plain | MPS | memory-only | hard | soft | hard: each service's device time (share) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| kind | N | alone | plain | MPS | memory-only | hard |" + "".join(f" hard, variant {v} |" for v in VARIANTS)
+             + " soft | hard: each service's device time (share) |", "|" + " --- |" * (9 + len(VARIANTS))]
     goals: list[str] = []
     rows: list[dict] = []
     for kr in raw["kinds"]:
@@ -310,7 +327,7 @@ def summarize(raw: dict) -> tuple[list[str], list[str], list[dict]]:
             plain = agg("plain", n)
             pm = statistics.fmean(plain) if plain else 0.0
             cells, row = {}, {"kind": kind, "n": n, "alone": alone_m, "plain": pm}
-            for mode in ("mps", "memonly", "hard", "soft"):
+            for mode in ("mps", "memonly", *PACED):
                 v = agg(mode, n)
                 if not v or not pm:
                     cells[mode] = "-"
@@ -320,6 +337,7 @@ def summarize(raw: dict) -> tuple[list[str], list[str], list[dict]]:
                 row[mode] = statistics.fmean(v) / pm
                 row[mode + "_spread"] = (min(ratios), max(ratios))
                 cells[mode] = f"{statistics.fmean(v):.0f} ({row[mode]:.2f}x, {min(ratios):.2f}-{max(ratios):.2f})"
+            variants = "".join(f" {cells.get(f'hard-{v}', '-')} |" for v in VARIANTS)
             shares = [(100 * s["rate"] * gpu if gpu and "rate" in s else None, s.get("pacer_share"),
                        nvml_share(nvml, s.get("pid", 0), p["t"][1], p["t"][2]), p["share"])
                       for p in phases if p["mode"] == "hard" and p["n"] == n for s in p["services"]]
@@ -332,9 +350,14 @@ def summarize(raw: dict) -> tuple[list[str], list[str], list[dict]]:
             if row["hard_pacer"]:
                 dev += f"; pacer {min(row['hard_pacer']):.1f}..{max(row['hard_pacer']):.1f}"
             lines.append(f"| {kind} | {n} | {alone_m:.0f} | {pm:.0f} | {cells['mps']} | {cells['memonly']} | "
-                         f"{cells['hard']} | {cells['soft']} | {dev} |")
+                         f"{cells['hard']} |{variants} {cells['soft']} | {dev} |")
             rows.append(row)
             goals += judge(kind, n, row, share, alone_share)
+            for v, lib in VARIANTS.items():
+                if row.get(f"hard-{v}") is not None:
+                    goals.append(f"- {kind} N={n} equal hard, variant {v} ({lib}): {row[f'hard-{v}']:.3f}x plain "
+                                 f"(shipped build: {row['hard']:.3f}x)" if row.get("hard") is not None else
+                                 f"- {kind} N={n} equal hard, variant {v}: {row[f'hard-{v}']:.3f}x plain")
     return lines, goals, rows
 
 
@@ -404,7 +427,7 @@ def charge_split(raw: dict) -> list[str]:
     fmt = (lambda x, f="{:.2f}": f.format(x) if x is not None else "-")
     for kr in raw["kinds"]:
         eager = (kr.get("calibration") or {}).get("eager_s_per_iter")
-        for mode, n in sorted({(p["mode"], p["n"]) for p in kr["phases"] if p["mode"] in ("hard", "soft")},
+        for mode, n in sorted({(p["mode"], p["n"]) for p in kr["phases"] if p["mode"] in PACED},
                               key=lambda x: (MODES.index(x[0]), x[1])):
             cs = [s["pacer"] for p in kr["phases"] if (p["mode"], p["n"]) == (mode, n) for s in p["services"]
                   if s.get("pacer") and s.get("iters")]
@@ -468,7 +491,9 @@ def main() -> None:
     ap.add_argument("--report", metavar="DIR", help="print the tables from DIR/packing-raw.json")
     a = ap.parse_args()
     if a.report:
-        print(report(json.loads((Path(a.report) / "packing-raw.json").read_text())), end="")
+        raw = json.loads((Path(a.report) / "packing-raw.json").read_text())
+        use_variants(raw.get("variants", {}))
+        print(report(raw), end="")
         return
     a.kinds = [k for k in a.kinds.split(",") if k]
     a.ns = sorted({int(x) for x in a.ns.split(",") if x})
@@ -499,7 +524,7 @@ def main() -> None:
         sampler = subprocess.Popen([sys.executable, str(ROOT / "bench" / "compute" / "nvml_sampler.py"), "--out",
                                     str(nvml_file)], stderr=open(log / "nvml.err", "ab"))
     raw: dict = {"seconds": a.seconds, "reps": a.reps, "ns": a.ns, "batch": BATCH, "kinds": [], "started": time.time(),
-                 "focus": a.focus}
+                 "focus": a.focus, "variants": VARIANTS}
     # packing.sh cuts a run that outgrows its budget with SIGTERM: stop the services (run_kind's
     # finally) and write what was measured, saying so
     signal.signal(signal.SIGTERM, _interrupt)

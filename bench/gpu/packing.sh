@@ -15,7 +15,8 @@
 # order (GS_COMPUTE_FOCUS=1 of bench/compute): PACK_FOCUS=1 bash bench/gpu/packing.sh
 # Usage: bash bench/gpu/packing.sh [--dry-run]      (from the repository root or anywhere)
 #   PACK_SECONDS (3.5: seconds per phase), PACK_REPS (2), PACK_KINDS (resnet50,encoder), PACK_NS (2,4,8),
-#   PACK_SWEEP (1; 0 = skip step 3), PACK_BUDGET (570: seconds for everything; each step is cut to what is
+#   PACK_SWEEP (1; 0 = skip step 3), PACK_MPS (1; 0 = no MPS rows), PACK_VARIANTS ("B=lib,C=lib": other builds of
+#   the enforcer as modes hard-B, hard-C, A/B against the shipped one in the same order; packing.py), PACK_BUDGET (570: seconds for everything; each step is cut to what is
 #   left, and what was measured is still written), OUT (default: a new temp dir). --dry-run: no GPU needed: fake services
 #   (sleeps), NVML off, the sweep with bench/compute/dry_workload.py; MPS only if nvidia-cuda-mps-control is
 #   on PATH. Every MPS daemon this script starts is stopped on exit, also on error or Ctrl-C.
@@ -56,6 +57,8 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$W/packing.log"; }
 MPS_NOTE="no nvidia-cuda-mps-control: no MPS rows"
 if [ "$FOCUS" = 1 ]; then
   MPS_NOTE="focus run: no MPS rows"
+elif [ "${PACK_MPS:-1}" = 0 ]; then
+  MPS_NOTE="PACK_MPS=0: no MPS rows"
 elif command -v nvidia-cuda-mps-control >/dev/null; then
   mkdir -p "$RUN/mps/pipe" "$RUN/mps/log"
   if CUDA_MPS_PIPE_DIRECTORY="$RUN/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$RUN/mps/log" nvidia-cuda-mps-control -d \

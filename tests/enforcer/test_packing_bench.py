@@ -109,3 +109,23 @@ def test_packing_focus_dry_run(tmp_path: Path, native_build: Path, slice_env) ->
     assert [str(ph["share"]) for ph in acc["matmul"]["phases"]] == ["10", "90", "90", "10", "10", "90"], acc
     (res,) = out.glob("*-cpu-dry-run-packing.md")
     assert "PACK_FOCUS=1 bash bench/gpu/packing.sh" in res.read_text()
+
+
+def test_packing_variants_dry_run(tmp_path: Path, native_build: Path, slice_env) -> None:
+    """PACK_VARIANTS="B=<lib>": a second build of the enforcer runs as its own mode (hard-B) in the same ABBA
+    order as the shipped one, its services preloading that build (their counters show they were paced), and
+    the results name it beside the shipped build's ratio: how issue 12's constants are chosen on a GPU."""
+    r, stub, out = dry_run(tmp_path, native_build, slice_env, PACK_NS="2", PACK_REPS="1", PACK_SECONDS="1.0",
+                           PACK_SWEEP="0", PACK_VARIANTS=f"B={native_build / 'libgpuslice.so'}")
+    with tarfile.open(next(out.glob("*-packing-raw.tgz"))) as tf:
+        raw = json.load(tf.extractfile("packing-run/packing/packing-raw.json"))
+    assert raw["variants"] == {"B": str(native_build / "libgpuslice.so")}
+    (kind,) = raw["kinds"]
+    assert [p["mode"] for p in kind["phases"]] == ["alone", "plain", "mps", "memonly", "hard", "hard-B", "soft",
+                                                   "alone"]
+    (variant,) = [p for p in kind["phases"] if p["mode"] == "hard-B"]
+    assert variant["share"] == 50
+    for s in variant["services"]:
+        assert s["paths"] == ["free"] and s["pacer"]["launches"] >= 20 * s["iters"], s
+    text = next(out.glob("*-cpu-dry-run-packing.md")).read_text()
+    assert "hard, variant B" in text and "equal hard, variant B" in text and "| double | hard-B | 2 |" in text

@@ -23,13 +23,17 @@
  * within 16 of its own launches (a per-shape count: a process-wide "every 16th launch" would see the
  * same 10 kernels of a 160-kernel iteration forever). */
 #define GS_COST_LEARN 4u
+#ifndef GS_COST_SAMPLE_EVERY /* a probe may build with every launch measured (bench/gpu/pair_probe.py) */
 #define GS_COST_SAMPLE_EVERY 16u
+#endif
 
 /* The floor: the smallest sample of the shape's last FLOOR_RUN..2 x FLOOR_RUN (two runs, the older
  * dropped when the newer fills). A dirty pair is accepted only within FLOOR_BAND of it (1/8 + 2 us:
  * a kernel's own spread and the event resolution); the mean is kept inside [floor, band]. */
 #define GS_COST_FLOOR_RUN 8u
+#ifndef GS_COST_BAND_NS /* bench/gpu/packing.sh's variants build it with others */
 #define GS_COST_BAND_NS 2000
+#endif
 
 struct gs_cost_entry {
     uint64_t key;       /* 0 = empty; written last (release) */
