@@ -135,6 +135,9 @@ struct gs_engine {
     int64_t st_clean_launch_ns, st_clean_cost_ns;   /* clean pairs: charged at launch, measured (less gap) */
     int64_t st_dirty_launch_ns, st_dirty_raw_ns, st_dirty_cost_ns; /* dirty: at launch, raw pair, learned */
     uint64_t st_dirty_keyless;                      /* dirty pairs without a shape: charged raw */
+    /* what a timing-event pair adds to its kernel on this device, taken off every pair (pairbias.h;
+     * 0 = not measured: pairs are charged raw). Set by the caller right after gs_engine_init. */
+    int64_t pair_bias_ns;
     uint32_t unknown_seen; /* launches of shapes the full table cannot hold (sampled 1 in 16) */
     /* identity of our process record, and what to join again with if a reaper of another PID
      * namespace freed it as stale (see devstate.h) */

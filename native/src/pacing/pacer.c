@@ -26,6 +26,7 @@
 #include "gpuslice/hook.h"
 #include "gpuslice/log.h"
 #include "gpuslice/pacer_core.h"
+#include "gpuslice/pairbias.h"
 #include "gpuslice/real.h"
 
 #define GS_DEFAULT_DEVSTATE_DIR "/tmp/gpuslice-devstate"
@@ -327,6 +328,27 @@ int gs_pacer_init(const struct gs_config *cfg)
     return 0;
 }
 
+/* What the timing events add to each pair on this device (pairbias.h), measured once per context
+ * unless paced launches are never measured (unpaced light path). A build with GS_PAIR_BIAS_OFF keeps
+ * raw pairs (the packing benchmark's A/B of the change). */
+static void set_pair_bias(int dev, struct gs_pdev *d)
+{
+#ifdef GS_PAIR_BIAS_OFF
+    (void)dev;
+    (void)d;
+#else
+    if (d->eng.light_base) return; /* measures no pairs (set by gs_engine_set_colocation) */
+    char why[160] = "";
+    int64_t b = gs_pair_bias_measure(why, sizeof why);
+    if (b < 0) {
+        GS_INFO("compute: device %d: timing pairs charged raw (their own cost not measured: %s)", dev, why);
+        return;
+    }
+    d->eng.pair_bias_ns = b;
+    GS_INFO("compute: device %d: a timing pair adds %lld ns to its kernel; taken off each pair", dev, (long long)b);
+#endif
+}
+
 /* Set up device `dev` (under g.mu). */
 static void setup_device(int dev, struct gs_pdev *d)
 {
@@ -370,6 +392,7 @@ static void setup_device(int dev, struct gs_pdev *d)
     d->eng.tidal_hour = utc_hour();
     if (gs_engine_set_colocation(&d->eng, g.colocation, &g.tidal, pct) != 0)
         GS_WARN("compute: device %d: could not record colocation=%s in the device state", dev, gs_coloc_name(g.colocation));
+    set_pair_bias(dev, d);
     GS_INFO("compute: device %d (%s) share %d%% mode %s weight %d priority %d colocation %s, state %s/%s.dev", dev,
             uuid, pct, g.mode == GS_CTL_SOFT ? "soft" : "hard", g.weight, g.priority, gs_coloc_name(g.colocation),
             g.dir, uuid);

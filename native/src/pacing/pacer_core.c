@@ -585,10 +585,11 @@ int gs_engine_stats(const struct gs_engine *e, char *buf, size_t len)
                     "{\"launches\": %lld, \"launch_charged_ns\": %lld, \"measured\": %lld, \"gap_pairs\": %lld, "
                     "\"gap_ns\": %lld, \"clean\": %lld, \"clean_launch_ns\": %lld, \"clean_cost_ns\": %lld, "
                     "\"dirty\": %lld, \"dirty_launch_ns\": %lld, \"dirty_raw_ns\": %lld, \"dirty_cost_ns\": %lld, "
-                    "\"dirty_keyless\": %lld, \"event_errors\": %lld, \"cost_avg_ns\": %lld, \"path\": %d}",
+                    "\"dirty_keyless\": %lld, \"event_errors\": %lld, \"cost_avg_ns\": %lld, \"pair_bias_ns\": %lld, "
+                    "\"path\": %d}",
                     LD(st_launches), LD(st_launch_charged_ns), LD(measured), LD(sampled_gap), LD(gap_total_ns),
                     LD(sampled_clean), LD(st_clean_launch_ns), LD(st_clean_cost_ns), LD(sampled_dirty),
                     LD(st_dirty_launch_ns), LD(st_dirty_raw_ns), LD(st_dirty_cost_ns), LD(st_dirty_keyless),
-                    LD(event_errors), LD(cost_avg_ns), (int)__atomic_load_n(&e->path, __ATOMIC_RELAXED));
+                    LD(event_errors), LD(cost_avg_ns), LD(pair_bias_ns), (int)__atomic_load_n(&e->path, __ATOMIC_RELAXED));
 #undef LD
 }

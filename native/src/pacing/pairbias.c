@@ -1,0 +1,204 @@
+/* gpuslice pacer: measure what a timing-event pair adds to its kernel (see gpuslice/pairbias.h). */
+#include "gpuslice/pairbias.h"
+#include "gpuslice/cuda_types.h"
+#include "gpuslice/real.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef void *PBev;
+typedef void *PBmod;
+typedef CUresult (*fn_mod_load)(PBmod *, const void *);
+typedef CUresult (*fn_mod_unload)(PBmod);
+typedef CUresult (*fn_mod_fn)(CUfunction *, PBmod, const char *);
+typedef CUresult (*fn_stream_create)(CUstream *, unsigned);
+typedef CUresult (*fn_stream_destroy)(CUstream);
+typedef CUresult (*fn_ev_create)(PBev *, unsigned);
+typedef CUresult (*fn_ev_destroy)(PBev);
+typedef CUresult (*fn_ev_record)(PBev, CUstream);
+typedef CUresult (*fn_ev_query)(PBev);
+typedef CUresult (*fn_ev_sync)(PBev);
+typedef CUresult (*fn_ev_elapsed)(float *, PBev, PBev);
+typedef CUresult (*fn_capture_mode)(int *);
+typedef CUresult (*fn_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+
+/* Two kernels, written in PTX so that no CUDA toolkit is needed to build the enforcer: the driver
+ * compiles them for whatever GPU it runs (sm_75 is the oldest architecture CUDA 13 still supports). */
+static const char PTX[] =
+    ".version 7.0\n.target sm_75\n.address_size 64\n"
+    ".visible .entry gs_pb_spin(.param .u64 cycles)\n{\n"
+    "  .reg .pred p;\n  .reg .u64 t0, t1, d, c;\n"
+    "  ld.param.u64 c, [cycles];\n  mov.u64 t0, %clock64;\n"
+    "SPIN:\n  mov.u64 t1, %clock64;\n  sub.u64 d, t1, t0;\n  setp.lt.u64 p, d, c;\n  @p bra SPIN;\n  ret;\n}\n"
+    ".visible .entry gs_pb_nop()\n{\n  ret;\n}\n";
+
+#define NEV (2 + 2 * GS_PB_KERNELS)
+/* 4 M cycles: 2-4 ms at 1-2 GHz, many times what queueing the 98 calls below takes */
+#define HOLD_CYCLES 4000000ULL
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int64_t gs_pair_bias_from(int64_t marginal_total, const int64_t pairs[GS_PB_KERNELS])
+{
+    int64_t s[GS_PB_KERNELS];
+    for (int i = 0; i < GS_PB_KERNELS; i++) s[i] = pairs[i];
+    qsort(s, GS_PB_KERNELS, sizeof s[0], cmp64);
+    int keep = GS_PB_KERNELS - GS_PB_KERNELS / 4;
+    int64_t sum = 0;
+    for (int i = 0; i < keep; i++) sum += s[i];
+    int64_t bias = sum / keep - marginal_total / GS_PB_KERNELS;
+    if (bias < 0) return 0;
+    return bias > GS_PB_MAX_NS ? -1 : bias;
+}
+
+struct pb_fns {
+    fn_mod_load load;
+    fn_mod_unload unload;
+    fn_mod_fn get;
+    fn_stream_create sc;
+    fn_stream_destroy sd;
+    fn_ev_create ec;
+    fn_ev_destroy ed;
+    fn_ev_record er;
+    fn_ev_query eq;
+    fn_ev_sync es;
+    fn_ev_elapsed el;
+    fn_launch launch;
+    fn_capture_mode mode;
+};
+
+static int fns(struct pb_fns *f)
+{
+    f->load = (fn_mod_load)gs_real("cuModuleLoadData");
+    f->unload = (fn_mod_unload)gs_real("cuModuleUnload");
+    f->get = (fn_mod_fn)gs_real("cuModuleGetFunction");
+    f->sc = (fn_stream_create)gs_real("cuStreamCreate");
+    f->sd = (fn_stream_destroy)gs_real("cuStreamDestroy_v2");
+    f->ec = (fn_ev_create)gs_real("cuEventCreate");
+    f->ed = (fn_ev_destroy)gs_real("cuEventDestroy_v2");
+    f->er = (fn_ev_record)gs_real("cuEventRecord");
+    f->eq = (fn_ev_query)gs_real("cuEventQuery");
+    f->es = (fn_ev_sync)gs_real("cuEventSynchronize");
+    f->el = (fn_ev_elapsed)gs_real("cuEventElapsedTime");
+    f->launch = (fn_launch)gs_real("cuLaunchKernel");
+    f->mode = (fn_capture_mode)gs_real("cuThreadExchangeStreamCaptureMode");
+    return f->mode && f->load && f->unload && f->get && f->sc && f->sd && f->ec && f->ed && f->er && f->eq && f->es && f->el &&
+           f->launch ? 0 : -1;
+}
+
+static int64_t ns_between(const struct pb_fns *f, PBev a, PBev b)
+{
+    float ms = 0;
+    return f->el(&ms, a, b) == 0 ? (int64_t)(ms * 1e6f) : -1;
+}
+
+/* Queue the measurement behind the hold; 0, or -1 (a call failed: why says which). */
+static int queue_all(const struct pb_fns *f, CUstream st, CUfunction spin, CUfunction nop, PBev *ev, char *why,
+                     unsigned long whylen)
+{
+    unsigned long long cycles = HOLD_CYCLES;
+    void *args[] = {&cycles};
+    if (f->launch(spin, 1, 1, 1, 1, 1, 1, 0, st, args, NULL) != 0) {
+        snprintf(why, whylen, "the hold kernel did not launch");
+        return -1;
+    }
+    int bad = f->er(ev[0], st) != 0;
+    for (int i = 0; i < GS_PB_KERNELS; i++) bad |= f->launch(nop, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL) != 0;
+    bad |= f->er(ev[1], st) != 0;
+    for (int i = 0; i < GS_PB_KERNELS; i++) {
+        bad |= f->er(ev[2 + 2 * i], st) != 0;
+        bad |= f->launch(nop, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL) != 0;
+        bad |= f->er(ev[3 + 2 * i], st) != 0;
+    }
+    if (bad) snprintf(why, whylen, "a record or launch failed");
+    return bad ? -1 : 0;
+}
+
+static int64_t measure_on(const struct pb_fns *f, CUstream st, CUfunction spin, CUfunction nop, PBev *ev, char *why,
+                          unsigned long whylen)
+{
+    /* once first: the first launch of a module's kernel loads it (not what a pair costs) */
+    if (f->launch(nop, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL) != 0 || f->er(ev[0], st) != 0 || f->es(ev[0]) != 0) {
+        snprintf(why, whylen, "the first launch failed");
+        return -1;
+    }
+    if (queue_all(f, st, spin, nop, ev, why, whylen) != 0) return -1;
+    /* still held: every record was queued before the GPU reached it (none waited for the CPU) */
+    int held = f->eq(ev[0]) == 600; /* CUDA_ERROR_NOT_READY */
+    if (f->es(ev[NEV - 1]) != 0) {
+        snprintf(why, whylen, "the measurement did not complete");
+        return -1;
+    }
+    if (!held) {
+        snprintf(why, whylen, "the hold ended before the measurement was queued (a busy CPU, or no real GPU)");
+        return -1;
+    }
+    int64_t marginal = ns_between(f, ev[0], ev[1]), pairs[GS_PB_KERNELS];
+    for (int i = 0; i < GS_PB_KERNELS; i++) {
+        pairs[i] = ns_between(f, ev[2 + 2 * i], ev[3 + 2 * i]);
+        if (pairs[i] < 0 || marginal < 0) {
+            snprintf(why, whylen, "an elapsed time could not be read");
+            return -1;
+        }
+    }
+    int64_t bias = gs_pair_bias_from(marginal, pairs);
+    if (bias < 0) snprintf(why, whylen, "a bias above %lld ns was measured (a disturbed measurement)", GS_PB_MAX_NS);
+    return bias;
+}
+
+static int64_t measure_module(const struct pb_fns *f, char *why, unsigned long whylen);
+
+int64_t gs_pair_bias_measure(char *why, unsigned long whylen)
+{
+    struct pb_fns f;
+    if (fns(&f) != 0) {
+        snprintf(why, whylen, "the driver lacks a function the measurement needs");
+        return -1;
+    }
+    /* Relaxed capture mode on this thread while it measures: a CUDA graph being captured (this thread's
+     * own launch may be its first, or another thread's in global mode) must not see the module load and
+     * the synchronisation below as unsafe calls, which would invalidate the user's capture. */
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    if (f.mode(&mode) != 0) {
+        snprintf(why, whylen, "the capture mode could not be set");
+        return -1;
+    }
+    int64_t bias = measure_module(&f, why, whylen);
+    f.mode(&mode); /* the thread's own mode back */
+    return bias;
+}
+
+static int64_t measure_module(const struct pb_fns *f0, char *why, unsigned long whylen)
+{
+    struct pb_fns f = *f0;
+    PBmod mod = NULL;
+    CUfunction spin = NULL, nop = NULL;
+    if (f.load(&mod, PTX) != 0 || f.get(&spin, mod, "gs_pb_spin") != 0 || f.get(&nop, mod, "gs_pb_nop") != 0) {
+        if (mod) f.unload(mod);
+        snprintf(why, whylen, "the measuring kernels did not load");
+        return -1;
+    }
+    CUstream st = NULL;
+    PBev ev[NEV] = {0};
+    int64_t bias = -1;
+    int n = 0;
+    if (f.sc(&st, 1 /* CU_STREAM_NON_BLOCKING: never waits for the legacy stream's work */) != 0) {
+        snprintf(why, whylen, "no stream");
+        goto out;
+    }
+    for (; n < NEV; n++)
+        if (f.ec(&ev[n], 0) != 0) {
+            snprintf(why, whylen, "no timing events");
+            goto out;
+        }
+    bias = measure_on(&f, st, spin, nop, ev, why, whylen);
+out:
+    for (int i = 0; i < n; i++) f.ed(ev[i]);
+    if (st) f.sd(st);
+    f.unload(mod);
+    return bias;
+}
