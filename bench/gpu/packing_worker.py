@@ -185,11 +185,11 @@ def pacer_stats():
 
 
 def counters_since(before: dict | None, after: dict | None) -> dict | None:
-    """What the counters gained over a measured phase (path: the one at its end)."""
+    """What the counters gained over a measured phase (path, mean cost and pair bias: their values at its end)."""
     if not after:
         return None
     before = before or {}
-    return {k: (v if k in ("path", "cost_avg_ns") else v - before.get(k, 0)) for k, v in after.items()}
+    return {k: (v if k in ("path", "cost_avg_ns", "pair_bias_ns") else v - before.get(k, 0)) for k, v in after.items()}
 
 
 def serve(step, t0: float, tm: float, t1: float, stats=None) -> dict:
