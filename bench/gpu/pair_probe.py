@@ -2,14 +2,15 @@
 two CUDA events around it, and the packing benchmark found the charge per ResNet-50 request 1.35-1.40x
 what the request costs the GPU when queued eagerly (the eager ruler), at every N, with no clean pair.
 
-Three measurements, on an idle GPU, printed as one JSON object per line and a short summary:
-  1. events alone (no gpuslice): an empty pair (start, end, nothing between), a pair around one small
-     kernel, and the same kernel's marginal cost when 2,000 run back to back between two events
-  2. one ResNet-50 service (bench/gpu/packing_worker.py) under gpuslice with a 50 % hard share and
+Measurements on an idle GPU, printed as one JSON object per line and a short summary:
+  1. one ResNet-50 service (bench/gpu/packing_worker.py) under gpuslice with a 50 % hard share and
      nothing else on the device, so every pair is clean: what it is charged per request (the enforcer's
-     counters, gpuslice_pacer_stats) against its own eager ruler
-  3. the same service with every launch measured (the enforcer built with GS_COST_SAMPLE_EVERY=1 when
+     counters, gpuslice_pacer_stats), against the eager ruler taken in a process without gpuslice
+  2. the same service with every launch measured (the enforcer built with GS_COST_SAMPLE_EVERY=1 when
      PROBE_LIB_EVERY1 names such a build): per-kernel pair time summed over a request
+The events' own cost, with the CPU taken out of it, is bench/gpu/event_overhead.py's. (The 2026-11-28 run
+of this script, 2026-11-28-h200-pair-probe.json, still timed events from Python, which measured the
+CPU, and took the eager ruler inside the paced service, which its share slowed: both are fixed here.)
 
   python3 bench/gpu/pair_probe.py --out DIR
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,61 +32,49 @@ sys.path.insert(0, str(ROOT / "src"))
 from gpuslice.enforcer.slicefile import write_slice_file  # noqa: E402
 
 
-def events_alone() -> dict:
-    import torch
-
-    torch.cuda.init()
-    x = torch.zeros(256, device="cuda")
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def pairs(body, n=2000) -> list[float]:
-        out = []
-        for _ in range(n):
-            a.record()
-            body()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1e3)
-        return out
-
-    empty = pairs(lambda: None)
-    one = pairs(lambda: x.add_(1))
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(2000):
-        x.add_(1)
-    b.record()
-    b.synchronize()
-    marginal = a.elapsed_time(b) * 1e3 / 2000
-    q = (lambda v, p: sorted(v)[int(p * (len(v) - 1))])
-    return {"empty_pair_us": {"min": min(empty), "p10": q(empty, .1), "p50": q(empty, .5)},
-            "kernel_pair_us": {"min": min(one), "p10": q(one, .1), "p50": q(one, .5)},
-            "kernel_back_to_back_us": marginal}
+def worker(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HERE / "packing_worker.py"), "--kind", "resnet50", "--batch", "8"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
 
 
-def service(lib: str, tmp: Path, seconds: float) -> dict:
+def ask(p: subprocess.Popen, msg: dict) -> dict:
+    p.stdin.write(json.dumps(msg) + "\n")
+    p.stdin.flush()
+    return json.loads(p.stdout.readline())
+
+
+def stop(p: subprocess.Popen) -> None:
+    try:
+        p.stdin.write('{"quit": 1}\n')
+        p.stdin.flush()
+        p.wait(20)
+    except (OSError, subprocess.TimeoutExpired):
+        p.kill()
+
+
+def eager_ruler() -> dict:
+    """The request's GPU time, from a process without gpuslice (a paced one would be slowed by its share)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
+    p = worker({**env, "PYTHONUNBUFFERED": "1"})
+    try:
+        json.loads(p.stdout.readline())
+        return ask(p, {"calibrate": 50})
+    finally:
+        stop(p)
+
+
+def service(lib: str, tmp: Path, seconds: float, cal: dict) -> dict:
     sf = tmp / "probe.slice"
     write_slice_file(sf, grant="probe", compute=50, mode="hard", priority=1, memory_limit=8 * 2**30,
                      device_state_dir=str(tmp / "state"), log_level="warn")
     env = {**os.environ, "LD_PRELOAD": lib, "GPUSLICE_SLICE": str(sf), "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, str(HERE / "packing_worker.py"), "--kind", "resnet50", "--batch", "8"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+    p = worker(env)
     try:
         json.loads(p.stdout.readline())
         t0 = time.time() + 0.2
-        p.stdin.write(json.dumps({"run": [t0, t0 + 0.5, t0 + seconds]}) + "\n")
-        p.stdin.flush()
-        run = json.loads(p.stdout.readline())
-        p.stdin.write(json.dumps({"calibrate": 50}) + "\n")
-        p.stdin.flush()
-        cal = json.loads(p.stdout.readline())
-        p.stdin.write('{"quit": 1}\n')
-        p.stdin.flush()
+        run = ask(p, {"run": [t0, t0 + 0.5, t0 + seconds]})
     finally:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        stop(p)
     c, n = run.get("pacer") or {}, run.get("iters") or 0
     out = {"lib": lib, "iters": n, "eager_ms": 1e3 * (cal.get("eager_s_per_iter") or 0),
            "graph_ms": 1e3 * cal["gpu_s_per_iter"], "counters": c}
@@ -111,20 +99,16 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = {"events": events_alone()}
-    print(json.dumps(res["events"]), flush=True)
+    cal = eager_ruler()
+    res = {"calibration": cal}
     libs = [("shipped", str(ROOT / "native" / "build" / "libgpuslice.so"))]
     if os.environ.get("PROBE_LIB_EVERY1"):
         libs.append(("every launch measured", os.environ["PROBE_LIB_EVERY1"]))
     for name, lib in libs:
         with tempfile.TemporaryDirectory() as tmp:
-            res[name] = service(lib, Path(tmp), a.seconds)
+            res[name] = service(lib, Path(tmp), a.seconds, cal)
         print(json.dumps({name: res[name]}), flush=True)
     (out / "pair-probe.json").write_text(json.dumps(res, indent=1))
-    e = res["events"]
-    print(f"empty pair {e['empty_pair_us']['min']:.2f}/{e['empty_pair_us']['p50']:.2f} us (min/p50); "
-          f"small kernel in a pair {e['kernel_pair_us']['min']:.2f}/{e['kernel_pair_us']['p50']:.2f} us, "
-          f"back to back {e['kernel_back_to_back_us']:.2f} us")
     for name, _ in libs:
         r = res[name]
         print(f"{name}: charged {r.get('charged_ms_per_req', 0):.3f} ms/request alone (all pairs clean: "
