@@ -21,7 +21,10 @@ Users are told apart by their holder process's owner (which the agent checked is
 
 from __future__ import annotations
 
-from dataclasses import replace
+import grp
+import os
+import pwd
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from gpuslice.placement import NodeState, fits
@@ -128,3 +131,69 @@ def never_fits(request: Request, empty: NodeState, *, restricted: bool = False) 
                              f"{human_bytes(caps[0])})")
     where = "the devices allowed by --device" if restricted else "this node"
     return SpecError("request", TaskShape.of(request).describe(), f"a request {where} can hold when nothing runs")
+
+
+# ------------------------------------------------------------------------------------ high priority
+@dataclass(frozen=True)
+class HighPriorityPolicy:
+    """Who may ask a root agent for high priority (``gpuslice agent --high-priority``; issue 15).
+
+    A high-priority slice makes the low-priority slices on its devices wait while its work is queued (bounded:
+    native/README-compute.md, "Co-location"), so asking for it is asking to slow other users down. Root may
+    always; ``anyone`` keeps the single-user default; otherwise only the listed uids and members of the listed
+    gids (primary or supplementary group) may. Plain data: the agent resolves names when it starts."""
+
+    anyone: bool = True
+    uids: frozenset[int] = frozenset()
+    gids: frozenset[int] = frozenset()
+
+    @classmethod
+    def parse(cls, text: str, field_name: str = "high_priority") -> "HighPriorityPolicy":
+        """``*`` (anyone), or a comma list of user names, uids and ``@group`` names or gids; ``root`` alone means
+        root only. An unknown user or group is a :class:`SpecError` naming the field."""
+        allowed = "'*' (anyone), or a comma list of users, uids and @groups (e.g. root,alice,1001,@gpu-online)"
+        items = [x.strip() for x in text.split(",")]
+        if text.strip() == "*":
+            return cls()
+        if not text.strip() or any(not x or x == "*" for x in items):
+            raise SpecError(field_name, text, allowed)
+        uids, gids = set(), set()
+        for item in items:
+            group = item.startswith("@")
+            name = item[1:] if group else item
+            try:
+                if name.isdigit():
+                    (gids if group else uids).add(int(name))
+                elif group:
+                    gids.add(grp.getgrnam(name).gr_gid)
+                else:
+                    uids.add(pwd.getpwnam(name).pw_uid)
+            except KeyError:
+                raise SpecError(field_name, item, f"a {'group' if group else 'user'} of this machine; {allowed}") from None
+        return cls(anyone=False, uids=frozenset(uids), gids=frozenset(gids))
+
+    def allows(self, uid: int, gids: Iterable[int] = ()) -> bool:
+        """Whether user ``uid`` (in groups ``gids``) may ask for high priority."""
+        return self.anyone or uid == ROOT_UID or uid in self.uids or not self.gids.isdisjoint(gids)
+
+    def describe(self) -> str:
+        if self.anyone:
+            return "anyone"
+        names = ["root", *(_user_name(u) for u in sorted(self.uids - {ROOT_UID})),
+                 *("@" + _group_name(g) for g in sorted(self.gids))]
+        return ", ".join(names)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+

@@ -41,6 +41,7 @@ from gpuslice.spec.errors import GpusliceError
 from gpuslice.host import procs
 from gpuslice.host.backstop import Backstop, Policy, Tracked, default_source
 from gpuslice.host.devices import snapshot_json
+from gpuslice.local.admission import HighPriorityPolicy
 from gpuslice.local.apibody import MAX_INT, BodyTooLarge, printable, read_json_object
 from gpuslice.local.errors import AgentError, Forbidden, LedgerError, UnknownGrant
 from gpuslice.host.history import History
@@ -51,7 +52,7 @@ from gpuslice.host.monitor import Monitor, NodeView, with_backstop
 from gpuslice.local.paths import StateDir
 from gpuslice.local.records import MAX_TICKS, PID_MAX, Ask, GrantRecord
 from gpuslice.placement import NoFit
-from gpuslice.spec import Device, Resize, SpecError, whole_number
+from gpuslice.spec import Device, Priority, Resize, SpecError, whole_number
 
 
 log = logging.getLogger("gpuslice.agent")
@@ -66,6 +67,7 @@ class AgentConfig:
     reclaim_every: float = 5.0
     history_points: int = 600
     backstop: Policy = field(default_factory=Policy)
+    high_priority: HighPriorityPolicy = field(default_factory=HighPriorityPolicy)
 
 
 class Agent:
@@ -130,6 +132,14 @@ class Peer:
     @property
     def privileged(self) -> bool:
         return self.uid in (0, os.geteuid())
+
+    @property
+    def groups(self) -> list[int]:
+        """Its primary and supplementary groups (the kernel reports the primary one)."""
+        try:
+            return os.getgrouplist(pwd.getpwuid(self.uid).pw_name, self.gid)
+        except KeyError:
+            return [self.gid]
 
     @property
     def user(self) -> str:
@@ -216,6 +226,15 @@ def _checked_ask(ask: Ask, peer: Peer | None) -> Ask:
     return ask if mine else replace(ask, uid=peer.uid, owner=peer.user)
 
 
+def _may_ask(policy: HighPriorityPolicy, peer: Peer | None, priority: Priority | None) -> None:
+    """High priority slows other users' low-priority slices down: only who the agent's policy names may ask."""
+    if priority is not Priority.HIGH or peer is None or peer.privileged:
+        return
+    if not policy.allows(peer.uid, peer.groups):
+        raise Forbidden(f"priority high is not allowed for user {peer.user}: this agent allows it for "
+                        f"{policy.describe()} (gpuslice agent --high-priority); ask for priority low")
+
+
 def _may_change(peer: Peer | None, grant: GrantRecord) -> None:
     if peer is not None and not peer.privileged and peer.uid != grant.uid:
         raise Forbidden(f"grant {grant.grant_id} belongs to {grant.owner}, not to {peer.user}")
@@ -294,6 +313,7 @@ def _write_routes(agent: Agent) -> list[Route]:
     async def post_grant(request: HttpRequest) -> Response:
         data = await _body(request)
         ask = _checked_ask(Ask.from_json(data), _peer(request))
+        _may_ask(agent.config.high_priority, _peer(request), ask.request.priority)
         wait, ticket = _flag(data, "wait"), _whole(data, "ticket", 1)
         result = await agent.call(agent.ledger.acquire, ask, wait=wait, ticket=ticket)
         if isinstance(result, GrantRecord):
@@ -319,6 +339,7 @@ def _write_routes(agent: Agent) -> list[Route]:
         change = Resize.from_mapping(await _body(request))
         grant_id = request.path_params["grant_id"]
         _may_change(_peer(request), await agent.call(agent.ledger.grant, grant_id))
+        _may_ask(agent.config.high_priority, _peer(request), change.priority)
         done = await agent.call(agent.ledger.resize, grant_id, change)
         await asyncio.to_thread(agent.sample_once)  # ps/top/metrics/dashboard show the new limits at once
         return JSONResponse(done.to_json())

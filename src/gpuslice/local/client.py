@@ -2,7 +2,7 @@
 
 Socket API (all JSON; errors are ``{"error": kind, "message": text}`` with 4xx/5xx: 400 ``spec`` (with
 ``field``/``value``/``allowed``: a body that is not a JSON object names ``body``, a field of the wrong type,
-range or size names that field), 403 ``forbidden`` (another user's grant, process or queue ticket), 404
+range or size names that field), 403 ``forbidden`` (another user's grant, process or queue ticket; high priority the agent's ``--high-priority`` does not grant the caller), 404
 ``unknown_grant`` (with ``grant``), 409 ``nofit``, 413 ``spec`` (a body above 64 KiB, field ``body``), 503
 ``ledger`` (the ledger refuses for now: grants it lost still run), 500 ``internal`` (a defect, one line)).
 Bounds (:mod:`gpuslice.local.apibody`, :data:`gpuslice.local.records.LIMITS`): bodies ≤ 64 KiB, nesting ≤ 8, no

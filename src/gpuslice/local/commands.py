@@ -283,6 +283,11 @@ def agent(
                                          "before the kill policy acts."),
     backstop_tolerance: str = typer.Option("256MiB", "--backstop-tolerance", help="Device memory a slice may show "
                                            "above its limit before it counts as over (or 2 percent of the limit, if more)."),
+    high_priority: str = typer.Option("*", "--high-priority", metavar="WHO",
+                                      help="Who may ask for high priority: * (anyone, the default) or a comma list "
+                                      "of users, uids and @groups (root always may). A high-priority slice makes "
+                                      "the low-priority slices on its devices wait while its work is queued: on a "
+                                      "machine shared by users who do not trust each other, name who may."),
     kubernetes: bool = typer.Option(False, "--kubernetes", help="Run as the Kubernetes node agent instead "
                                     "(device plugin, node registration, metrics with pod labels): the same as "
                                     "`gpuslice kube-agent`, whose options then apply (see its --help)."),
@@ -290,6 +295,7 @@ def agent(
     """Run the node agent: ledger over a Unix socket, stale-grant reclaim, Prometheus metrics, dashboard."""
     import asyncio
 
+    from gpuslice.local.admission import HighPriorityPolicy
     from gpuslice.local.agent import AgentConfig, serve
     from gpuslice.host.devices import discover
     from gpuslice.spec import SpecError
@@ -308,8 +314,12 @@ def agent(
                                  f"expected at most {MAX_HISTORY_POINTS} (a longer --interval or a shorter --history)",
                                  param_hint="'--history'")
     policy = backstop_policy(backstop, backstop_grace, backstop_tolerance)
+    try:
+        high = HighPriorityPolicy.parse(high_priority)
+    except SpecError as exc:
+        raise typer.BadParameter(f"{exc.value!r} is not allowed; expected {exc.allowed}", param_hint="'--high-priority'") from None
     config = AgentConfig(state=StateDir.default().ensure(), host=host, port=port, interval=interval,
-                         reclaim_every=reclaim_interval, history_points=points, backstop=policy)
+                         reclaim_every=reclaim_interval, history_points=points, backstop=policy, high_priority=high)
     asyncio.run(serve(config, discover()))
 
 
