@@ -102,10 +102,7 @@ struct gs_engine {
     int64_t ring_launch_ns[GS_ENG_RING];
     int64_t ring_rs_ns[GS_ENG_RING];  /* when its start event was recorded (ops->now, else the launch) */
     int64_t ring_gap_ns[GS_ENG_RING]; /* its start ran on an empty queue: launch call time inside it */
-    int head, tail, outstanding;   /* pairs handed out: [tail, head). head moves under ring_busy (the
-                                      launching threads), tail under the state lock (the harvest);
-                                      outstanding is changed atomically by both */
-    int ring_busy;        /* spin flag: a launching thread reserves a pair (held for a few stores) */
+    int head, tail, outstanding;   /* pairs handed out: [tail, head) */
     struct gs_costmodel cm;
     int64_t cost_ns;      /* mean GPU time per measured launch (EWMA of pairs), 0 = unknown */
     int64_t cost_dev_ns;  /* mean absolute deviation (EWMA): neighbours are told a late-biased end
@@ -138,7 +135,6 @@ struct gs_engine {
     int64_t st_clean_launch_ns, st_clean_cost_ns;   /* clean pairs: charged at launch, measured (less gap) */
     int64_t st_dirty_launch_ns, st_dirty_raw_ns, st_dirty_cost_ns; /* dirty: at launch, raw pair, learned */
     uint64_t st_dirty_keyless;                      /* dirty pairs without a shape: charged raw */
-    uint64_t st_locked;   /* launches that took the state lock (the rest went lock-free) */
     /* what a timing-event pair adds to its kernel on this device, taken off every pair (pairbias.h;
      * 0 = not measured: pairs are charged raw). Set by the caller right after gs_engine_init. */
     int64_t pair_bias_ns;

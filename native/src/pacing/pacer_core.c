@@ -230,9 +230,9 @@ static void harvest(struct gs_engine *e)
                 add(&e->pub_charged, d);
             }
         }
-        __atomic_store_n(&e->ring[i], GS_RING_FREE, __ATOMIC_RELAXED);
+        e->ring[i] = GS_RING_FREE;
         e->tail = (i + 1) % GS_ENG_RING;
-        __atomic_sub_fetch(&e->outstanding, 1, __ATOMIC_RELEASE); /* the slot is free before a reserver sees room */
+        e->outstanding--;
     }
 }
 
@@ -400,30 +400,6 @@ static void count_launch(struct gs_engine *e, int64_t now, int64_t charge, struc
     t->charged = charge;
 }
 
-/* Reserve the next event pair for a launch of `key` charged `charge` (with or without the state lock:
- * the launching threads reserve under ring_busy, the harvest frees under the state lock). The slot, or
- * -1 when the ring is full. */
-static int reserve_pair(struct gs_engine *e, int64_t now, uint64_t key, int64_t charge, struct gs_ticket *t)
-{
-    while (__atomic_test_and_set(&e->ring_busy, __ATOMIC_ACQUIRE)) {
-    }
-    int i = -1;
-    if (__atomic_load_n(&e->outstanding, __ATOMIC_ACQUIRE) < GS_ENG_RING) {
-        i = e->head;
-        e->ring_key[i] = key;
-        e->ring_charged[i] = charge;
-        e->ring_launch_ns[i] = now;
-        e->ring_rs_ns[i] = now;
-        e->ring_gap_ns[i] = 0;
-        __atomic_store_n(&e->ring[i], GS_RING_RESERVED, __ATOMIC_RELEASE);
-        e->head = (i + 1) % GS_ENG_RING;
-        __atomic_add_fetch(&e->outstanding, 1, __ATOMIC_RELEASE);
-        t->slot = i;
-    }
-    __atomic_clear(&e->ring_busy, __ATOMIC_RELEASE);
-    return i;
-}
-
 /* Launch now, under the state lock: charge it, and with `measure` reserve the next pair. */
 static void launch_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_ds_proc *me, int64_t now, uint64_t key,
                           int64_t charge, int measure, struct gs_ticket *t)
@@ -432,28 +408,23 @@ static void launch_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_
     credit_charge(s, charge);
     add(&e->pub_charged, charge);
     count_launch(e, now, charge, t);
-    __atomic_add_fetch(&e->st_locked, 1, __ATOMIC_RELAXED);
-    if (measure && reserve_pair(e, now, key, charge, t) >= 0) {
+    if (measure && e->outstanding < GS_ENG_RING) {
+        int i = e->head;
+        e->ring[i] = GS_RING_RESERVED;
+        e->ring_key[i] = key;
+        e->ring_charged[i] = charge;
+        e->ring_launch_ns[i] = now;
+        e->ring_rs_ns[i] = now;
+        e->ring_gap_ns[i] = 0;
+        e->head = (i + 1) % GS_ENG_RING;
+        e->outstanding++;
+        t->slot = i;
         set_flag(me, GS_DS_PROC_BUSY, 1);
         if (e->cost_ns)
             me->expect_idle_ns = (me->expect_idle_ns > now ? me->expect_idle_ns : now) + e->cost_ns + 2 * e->cost_dev_ns;
     }
     __atomic_store_n(&me->last_launch_ns, now, __ATOMIC_RELAXED);
     __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED);
-}
-
-/* Record the start event of the pair reserved for this launch (t->slot, if any). Event records go
- * outside the lock: a record can block while the launch queue is full, and a neighbour must never wait
- * on our queue for the lock. The reserved slot stops the harvest. */
-static void start_pair(struct gs_engine *e, struct gs_ticket *t, void *stream, int64_t now)
-{
-    if (t->slot >= 0 && e->ops->record_start(e->ops_ctx, t->slot, stream) != 0) {
-        __atomic_fetch_add(&e->event_errors, 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->ring[t->slot], GS_RING_VOID, __ATOMIC_RELEASE); /* as in gs_engine_after */
-        t->slot = -1;
-    }
-    /* the slot is ours until gs_engine_after's release store: plain writes */
-    if (t->slot >= 0) e->ring_rs_ns[t->slot] = e->ops->now ? e->ops->now(e->ops_ctx) : now;
 }
 
 /* The free path without the lock: charge, and go if the credit covers it. 1 = launched. */
@@ -509,25 +480,10 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     int first = costs && __atomic_load_n(&e->cost_avg_ns, __ATOMIC_RELAXED) == 0; /* nothing measured yet */
     /* held by its credit like a free one (an unpaced one is never refused there: rate = the device) */
     int credit_gate = path == GS_DS_PATH_FREE || yield;
-    /* A sampled launch on the free path goes without the state lock too, while the poller keeps the ring
-     * harvested (half of it free): the lock is contended by every process on the device, and under it
-     * the launching thread used to run the whole poll (harvest, publish, classify). Issue 12: at
-     * ResNet-50 N=4 and 8 a request's launches took 1.6-1.7 ms more CPU with hard shares than with
-     * plain time-slicing. A build with GS_ENG_SAMPLE_LOCKED keeps the old way (the benchmark's A/B). */
-#ifdef GS_ENG_SAMPLE_LOCKED
-    int sample_free = 0;
-#else
-    int sample_free = sample && path == GS_DS_PATH_FREE &&
-                      __atomic_load_n(&e->outstanding, __ATOMIC_ACQUIRE) < GS_ENG_RING / 2;
-#endif
-    if (credit_gate && (!sample || sample_free) && !first && free_fast(e, now, charge, t)) {
+    if (credit_gate && !sample && !first && free_fast(e, now, charge, t)) {
         if (yield) {
             gs_coloc_yield_commit(e, now, charge);
             t->yield = 1;
-        }
-        if (sample && reserve_pair(e, now, key, charge, t) >= 0) {
-            set_flag(&e->ds->procs[e->proc], GS_DS_PROC_BUSY, 1);
-            start_pair(e, t, stream, now);
         }
         return 0;
     }
@@ -556,7 +512,15 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
         __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED); /* wanting to launch is activity */
     }
     gs_devstate_unlock(e->ds);
-    start_pair(e, t, stream, now);
+    /* Event records go outside the lock: a record can block while the launch queue is full, and a
+     * neighbour must never wait on our queue for the lock. The reserved slot stops the harvest. */
+    if (t->slot >= 0 && e->ops->record_start(e->ops_ctx, t->slot, stream) != 0) {
+        __atomic_fetch_add(&e->event_errors, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->ring[t->slot], GS_RING_VOID, __ATOMIC_RELEASE); /* as in gs_engine_after */
+        t->slot = -1;
+    }
+    /* the slot is ours until gs_engine_after's release store: plain writes */
+    if (t->slot >= 0) e->ring_rs_ns[t->slot] = e->ops->now ? e->ops->now(e->ops_ctx) : now;
     return wait;
 }
 
@@ -622,10 +586,10 @@ int gs_engine_stats(const struct gs_engine *e, char *buf, size_t len)
                     "\"gap_ns\": %lld, \"clean\": %lld, \"clean_launch_ns\": %lld, \"clean_cost_ns\": %lld, "
                     "\"dirty\": %lld, \"dirty_launch_ns\": %lld, \"dirty_raw_ns\": %lld, \"dirty_cost_ns\": %lld, "
                     "\"dirty_keyless\": %lld, \"event_errors\": %lld, \"cost_avg_ns\": %lld, \"pair_bias_ns\": %lld, "
-                    "\"locked\": %lld, \"path\": %d}",
+                    "\"path\": %d}",
                     LD(st_launches), LD(st_launch_charged_ns), LD(measured), LD(sampled_gap), LD(gap_total_ns),
                     LD(sampled_clean), LD(st_clean_launch_ns), LD(st_clean_cost_ns), LD(sampled_dirty),
                     LD(st_dirty_launch_ns), LD(st_dirty_raw_ns), LD(st_dirty_cost_ns), LD(st_dirty_keyless),
-                    LD(event_errors), LD(cost_avg_ns), LD(pair_bias_ns), LD(st_locked), (int)__atomic_load_n(&e->path, __ATOMIC_RELAXED));
+                    LD(event_errors), LD(cost_avg_ns), LD(pair_bias_ns), (int)__atomic_load_n(&e->path, __ATOMIC_RELAXED));
 #undef LD
 }
