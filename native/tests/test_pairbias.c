@@ -31,16 +31,19 @@ static void test_no_measurement_over_the_double(void)
     CHECK(b == -1 && why[0], "without a real GPU the measurement gives up with a reason (%lld: %s)", (long long)b, why);
 }
 
-/* One completed pair through the engine's accounting: clean, no shape, no launch gap. */
-static int64_t charge_of(int64_t bias, int64_t ns)
+/* One completed pair through the engine's accounting: clean, no shape, with launch gap `gap`. */
+static int64_t charge_gap(int64_t bias, int64_t ns, int64_t gap)
 {
     static struct gs_engine e;
     memset(&e, 0, sizeof e);
     e.pair_bias_ns = bias;
+    e.ring_gap_ns[0] = gap;
     struct gs_eng_others o = {1, 0, 0}; /* known: nobody else launched: clean */
     e.ring_launch_ns[0] = 10 * GS_CTL_CLEAN_GUARD_NS;
     return gs_eng_account_pair(&e, 0, ns, &o);
 }
+
+static int64_t charge_of(int64_t bias, int64_t ns) { return charge_gap(bias, ns, 0); }
 
 static void test_engine_takes_the_bias_off(void)
 {
@@ -48,6 +51,16 @@ static void test_engine_takes_the_bias_off(void)
     CHECK(charge_of(2200, 10000) == 7800, "the bias comes off each pair (%lld)", (long long)charge_of(2200, 10000));
     CHECK(charge_of(2200, 3000) == 1500, "at most half a pair comes off: a short pair keeps a cost (%lld)",
           (long long)charge_of(2200, 3000));
+    /* a pair started on an empty queue: the launch gap comes off first, then the bias, at most half of what
+     * the gap left (the review's case: 6 us with a 4-us gap was charged 0 when both came off in full) */
+    CHECK(charge_gap(2200, 6000, 4000) == 1000, "a gap pair keeps half of what its gap left (%lld)",
+          (long long)charge_gap(2200, 6000, 4000));
+    CHECK(charge_gap(2200, 12000, 4000) == 5800, "a long gap pair loses its gap and the whole bias (%lld)",
+          (long long)charge_gap(2200, 12000, 4000));
+    CHECK(charge_gap(0, 6000, 4000) == 2000, "no bias: the gap alone comes off, as before (%lld)",
+          (long long)charge_gap(0, 6000, 4000));
+    CHECK(charge_gap(2200, 5000, 9000) == 0, "a gap longer than the pair leaves nothing, as before (%lld)",
+          (long long)charge_gap(2200, 5000, 9000));
 }
 
 int main(void)

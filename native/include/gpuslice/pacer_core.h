@@ -136,7 +136,8 @@ struct gs_engine {
     int64_t st_dirty_launch_ns, st_dirty_raw_ns, st_dirty_cost_ns; /* dirty: at launch, raw pair, learned */
     uint64_t st_dirty_keyless;                      /* dirty pairs without a shape: charged raw */
     /* what a timing-event pair adds to its kernel on this device, taken off every pair (pairbias.h;
-     * 0 = not measured: pairs are charged raw). Set by the caller right after gs_engine_init. */
+     * 0 = not measured: pairs are charged raw). Set by the caller (atomic store) once measured, after the
+     * engine is in use: pairs harvested before are charged raw. */
     int64_t pair_bias_ns;
     uint32_t unknown_seen; /* launches of shapes the full table cannot hold (sampled 1 in 16) */
     /* identity of our process record, and what to join again with if a reaper of another PID

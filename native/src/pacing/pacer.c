@@ -344,7 +344,7 @@ static void set_pair_bias(int dev, struct gs_pdev *d)
         GS_INFO("compute: device %d: timing pairs charged raw (their own cost not measured: %s)", dev, why);
         return;
     }
-    d->eng.pair_bias_ns = b;
+    __atomic_store_n(&d->eng.pair_bias_ns, b, __ATOMIC_RELAXED); /* the poller's harvest reads it */
     GS_INFO("compute: device %d: a timing pair adds %lld ns to its kernel; taken off each pair", dev, (long long)b);
 #endif
 }
@@ -392,7 +392,6 @@ static void setup_device(int dev, struct gs_pdev *d)
     d->eng.tidal_hour = utc_hour();
     if (gs_engine_set_colocation(&d->eng, g.colocation, &g.tidal, pct) != 0)
         GS_WARN("compute: device %d: could not record colocation=%s in the device state", dev, gs_coloc_name(g.colocation));
-    set_pair_bias(dev, d);
     GS_INFO("compute: device %d (%s) share %d%% mode %s weight %d priority %d colocation %s, state %s/%s.dev", dev,
             uuid, pct, g.mode == GS_CTL_SOFT ? "soft" : "hard", g.weight, g.priority, gs_coloc_name(g.colocation),
             g.dir, uuid);
@@ -410,10 +409,18 @@ static struct gs_pdev *device(int dev)
     struct gs_pdev *d = &g.dev[dev];
     int st = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE);
     if (st == 0) {
+        int mine = 0;
         pthread_mutex_lock(&g.mu);
-        if (d->state == 0) setup_device(dev, d);
+        if (d->state == 0) {
+            setup_device(dev, d);
+            mine = 1;
+        }
         pthread_mutex_unlock(&g.mu);
         st = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE);
+        /* measured after the device is published, outside g.mu: the other threads' launches are paced (their
+         * pairs charged raw) meanwhile, and no first launch on another device waits for it; only this
+         * thread's own first launch does, for at most ~0.2 s (pairbias.c) */
+        if (mine && st == 1) set_pair_bias(dev, d);
     }
     return st == 1 ? d : NULL;
 }

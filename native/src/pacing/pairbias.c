@@ -4,6 +4,7 @@
 #include "gpuslice/real.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef void *PBev;
 typedef void *PBmod;
@@ -16,7 +17,6 @@ typedef CUresult (*fn_ev_create)(PBev *, unsigned);
 typedef CUresult (*fn_ev_destroy)(PBev);
 typedef CUresult (*fn_ev_record)(PBev, CUstream);
 typedef CUresult (*fn_ev_query)(PBev);
-typedef CUresult (*fn_ev_sync)(PBev);
 typedef CUresult (*fn_ev_elapsed)(float *, PBev, PBev);
 typedef CUresult (*fn_capture_mode)(int *);
 typedef CUresult (*fn_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -65,7 +65,6 @@ struct pb_fns {
     fn_ev_destroy ed;
     fn_ev_record er;
     fn_ev_query eq;
-    fn_ev_sync es;
     fn_ev_elapsed el;
     fn_launch launch;
     fn_capture_mode mode;
@@ -82,11 +81,10 @@ static int fns(struct pb_fns *f)
     f->ed = (fn_ev_destroy)gs_real("cuEventDestroy_v2");
     f->er = (fn_ev_record)gs_real("cuEventRecord");
     f->eq = (fn_ev_query)gs_real("cuEventQuery");
-    f->es = (fn_ev_sync)gs_real("cuEventSynchronize");
     f->el = (fn_ev_elapsed)gs_real("cuEventElapsedTime");
     f->launch = (fn_launch)gs_real("cuLaunchKernel");
     f->mode = (fn_capture_mode)gs_real("cuThreadExchangeStreamCaptureMode");
-    return f->mode && f->load && f->unload && f->get && f->sc && f->sd && f->ec && f->ed && f->er && f->eq && f->es && f->el &&
+    return f->mode && f->load && f->unload && f->get && f->sc && f->sd && f->ec && f->ed && f->er && f->eq && f->el &&
            f->launch ? 0 : -1;
 }
 
@@ -118,21 +116,44 @@ static int queue_all(const struct pb_fns *f, CUstream st, CUfunction spin, CUfun
     return bad ? -1 : 0;
 }
 
+/* Until `e` is done, at most WAIT_NS: 0 done, -1 not (an error, or still running at the deadline). Never
+ * cuEventSynchronize: the application's first launch waits here, and a GPU busy with other contexts (or
+ * at its idle clock: the hold is 4 M cycles, ~12 ms at 345 MHz) must not hold it for long. */
+#define WAIT_NS 100000000LL
+static int wait_done(const struct pb_fns *f, PBev e)
+{
+    struct timespec t0, now, nap = {0, 20000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        CUresult r = f->eq(e);
+        if (r == 0) return 0;
+        if (r != 600) return -1; /* CUDA_ERROR_NOT_READY is the only "not yet" */
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - t0.tv_sec) * 1000000000LL + (now.tv_nsec - t0.tv_nsec) > WAIT_NS) return -1;
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* *pending: work of ours may still be queued (the module must then stay loaded: unloading a module whose
+ * kernels are queued is not documented as safe; the stream and events may go, the driver frees them when
+ * their work completes). */
 static int64_t measure_on(const struct pb_fns *f, CUstream st, CUfunction spin, CUfunction nop, PBev *ev, char *why,
-                          unsigned long whylen)
+                          unsigned long whylen, int *pending)
 {
     /* once first: the first launch of a module's kernel loads it (not what a pair costs) */
-    if (f->launch(nop, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL) != 0 || f->er(ev[0], st) != 0 || f->es(ev[0]) != 0) {
-        snprintf(why, whylen, "the first launch failed");
+    *pending = 1;
+    if (f->launch(nop, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL) != 0 || f->er(ev[0], st) != 0 || wait_done(f, ev[0]) != 0) {
+        snprintf(why, whylen, "the first launch failed or did not finish within 100 ms");
         return -1;
     }
     if (queue_all(f, st, spin, nop, ev, why, whylen) != 0) return -1;
     /* still held: every record was queued before the GPU reached it (none waited for the CPU) */
     int held = f->eq(ev[0]) == 600; /* CUDA_ERROR_NOT_READY */
-    if (f->es(ev[NEV - 1]) != 0) {
-        snprintf(why, whylen, "the measurement did not complete");
+    if (wait_done(f, ev[NEV - 1]) != 0) {
+        snprintf(why, whylen, "the measurement did not complete within 100 ms");
         return -1;
     }
+    *pending = 0;
     if (!held) {
         snprintf(why, whylen, "the hold ended before the measurement was queued (a busy CPU, or no real GPU)");
         return -1;
@@ -185,7 +206,7 @@ static int64_t measure_module(const struct pb_fns *f0, char *why, unsigned long 
     CUstream st = NULL;
     PBev ev[NEV] = {0};
     int64_t bias = -1;
-    int n = 0;
+    int n = 0, pending = 0;
     if (f.sc(&st, 1 /* CU_STREAM_NON_BLOCKING: never waits for the legacy stream's work */) != 0) {
         snprintf(why, whylen, "no stream");
         goto out;
@@ -195,10 +216,10 @@ static int64_t measure_module(const struct pb_fns *f0, char *why, unsigned long 
             snprintf(why, whylen, "no timing events");
             goto out;
         }
-    bias = measure_on(&f, st, spin, nop, ev, why, whylen);
+    bias = measure_on(&f, st, spin, nop, ev, why, whylen, &pending);
 out:
     for (int i = 0; i < n; i++) f.ed(ev[i]);
     if (st) f.sd(st);
-    f.unload(mod);
+    if (!pending) f.unload(mod); /* else left loaded (a few KB, once): its kernels may still be queued */
     return bias;
 }
