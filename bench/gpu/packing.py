@@ -51,20 +51,18 @@ WORKER = [sys.executable, str(HERE / "packing_worker.py")]
 # Variants of the enforcer, A/B in one run (PACK_VARIANTS="B=/path/libgpuslice.so,C=..."): each adds a mode
 # "hard-B", ... of equal hard shares whose services preload that build (a constant changed at compile time),
 # interleaved with the others in the same ABBA order, so a constant is chosen by measurement (issue 12)
-VARIANTS = dict(v.split("=", 1) for v in os.environ.get("PACK_VARIANTS", "").split(",") if "=" in v)
-MODES = ("plain", "mps", "memonly", "hard", *(f"hard-{v}" for v in VARIANTS), "soft")
-GPUSLICE = {"memonly": ("hard", False), "hard": ("hard", True), "soft": ("soft", True),  # mode -> (slice mode, paced)
-            **{f"hard-{v}": ("hard", True) for v in VARIANTS}}
-PACED = tuple(m for m, (_, paced) in GPUSLICE.items() if paced)
-
-
 def use_variants(variants: dict[str, str]) -> None:
-    """The variant modes of a run read back from its raw data (--report)."""
-    global VARIANTS, MODES, GPUSLICE, PACED, FOCUS
+    """The modes for these variants (name -> library): from PACK_VARIANTS, or read back from a run's raw data
+    (--report). GPUSLICE: mode -> (slice mode, paced)."""
+    global VARIANTS, MODES, GPUSLICE, PACED
     VARIANTS = dict(variants)
     MODES = ("plain", "mps", "memonly", "hard", *(f"hard-{v}" for v in VARIANTS), "soft")
-    GPUSLICE = {**{m: GPUSLICE[m] for m in ("memonly", "hard", "soft")}, **{f"hard-{v}": ("hard", True) for v in VARIANTS}}
+    GPUSLICE = {"memonly": ("hard", False), "hard": ("hard", True), "soft": ("soft", True),
+                **{f"hard-{v}": ("hard", True) for v in VARIANTS}}
     PACED = tuple(m for m, (_, paced) in GPUSLICE.items() if paced)
+
+
+use_variants(dict(v.split("=", 1) for v in os.environ.get("PACK_VARIANTS", "").split(",") if "=" in v))
 BATCH = 8
 SETTLE = 0.5
 START_S = 10.0     # planned start-up of one kind's services: this, plus START_PER_S per process (46 took ~60 s)

@@ -16,6 +16,7 @@ enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600, /* cuEventQuery / cuStreamQuery: not complete yet */
 };
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;

@@ -133,7 +133,7 @@ struct gs_engine {
     uint64_t st_launches;
     int64_t st_launch_charged_ns;
     int64_t st_clean_launch_ns, st_clean_cost_ns;   /* clean pairs: charged at launch, measured (less gap) */
-    int64_t st_dirty_launch_ns, st_dirty_raw_ns, st_dirty_cost_ns; /* dirty: at launch, raw pair, learned */
+    int64_t st_dirty_launch_ns, st_dirty_raw_ns, st_dirty_cost_ns; /* dirty: at launch, pair (less the bias), learned */
     uint64_t st_dirty_keyless;                      /* dirty pairs without a shape: charged raw */
     /* what a timing-event pair adds to its kernel on this device, taken off every pair (pairbias.h;
      * 0 = not measured: pairs are charged raw). Set by the caller (atomic store) once measured, after the

@@ -31,7 +31,6 @@
 
 #define GS_DEFAULT_DEVSTATE_DIR "/tmp/gpuslice-devstate"
 #define CU_OK 0
-#define CU_NOT_READY 600
 #define CU_EVENT_DEFAULT 0
 #define CU_EVENT_DISABLE_TIMING 2
 
@@ -155,7 +154,7 @@ static int op_query_end(void *c, int i)
 {
     struct gs_pdev *d = c;
     CUresult r = cu.ev_query(d->end[i]);
-    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
 }
 static int64_t op_elapsed(void *c, int i)
 {
@@ -168,7 +167,7 @@ static int op_query_start(void *c, int i)
 {
     struct gs_pdev *d = c;
     CUresult r = cu.ev_query(d->start[i]);
-    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
 }
 static int64_t op_now(void *c)
 {
@@ -191,7 +190,7 @@ static int op_query_drain(void *c)
 {
     struct gs_pdev *d = c;
     CUresult r = cu.ev_query(d->drain);
-    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
 }
 static int op_record_mark(void *c, int i, void *stream)
 {
@@ -202,7 +201,7 @@ static int op_query_mark(void *c, int i)
 {
     struct gs_pdev *d = c;
     CUresult r = cu.ev_query(d->mark[i]);
-    return r == CU_OK ? 1 : (r == CU_NOT_READY ? 0 : -1);
+    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
 }
 static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed, op_capturing,
                                            op_record_drain, op_query_drain, op_record_mark, op_query_mark, op_wake,

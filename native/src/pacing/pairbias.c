@@ -127,7 +127,7 @@ static int wait_done(const struct pb_fns *f, PBev e)
     for (;;) {
         CUresult r = f->eq(e);
         if (r == 0) return 0;
-        if (r != 600) return -1; /* CUDA_ERROR_NOT_READY is the only "not yet" */
+        if (r != CUDA_ERROR_NOT_READY) return -1; /* the only "not yet" */
         clock_gettime(CLOCK_MONOTONIC, &now);
         if ((now.tv_sec - t0.tv_sec) * 1000000000LL + (now.tv_nsec - t0.tv_nsec) > WAIT_NS) return -1;
         nanosleep(&nap, NULL);
@@ -148,7 +148,7 @@ static int64_t measure_on(const struct pb_fns *f, CUstream st, CUfunction spin, 
     }
     if (queue_all(f, st, spin, nop, ev, why, whylen) != 0) return -1;
     /* still held: every record was queued before the GPU reached it (none waited for the CPU) */
-    int held = f->eq(ev[0]) == 600; /* CUDA_ERROR_NOT_READY */
+    int held = f->eq(ev[0]) == CUDA_ERROR_NOT_READY;
     if (wait_done(f, ev[NEV - 1]) != 0) {
         snprintf(why, whylen, "the measurement did not complete within 100 ms");
         return -1;
@@ -171,7 +171,36 @@ static int64_t measure_on(const struct pb_fns *f, CUstream st, CUfunction spin, 
     return bias;
 }
 
-static int64_t measure_module(const struct pb_fns *f, char *why, unsigned long whylen);
+/* Load the kernels, measure on a private stream, free what can be freed. */
+static int64_t measure_module(const struct pb_fns *f, char *why, unsigned long whylen)
+{
+    PBmod mod = NULL;
+    CUfunction spin = NULL, nop = NULL;
+    if (f->load(&mod, PTX) != 0 || f->get(&spin, mod, "gs_pb_spin") != 0 || f->get(&nop, mod, "gs_pb_nop") != 0) {
+        if (mod) f->unload(mod);
+        snprintf(why, whylen, "the measuring kernels did not load");
+        return -1;
+    }
+    CUstream st = NULL;
+    PBev ev[NEV] = {0};
+    int64_t bias = -1;
+    int n = 0, pending = 0;
+    if (f->sc(&st, 1 /* CU_STREAM_NON_BLOCKING: never waits for the legacy stream's work */) != 0) {
+        snprintf(why, whylen, "no stream");
+        goto out;
+    }
+    for (; n < NEV; n++)
+        if (f->ec(&ev[n], 0) != 0) {
+            snprintf(why, whylen, "no timing events");
+            goto out;
+        }
+    bias = measure_on(f, st, spin, nop, ev, why, whylen, &pending);
+out:
+    for (int i = 0; i < n; i++) f->ed(ev[i]);
+    if (st) f->sd(st);
+    if (!pending) f->unload(mod); /* else left loaded (a few KB, once): its kernels may still be queued */
+    return bias;
+}
 
 int64_t gs_pair_bias_measure(char *why, unsigned long whylen)
 {
@@ -182,7 +211,7 @@ int64_t gs_pair_bias_measure(char *why, unsigned long whylen)
     }
     /* Relaxed capture mode on this thread while it measures: a CUDA graph being captured (this thread's
      * own launch may be its first, or another thread's in global mode) must not see the module load and
-     * the synchronisation below as unsafe calls, which would invalidate the user's capture. */
+     * the waits below as unsafe calls, which would invalidate the user's capture. */
     int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
     if (f.mode(&mode) != 0) {
         snprintf(why, whylen, "the capture mode could not be set");
@@ -190,36 +219,5 @@ int64_t gs_pair_bias_measure(char *why, unsigned long whylen)
     }
     int64_t bias = measure_module(&f, why, whylen);
     f.mode(&mode); /* the thread's own mode back */
-    return bias;
-}
-
-static int64_t measure_module(const struct pb_fns *f0, char *why, unsigned long whylen)
-{
-    struct pb_fns f = *f0;
-    PBmod mod = NULL;
-    CUfunction spin = NULL, nop = NULL;
-    if (f.load(&mod, PTX) != 0 || f.get(&spin, mod, "gs_pb_spin") != 0 || f.get(&nop, mod, "gs_pb_nop") != 0) {
-        if (mod) f.unload(mod);
-        snprintf(why, whylen, "the measuring kernels did not load");
-        return -1;
-    }
-    CUstream st = NULL;
-    PBev ev[NEV] = {0};
-    int64_t bias = -1;
-    int n = 0, pending = 0;
-    if (f.sc(&st, 1 /* CU_STREAM_NON_BLOCKING: never waits for the legacy stream's work */) != 0) {
-        snprintf(why, whylen, "no stream");
-        goto out;
-    }
-    for (; n < NEV; n++)
-        if (f.ec(&ev[n], 0) != 0) {
-            snprintf(why, whylen, "no timing events");
-            goto out;
-        }
-    bias = measure_on(&f, st, spin, nop, ev, why, whylen, &pending);
-out:
-    for (int i = 0; i < n; i++) f.ed(ev[i]);
-    if (st) f.sd(st);
-    if (!pending) f.unload(mod); /* else left loaded (a few KB, once): its kernels may still be queued */
     return bias;
 }

@@ -22,7 +22,6 @@ Users are told apart by their holder process's owner (which the agent checked is
 from __future__ import annotations
 
 import grp
-import os
 import pwd
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
@@ -179,12 +178,13 @@ class HighPriorityPolicy:
     def describe(self) -> str:
         if self.anyone:
             return "anyone"
-        names = ["root", *(_user_name(u) for u in sorted(self.uids - {ROOT_UID})),
+        names = ["root", *(user_name(u) for u in sorted(self.uids - {ROOT_UID})),
                  *("@" + _group_name(g) for g in sorted(self.gids))]
         return ", ".join(names)
 
 
-def _user_name(uid: int) -> str:
+def user_name(uid: int) -> str:
+    """The user's name, or the uid as text when it has none."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -196,4 +196,3 @@ def _group_name(gid: int) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return str(gid)
-

@@ -41,7 +41,7 @@ from gpuslice.spec.errors import GpusliceError
 from gpuslice.host import procs
 from gpuslice.host.backstop import Backstop, Policy, Tracked, default_source
 from gpuslice.host.devices import snapshot_json
-from gpuslice.local.admission import HighPriorityPolicy
+from gpuslice.local.admission import HighPriorityPolicy, user_name
 from gpuslice.local.apibody import MAX_INT, BodyTooLarge, printable, read_json_object
 from gpuslice.local.errors import AgentError, Forbidden, LedgerError, UnknownGrant
 from gpuslice.host.history import History
@@ -143,10 +143,7 @@ class Peer:
 
     @property
     def user(self) -> str:
-        try:
-            return pwd.getpwuid(self.uid).pw_name
-        except KeyError:
-            return str(self.uid)
+        return user_name(self.uid)
 
 
 MAX_CONNECTIONS_PER_USER = 32  # open socket connections of one non-root uid; more are closed at once
