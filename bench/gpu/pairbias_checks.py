@@ -7,16 +7,21 @@ a 50 % hard slice, using CuPy kernels (no launch happens before the one the case
 with cudaMemset, kernels are loaded before anything is launched):
   alone          nothing else on the GPU: how long the first launch takes, and the bias found
   behind-busy    another process (no gpuslice) keeps the GPU busy with 20-ms kernels meanwhile
-  own-busy       another thread of the same process fills every SM with 40-ms kernels just as this
-                 thread's first launch measures (which may then give up: pairs charged raw)
+  own-busy       this thread's first launch measures while another thread of the same process starts
+                 filling every SM with 40-ms kernels (the measurement may then give up: pairs charged raw;
+                 the filler's launches must not wait for it)
   capture-this   the first launch is made inside a global-mode stream capture on the same thread: the
                  capture must stay valid and the graph must replay correctly
-  capture-other  another thread holds a global-mode capture open while this thread's first launch measures
+  capture-other  another thread holds a global-mode capture open while this thread's first launch measures;
+                 this thread then polls an event (never a stream synchronisation, which CUDA refuses to any
+                 thread while a global-mode capture is open)
   pending        a build whose waits are cut at 0.1 ms (PAIRBIAS_LIB_SHORTWAIT, built -DGS_PB_WAIT_NS=100000):
                  the measurement gives up with its kernels still queued, so its stream and events are
                  destroyed and its module kept loaded while they run; later work must be correct and the
                  process must exit cleanly
-Every case checks its kernels' results. A JSON line per case, then a table.
+Every case checks its kernels' results; alone, own-busy and both captures run without gpuslice too, so what
+the program does on its own (its first launch's time, what CUDA's capture rules refuse it) is told apart from
+what gpuslice adds. A JSON line per case, then a table.
 
   python3 bench/gpu/pairbias_checks.py [--lib native/build/libgpuslice.so] [--out DIR]
 """
@@ -46,7 +51,7 @@ extern "C" __global__ void add1(int *x) { if (threadIdx.x == 0 && blockIdx.x == 
 
 # The child: one case, in a process whose first kernel launch is the one the case is about.
 CHILD = r"""
-import ctypes, json, sys, threading, time
+import ctypes, json, os, sys, threading, time
 import cupy as cp
 case = sys.argv[1]
 mod = cp.RawModule(code=SRC)
@@ -58,76 +63,94 @@ def value():
     h = ctypes.c_int(0)
     cp.cuda.runtime.memcpy(ctypes.addressof(h), x.ptr, 4, 2)   # device to host
     return h.value
-rec = {"case": case}
+rec = {"case": case, "gpuslice": bool(os.environ.get("LD_PRELOAD"))}
 GLOBAL = getattr(cp.cuda.runtime, "streamCaptureModeGlobal", 0)
 s = cp.cuda.Stream(non_blocking=True)
 t0 = time.perf_counter()
-if case in ("alone", "behind-busy", "pending"):
-    add1((1,), (32,), (x,), stream=s)
-    s.synchronize()
-    rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
-    for _ in range(99):
+try:
+    if case in ("alone", "behind-busy", "pending"):
         add1((1,), (32,), (x,), stream=s)
-    s.synchronize()
-    rec["ok"] = value() == 100
-elif case == "own-busy":
-    # another thread of this process fills every SM with 40-ms kernels while this thread's first launch
-    # measures: the measurement's kernels wait behind them (it may give up: then pairs are charged raw)
-    go = threading.Barrier(2)
-    def filler():
-        s2 = cp.cuda.Stream(non_blocking=True)
-        go.wait()
-        for _ in range(5):
-            spin((132 * 8,), (1024,), (cp.int64(int(0.01 * clock)),), stream=s2)
-        s2.synchronize()
-    th = threading.Thread(target=filler)
-    th.start()
-    go.wait()
-    time.sleep(0.002)
-    t0 = time.perf_counter()
-    add1((1,), (32,), (x,), stream=s)
-    s.synchronize()
-    rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
-    th.join(60)
-    rec["ok"] = value() == 1
-elif case == "capture-this":
-    g = None
-    s.begin_capture(mode=GLOBAL)
-    for _ in range(10):
+        s.synchronize()
+        rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
+        for _ in range(99):
+            add1((1,), (32,), (x,), stream=s)
+        s.synchronize()
+        rec["ok"] = value() == 100
+    elif case == "own-busy":
+        # this thread's first launch measures; another thread of the process starts filling every SM with
+        # 40-ms kernels while it does, so the measurement's kernels queue behind them (it may then give up:
+        # pairs charged raw); the filler's launches must not wait for the measurement
+        go = threading.Event()
+        filler_ms = []
+        def filler():
+            s2 = cp.cuda.Stream(non_blocking=True)
+            go.wait(30)
+            time.sleep(0.0005)
+            t = time.perf_counter()
+            for _ in range(5):
+                spin((132 * 8,), (1024,), (cp.int64(int(0.01 * clock)),), stream=s2)
+            filler_ms.append(1e3 * (time.perf_counter() - t))
+            s2.synchronize()
+        th = threading.Thread(target=filler)
+        th.start()
+        t0 = time.perf_counter()
+        go.set()
         add1((1,), (32,), (x,), stream=s)
-    g = s.end_capture()
-    rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
-    for _ in range(3):
-        g.launch(stream=s)
-    s.synchronize()
-    rec["ok"] = value() == 30
-elif case == "capture-other":
-    began, launched, err = threading.Event(), threading.Event(), []
-    def capturer():
+        s.synchronize()
+        rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
+        th.join(60)
+        rec["filler_launch_ms"] = filler_ms[0] if filler_ms else None
+        rec["ok"] = value() == 1
+    elif case == "capture-this":
+        g = None
+        s.begin_capture(mode=GLOBAL)
+        for _ in range(10):
+            add1((1,), (32,), (x,), stream=s)
+        g = s.end_capture()
+        rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
+        for _ in range(3):
+            g.launch(stream=s)
+        s.synchronize()
+        rec["ok"] = value() == 30
+    elif case == "capture-other":
+        began, launched, err = threading.Event(), threading.Event(), []
+        def capturer():
+            try:
+                sc = cp.cuda.Stream(non_blocking=True)
+                sc.begin_capture(mode=GLOBAL)
+                began.set()
+                launched.wait(30)
+                for _ in range(10):
+                    add1((1,), (32,), (x,), stream=sc)
+                gr = sc.end_capture()
+                gr.launch(stream=sc)
+                sc.synchronize()
+            except Exception as e:   # noqa: BLE001 - reported, not raised in a thread
+                err.append(repr(e))
+                began.set()
+        th = threading.Thread(target=capturer)
+        th.start()
+        began.wait(30)
+        t0 = time.perf_counter()
+        step = "launch"
         try:
-            sc = cp.cuda.Stream(non_blocking=True)
-            sc.begin_capture(mode=GLOBAL)
-            began.set()
-            launched.wait(30)
-            for _ in range(10):
-                add1((1,), (32,), (x,), stream=sc)
-            gr = sc.end_capture()
-            gr.launch(stream=sc)
-            sc.synchronize()
-        except Exception as e:   # noqa: BLE001 - reported, not raised in a thread
-            err.append(repr(e))
-            began.set()
-    th = threading.Thread(target=capturer)
-    th.start()
-    began.wait(30)
-    t0 = time.perf_counter()
-    add1((1,), (32,), (x,), stream=s)     # this thread's first launch: the measurement runs here
-    s.synchronize()
-    rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
-    launched.set()
-    th.join(60)
-    rec["capture_error"] = err[0] if err else None
-    rec["ok"] = not err and value() == 11
+            add1((1,), (32,), (x,), stream=s)     # this thread's first launch: the measurement runs here
+            step = "event poll"
+            e = cp.cuda.Event(disable_timing=True)
+            e.record(s)
+            while not e.done:                      # cudaEventQuery: no stream synchronisation during the capture
+                time.sleep(0.0001)
+            rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
+        except Exception as exc:   # noqa: BLE001 - reported
+            rec["error"] = f"{step}: {exc!r}"
+        launched.set()
+        th.join(60)
+        rec["capture_error"] = err[0] if err else None
+        s.synchronize()
+        rec["ok"] = "error" not in rec and not err and value() == 11
+except Exception as exc:   # noqa: BLE001 - reported in the record
+    rec.setdefault("error", repr(exc))
+    rec["ok"] = False
 try:
     fn = ctypes.CDLL(None).gpuslice_pacer_stats
     fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
@@ -166,7 +189,8 @@ def child_env(lib: str, tmp: Path) -> dict[str, str]:
 def run_case(case: str, lib: str, busy: bool = False) -> dict:
     code = f"SRC = {SRC!r}\n"
     with tempfile.TemporaryDirectory() as tmp:
-        env = child_env(lib, Path(tmp))
+        env = child_env(lib, Path(tmp)) if lib else {k: v for k, v in os.environ.items()
+                                                     if k not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
         bg = None
         if busy:
             plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GPUSLICE_SLICE")}
@@ -186,7 +210,7 @@ def run_case(case: str, lib: str, busy: bool = False) -> dict:
         if line.startswith("{"):
             rec = json.loads(line)
     rec["rc"] = p.returncode
-    rec["lib"] = lib
+    rec["lib"] = lib or "(none: no gpuslice)"
     rec["log"] = [ln for ln in p.stderr.splitlines() if "timing pair" in ln or "rror" in ln][-3:]
     return rec
 
@@ -196,8 +220,10 @@ def main() -> None:
     ap.add_argument("--lib", default=str(ROOT / "native" / "build" / "libgpuslice.so"))
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    cases = [("alone", a.lib, False), ("behind-busy", a.lib, True), ("own-busy", a.lib, False),
-             ("capture-this", a.lib, False), ("capture-other", a.lib, False), ("alone", a.lib, False)]
+    # the same cases without gpuslice first: what the program does on its own (first-launch time, capture rules)
+    cases = [("alone", "", False), ("alone", a.lib, False), ("behind-busy", a.lib, True), ("own-busy", "", False),
+             ("own-busy", a.lib, False), ("capture-this", "", False), ("capture-this", a.lib, False),
+             ("capture-other", "", False), ("capture-other", a.lib, False), ("alone", a.lib, False)]
     short = os.environ.get("PAIRBIAS_LIB_SHORTWAIT")
     if short:
         cases.append(("pending", short, False))
@@ -209,12 +235,12 @@ def main() -> None:
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "pairbias-checks.json").write_text(json.dumps(recs, indent=1))
-    print(f"\n{'case':14} {'ok':4} {'rc':3} {'first launch ms':>16} {'bias ns':>8}  enforcer said")
+    print(f"\n{'case':14} {'gpuslice':8} {'ok':4} {'rc':3} {'first launch ms':>16} {'bias ns':>8}  said")
     for r in recs:
-        said = (r["log"][-1].split("compute: ", 1)[-1] if r["log"] else "")[:90]
+        said = r.get("error") or (r["log"][-1].split("compute: ", 1)[-1] if r["log"] else "")
         fl = r.get("first_launch_ms")
-        print(f"{r['case']:14} {'yes' if r.get('ok') and r['rc'] == 0 else 'NO':4} {r['rc']:3} "
-              f"{(f'{fl:.1f}' if fl is not None else '-'):>16} {str(r.get('pair_bias_ns')):>8}  {said}")
+        print(f"{r['case']:14} {'yes' if r.get('gpuslice') else 'no':8} {'yes' if r.get('ok') and r['rc'] == 0 else 'NO':4} {r['rc']:3} "
+              f"{(f'{fl:.1f}' if fl is not None else '-'):>16} {str(r.get('pair_bias_ns')):>8}  {said[:110]}")
 
 
 if __name__ == "__main__":
