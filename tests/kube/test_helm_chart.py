@@ -238,6 +238,27 @@ def test_every_knob_reaches_the_components(helm: Path) -> None:
     assert a != b
 
 
+def test_high_priority_namespaces_reach_the_webhook_the_extender_and_the_dra_agent(helm: Path) -> None:
+    """Issue 15: the namespaces that may ask for high priority are one value, read by every part that decides
+    a priority; [] means none (one empty flag, which the command reads as no namespace); the default is every
+    namespace (HAMi's behaviour)."""
+    from gpuslice.kube.commands import _config
+
+    def values(args: list[str]) -> list[str]:
+        return [a.split("=", 1)[1] for a in args if a.startswith("--high-priority-namespace=")]
+
+    listed = render(helm, 'json:sharing.highPriorityNamespaces=["online","ops"]')
+    for container in ("extender", "webhook"):
+        assert values(args_of(listed, "Deployment", container)) == ["online", "ops"]
+    dra = render(helm, "mode=dra", 'json:sharing.highPriorityNamespaces=["online"]')
+    assert values(args_of(dra, "DaemonSet", "agent")) == ["online"]
+    assert values(args_of(render(helm), "Deployment", "webhook")) == ["*"]
+    none = values(args_of(render(helm, "json:sharing.highPriorityNamespaces=[]"), "Deployment", "webhook"))
+    assert none == [""]
+    cfg = _config("binpack", 0, 0, 1, "gpuslice-scheduler", "hard", high_priority=tuple(n for n in none if n))
+    assert not cfg.high_priority.allows("default") and cfg.high_priority.describe() == "no namespace"
+
+
 RENAMED = {"resourceName": "example.com/vgpu", "resourceMem": "example.com/vgpu-memory",
            "resourceMemPercentage": "example.com/vgpu-memory-percentage", "resourceCores": "example.com/vgpu-cores",
            "resourcePriority": "example.com/vgpu-priority"}
@@ -524,6 +545,8 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
         ("sharing.computeMode=fast", "computeMode"),
         ("sharing.engine=mig", "engine"),
         ("sharing.colocation=polite", "colocation"),
+        ("sharing.highPriorityNamespaces=online", "highPriorityNamespaces"),
+        ('json:sharing.highPriorityNamespaces=["Online"]', "highPriorityNamespaces"),
         ("policies.node=worst", "node"),
         ("policies.gpu=topologyy", "gpu"),
         ("metrics.port=70000", "port"),
@@ -546,7 +569,8 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
     ],
 )
 def test_schema_rejects_bad_values(helm: Path, setting: str, field: str) -> None:
-    proc = run_helm(helm, "template", "gs", str(CHART), "--set", setting)
+    how = ["--set-json", setting[5:]] if setting.startswith("json:") else ["--set", setting]
+    proc = run_helm(helm, "template", "gs", str(CHART), *how)
     assert proc.returncode != 0, f"{setting} was accepted"
     assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
     assert field in proc.stderr, proc.stderr

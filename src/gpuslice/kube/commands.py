@@ -29,13 +29,13 @@ def _logging(level: str) -> None:
 SCHEDULER_FLAGS = {"resource name (count)": "--resource-name", "resource name (memory)": "--resource-mem",
                    "resource name (memory_percentage)": "--resource-mem-percentage",
                    "resource name (cores)": "--resource-cores", "resource name (priority)": "--resource-priority",
-                   "default_memory_mib": "--default-mem"}
+                   "default_memory_mib": "--default-mem", "high_priority_namespaces": "--high-priority-namespace"}
 
 
 def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: int, scheduler_name: str,
             mode: str, names: dict[str, str] | None = None, adopt: tuple[str, ...] = ("default-scheduler",),
-            engine: str = "timeslice", colocation: str = "preemptive"):
-    from gpuslice.kube.resources import KubeConfig, ResourceNames
+            engine: str = "timeslice", colocation: str = "preemptive", high_priority: tuple[str, ...] = ("*",)):
+    from gpuslice.kube.resources import HighPriorityNamespaces, KubeConfig, ResourceNames
     from gpuslice.placement import PlacementPolicy
     from gpuslice.spec import Colocation, ComputeMode, Engine
 
@@ -44,7 +44,8 @@ def _config(policy: str, default_mem: int, default_cores: int, default_gpu_num: 
                       scheduler_name=scheduler_name, policy=PlacementPolicy.parse(policy),
                       default_mode=ComputeMode.parse(mode, "--mode"), adopt_schedulers=adopt,
                       default_engine=Engine.parse(engine, "--default-engine"),
-                      default_colocation=Colocation.parse(colocation, "--default-colocation"))
+                      default_colocation=Colocation.parse(colocation, "--default-colocation"),
+                      high_priority=HighPriorityNamespaces(tuple(high_priority)))
 
 
 # HAMi's chart knobs for the resource names (resourceName, resourceMem, resourceMemPercentage,
@@ -110,6 +111,11 @@ def scheduler(
     adopt_scheduler: List[str] = typer.Option(["default-scheduler"], "--adopt-scheduler", metavar="NAME",
                                               help="Send GPU pods naming this scheduler (repeat; and pods naming none) "
                                               "to --scheduler-name; pods naming another are left to it, as HAMi does."),
+    high_priority_namespace: List[str] = typer.Option(
+        ["*"], "--high-priority-namespace", metavar="NS",
+        help="A namespace whose pods and claims may ask for high priority (nvidia.com/priority: 0, a resize to "
+        "priority high); repeat for more. '*' (the default, as HAMi) = every namespace; one empty value = none. High priority makes "
+        "the low-priority slices on its devices wait while its work is queued: refused elsewhere with 403."),
     quotas: bool = typer.Option(True, "--quotas/--no-quotas", help="Enforce namespace GPU quotas "
                                 "(ResourceQuota limits.nvidia.com/gpumem, gpucores, gpu) at admission and bind; "
                                 "the webhook then reads ResourceQuotas and the namespace's pods."),
@@ -127,7 +133,7 @@ def scheduler(
         cfg = _config(policy, default_mem, default_cores, default_gpu_num, scheduler_name, mode,
                       {"count": resource_name, "memory": resource_mem, "memory_percentage": resource_mem_percentage,
                        "cores": resource_cores, "priority": resource_priority}, tuple(adopt_scheduler), default_engine,
-                      default_colocation)
+                      default_colocation, tuple(n for n in high_priority_namespace if n))
         for flag, value in (("--port", port), ("--webhook-port", webhook_port), ("--metrics-port", metrics_port)):
             if not 0 <= value <= 65535:
                 raise SpecError(flag, value, "a TCP port 1..65535, or 0 for off")
@@ -221,7 +227,7 @@ def _start_extender(kubeconfig: str | None, cfg, node_cache: bool, gc_interval: 
     threading.Thread(target=collect, name="gpuslice-gc", daemon=True).start()
     from gpuslice.kube.extender.resize import LedgerResizer
 
-    LedgerResizer(api).start()  # live resize: the ledger side (gpuslice.kube.resize)
+    LedgerResizer(api, high_priority=cfg.high_priority).start()  # live resize: the ledger side (gpuslice.kube.resize)
     return extender
 
 
@@ -293,6 +299,10 @@ def kube_agent(
                                    "claim may take (smaller requests are rounded up to it)."),
     compute_mode: str = typer.Option("hard", "--compute-mode", metavar="hard|soft|off",
                                      help="--dra: compute mode of claims that set none: hard, soft or off."),
+    high_priority_namespace: List[str] = typer.Option(
+        ["*"], "--high-priority-namespace", metavar="NS",
+        help="--dra: a namespace whose claims may set SliceParameters priority: high (repeat; '*', the default, "
+        "= every namespace, one empty value = none); a claim elsewhere is not prepared (the pod does not start), its event naming why."),
     log_level: str = typer.Option("info", "--log-level", metavar="LEVEL"),
 ) -> None:
     """Device plugin (or, with --dra, DRA driver) + node registration (+ metrics) for one Kubernetes node. Also
@@ -345,7 +355,8 @@ def kube_agent(
 
         options = DraOptions(min_memory, compute_mode, dra_plugin_dir, dra_registry_dir, cdi_dir, publish_interval,
                              rediscover_interval, health_recovery, metrics_port, register_only, snapshot is not None,
-                             backstop=policy, backstop_interval=backstop_interval)
+                             backstop=policy, backstop_interval=backstop_interval,
+                             high_priority=tuple(n for n in high_priority_namespace if n))
         return run(cfg, options, find_devices, lambda: connect(kubeconfig), _say)
     with named_file("--snapshot", given=bool(snapshot)):
         devices = find_devices()

@@ -356,16 +356,20 @@ def _spec_containers(spec: Mapping[str, Any]) -> list[tuple[str, int, Any]]:
     return out
 
 
-def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
+def pod_request(pod: Mapping[str, Any], cfg: KubeConfig, namespace: str | None = None) -> PodRequest:
     """The GPU requests of ``pod`` (a dict as the API server sends it) from its containers' resource
     limits (init containers and sidecars included, as HAMi counts them) and its annotations. Raises
-    :class:`SpecError` naming the field on contradictions."""
+    :class:`SpecError` naming the field on contradictions, and :class:`PriorityRefused` when a container asks
+    for high priority in a namespace (``namespace``, else the pod's, else ``default``) the cluster's
+    ``high_priority`` policy leaves out."""
     if not isinstance(pod, Mapping):
         raise SpecError("pod", type(pod).__name__, "a Pod object")
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         raise SpecError("pod.spec", spec, "an object with containers")
     anns = annotations(pod)
+    if namespace is None:
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     if not all(isinstance(v, str) for v in anns.values()):
         raise SpecError("metadata.annotations", anns, "string values")
     mode = None
@@ -406,10 +410,12 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
         if vgpu == "mig" or profile or raw_mig:
             got = mig_request(c, cfg, where, profile, mode=mode, notes=notes)
             if got is not None:
+                _high_priority_allowed(c, got[0], cfg, where, namespace)
                 out.append(ContainerRequest(name=name, index=k, request=got[0], kind=kind, mig=got[1]))
             continue
         req = container_request(c, cfg, where, mode=mode, models=models, notes=notes, engine=engine, colocation=coloc)
         if req is not None:
+            _high_priority_allowed(c, req, cfg, where, namespace)
             out.append(ContainerRequest(name=name, index=k, request=req, kind=kind))
     unknown = set(profiles) - {"", *(c.name for c in out)}
     if unknown:
@@ -425,6 +431,15 @@ def pod_request(pod: Mapping[str, Any], cfg: KubeConfig) -> PodRequest:
                       use_indexes=_index_annotation(anns, HAMI_USE_INDEX),
                       avoid_indexes=_index_annotation(anns, HAMI_NOUSE_INDEX), mode=vgpu, mutex=flags.mutex,
                       numa_bind=hami.numa_bind(anns), numa_prefer=flags.numa)
+
+
+def _high_priority_allowed(container: Mapping[str, Any], req: Request, cfg: KubeConfig, where: str,
+                           namespace: str) -> None:
+    """The cluster's high-priority policy (:class:`HighPriorityNamespaces`), naming the container's limit."""
+    if req.priority is Priority.HIGH:
+        key = asked(container, cfg, where).prio
+        name = key[0] if key else cfg.names.priority[0]
+        cfg.high_priority.check(namespace, f"{where}.resources.limits[{name}]", limits_of(container).get(name, "0"))
 
 
 @dataclass(frozen=True)

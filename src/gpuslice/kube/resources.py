@@ -98,6 +98,48 @@ class ResourceNames:
         return self.count[0]
 
 
+NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class PriorityRefused(SpecError):
+    """High priority asked in a namespace the cluster's policy does not allow it in (the webhook answers 403)."""
+
+
+@dataclass(frozen=True)
+class HighPriorityNamespaces:
+    """Which namespaces' pods and claims may be high priority (``--high-priority-namespace``, chart
+    ``sharing.highPriorityNamespaces``; issue 15). A high-priority slice makes the low-priority slices on its
+    device wait while its work is queued (bounded: native/README-compute.md, "Co-location"), so asking for it
+    is asking to slow other tenants down; in Kubernetes the tenant is the namespace. ``("*",)``, the default,
+    lets every namespace ask, as HAMi does (its ``nvidia.com/priority: 0`` has no rule); an empty tuple lets
+    none. Plain data, checked by the webhook, the extender's bind and live resize, and the DRA driver."""
+
+    names: tuple[str, ...] = ("*",)
+
+    def __post_init__(self) -> None:
+        allowed = "'*' (every namespace) or namespace names (DNS labels like online-serving)"
+        if not isinstance(self.names, tuple) or not all(isinstance(n, str) for n in self.names):
+            raise SpecError("high_priority_namespaces", self.names, allowed)
+        for n in self.names:
+            if n != "*" and not NAMESPACE_RE.fullmatch(n):
+                raise SpecError("high_priority_namespaces", n, allowed)
+        if "*" in self.names and len(self.names) > 1:
+            raise SpecError("high_priority_namespaces", self.names, "'*' alone, or namespace names without '*'")
+
+    def allows(self, namespace: str) -> bool:
+        return "*" in self.names or namespace in self.names
+
+    def describe(self) -> str:
+        return "every namespace" if "*" in self.names else (", ".join(self.names) or "no namespace")
+
+    def check(self, namespace: str, field_name: str, value: object) -> None:
+        """Raise :class:`PriorityRefused` naming ``field_name`` unless ``namespace`` may ask for high priority."""
+        if not self.allows(namespace):
+            raise PriorityRefused(field_name, value, f"low priority: namespace {namespace!r} may not ask for high "
+                                  f"priority (allowed in: {self.describe()}; a cluster administrator sets "
+                                  "sharing.highPriorityNamespaces)")
+
+
 @dataclass(frozen=True)
 class KubeConfig:
     """Cluster-wide knobs of the Kubernetes adapters (Helm values map onto these).
@@ -122,6 +164,7 @@ class KubeConfig:
     # Pods naming these schedulers (or none) are sent to scheduler_name; a pod naming another is left to
     # it, as HAMi does (which takes over default-scheduler only).
     adopt_schedulers: tuple[str, ...] = ("default-scheduler",)
+    high_priority: HighPriorityNamespaces = field(default_factory=HighPriorityNamespaces)
 
     def __post_init__(self) -> None:
         whole_number("default_memory_mib", self.default_memory_mib, 0, allowed="a whole number of MiB, 0 = whole device")

@@ -9,7 +9,9 @@ JSONPatch:
 * rewrites ``nvidia.com/mig-<profile>: N`` (NVIDIA's MIG names, which no node advertises under gpuslice) to
   the advertised count N plus the pod annotation ``gpuslice.io/mig-profile``;
 * fills counts of init containers and sidecars too (HAMi mutates and counts them);
-* refuses a pod over its namespace's GPU quota (``quota``: :class:`gpuslice.kube.quota.AdmissionQuota`) with 403;
+* refuses a pod over its namespace's GPU quota (``quota``: :class:`gpuslice.kube.quota.AdmissionQuota`) with 403,
+  and one asking for high priority in a namespace the cluster's ``high_priority`` policy leaves out
+  (:class:`gpuslice.kube.resources.HighPriorityNamespaces`) with 403 (the extender's bind refuses it too);
 * fills HAMi's default count: a container with GPU memory / cores / memory percent but no GPU count gets
   ``defaultGPUNum`` devices (limits and requests; the memory and cores defaults need no field: the
   extender applies them when it parses the pod's limits, as here); the advertised count (``nvidia.com/gpu``) is added when the count was given only as ``gpuslice.io/gpu``
@@ -102,8 +104,11 @@ def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None
     if operation != "CREATE":
         return _review(uid, True)
     pod = _pod_of(request)
+    namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default")
     try:
-        req = podrequest.pod_request(pod, cfg)
+        req = podrequest.pod_request(pod, cfg, namespace)
+    except resources.PriorityRefused as exc:
+        return _review(uid, False, message=f"gpuslice: {exc}", code=403)
     except SpecError as exc:
         return _review(uid, False, message=f"gpuslice: {exc}")
     device_env = escapes.device_env_problem(pod)  # in every pod: it would reach GPUs without a slice
@@ -126,7 +131,6 @@ def mutate(body: Any, cfg: resources.KubeConfig, quota: QuotaCheck | None = None
             f"gpuslice: spec.nodeName {spec['nodeName']!r} is not allowed on a pod asking for GPU slices; "
             f"expected no nodeName (the {cfg.scheduler_name} scheduler must place it so that its grant is recorded)"))
     if quota is not None:
-        namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default")
         why = quota(namespace, pod, req)
         if why:
             return _review(uid, False, message=f"gpuslice: {why}", code=403)

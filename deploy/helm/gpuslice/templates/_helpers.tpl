@@ -53,6 +53,17 @@ share a name. kube-scheduler calls the extender only for pods asking for one of 
 {{- concat $configured (list "gpuslice.io/gpu" "gpuslice.io/gpu-memory" "gpuslice.io/gpu-memory-percentage" "gpuslice.io/gpu-compute" "gpuslice.io/priority") | uniq | toJson -}}
 {{- end -}}
 
+{{/* --high-priority-namespace per allowed namespace; none at all (an empty list) is said with one empty value. */}}
+{{- define "gpuslice.highPriorityFlags" -}}
+{{- $ns := .Values.sharing.highPriorityNamespaces | default list }}
+{{- if not (kindIs "slice" $ns) }}{{ fail "sharing.highPriorityNamespaces: a list of namespaces, or [\"*\"] for every namespace" }}{{ end }}
+{{- range $ns }}
+- --high-priority-namespace={{ . }}
+{{- else }}
+- --high-priority-namespace=
+{{- end }}
+{{- end -}}
+
 {{/* Flags of `gpuslice scheduler` that the extender and the webhook must agree on. */}}
 {{- define "gpuslice.schedulerFlags" -}}
 {{- $_ := include "gpuslice.configuredResources" . }}
@@ -72,5 +83,6 @@ share a name. kube-scheduler calls the extender only for pods asking for one of 
 {{- range .Values.scheduler.adoptSchedulers }}
 - --adopt-scheduler={{ . }}
 {{- end }}
+{{- include "gpuslice.highPriorityFlags" . }}
 - {{ if .Values.quotas.enabled }}--quotas{{ else }}--no-quotas{{ end }}
 {{- end -}}

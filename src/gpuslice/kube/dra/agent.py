@@ -31,6 +31,7 @@ from gpuslice.kube.dra.publisher import SlicePublisher
 from gpuslice.kube.dra.resourceslice import DRIVER, Sharing
 from gpuslice.kube.health import NvmlHealth
 from gpuslice.kube.labels import KubeLabels, serve_metrics
+from gpuslice.kube.resources import HighPriorityNamespaces
 from gpuslice.kube.devicestate import StaticHealth
 from gpuslice.spec import ComputeMode, Device, MiB, SpecError, parse_bytes
 
@@ -109,6 +110,7 @@ class DraOptions:
     static_health: bool = False
     backstop: Policy = field(default_factory=lambda: Policy(action="off"))  # NVML held to each claim's limit
     backstop_interval: float = 2.0
+    high_priority: tuple[str, ...] = ("*",)  # namespaces whose claims may be high priority (HighPriorityNamespaces)
 
 
 def config(files: PluginConfig, options: DraOptions) -> DraConfig:
@@ -116,13 +118,15 @@ def config(files: PluginConfig, options: DraOptions) -> DraConfig:
     try:
         min_memory = parse_bytes(options.min_memory, "--min-memory", bare_unit=MiB)
         sharing = Sharing(files.split_count, files.memory_scaling, min_memory)
+        high_priority = HighPriorityNamespaces(tuple(options.high_priority))
     except SpecError as exc:
-        flags = {"min_memory": "--min-memory", "split_count": "--split-count", "memory_scaling": "--memory-scaling"}
+        flags = {"min_memory": "--min-memory", "split_count": "--split-count", "memory_scaling": "--memory-scaling",
+                 "high_priority_namespaces": "--high-priority-namespace"}
         raise SpecError(flags.get(exc.field, exc.field), exc.value, exc.allowed) from None
     return DraConfig(node=files.node, sharing=sharing, files=files, plugin_dir=Path(options.plugin_dir),
                      registry_dir=Path(options.registry_dir), cdi_dir=Path(options.cdi_dir),
                      default_mode=ComputeMode.parse(options.compute_mode, "--compute-mode"),
-                     watch_interval=files.watch_interval)
+                     watch_interval=files.watch_interval, high_priority=high_priority)
 
 
 def run(files: PluginConfig, options: DraOptions, discover: Callable[[], Sequence[Device]],

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gpuslice.kube.dra.resourceslice import COMPUTE, DRIVER, MEMORY, Sharing, SliceDevice, memory_capacity
-from gpuslice.kube.resources import parse_quantity
+from gpuslice.kube.resources import HighPriorityNamespaces, parse_quantity
 from gpuslice.spec import (Colocation, ComputeMode, Grant, Priority, Slice, SpecError, parse_tidal_schedule,
                            whole_number)
 
@@ -173,8 +173,13 @@ def read_allocation(claim: Mapping[str, Any], pool: str, driver: str = DRIVER) -
 
 
 def claim_grant(alloc: ClaimAllocation, devices: Mapping[str, SliceDevice], sharing: Sharing,
-                default_mode: ComputeMode = ComputeMode.HARD) -> Grant:
-    """The grant of an allocated claim on this node (``devices``: the node's devices by DRA name)."""
+                default_mode: ComputeMode = ComputeMode.HARD,
+                high_priority: HighPriorityNamespaces = HighPriorityNamespaces()) -> Grant:
+    """The grant of an allocated claim on this node (``devices``: the node's devices by DRA name). A claim
+    asking for high priority in a namespace ``high_priority`` leaves out is refused (:class:`PriorityRefused`)."""
+    if alloc.parameters.priority is Priority.HIGH:
+        high_priority.check(alloc.namespace, f"ResourceClaim {alloc.namespace}/{alloc.name}: SliceParameters.priority",
+                            "high")
     memory: dict[str, int] = {}
     compute: dict[str, int] = {}
     order: list[SliceDevice] = []

@@ -38,6 +38,7 @@ from gpuslice.kube.dra.api import DraAPI
 from gpuslice.kube.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from gpuslice.kube.dra.claims import ClaimAllocation, claim_grant, grant_id, read_allocation
 from gpuslice.kube.dra.resourceslice import DRIVER, Sharing, device_name, slice_devices
+from gpuslice.kube.resources import HighPriorityNamespaces
 from gpuslice.spec import ComputeMode, Device, Grant, GpusliceError, SpecError
 
 log = logging.getLogger("gpuslice.dra")
@@ -60,6 +61,7 @@ class DraConfig:
     cdi_dir: Path = CDI_DIR
     default_mode: ComputeMode = ComputeMode.HARD
     watch_interval: float = 1.0
+    high_priority: HighPriorityNamespaces = field(default_factory=HighPriorityNamespaces)  # who may set priority high
 
     def __post_init__(self) -> None:
         if not self.node:
@@ -145,7 +147,7 @@ class DraDriver:
                 return Prepared(known.devices)
             alloc = read_allocation(self._claim(ref), pool=self.cfg.node)
             self._check_pods(alloc.namespace, alloc.name, alloc.pods)
-            grant = claim_grant(alloc, self.by_name(), self.cfg.sharing, self.cfg.default_mode)
+            grant = claim_grant(alloc, self.by_name(), self.cfg.sharing, self.cfg.default_mode, self.cfg.high_priority)
             devices = self.prepared_devices(alloc)
             self._write(alloc.uid, grant, [d.device for d in devices])
             record = PreparedClaim(alloc.uid, alloc.namespace, alloc.name, grant, devices, time.time(), alloc.pods)

@@ -6,6 +6,8 @@ The decision is the bind's: read the Node, build the placement view from ``gpusl
 beside the node's other slices, and write the ledger under the Node's resourceVersion (a conflict re-reads
 and decides again). A bind or another resize racing it therefore never over-commits a device. Then the
 pod's ``gpuslice.io/grant`` and the answer (``granted``, or ``refused`` naming the device and what is free).
+A change to high priority in a namespace the cluster's policy leaves out is refused as a pod asking for it
+is (:class:`gpuslice.kube.resources.HighPriorityNamespaces`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from typing import Any, Mapping
 from gpuslice.kube import formats
 from gpuslice.kube.api import KubeAPI, update_node_annotations
 from gpuslice.kube.nodestate import node_state
+from gpuslice.kube.resources import HighPriorityNamespaces
 from gpuslice.kube.resize import (
     CHECKED, GRANTED, REFUSED, PodFollower, answer, container_of, decode_resize, pending,
 )
 from gpuslice.placement import NoFit, resize, resized_slices
-from gpuslice.spec import GpusliceError, SpecError
+from gpuslice.spec import GpusliceError, Priority, SpecError
 
 
 class LedgerResizer(PodFollower):
@@ -28,9 +31,11 @@ class LedgerResizer(PodFollower):
 
     selector = "spec.nodeName!="
 
-    def __init__(self, api: KubeAPI, poll_interval: float = 5.0, attempts: int = 8):
+    def __init__(self, api: KubeAPI, poll_interval: float = 5.0, attempts: int = 8,
+                 high_priority: HighPriorityNamespaces = HighPriorityNamespaces()):
         super().__init__(api, poll_interval)
         self.attempts = attempts
+        self.high_priority = high_priority  # a resize to high priority is held to the cluster's policy, as a pod
 
     def handle(self, pod: Mapping[str, Any]) -> str | None:
         """Decide the pod's resize if the node agent has checked it; the state written, else None."""
@@ -42,6 +47,9 @@ class LedgerResizer(PodFollower):
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         try:
             name, change = decode_resize(text)
+            if change.priority is Priority.HIGH:
+                namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+                self.high_priority.check(namespace, f"{formats.POD_RESIZE}.priority", "high")
             entry = self._commit(node, uid, name, change)
         except (SpecError, NoFit, GpusliceError) as exc:
             return answer(self.api, pod, text, REFUSED, str(exc))
