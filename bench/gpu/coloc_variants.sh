@@ -24,6 +24,6 @@ for v in ${GS_VARIANTS:-A B C A}; do
     GS_COLOC_WINDOW=${GS_COLOC_WINDOW:-4} GS_COLOC_BUDGET=${GS_COLOC_BUDGET:-170} GS_COLOC_TAR=0 \
     bash bench/gpu/coloc.sh >"$OUT/run-$n-$v.log" 2>&1
   echo "== run $n, variant $v (${FLAGS[$v]:-as shipped}): rc=$?"
-  grep -E "^\| (alone|trainer|preemptive) " "$OUT/run-$n-$v.log" | tail -3
+  grep -E "^### |^\| (alone|trainer|preemptive) " "$OUT/run-$n-$v.log"   # every server kind of the run
 done
 make -s -C native clean >/dev/null 2>&1; make -s -C native build/libgpuslice.so >/dev/null 2>&1
