@@ -43,20 +43,20 @@ MPS_UP=0
 stop_mps() {
   if [ "$MPS_UP" = 1 ]; then
     echo quit | CUDA_MPS_PIPE_DIRECTORY="$RUN/mps/pipe" timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1
-    for _ in $(seq 100); do pgrep -f "nvidia-cuda-mps" >/dev/null || break; sleep 0.1; done
+    for _ in $(seq 100); do pgrep nvidia-cuda-mps >/dev/null || break; sleep 0.1; done
     cp -r "$RUN/mps/log" "$W/mps-log" 2>/dev/null
     MPS_UP=0
   fi
 }
 cleanup() {
   stop_mps
-  echo "nvidia-cuda-mps processes on the machine at the end: $(pgrep -c -f nvidia-cuda-mps || true)"
+  echo "nvidia-cuda-mps processes on the machine at the end: $(pgrep -c nvidia-cuda-mps || true)"
   rm -rf "$RUN"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if [ "$DRY" = 0 ] && pgrep -f nvidia-cuda-mps >/dev/null; then
+if [ "$DRY" = 0 ] && pgrep nvidia-cuda-mps >/dev/null; then  # process names (comm), not command lines: a shell whose command mentions the daemon is none
   echo "an MPS daemon already runs on this machine (pgrep nvidia-cuda-mps): plain runs would be its clients; stop it first" >&2
   exit 1
 fi

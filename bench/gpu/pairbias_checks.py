@@ -138,15 +138,22 @@ try:
             step = "event poll"
             e = cp.cuda.Event(disable_timing=True)
             e.record(s)
-            while not e.done:                      # cudaEventQuery: no stream synchronisation during the capture
+            # cudaEventQuery: no stream synchronisation during the capture; cut at 5 s (the 11-28 runs saw
+            # this event never complete while the capture was open, with and without gpuslice): the case
+            # then records the timeout and checks that the work completes once the capture has ended
+            while not e.done and time.perf_counter() - t0 < 5:
                 time.sleep(0.0001)
-            rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
+            if e.done:
+                rec["first_launch_ms"] = 1e3 * (time.perf_counter() - t0)
+            else:
+                rec["error"] = "event poll: not complete 5 s after the launch, the other thread's capture open"
         except Exception as exc:   # noqa: BLE001 - reported
             rec["error"] = f"{step}: {exc!r}"
         launched.set()
         th.join(60)
         rec["capture_error"] = err[0] if err else None
         s.synchronize()
+        rec["done_after_capture_ms"] = 1e3 * (time.perf_counter() - t0)
         rec["ok"] = "error" not in rec and not err and value() == 11
 except Exception as exc:   # noqa: BLE001 - reported in the record
     rec.setdefault("error", repr(exc))
