@@ -18,10 +18,14 @@
 
 /* 4096 shapes: a ResNet-50 or transformer process uses a few hundred; 128 KiB per engine. */
 #define GS_COST_SLOTS 4096
-/* A shape is sampled on each of its first LEARN launches, then once every SAMPLE_EVERY. 16 keeps
- * the sampled pairs' CPU cost under ~0.2 us per launch; every shape of a loop is still re-measured
- * within 16 of its own launches (a per-shape count: a process-wide "every 16th launch" would see the
- * same 10 kernels of a 160-kernel iteration forever). */
+/* A shape is sampled on each of its first LEARN launches, then on 1 launch in SAMPLE_EVERY on average,
+ * chosen at random (a per-thread generator). 16 keeps the sampled pairs' CPU cost under ~0.2 us per
+ * launch. Random, not every 16th launch of the shape: a shape launched a number of times per training
+ * step that divides 16 (4 elementwise launches of one capped grid over tensors of different sizes, say)
+ * was sampled at the same place in every step, and its learned cost was whichever of those launches
+ * that was (issue 12: ResNet-50 training at 25 % got 18-21 % of the device, and 27.6 % with every
+ * launch measured). A process-wide "every 16th launch" would be worse still (the same 10 kernels of a
+ * 160-kernel iteration forever). GS_COST_SAMPLE_PHASED builds the per-shape count instead (A/B). */
 #define GS_COST_LEARN 4u
 #ifndef GS_COST_SAMPLE_EVERY /* a probe may build with every launch measured (bench/gpu/pair_probe.py) */
 #define GS_COST_SAMPLE_EVERY 16u
@@ -40,7 +44,7 @@ struct gs_cost_entry {
     int64_t mean_ns;    /* EWMA of accepted samples */
     int64_t dev_ns;     /* EWMA of the absolute deviation */
     uint32_t samples;   /* accepted samples (saturates) */
-    uint32_t launches;  /* launches seen (wraps), drives sampling */
+    uint32_t launches;  /* launches seen (wraps): drives sampling only in a GS_COST_SAMPLE_PHASED build */
     uint32_t run_n;     /* samples in the newer run */
     uint32_t pad;
     int64_t run_min_ns[2][2]; /* smallest raw [0] and corrected [1] sample of the older [.][0] and
@@ -60,7 +64,7 @@ uint64_t gs_cost_key(const void *fn, uint32_t gx, uint32_t gy, uint32_t gz, uint
                      uint32_t shmem);
 /* Lock-free: the entry for key or NULL (unknown). */
 struct gs_cost_entry *gs_cost_find(struct gs_costmodel *m, uint64_t key);
-/* Lock-free: count a launch of a known shape; 1 = measure this one (learning, or its turn). */
+/* Lock-free: 1 = measure this launch of a known shape (learning, or drawn: 1 in SAMPLE_EVERY). */
 int gs_cost_should_sample(struct gs_cost_entry *en);
 /* Writer: add a measured pair (ns >= 0). clean = nothing else could have run inside the pair, so it
  * is taken as it is. Otherwise (a neighbour may have run inside it) a sample above the band over the

@@ -1,6 +1,8 @@
 /* gpuslice per-kernel cost model (see gpuslice/costmodel.h). */
+#define _GNU_SOURCE
 #include "gpuslice/costmodel.h"
 #include <stdlib.h>
+#include <time.h>
 
 
 _Static_assert((GS_COST_SLOTS & (GS_COST_SLOTS - 1)) == 0, "a power of two");
@@ -50,11 +52,34 @@ struct gs_cost_entry *gs_cost_find(struct gs_costmodel *m, uint64_t key)
     return NULL;
 }
 
+#ifndef GS_COST_SAMPLE_PHASED
+/* xorshift64* per thread, seeded from the thread's own address and the clock: no shared state, so
+ * no cache line bounces between launching threads (the per-shape count did that) */
+static uint64_t draw(void)
+{
+    static _Thread_local uint64_t x;
+    if (x == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        x = ((uint64_t)(uintptr_t)&x * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)ts.tv_nsec;
+        if (x == 0) x = 1;
+    }
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    return (x * 0x2545F4914F6CDD1Dull) >> 32;
+}
+#endif
+
 int gs_cost_should_sample(struct gs_cost_entry *en)
 {
     if (__atomic_load_n(&en->samples, __ATOMIC_RELAXED) < GS_COST_LEARN) return 1;
+#ifdef GS_COST_SAMPLE_PHASED
     uint32_t n = __atomic_add_fetch(&en->launches, 1, __ATOMIC_RELAXED);
     return n % GS_COST_SAMPLE_EVERY == 0;
+#else
+    return draw() % GS_COST_SAMPLE_EVERY == 0;
+#endif
 }
 
 /* Writer only: a new entry for key (its fields first, the key last, so a reader that finds the key
@@ -112,8 +137,17 @@ int64_t gs_cost_sample(struct gs_costmodel *m, uint64_t key, int64_t ns, int64_t
     int64_t band = hi + hi / 8 + GS_COST_BAND_NS;
     if (clean || v <= band) {
         int64_t d = v - mean;
-        /* EWMA 1/8 (the first few samples weigh more: 1/2, 1/3, ... until 1/8) */
+        /* EWMA 1/8 (the first few samples weigh more: 1/3, 1/4, ... until 1/8). The shape's first sample
+         * is only a placeholder: the second replaces it. The first launch of a kernel also holds what the
+         * driver does once for it (CUDA's lazy loading puts the function's load inside that launch call,
+         * ms while the GPU idles inside the pair); averaged in, it kept a training loop's shapes
+         * over-charged for tens of seconds (issue 12: ResNet-50 at 25 % got 17.8-19.4 % in its first
+         * phase, 23.2-23.6 % later). GS_COST_KEEP_FIRST keeps it (A/B). */
+#ifdef GS_COST_KEEP_FIRST
         uint32_t n = en->samples < 8 ? en->samples + 1 : 8;
+#else
+        uint32_t n = en->samples < 2 ? 1 : en->samples < 8 ? en->samples + 1 : 8;
+#endif
         mean += d / (int64_t)n;
         en->dev_ns += ((d < 0 ? -d : d) - en->dev_ns) / (int64_t)n;
         if (en->samples < UINT32_MAX) __atomic_store_n(&en->samples, en->samples + 1, __ATOMIC_RELAXED);
