@@ -240,13 +240,19 @@ CHART_NAMESPACE = "gpuslice-system"
 @pytest.fixture(scope="session")
 def chart_docs() -> list[dict[str, Any]]:
     """The chart rendered with its default values (namespace gpuslice-system)."""
+    return render_chart()
+
+
+def render_chart(*set_json: str) -> list[dict[str, Any]]:
+    """The chart's documents, rendered by helm with ``--set-json`` for each of ``set_json`` (``key=json``)."""
     import yaml
 
     if not HELM.exists():
         proc = subprocess.run(["make", "-C", str(ROOT / "hack"), "helm"], capture_output=True, text=True)
         if proc.returncode != 0:
             pytest.fail(f"`make -C hack helm` failed:\n{proc.stdout}\n{proc.stderr}")
-    rendered = subprocess.run([str(HELM), "template", "gs", str(CHART), "--namespace", CHART_NAMESPACE],
+    sets = [a for v in set_json for a in ("--set-json", v)]
+    rendered = subprocess.run([str(HELM), "template", "gs", str(CHART), "--namespace", CHART_NAMESPACE, *sets],
                               capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
     return [d for d in yaml.safe_load_all(rendered.stdout) if d]
@@ -257,8 +263,13 @@ def chart_args(chart_docs: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The gpuslice command lines of the chart's containers (extender, webhook, agent), so the e2e
     suite runs exactly what the chart runs; tests append only what differs on loopback (ports,
     paths, credentials) — for a click option given twice, the last one counts."""
+    return container_args(chart_docs)
+
+
+def container_args(docs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The command lines of the extender, webhook and agent containers of rendered chart documents."""
     out = {}
-    for d in chart_docs:
+    for d in docs:
         if d["kind"] in ("Deployment", "DaemonSet"):
             for c in d["spec"]["template"]["spec"]["containers"]:
                 if c["name"] in ("extender", "webhook", "agent"):
@@ -472,28 +483,22 @@ class WebhookProcess:
     log: Path
 
 
-@pytest.fixture(scope="session")
-def webhook(control_plane: ControlPlane, serving_cert: ServingCert, chart_args: dict[str, list[str]],
-            chart_identities: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
-    """The chart's webhook container (`gpuslice scheduler` with the chart's flags) over TLS, registered
-    with the real API server through a MutatingWebhookConfiguration whose caBundle is the test CA,
-    for the e2e namespace only."""
-    import base64
+def start_webhook(args: list[str], kubeconfig: str, cert: ServingCert, log_path: Path) -> WebhookProcess:
+    """A webhook container's command line (`gpuslice scheduler` with ``args``) over TLS on loopback, up and
+    answering /healthz."""
     import ssl
 
     import httpx
-    from kubernetes import client
 
     port = free_port()
-    log_path = tmp_path_factory.mktemp("webhook") / "webhook.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [gpuslice_cli(), *chart_args["webhook"], "--kubeconfig", chart_identities["scheduler"],
+            [gpuslice_cli(), *args, "--kubeconfig", kubeconfig,
              "--webhook-host", "127.0.0.1", "--webhook-port", str(port),
-             "--tls-cert", serving_cert.cert_file, "--tls-key", serving_cert.key_file],
+             "--tls-cert", cert.cert_file, "--tls-key", cert.key_file],
             stdout=log, stderr=subprocess.STDOUT)
     url = f"https://127.0.0.1:{port}"
-    ctx = ssl.create_default_context(cadata=serving_cert.ca_pem.decode())
+    ctx = ssl.create_default_context(cadata=cert.ca_pem.decode())
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -505,30 +510,78 @@ def webhook(control_plane: ControlPlane, serving_cert: ServingCert, chart_args: 
             proc.kill()
             pytest.fail(f"webhook did not start (rc={proc.poll()}):\n{log_path.read_text()[-3000:]}")
         time.sleep(0.1)
-    api = control_plane.api()
-    core, adm = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
-    core.create_namespace({"metadata": {"name": E2E_NAMESPACE, "labels": {"gpuslice-e2e": "true"}}})
+    return WebhookProcess(url, proc, log_path)
+
+
+def stop_webhook(hook: WebhookProcess) -> None:
+    hook.proc.terminate()
+    try:
+        hook.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        hook.proc.kill()
+
+
+def register_webhook(cp: ControlPlane, name: str, url: str, cert: ServingCert, label: str) -> None:
+    """A MutatingWebhookConfiguration ``name`` sending pod CREATEs of namespaces labelled ``label=true`` to ``url``."""
+    import base64
+
+    from kubernetes import client
+
     mwc = {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "gpuslice-e2e"},
+        "metadata": {"name": name},
         "webhooks": [{
             "name": "pods.gpuslice.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
             # Fail, not Ignore: a pod that slipped through unmutated must show up as an error here.
             "failurePolicy": "Fail", "timeoutSeconds": 10,
-            "clientConfig": {"url": f"{url}/mutate", "caBundle": base64.b64encode(serving_cert.ca_pem).decode()},
+            "clientConfig": {"url": f"{url}/mutate", "caBundle": base64.b64encode(cert.ca_pem).decode()},
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
                        "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {"gpuslice-e2e": "true"}},
+            "namespaceSelector": {"matchLabels": {label: "true"}},
         }],
     }
-    adm.create_mutating_webhook_configuration(mwc)
-    yield WebhookProcess(url, proc, log_path)
-    adm.delete_mutating_webhook_configuration("gpuslice-e2e")
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    client.AdmissionregistrationV1Api(cp.api()).create_mutating_webhook_configuration(mwc)
+
+
+@pytest.fixture(scope="session")
+def webhook(control_plane: ControlPlane, serving_cert: ServingCert, chart_args: dict[str, list[str]],
+            chart_identities: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
+    """The chart's webhook container (`gpuslice scheduler` with the chart's flags) over TLS, registered
+    with the real API server through a MutatingWebhookConfiguration whose caBundle is the test CA,
+    for the e2e namespace only."""
+    from kubernetes import client
+
+    hook = start_webhook(chart_args["webhook"], chart_identities["scheduler"], serving_cert,
+                         tmp_path_factory.mktemp("webhook") / "webhook.log")
+    api = control_plane.api()
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": E2E_NAMESPACE, "labels": {"gpuslice-e2e": "true"}}})
+    register_webhook(control_plane, "gpuslice-e2e", hook.url, serving_cert, "gpuslice-e2e")
+    yield hook
+    client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration("gpuslice-e2e")
+    stop_webhook(hook)
+
+
+PRIORITY_NAMESPACES = ("gs-prio-online", "gs-prio-batch")  # the first may ask for high priority, the second not
+
+
+@pytest.fixture(scope="module")
+def priority_webhook(control_plane: ControlPlane, serving_cert: ServingCert, chart_identities: dict[str, str],
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
+    """The webhook as the chart runs it with ``sharing.highPriorityNamespaces=["gs-prio-online"]``, registered for
+    the two PRIORITY_NAMESPACES (created here, labelled for it alone: the session's webhook does not see them)."""
+    from kubernetes import client
+
+    args = container_args(render_chart(f'sharing.highPriorityNamespaces=["{PRIORITY_NAMESPACES[0]}"]'))["webhook"]
+    assert f"--high-priority-namespace={PRIORITY_NAMESPACES[0]}" in args, args
+    hook = start_webhook(args, chart_identities["scheduler"], serving_cert,
+                         tmp_path_factory.mktemp("priority-webhook") / "webhook.log")
+    core = client.CoreV1Api(control_plane.api())
+    for ns in PRIORITY_NAMESPACES:
+        core.create_namespace({"metadata": {"name": ns, "labels": {"gpuslice-prio-e2e": "true"}}})
+    register_webhook(control_plane, "gpuslice-prio-e2e", hook.url, serving_cert, "gpuslice-prio-e2e")
+    yield hook
+    client.AdmissionregistrationV1Api(control_plane.api()).delete_mutating_webhook_configuration("gpuslice-prio-e2e")
+    stop_webhook(hook)
 
 
 def device_uuid(node: str, index: int) -> str:
