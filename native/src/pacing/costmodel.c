@@ -141,8 +141,9 @@ int64_t gs_cost_sample(struct gs_costmodel *m, uint64_t key, int64_t ns, int64_t
          * is only a placeholder: the second replaces it. The first launch of a kernel also holds what the
          * driver does once for it (CUDA's lazy loading puts the function's load inside that launch call,
          * ms while the GPU idles inside the pair); averaged in, it kept a training loop's shapes
-         * over-charged for tens of seconds (issue 12: ResNet-50 at 25 % got 17.8-19.4 % in its first
-         * phase, 23.2-23.6 % later). GS_COST_KEEP_FIRST keeps it (A/B). */
+         * over-charged for tens of seconds (issue 12, H200: ResNet-50 training at 25 % got 19.0-19.3 % in
+         * its first phase with it, 24.4-24.8 % without; every phase within 2 points without it:
+         * bench/results/2026-11-29-h200-sweep-firstsample.md). GS_COST_KEEP_FIRST keeps it (A/B). */
 #ifdef GS_COST_KEEP_FIRST
         uint32_t n = en->samples < 8 ? en->samples + 1 : 8;
 #else
