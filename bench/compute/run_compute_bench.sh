@@ -7,6 +7,7 @@
 #   split      two slices 50/50 and 30/70: split and aggregate vs exclusive; plain time-slicing; MPS
 #   priority   p50/p99 latency of a high-priority inference loop alone vs beside a low-priority trainer
 #   overhead   throughput at share 100 % with the enforcer preloaded vs without
+# GS_COMPUTE_GROUPS="3 6": only those groups (numbers of group() below), e.g. ResNet-50 alone and its accuracy phases.
 # Output in $OUT/compute (default /tmp/gpuslice-out/compute): summary.txt (the table, also printed
 # last), bench.log, raw.tgz (every workload's JSON, the NVML samples, stderr logs).
 # The processes of the next group import torch while the current group runs and wait at a gate file
