@@ -4,7 +4,8 @@
 # order A B C A (A twice: the VM's drift), so a constant is chosen by measurement. ~7 minutes on an H100.
 # Usage: bash bench/gpu/coloc_variants.sh   (OUT: where the runs go; GS_COLOC_WINDOW, default 4 s;
 #   GS_VARIANTS, default "A B C A"; GS_COLOC_STEPS, default 1 = the launch-bound kind, 2 GPU-bound, 3 decode;
-#   GS_COLOC_BUDGET, default 170 s of phases per run)
+#   GS_COLOC_BUDGET, default 170 s of phases per run: one kind's 6 phases were planned at 105 s on the H200 (2026-11-29);
+#   a smaller budget skips phases, and each run's coloc.md lists them)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$(mktemp -d /tmp/gpuslice-colocvar.XXXXXX)}

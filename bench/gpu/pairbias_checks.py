@@ -8,13 +8,15 @@ with cudaMemset, kernels are loaded before anything is launched):
   alone          nothing else on the GPU: how long the first launch takes, and the bias found
   behind-busy    another process (no gpuslice) keeps the GPU busy with 20-ms kernels meanwhile
   own-busy       this thread's first launch measures while another thread of the same process starts
-                 filling every SM with 40-ms kernels (the measurement may then give up: pairs charged raw;
+                 filling every SM with 10-ms kernels (the measurement may then give up: pairs charged raw;
                  the filler's launches must not wait for it)
   capture-this   the first launch is made inside a global-mode stream capture on the same thread: the
                  capture must stay valid and the graph must replay correctly
   capture-other  another thread holds a global-mode capture open while this thread's first launch measures;
                  this thread then polls an event (never a stream synchronisation, which CUDA refuses to any
                  thread while a global-mode capture is open)
+  own-busy (off) with PAIRBIAS_LIB_OFF (a build with -DGS_PAIR_BIAS_OFF): the same with no measurement, so the
+                 filler's launch time is its slice's pacing alone
   pending        a build whose waits are cut at 0.1 ms (PAIRBIAS_LIB_SHORTWAIT, built -DGS_PB_WAIT_NS=100000):
                  the measurement gives up with its kernels still queued, so its stream and events are
                  destroyed and its module kept loaded while they run; later work must be correct and the
@@ -78,7 +80,7 @@ try:
         rec["ok"] = value() == 100
     elif case == "own-busy":
         # this thread's first launch measures; another thread of the process starts filling every SM with
-        # 40-ms kernels while it does, so the measurement's kernels queue behind them (it may then give up:
+        # 10-ms kernels while it does, so the measurement's kernels queue behind them (it may then give up:
         # pairs charged raw); the filler's launches must not wait for the measurement
         go = threading.Event()
         filler_ms = []
@@ -234,6 +236,12 @@ def main() -> None:
     short = os.environ.get("PAIRBIAS_LIB_SHORTWAIT")
     if short:
         cases.append(("pending", short, False))
+    # own-busy again with a build that never measures the bias (-DGS_PAIR_BIAS_OFF): the filler's launch time
+    # there is the 50 % slice's pacing alone, so the difference is what the measurement costs the other thread
+    # (2026-11-29: the filler's 5 launches took 333 ms with gpuslice, 0.15 ms without)
+    off = os.environ.get("PAIRBIAS_LIB_OFF")
+    if off:
+        cases.append(("own-busy", off, False))
     recs = []
     for case, lib, busy in cases:
         r = run_case(case, lib, busy)
@@ -242,12 +250,14 @@ def main() -> None:
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "pairbias-checks.json").write_text(json.dumps(recs, indent=1))
-    print(f"\n{'case':14} {'gpuslice':8} {'ok':4} {'rc':3} {'first launch ms':>16} {'bias ns':>8}  said")
+    print(f"\n{'case':14} {'gpuslice':8} {'ok':4} {'rc':3} {'first launch ms':>16} {'filler ms':>10} {'bias ns':>8}  said")
     for r in recs:
         said = r.get("error") or (r["log"][-1].split("compute: ", 1)[-1] if r["log"] else "")
-        fl = r.get("first_launch_ms")
-        print(f"{r['case']:14} {'yes' if r.get('gpuslice') else 'no':8} {'yes' if r.get('ok') and r['rc'] == 0 else 'NO':4} {r['rc']:3} "
-              f"{(f'{fl:.1f}' if fl is not None else '-'):>16} {str(r.get('pair_bias_ns')):>8}  {said[:110]}")
+        gs = "off" if r.get("gpuslice") and off and r["lib"] == off else "yes" if r.get("gpuslice") else "no"
+        ms = [r.get("first_launch_ms"), r.get("filler_launch_ms")]
+        fl, fi = (f"{v:.1f}" if v is not None else "-" for v in ms)
+        print(f"{r['case']:14} {gs:8} {'yes' if r.get('ok') and r['rc'] == 0 else 'NO':4} {r['rc']:3} "
+              f"{fl:>16} {fi:>10} {str(r.get('pair_bias_ns')):>8}  {said[:110]}")
 
 
 if __name__ == "__main__":
