@@ -1,6 +1,7 @@
 /* gpuslice per-kernel cost model (see gpuslice/costmodel.h). */
 #define _GNU_SOURCE
 #include "gpuslice/costmodel.h"
+#include "gpuslice/fork.h"
 #include <stdlib.h>
 #include <time.h>
 
@@ -55,9 +56,14 @@ struct gs_cost_entry *gs_cost_find(struct gs_costmodel *m, uint64_t key)
 #ifndef GS_COST_SAMPLE_PHASED
 /* xorshift64* per thread, seeded from the thread's own address and the clock: no shared state, so
  * no cache line bounces between launching threads (the per-shape count did that) */
+static _Thread_local uint64_t x;
+
+/* a forked child's one thread would replay its parent thread's sequence: it seeds again */
+static void after_fork_child(void) { x = 0; }
+GS_ON_FORK_CHILD(after_fork_child);
+
 static uint64_t draw(void)
 {
-    static _Thread_local uint64_t x;
     if (x == 0) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -137,20 +143,27 @@ int64_t gs_cost_sample(struct gs_costmodel *m, uint64_t key, int64_t ns, int64_t
     int64_t band = hi + hi / 8 + GS_COST_BAND_NS;
     if (clean || v <= band) {
         int64_t d = v - mean;
-        /* EWMA 1/8 (the first few samples weigh more: 1/3, 1/4, ... until 1/8). The shape's first sample
-         * is only a placeholder: the second replaces it. The first launch of a kernel also holds what the
-         * driver does once for it (CUDA's lazy loading puts the function's load inside that launch call,
-         * ms while the GPU idles inside the pair); averaged in, it kept a training loop's shapes
-         * over-charged for tens of seconds (issue 12, H200: ResNet-50 training at 25 % got 19.0-19.3 % in
-         * its first phase with it, 24.4-24.8 % without; every phase within 2 points without it:
-         * bench/results/2026-11-29-h200-sweep-firstsample.md). GS_COST_KEEP_FIRST keeps it (A/B). */
+        /* The shape's first two samples give one: the smaller. The first launch of a kernel also holds
+         * what the driver does once for it (CUDA's lazy loading puts the function's load inside that
+         * launch call, ms while the GPU idles inside the pair), and inflation only adds, whichever of
+         * the two carried it (two threads may start a new shape at once). Averaged in, it kept a
+         * training loop's shapes over-charged for tens of seconds (issue 12, H200: ResNet-50 training at
+         * 25 % got 19.0-19.3 % in its first phase with it, 24.4-24.8 % without; every phase within 2
+         * points without it: bench/results/2026-11-29-h200-sweep-firstsample.md, measured with the
+         * second sample replacing the first). Then a running mean (1/2, 1/3, ...) until EWMA 1/8.
+         * GS_COST_KEEP_FIRST averages the first in (A/B). */
 #ifdef GS_COST_KEEP_FIRST
         uint32_t n = en->samples < 8 ? en->samples + 1 : 8;
 #else
-        uint32_t n = en->samples < 2 ? 1 : en->samples < 8 ? en->samples + 1 : 8;
+        uint32_t n = en->samples < 8 ? en->samples : 8;
+        if (n <= 1) { /* the second sample: the smaller of the two stands, with no deviation yet */
+            n = 1;
+            d = d < 0 ? d : 0;
+            en->dev_ns = 0;
+        }
 #endif
         mean += d / (int64_t)n;
-        en->dev_ns += ((d < 0 ? -d : d) - en->dev_ns) / (int64_t)n;
+        if (n > 1) en->dev_ns += ((d < 0 ? -d : d) - en->dev_ns) / (int64_t)n;
         if (en->samples < UINT32_MAX) __atomic_store_n(&en->samples, en->samples + 1, __ATOMIC_RELAXED);
     }
     /* a dirty mean stays within [lo, band]: above, it learned inflated pairs (nothing makes a kernel
