@@ -100,7 +100,6 @@ python3 "$ROOT/bench/compute/nvml_sampler.py" --out "$RAW/nvml.jsonl" 2>>"$RAW/n
 SAMPLER=$!
 if [ "${GS_COMPUTE_FOCUS:-0}" = 1 ]; then RUN_GROUPS=(1 3 5 6)
 elif [ "${GS_COMPUTE_SHORT:-0}" = 1 ]; then RUN_GROUPS=(1 3 5 6 7 8); else RUN_GROUPS=(1 2 3 4 5 6 7 8 9 10 11 12); fi
-# GS_COMPUTE_GROUPS="3 6": only these groups (numbers of group() above), in this order, with the schedules above
 if [ -n "${GS_COMPUTE_GROUPS:-}" ]; then read -r -a RUN_GROUPS <<<"$GS_COMPUTE_GROUPS"; fi
 group "${RUN_GROUPS[0]}"
 for idx in "${!RUN_GROUPS[@]}"; do

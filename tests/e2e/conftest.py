@@ -543,6 +543,12 @@ def register_webhook(cp: ControlPlane, name: str, url: str, cert: ServingCert, l
     client.AdmissionregistrationV1Api(cp.api()).create_mutating_webhook_configuration(mwc)
 
 
+def unregister_webhook(cp: ControlPlane, name: str) -> None:
+    from kubernetes import client
+
+    client.AdmissionregistrationV1Api(cp.api()).delete_mutating_webhook_configuration(name)
+
+
 @pytest.fixture(scope="session")
 def webhook(control_plane: ControlPlane, serving_cert: ServingCert, chart_args: dict[str, list[str]],
             chart_identities: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
@@ -553,11 +559,11 @@ def webhook(control_plane: ControlPlane, serving_cert: ServingCert, chart_args: 
 
     hook = start_webhook(chart_args["webhook"], chart_identities["scheduler"], serving_cert,
                          tmp_path_factory.mktemp("webhook") / "webhook.log")
-    api = control_plane.api()
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": E2E_NAMESPACE, "labels": {"gpuslice-e2e": "true"}}})
+    core = client.CoreV1Api(control_plane.api())
+    core.create_namespace({"metadata": {"name": E2E_NAMESPACE, "labels": {"gpuslice-e2e": "true"}}})
     register_webhook(control_plane, "gpuslice-e2e", hook.url, serving_cert, "gpuslice-e2e")
     yield hook
-    client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration("gpuslice-e2e")
+    unregister_webhook(control_plane, "gpuslice-e2e")
     stop_webhook(hook)
 
 
@@ -580,7 +586,7 @@ def priority_webhook(control_plane: ControlPlane, serving_cert: ServingCert, cha
         core.create_namespace({"metadata": {"name": ns, "labels": {"gpuslice-prio-e2e": "true"}}})
     register_webhook(control_plane, "gpuslice-prio-e2e", hook.url, serving_cert, "gpuslice-prio-e2e")
     yield hook
-    client.AdmissionregistrationV1Api(control_plane.api()).delete_mutating_webhook_configuration("gpuslice-prio-e2e")
+    unregister_webhook(control_plane, "gpuslice-prio-e2e")
     stop_webhook(hook)
 
 
