@@ -11,7 +11,7 @@ kinds:
            per-request latency (the high-priority "online" loop)
 
 Phases: --schedule "50:5,30:5" runs 5 s at share 50 then 5 s at share 30. The share is set live in
-the per-device state (gpuslice.enforcer.devstate.set_share) when the process runs under the enforcer
+the device's roster (gpuslice.enforcer.policy.set_share) when the process runs under the enforcer
 with a paced slice; "x" leaves it alone. All processes of a group start their first phase together
 through a file barrier (--barrier DIR --peers N), after their warm-up.
 
@@ -74,15 +74,34 @@ def enforcer_view(state_dir: str | None, grant: str | None) -> list:
 
 
 def set_share(state_dir: str | None, grant: str | None, share: str) -> None:
+    """A live share through the device's roster (``gpuslice.enforcer.policy.set_share``), as a resize does: the
+    pacers take every slice's policy from there, never from the pacing file (issue 15)."""
     if share == "x" or not state_dir or not grant:
         return
-    from gpuslice.enforcer import devstate as compute
+    from gpuslice.enforcer import policy
+    from gpuslice.enforcer.slicefile import read_slice_file
 
-    hit = False
-    for p in Path(state_dir).glob("*.dev"):
-        hit |= compute.set_share(p, grant, float(share))
-    if not hit:
-        print(f"workload: grant {grant} not found in {state_dir}; share {share} not applied", file=sys.stderr)
+    slice_file = os.environ.get("GPUSLICE_SLICE")
+    config = read_slice_file(slice_file) if slice_file else None
+    if config is None or config.grant != grant or not policy.set_share(state_dir, config, int(float(share))):
+        print(f"workload: grant {grant} has no slice file or no pacing file in {state_dir}; share {share} not "
+              "applied", file=sys.stderr)
+
+
+def clear_share(state_dir: str | None, grant: str | None) -> None:
+    """Take this workload's roster entries off again, and a roster it leaves empty: the next scenario's processes
+    in the same state folder must not find a roster that lists none of them (they would all count as low
+    priority to each other)."""
+    if not state_dir or not grant:
+        return
+    from gpuslice.enforcer import policy
+
+    policy.remove_policies(state_dir, grant)
+    for folder in Path(state_dir).glob(f"*{policy.SUFFIX}"):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # not empty (another workload's entry), or gone
 
 
 def main() -> None:
@@ -179,21 +198,24 @@ def main() -> None:
     phases, progress, lat, view = [], [[start, 0]], [], []
     units = 0
     next_view = start + 1.0
-    for share, secs in sched:
-        set_share(a.state_dir, a.grant, share)
-        p0 = time.time()
-        while time.time() - p0 < secs:
-            s0 = time.time()
-            units += step()
-            s1 = time.time()
-            progress.append([s1, units])
-            if a.kind == "infer":
-                lat.append([s0, s1 - s0])
-                time.sleep(0.002)
-            if s1 >= next_view:
-                view.append([s1, *enforcer_view(a.state_dir, a.grant)])
-                next_view += 1.0
-        phases.append({"share": share, "t0": p0, "t1": time.time()})
+    try:
+        for share, secs in sched:
+            set_share(a.state_dir, a.grant, share)
+            p0 = time.time()
+            while time.time() - p0 < secs:
+                s0 = time.time()
+                units += step()
+                s1 = time.time()
+                progress.append([s1, units])
+                if a.kind == "infer":
+                    lat.append([s0, s1 - s0])
+                    time.sleep(0.002)
+                if s1 >= next_view:
+                    view.append([s1, *enforcer_view(a.state_dir, a.grant)])
+                    next_view += 1.0
+            phases.append({"share": share, "t0": p0, "t1": time.time()})
+    finally:
+        clear_share(a.state_dir, a.grant)
     res = {"kind": a.kind, "pid": os.getpid(), "grant": a.grant, "start": start, "phases": phases,
            "progress": progress, "latency": lat, "enforcer_view": view,
            "preloaded": "libgpuslice" in os.environ.get("LD_PRELOAD", ""),

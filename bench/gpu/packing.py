@@ -43,8 +43,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from gpuslice.enforcer import devstate  # noqa: E402
-from gpuslice.enforcer.slicefile import write_slice_file  # noqa: E402
+from gpuslice.enforcer import devstate, policy  # noqa: E402
+from gpuslice.enforcer.slicefile import read_slice_file, write_slice_file  # noqa: E402
 
 LIB = Path(os.environ.get("PACK_LIB", ROOT / "native" / "build" / "libgpuslice.so"))
 WORKER = [sys.executable, str(HERE / "packing_worker.py")]
@@ -80,6 +80,7 @@ class Worker:
     proc: subprocess.Popen
     grant: str = ""
     pid: int = 0
+    slice_file: Path | None = None
 
     def send(self, msg: dict) -> None:
         assert self.proc.stdin is not None
@@ -187,7 +188,7 @@ def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, 
                              memory_limit=4 * 2**30, device_state_dir=str(tmp / "state"), log_level="warn")
             lib = VARIANTS.get(mode.partition("-")[2], str(LIB))
             w = start(kind, f"{mode}{i}", {**base, "LD_PRELOAD": lib, "GPUSLICE_SLICE": str(sf)}, log)
-            w.grant = grant
+            w.grant, w.slice_file = grant, sf
             ws.append(w)
     _ready(k, list(k.sets), time.time() + 240)
     if "mps" not in modes:
@@ -232,9 +233,8 @@ def run_phase(k: Kind, mode: str, n: int, seconds: float, state: Path) -> dict:
     ws = k.sets["plain"][:1] if mode == "alone" else (k.sets[f"mps{n}"] if mode == "mps" else k.sets[mode][:n])
     share = 100 // n if mode in PACED else None
     if share is not None:
-        for w in ws:
-            for p in state.glob("*.dev"):
-                devstate.set_share(p, w.grant, share)
+        for w in ws:  # a live share goes through the device's roster, as a resize does (issue 15)
+            policy.set_share(state, read_slice_file(w.slice_file), share)
     before, tb = slices_now(state), time.time()
     t0 = time.time() + 0.3
     tm, t1 = t0 + SETTLE, t0 + seconds

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -162,13 +163,30 @@ static int scenario(const char *dir, int share)
     }
     CHECK(found, "slice record present while running");
     if (share > 0 && share < 100) {
-        /* a live share change (what gpuslice.enforcer.devstate.set_share and the benchmark do): the
-         * pacer must follow it within its recompute interval */
+        /* a neighbour rewrites our record's share (every tenant can write the pacing file): the pacer
+         * takes its share from its config and the roster, never from the record (issue 15) */
         for (int i = 0; i < GS_DS_MAX_SLICES; i++)
             if ((ds.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(ds.slices[i].grant, "pacer-test"))
                 __atomic_store_n(&ds.slices[i].share_bp, (uint32_t)(100 - share) * 100u, __ATOMIC_RELAXED);
+        double kept = held_share(share, 1.0, "after a neighbour rewrote the record");
+        printf("  record rewritten %d%% -> %d%%: achieved %.2f%% (kept)\n", share, 100 - share, kept);
+        /* a live share change (what a resize does: gpuslice.enforcer.policy.write_policies): root's roster
+         * says 100 - share, and the pacer follows it within the roster's recheck (100 ms) */
+        char folder[1200], file[1300];
+        snprintf(folder, sizeof folder, "%s/%s.policy", dir, uuid);
+        snprintf(file, sizeof file, "%s/pacer-test", folder);
+        CHECK(mkdir(folder, 0755) == 0 && chmod(folder, 0755) == 0, "roster folder %s", folder);
+        FILE *f = fopen(file, "w");
+        CHECK(f != NULL, "roster file %s", file);
+        if (f) {
+            fprintf(f, "version=1\ngrant=pacer-test\ncompute=%d\nmode=hard\npriority=0\n", 100 - share);
+            fclose(f);
+            chmod(file, 0644);
+        }
         double moved = held_share(100 - share, 1.0, "after a live change");
-        printf("  live change %d%% -> %d%%: achieved %.2f%%\n", share, 100 - share, moved);
+        printf("  live change %d%% -> %d%% through the roster: achieved %.2f%%\n", share, 100 - share, moved);
+        unlink(file);
+        rmdir(folder);
     }
     gs_devstate_close(&ds);
     gs_pacer_shutdown();

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include "gpuslice/config.h"
@@ -76,12 +77,34 @@ static void *forger(void *arg)
     return NULL;
 }
 
+/* A roster file of root's (policy.h), as gpuslice.enforcer.policy writes it: renamed into place. */
+static void write_policy(const char *folder, const char *grant, const char *keys)
+{
+    char tmp[256], path[256];
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", folder, grant);
+    snprintf(path, sizeof path, "%s/%s", folder, grant);
+    FILE *f = fopen(tmp, "w");
+    CHECK(f != NULL, "write %s", tmp);
+    if (!f) return;
+    fprintf(f, "version=1\ngrant=%s\n%s", grant, keys);
+    fclose(f);
+    chmod(tmp, 0644);
+    CHECK(rename(tmp, path) == 0, "rename to %s", path);
+}
+
+static void remove_policy(const char *folder, const char *grant)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", folder, grant);
+    unlink(path);
+}
+
 /* Scenario 2: launches beside the forger for `seconds`; returns the longest one launch was held. */
 static double launches_beside_a_forged_high_priority_queue(double seconds, int *launches)
 {
     CHECK(gs_devstate_lock(&ds) == 0, "lock the state as the neighbour");
-    int r = gs_devstate_join_locked(&ds, "forger", 5000, GS_CTL_HARD, 1, 1, 1, getpid(), 4242, &forger_slice,
-                                    &forger_proc);
+    int r = forger_proc >= 0 ? 0 : gs_devstate_join_locked(&ds, "forger", 5000, GS_CTL_HARD, 1, 1, 1, getpid(), 4242,
+                                                           &forger_slice, &forger_proc);
     gs_devstate_unlock(&ds);
     CHECK(r == 0, "the forger joins");
     if (r != 0) return 0;
@@ -178,6 +201,22 @@ int main(void)
     CHECK(launches >= 2, "only %d launches in %.1f s beside a forged queue", launches, forged);
     CHECK(gs_pacer_held_too_long() >= 2, "the let-go launches are counted: %llu",
           (unsigned long long)gs_pacer_held_too_long());
+    /* Scenario 3 (issue 15): the device has root's roster. Whether it lists the forger as low priority
+     * or not at all, the forger's record claiming high priority makes nobody yield to it. */
+    char folder[160];
+    snprintf(folder, sizeof folder, "%s/%s.policy", dir, uuid);
+    CHECK(mkdir(folder, 0755) == 0 && chmod(folder, 0755) == 0, "roster folder");
+    write_policy(folder, "victim", "compute=90\nmode=hard\npriority=1\n");
+    write_policy(folder, "forger", "compute=50\nmode=hard\npriority=1\n");
+    for (int listed = 1; listed >= 0; listed--) {
+        if (!listed) remove_policy(folder, "forger");
+        double w = launches_beside_a_forged_high_priority_queue(1.5, &launches);
+        printf("  roster %s the forger: %d launches in 1.5 s beside its forged backlog, the longest held %.3f s\n",
+               listed ? "lists as low priority" : "does not list", launches, w);
+        CHECK(w < 0.5, "a launch was held %.2f s by a forged queue the roster %s", w, listed ? "calls low priority" : "does not list");
+    }
+    remove_policy(folder, "victim");
+    rmdir(folder);
     gs_devstate_close(&ds);
     gs_pacer_shutdown();
     char path[160];

@@ -45,15 +45,6 @@ def test_reads_what_the_native_side_wrote(sample_writer: Path, tmp_path: Path) -
     assert compute.read_all(tmp_path)[0].slices == dev.slices
 
 
-def test_set_share_live(sample_writer: Path, tmp_path: Path) -> None:
-    p = write_sample(sample_writer, tmp_path)
-    assert compute.set_share(p, "train-a", 12.5)
-    assert {s.grant: s.set_share for s in compute.read_device_state(p).slices}["train-a"] == 12.5
-    assert not compute.set_share(p, "nobody", 20)
-    with pytest.raises(ValueError, match="percent"):
-        compute.set_share(p, "train-a", 100)
-
-
 def _blank(version: int = compute.VERSION, size: int = compute.FILE_SIZE, magic: int = compute.MAGIC) -> bytearray:
     buf = bytearray(compute.FILE_SIZE)
     struct.pack_into("<QIIIIIIII", buf, 0, magic, version, size, 32, 128, 256, 256, 256 + 32 * 256, 128)
@@ -110,28 +101,6 @@ def test_missing(tmp_path: Path) -> None:
     assert compute.read_all(tmp_path / "nope") == []
     with pytest.raises(compute.DeviceStateError, match="no such"):
         compute.read_device_state(tmp_path / "x.dev")
-
-
-def test_set_live_changes_share_mode_and_priority_of_a_paced_record_only(sample_writer: Path, tmp_path: Path) -> None:
-    p = write_sample(sample_writer, tmp_path)
-    assert compute.set_live(p, "train-a", percent=45, mode="soft", priority=0)
-    a = {s.grant: s for s in compute.read_device_state(p).slices}["train-a"]
-    assert (a.set_share, a.mode, a.priority) == (45.0, "soft", 0)
-    # pacing on/off is a process's decision at start: unpaced records, 0 / 100 % and mode off are left alone
-    assert not compute.set_live(p, "serve-b", percent=45)
-    assert not compute.set_live(p, "train-a", percent=100) and not compute.set_live(p, "train-a", mode="off")
-    assert {s.grant: s.set_share for s in compute.read_device_state(p).slices}["serve-b"] == 100.0
-
-
-def test_set_shares_skips_files_a_tenant_broke(sample_writer: Path, tmp_path: Path) -> None:
-    """A truncated pacing file (any tenant can write it) is skipped, not mapped: mapping it would let the
-    tenant kill the root agent with SIGBUS."""
-    p = write_sample(sample_writer, tmp_path)
-    os.truncate(p, 100)
-    assert compute.set_shares(tmp_path, "train-a", {p.stem: (45.0, "hard", 1)}) == ()
-    fifo = tmp_path / "GPU-fifo.dev"
-    os.mkfifo(fifo)
-    assert compute.set_shares(tmp_path, "train-a", {"GPU-fifo": (45.0, "hard", 1)}) == ()
 
 
 def test_a_fifo_or_link_in_place_of_a_device_state_file_is_refused_at_once(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fakedra import FakeDraAPI, allocated_claim
+from gpuslice.enforcer.policy import read_policies
 from gpuslice.enforcer.slicefile import read_slice_file
 from gpuslice.host.devices import load_snapshot
 from gpuslice.kube.allocator import PluginConfig
@@ -260,8 +261,9 @@ def test_prepare_writes_the_slice_file_and_a_cdi_spec_that_mounts_it(tmp_path: P
     (per_device,) = spec["devices"]
     assert per_device["name"] == f"c1-{name_of(2)}"
     assert [n["path"] for n in per_device["containerEdits"]["deviceNodes"]] == ["/dev/nvidia2"]
-    assert [m["containerPath"] for m in per_device["containerEdits"]["mounts"]] == \
-        [f"/var/run/gpuslice/devices/{H100[2].uuid}.dev"]
+    assert [(m["containerPath"], m["options"][0]) for m in per_device["containerEdits"]["mounts"]] == \
+        [(f"/var/run/gpuslice/devices/{H100[2].uuid}.dev", "rw"),
+         (f"/var/run/gpuslice/devices/{H100[2].uuid}.policy", "ro")]  # the device's roster: root's (issue 15)
 
 
 def test_prepare_is_idempotent_and_survives_a_restart_without_the_api_server(tmp_path: Path) -> None:
@@ -284,6 +286,7 @@ def test_unprepare_removes_everything_and_is_idempotent_even_without_the_checkpo
     api, driver = make_driver(tmp_path)
     api.add_claim(allocated_claim("c1", "small", NODE, [{"device": name_of(0), "memory": 8 * GiB}]))
     driver.prepare([ClaimRef("ml", "c1", "small")])
+    assert "dra-c1" in read_policies(tmp_path / "state" / "devices", H100[0].uuid)
     state = tmp_path / "state" / "kube"
     (state / "regions" / "dra-c1" / "region").write_bytes(b"x")
     (state / "regions" / "dra-c1" / "link").symlink_to(tmp_path / "cdi")  # a container's mischief
@@ -294,6 +297,7 @@ def test_unprepare_removes_everything_and_is_idempotent_even_without_the_checkpo
     assert not (tmp_path / "cdi" / "gpuslice.io-claim_c1.json").exists()
     assert (tmp_path / "cdi").is_dir()  # the link was removed, not followed
     assert (tmp_path / "state" / "devices" / f"{H100[0].uuid}.dev").exists()  # node-wide pacing files stay
+    assert "dra-c1" not in read_policies(tmp_path / "state" / "devices", H100[0].uuid)  # off the roster
     assert fresh.unprepare([ClaimRef("ml", "c1", "small")]) == {"c1": ""}
     assert fresh.unprepare([ClaimRef("ml", "never-seen", "x")]) == {"never-seen": ""}
 

@@ -22,6 +22,7 @@ from gpuslice.kube.deviceplugin import load
 from gpuslice.kube.extender import Extender
 from gpuslice.kube.allocator import PluginConfig, device_id
 from gpuslice.kube.plugin import DevicePlugin
+from gpuslice.enforcer.policy import read_policies
 from gpuslice.enforcer.slicefile import read_slice_file
 
 pb, pb_grpc = load()
@@ -196,11 +197,13 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
         # device mounted into it — never the node's whole <state>/devices folder.
         state = folder / "state"
         dev_file = f"/var/run/gpuslice/devices/{grant.uuids[0]}.dev"
+        roster = f"/var/run/gpuslice/devices/{grant.uuids[0]}.policy"
         assert mounts == {
             "/etc/gpuslice/slice": (str(state / "kube" / "grants" / grant.grant_id / "slice"), True),
             "/var/run/gpuslice/region": (str(state / "kube" / "regions" / grant.grant_id), False),
             "/var/run/gpuslice/devices": (str(state / "kube" / "grants" / grant.grant_id / "devices"), False),
             dev_file: (str(state / "devices" / f"{grant.uuids[0]}.dev"), False),
+            roster: (str(state / "devices" / f"{grant.uuids[0]}.policy"), True),  # root's, read-only (issue 15)
             "/usr/local/gpuslice/lib/libgpuslice.so": ("/opt/gpuslice/libgpuslice.so", True),
             "/etc/ld.so.preload": (str(state / "kube" / "ld.so.preload"), True),
         }
@@ -208,6 +211,8 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
             [m.container_path for m in c.mounts].index(dev_file)  # parent before child
         assert Path(mounts[dev_file][0]).stat().st_size == 0  # exists for the bind mount; the enforcer sizes it
         assert oct(Path(mounts[dev_file][0]).stat().st_mode & 0o777) == "0o666"
+        assert read_policies(state / "devices", grant.uuids[0])[grant.grant_id].compute == 30
+        assert oct(Path(mounts[roster][0]).stat().st_mode & 0o777) == "0o755"
         assert not any(host == str(state / "devices") for host, _ in mounts.values())
         written = read_slice_file(slice_host)  # the enforcer's own parsing rules
         assert written.memory_limit == 10000 * 1024**2 and written.compute == 30

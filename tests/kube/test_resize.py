@@ -16,7 +16,7 @@ from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 from regionfile import DeviceRecord, ProcRecord, write_region
 
-from gpuslice.enforcer.devstate import read_device_state
+from gpuslice.enforcer.policy import read_policies
 from gpuslice.enforcer.slicefile import read_slice_file
 from gpuslice.kube import formats
 from gpuslice.kube.allocator import Allocator, PluginConfig, device_id
@@ -183,19 +183,22 @@ def test_the_loops_list_and_follow_pods(alloc):
     assert status(api, "a")["state"] == "done" and ledger_limit(api, "a") == 31000 * MiB
 
 
-def test_a_new_share_reaches_the_containers_running_pacers(alloc, tmp_path):
-    """The node agent's last step also moves the share in the node's pacing file, which the container's
-    running pacers read on every poll (local mode does the same: tests/local/test_resize.py)."""
+def test_a_new_share_reaches_the_devices_roster_not_the_pacing_file(alloc, tmp_path):
+    """The node agent's last step writes the new share into the device's roster on the host, which the
+    container's running pacers read (mounted read-only; local mode does the same: tests/local/test_resize.py);
+    the pacing file, which every tenant writes, is not root's to write."""
     api, _ = cluster("a")
     allocator = alloc(api)
     g = grant_of(api, "a")
     allocator.allocate([device_id(g.uuids[0], 0)])
     folder = allocator.paths(g.grant_id, local=True)["devices"]
-    folder.mkdir(parents=True, exist_ok=True)
     [name] = Allocator.state_files(g)
+    assert read_policies(folder, name)[g.grant_id].compute == g.slices[0].compute
     dev = as_grant(build_writer(tmp_path / "devstate_writer"), folder, name, g.grant_id)
+    before = dev.read_bytes()
     agent, ext = NodeResizer(api, "n0", allocator), LedgerResizer(api)
     ask(api, "a", {"compute": 40})
     for side, want in ((agent, "checked"), (ext, "granted"), (agent, "done")):
         assert side.handle(api.get_pod("default", "a")) == want
-    assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 40.0
+    assert read_policies(folder, name)[g.grant_id].compute == 40
+    assert dev.read_bytes() == before

@@ -12,6 +12,7 @@ from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 from mpskit import failing_control, install_standin, mps_processes, short_root
 
+from gpuslice.enforcer.policy import read_policies
 from gpuslice.enforcer.slicefile import read_slice_file
 from gpuslice.host.mpsfleet import DaemonKey
 from gpuslice.kube import formats
@@ -140,3 +141,22 @@ def _spatial_grant():
     from gpuslice.spec import Engine, Grant, Slice
 
     return Grant("k-1-main", (Slice("GPU-x", 1 << 30, compute=25, engine=Engine.SPATIAL),))
+
+
+def test_the_node_loop_takes_ended_pods_off_the_device_rosters(root: Path) -> None:
+    """Pods end without telling the device plugin; the node loop takes their grants off the devices' policy rosters
+    (the pacers' lists are bounded) once the ledger stops listing them, and keeps a grant written within the
+    grace period (issue 15: the roster is root's, mounted read-only into the containers)."""
+    api = cluster(pod("ts", LIMITS))
+    alloc = allocator(api, root, install_standin(root / "bin"))
+    g = grant_of(api, "ts")
+    alloc.allocate([device_id(g.uuids[0], 0)])
+    devices = alloc.paths(g.grant_id, local=True)["devices"]
+    assert g.grant_id in read_policies(devices, g.uuids[0])
+    MpsNode(api, "n0", alloc, grace=0).reconcile_once()
+    assert g.grant_id in read_policies(devices, g.uuids[0])  # the ledger holds the pod: kept
+    api.patch_node_annotations("n0", {formats.NODE_LEDGER: formats.encode_ledger(formats.Ledger({}))})
+    MpsNode(api, "n0", alloc, grace=60).reconcile_once()
+    assert g.grant_id in read_policies(devices, g.uuids[0])  # written moments ago: kept
+    MpsNode(api, "n0", alloc, grace=0).reconcile_once()
+    assert g.grant_id not in read_policies(devices, g.uuids[0])

@@ -19,7 +19,7 @@ from devstatekit import as_grant, build_writer
 from nodekit import gpuslice
 from regionfile import DeviceRecord, ProcRecord, write_region
 
-from gpuslice.enforcer.devstate import read_device_state
+from gpuslice.enforcer.policy import folder_name, read_policies
 from gpuslice.enforcer.slicefile import read_slice_file
 from gpuslice.host import procs
 from gpuslice.host.devices import load_snapshot
@@ -216,30 +216,57 @@ def pacing_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_writer(tmp_path_factory.mktemp("bin") / "devstate_writer")
 
 
-def test_a_new_share_mode_and_priority_reach_the_running_paced_processes_at_once(ledger, pacing_writer, tmp_path):
-    """They move through the device's pacing file, where the running pacers read them on every poll."""
+def test_a_new_share_mode_and_priority_reach_the_devices_roster(ledger):
+    """A live resize goes through root's roster beside the pacing file (``gpuslice.enforcer.policy``), where the
+    device's running pacers read every slice's policy (within 100 ms: native tests/test_pacer.c pins that)."""
     g = grant(ledger, "4GiB", compute=30)
-    dev = as_grant(pacing_writer, ledger.state.device_state, GPU0, g.grant_id)
+    roster = read_policies(ledger.state.device_state, GPU0)
+    assert (roster[g.grant_id].compute, roster[g.grant_id].mode, roster[g.grant_id].priority) == (30, "hard", 1)
     done = ledger.resize(g.grant_id, Resize(compute=45))
     assert done.live_share == (GPU0,) and done.to_json()["live_share"] == [GPU0]
-    assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 45.0
+    assert read_policies(ledger.state.device_state, GPU0)[g.grant_id].compute == 45
     done = ledger.resize(g.grant_id, Resize(priority=Priority.HIGH, mode=ComputeMode.SOFT))
-    rec = {s.grant: s for s in read_device_state(dev).slices}[g.grant_id]
-    assert done.live_share == (GPU0,) and (rec.set_share, rec.mode, rec.priority) == (45.0, "soft", 0)
-    # a share of 100 % means "not paced", which only a process start decides: the slice file carries it
+    rec = read_policies(ledger.state.device_state, GPU0)[g.grant_id]
+    assert done.live_share == (GPU0,) and (rec.compute, rec.mode, rec.priority) == (45, "soft", 0)
+    # a share of 100 % means "not paced", which only a process start decides: no running pacer takes it live
     assert ledger.resize(g.grant_id, Resize(compute=100)).live_share == ()
-    assert {s.grant: s.set_share for s in read_device_state(dev).slices}[g.grant_id] == 45.0
+    assert read_policies(ledger.state.device_state, GPU0)[g.grant_id].compute == 100
+    ledger.release(g.grant_id)
+    assert g.grant_id not in read_policies(ledger.state.device_state, GPU0)
 
 
-def test_a_link_in_place_of_the_pacing_file_is_not_followed(ledger, pacing_writer, tmp_path):
+def test_a_resize_never_writes_the_pacing_file(ledger, pacing_writer):
+    """Every tenant on the device writes the pacing file; root writes only its roster (issue 15)."""
     g = grant(ledger, "4GiB", compute=30)
-    real = as_grant(pacing_writer, tmp_path / "elsewhere", GPU0, g.grant_id)
-    (ledger.state.device_state / f"{GPU0}.dev").symlink_to(real)
-    assert ledger.resize(g.grant_id, Resize(compute=45)).live_share == ()
-    assert {s.grant: s.set_share for s in read_device_state(real).slices}[g.grant_id] == 30.0
+    dev = as_grant(pacing_writer, ledger.state.device_state, GPU0, g.grant_id)
+    before = dev.read_bytes()
+    assert ledger.resize(g.grant_id, Resize(compute=45)).live_share == (GPU0,)
+    assert dev.read_bytes() == before
 
 
-def test_a_slice_with_no_paced_process_yet_takes_its_share_from_the_slice_file(ledger):
+@pytest.mark.parametrize("taken", ["link", "open folder", "file"])
+def test_a_name_taken_in_place_of_the_roster_is_moved_aside_never_followed(ledger, tmp_path, taken):
+    """The device-state folder is sticky and world-writable: a tenant may take the roster's name first. Root never
+    follows or writes into what it finds there; it moves it aside and makes its own folder."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    name = ledger.state.device_state / folder_name(GPU0)
+    if taken == "link":
+        name.symlink_to(elsewhere)
+    elif taken == "open folder":
+        name.mkdir()
+        os.chmod(name, 0o777)
+    else:
+        name.write_text("not a folder")
+    g = grant(ledger, "4GiB", compute=30)
+    assert name.is_dir() and not name.is_symlink() and stat.S_IMODE(name.stat().st_mode) == 0o755
+    assert list(elsewhere.iterdir()) == []
+    assert read_policies(ledger.state.device_state, GPU0)[g.grant_id].compute == 30
+    assert [p.name for p in ledger.state.device_state.iterdir() if p.name.startswith(f".{name.name}.refused-")]
+
+
+def test_a_slice_with_no_process_yet_finds_its_new_share_in_the_slice_file_and_the_roster(ledger):
     g = grant(ledger, "4GiB", compute=30)
     done = ledger.resize(g.grant_id, Resize(compute=45))
-    assert done.live_share == () and read_slice_file(g.slice_file).compute == 45
+    assert done.live_share == (GPU0,) and read_slice_file(g.slice_file).compute == 45
+    assert read_policies(ledger.state.device_state, GPU0)[g.grant_id].compute == 45

@@ -29,7 +29,9 @@
  * loses at most one increment.
  *
  * Hostile neighbours (trust model: native/README.md, README-compute.md): every tenant on the device
- * writes this file. A neighbour can distort what the records say (shares, credit, activity); it cannot
+ * writes this file. A neighbour can distort what the records say (credit, activity; the policy fields of a
+ * slice record are only what its own processes publish: every pacer takes policy from root's roster,
+ * policy.h, when the device has one); it cannot
  * hang or crash a process: the lock is the kernel's and bounded (GS_DS_LOCK_WAIT_NS), a truncated file
  * is caught (devstate_guard.c), records are brought back into range at every lock, and a paced launch
  * is held at most what its own share can owe (pacer.c).
@@ -157,6 +159,7 @@ struct gs_devstate {
     struct gs_ds_slice *slices;
     struct gs_ds_proc *procs;
     char uuid[64];
+    char dir[1024];            /* the folder the file is in (the policy roster is beside it: policy.h) */
     pthread_mutex_t local;     /* this handle's threads take the file's lock in turn (an OFD lock is the open file's) */
     int64_t hint_reap_ns;      /* last reap because the "held" hint was set */
     int guard;                 /* slot of the SIGBUS guard (devstate_guard.c), -1 none */

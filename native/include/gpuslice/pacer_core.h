@@ -22,6 +22,7 @@
 #include "gpuslice/controller.h"
 #include "gpuslice/costmodel.h"
 #include "gpuslice/devstate.h"
+#include "gpuslice/policy.h"
 
 /* Launches measured at once per process and device: each measured launch gets an event pair (start
  * recorded before it, end after it on the same stream). When all 256 are outstanding the next
@@ -165,6 +166,17 @@ struct gs_engine {
     int tidal_hour;                    /* the current UTC hour, set by the caller (pacer.c, the plant) */
     uint32_t tidal_busy_ppm;           /* EWMA of the high-priority slices' queued fraction */
     int64_t tidal_seen_ns, tidal_set_ns;
+    /* the device's policy roster (policy.h): pol[pol_cur] is the set in use, the other one is where the
+     * next read goes; every slice's policy, our own included, comes from it when it is present, never
+     * from a record a tenant can write. pol_pack[i]: slice record i's policy as neighbours' scans see it
+     * (gs_pol_pack; 0 = not worked out yet: gs_eng_pol works it out), refreshed every recount. */
+    struct gs_policy_set pol[2];
+    int pol_cur;                       /* atomic: launch threads read pol[pol_cur] */
+    int pol_reading;                   /* atomic flag: one thread reads the folder at a time */
+    int64_t pol_checked_ns;
+    uint64_t pol_pack[GS_DS_MAX_SLICES];
+    uint32_t pol_own_listed;           /* our grant is in the roster (atomic) */
+    int pol_packed;                    /* pol_pack holds values (the poller's) */
 };
 
 /* share_bp: 0..10000; mode: GS_CTL_*; returns 0 or -1 (device state full). The engine starts
@@ -215,6 +227,19 @@ int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now);
 /* Under the state lock: how long a measured launch must wait now (0: go): a low-priority process
  * yields to high-priority work, a paced one to its credit, a turn-taking one takes its turn. */
 int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_ds_proc *me, int64_t now);
+/* The policy of slice record i as this engine must take it (policy.h): our own slice's is the engine's
+ * (from our root-written config or the roster); another slice's comes from the roster when there is
+ * one (a slice the roster does not list counts as low priority, weight 1, with the share and mode its
+ * record claims, except that the claim cannot make it high priority); without a roster, from its record
+ * (range-checked). Lock-free. */
+struct gs_pol gs_eng_pol(struct gs_engine *e, int i);
+/* Poller: read the roster again when GS_POL_RECHECK_NS passed and its folder changed (no lock held). */
+void gs_eng_policy_refresh(struct gs_engine *e, int64_t now);
+/* Under the state lock, at each recount: our own policy from the roster (when it lists us), written back
+ * into our slice record `s`, and every other slice's packed into pol_pack. */
+void gs_eng_policy_locked(struct gs_engine *e, struct gs_ds_slice *s);
+/* An engine that stops recounting (the light path's beat) drops its packs: gs_eng_pol looks up instead. */
+void gs_eng_policy_forget(struct gs_engine *e);
 /* Lock-free: the path this engine's launches take now (re-decided every PATH_RECHECK). */
 int gs_eng_path(struct gs_engine *e, int64_t now);
 /* ---- coloc.c ---- */

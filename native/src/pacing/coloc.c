@@ -59,27 +59,28 @@ int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now)
 int gs_coloc_recheck(struct gs_engine *e, int64_t now)
 {
     (void)now;
-    const struct gs_ds_slice *mine = &e->ds->slices[e->slice];
-    int me_high = mine->priority == 0, me_pre = e->colocation == GS_COLOC_PREEMPTIVE;
+    /* our own policy and every neighbour's as the roster says (enginepolicy.c), never as a record claims */
+    int me_high = e->priority == 0, me_pre = e->colocation == GS_COLOC_PREEMPTIVE, me_off = e->mode == GS_CTL_OFF;
     int n = 0, pre_followers = 0, tidal_followers = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS && mine->mode != GS_CTL_OFF; i++) {
+    for (int i = 0; i < GS_DS_MAX_PROCS && !me_off; i++) {
         const struct gs_ds_proc *p = &e->ds->procs[i];
-        if (i == e->proc || !(__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_IN_USE) || !valid_slice(p->slice))
+        int sl = p->slice;
+        if (i == e->proc || !(__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_IN_USE) || !valid_slice(sl))
             continue;
-        const struct gs_ds_slice *s = &e->ds->slices[p->slice];
-        if (s->mode == GS_CTL_OFF) continue;
+        struct gs_pol s = gs_eng_pol(e, sl);
+        if (s.mode == GS_CTL_OFF) continue;
         /* a preemptive or tidal low-priority process yields to the preemptive high-priority ones */
-        int watch = !me_high && (me_pre || e->colocation == GS_COLOC_TIDAL) && s->priority == 0 &&
-                    s->colocation == GS_COLOC_PREEMPTIVE;
+        int watch = !me_high && (me_pre || e->colocation == GS_COLOC_TIDAL) && s.priority == 0 &&
+                    s.colocation == GS_COLOC_PREEMPTIVE;
         if (watch && n < GS_ENG_WATCH) __atomic_store_n(&e->watch[n++], i, __ATOMIC_RELAXED);
-        if (me_high && s->priority != 0) {
-            pre_followers |= s->colocation == GS_COLOC_PREEMPTIVE;
-            tidal_followers |= s->colocation == GS_COLOC_TIDAL;
+        if (me_high && s.priority != 0) {
+            pre_followers |= s.colocation == GS_COLOC_PREEMPTIVE;
+            tidal_followers |= s.colocation == GS_COLOC_TIDAL;
         }
     }
     __atomic_store_n(&e->nwatch, n, __ATOMIC_RELEASE);
     /* a high-priority process tells its queue's drain to whoever yields to it or follows its idle time */
-    int drain = me_high && mine->mode != GS_CTL_OFF && ((me_pre && pre_followers) || tidal_followers);
+    int drain = me_high && !me_off && ((me_pre && pre_followers) || tidal_followers);
     __atomic_store_n(&e->drain_wanted, drain, __ATOMIC_RELAXED);
     /* and says so in its record: neighbours then read its queue from what its poller observes */
     uint32_t *fl = &e->ds->procs[e->proc].flags;
@@ -178,7 +179,7 @@ int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now)
     for (int k = 0; k < n; k++) {
         const struct gs_ds_proc *p = &e->ds->procs[__atomic_load_n(&e->watch[k], __ATOMIC_RELAXED)];
         int sl = p->slice;
-        if (!valid_slice(sl) || e->ds->slices[sl].priority != 0 || !gs_eng_high_queued(p, now)) continue;
+        if (!valid_slice(sl) || gs_eng_pol(e, sl).priority != 0 || !gs_eng_high_queued(p, now)) continue;
         int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED), w;
         if (__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_DRAINS) {
             /* until its poller's next look: soon while it launches (short kernels), its DRAIN_POLL
@@ -243,8 +244,8 @@ void gs_coloc_tidal_locked(struct gs_engine *e, struct gs_ds_slice *s, int64_t n
     for (int i = 0; i < GS_DS_MAX_PROCS && !queued; i++) {
         const struct gs_ds_proc *p = &e->ds->procs[i];
         if (i == e->proc || !valid_slice(p->slice)) continue;
-        const struct gs_ds_slice *hs = &e->ds->slices[p->slice];
-        queued = hs->priority == 0 && hs->mode != GS_CTL_OFF && gs_eng_high_queued(p, now);
+        struct gs_pol hs = gs_eng_pol(e, p->slice);
+        queued = hs.priority == 0 && hs.mode != GS_CTL_OFF && gs_eng_high_queued(p, now);
     }
     if (e->tidal_seen_ns) e->tidal_busy_ppm = gs_ctl_tidal_ewma(e->tidal_busy_ppm, queued, now - e->tidal_seen_ns);
     e->tidal_seen_ns = now;

@@ -178,6 +178,10 @@ int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, 
         return -1;
     }
     snprintf(ds->uuid, sizeof ds->uuid, "%s", uuid);
+    if (snprintf(ds->dir, sizeof ds->dir, "%s", dir) >= (int)sizeof ds->dir) {
+        snprintf(err, errlen, "device state: folder path longer than %zu bytes", sizeof ds->dir - 1);
+        return -1;
+    }
     char path[1200];
     int fd = open_state_file(dir, uuid, path, sizeof path, err, errlen);
     if (fd < 0) return -1;

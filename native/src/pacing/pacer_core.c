@@ -104,6 +104,7 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
      * queue from kernel costs: it learns them too */
     if ((paced || priority != 0) && gs_cost_init(&e->cm) != 0) e->cm.slot = NULL; /* no table: every shape at the mean */
     e->ol_start_ns = now;
+    gs_eng_policy_refresh(e, now); /* before the first launch: neighbours' claims are not taken meanwhile */
     if (gs_devstate_lock(ds) != 0) {
         gs_cost_free(&e->cm);
         return -1;
@@ -111,6 +112,7 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
     int rc = gs_devstate_join_locked(ds, grant, share_bp, mode, weight, priority, paced, pid, id, &e->slice, &e->proc);
     if (rc == 0) {
         ds->slices[e->slice].updated_ns = now;
+        gs_eng_policy_locked(e, &ds->slices[e->slice]);
         e->joined_ns = ds->procs[e->proc].joined_ns;
         mark_identity(e, &ds->procs[e->proc], now);
     }
@@ -178,10 +180,11 @@ uint32_t gs_engine_rate(struct gs_engine *e, int64_t now)
         if (!(s->flags & GS_DS_SLICE_IN_USE)) continue;
         if (i == e->slice) map = n;
         int64_t la = __atomic_load_n(&s->last_active_ns, __ATOMIC_RELAXED);
-        in[n].share_bp = s->share_bp;
-        in[n].mode = s->mode;
-        in[n].weight = s->weight;
-        in[n].priority = s->priority;
+        struct gs_pol p = gs_eng_pol(e, i); /* never what a record claims where the roster says otherwise */
+        in[n].share_bp = p.share_bp;
+        in[n].mode = p.mode;
+        in[n].weight = p.weight;
+        in[n].priority = p.priority;
         in[n].active = i == e->slice || (la && now - la < GS_CTL_ACTIVE_NS);
         n++;
     }
@@ -274,9 +277,6 @@ static int poll_locked(struct gs_engine *e, int64_t now)
     me->last_seen_ns = now;
     me->heartbeat_ns = now;
     e->beat_ns = now;
-    e->share_bp = s->share_bp; /* a live change (devstate.set_live) survives a re-join */
-    e->mode = s->mode;         /* hard <-> soft of a paced slice, and priority, change live the same way */
-    e->priority = s->priority;
     harvest(e);
     if (e->outstanding > 0) {
         set_flag(me, GS_DS_PROC_BUSY, 1);
@@ -292,6 +292,8 @@ static int poll_locked(struct gs_engine *e, int64_t now)
     gs_coloc_tidal_locked(e, s, now);
     /* the allocation changes only when slices come and go (ACTIVE = 100 ms): once a ms is enough */
     if (now - e->rate_at_ns >= 1000000 || now < e->rate_at_ns) {
+        /* our share, mode and priority (a live resize comes through the roster) and everyone else's */
+        gs_eng_policy_locked(e, s);
         e->rate_bp = gs_engine_rate(e, now);
         e->rate_at_ns = now;
         int n = 0;
@@ -340,9 +342,11 @@ static void beat(struct gs_engine *e, int64_t now)
 
 void gs_engine_poll(struct gs_engine *e, int64_t now)
 {
+    gs_eng_policy_refresh(e, now);
     gs_coloc_drain_poll(e, now);
     gs_coloc_harvest(e, now);
     if (__atomic_load_n(&e->path, __ATOMIC_RELAXED) == GS_DS_PATH_LIGHT && e->outstanding == 0) {
+        gs_eng_policy_forget(e); /* no recount keeps the packs fresh from here */
         beat(e, now);
         return;
     }

@@ -45,10 +45,9 @@ int gs_eng_path(struct gs_engine *e, int64_t now)
     int64_t last = __atomic_load_n(&e->path_check_ns, __ATOMIC_RELAXED);
     if (now >= last && now - last < GS_PATH_RECHECK_NS) return path;
     if (!__atomic_compare_exchange_n(&e->path_check_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return path;
-    const struct gs_ds_slice *mine = &e->ds->slices[e->slice];
     int yield = gs_coloc_recheck(e, now);
     int np;
-    if (mine->mode == GS_CTL_OFF) np = GS_DS_PATH_LIGHT;
+    if (e->mode == GS_CTL_OFF) np = GS_DS_PATH_LIGHT;
     else if (yield) np = GS_DS_PATH_YIELD;
     else if (!e->light_base) np = __atomic_load_n(&e->turns, __ATOMIC_RELAXED) ? GS_DS_PATH_TURNS : GS_DS_PATH_FREE;
     else np = GS_DS_PATH_LIGHT;
@@ -65,7 +64,7 @@ static int rival(struct gs_engine *e, int i, int myprio)
     const struct gs_ds_proc *p = &e->ds->procs[i];
     if (i == e->proc || !(p->flags & GS_DS_PROC_IN_USE) || !(p->flags & GS_DS_PROC_TURNS) || !valid_slice(p->slice))
         return 0;
-    return e->ds->slices[p->slice].priority <= myprio;
+    return gs_eng_pol(e, p->slice).priority <= myprio; /* the roster's word, not the record's */
 }
 
 /* Is another turn-taking process busy or waiting for a turn (someone to switch with)? */
@@ -82,7 +81,7 @@ static int rivals_present(struct gs_engine *e, int64_t now)
 /* How long to wait before starting new work while idle (0 = go). */
 static int64_t turn_wait(struct gs_engine *e, int64_t now)
 {
-    int myprio = e->ds->slices[e->slice].priority;
+    int myprio = e->priority;
     int64_t w = 0;
     for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
         const struct gs_ds_proc *p = &e->ds->procs[i];
@@ -112,7 +111,7 @@ static int64_t turn_wait(struct gs_engine *e, int64_t now)
  * kernel (simulation: 50/50 with 200 us kernels and 200 us switches reached 56 %, not 96 %). */
 static int should_yield(struct gs_engine *e, int64_t now)
 {
-    int myprio = e->ds->slices[e->slice].priority;
+    int myprio = e->priority;
     for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
         const struct gs_ds_proc *p = &e->ds->procs[i];
         if (!rival(e, i, myprio) || now - p->last_seen_ns > GS_CTL_TURN_MAX_NS) continue;

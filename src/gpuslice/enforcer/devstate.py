@@ -19,7 +19,10 @@ high-priority process publishing its drain looks; an enforcer without it is read
 This reader does not need them.
 Version 4 (issue 15) keeps version 3's layout; its writers lock with the kernel (an OFD lock on byte 128)
 instead of a pthread mutex in the file that any tenant could overwrite, so the two refuse each other's files;
-this reader reads both (:data:`READABLE`).
+this reader reads both (:data:`READABLE`). Issue 15 also took every slice's policy (share, mode, weight,
+priority, co-location) out of this file's trust: the pacers take it from root's roster beside it
+(:mod:`gpuslice.enforcer.policy`), and nothing of root's writes this file any more (a live resize writes the
+roster; ``set_live`` is gone). A slice record's policy fields say what its own processes obey.
 
 Reads take no lock (the writers hold a lock Python does not take); the
 header's ``updates`` counter is read before and after the copy and the copy is retried when it
@@ -32,10 +35,8 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from gpuslice.spec.errors import GpusliceError
-from gpuslice.spec.model import Slice
 from gpuslice.spec.files import open_regular
 
 MAGIC = 0x0054535645445347  # "GSDEVST\0"
@@ -227,68 +228,3 @@ def read_all(directory: Path | str) -> list[DeviceCompute]:
     return [read_device_state(p) for p in sorted(d.glob("*.dev"))]
 
 
-def set_shares(folder: Path, grant: str, slices: dict[str, tuple[float, str, int]]) -> tuple[str, ...]:
-    """Live resize of a slice on several devices: ``slices`` maps a pacing file's name (``<name>.dev`` in
-    ``folder``) to the slice's new (percent, mode, priority) there, set with :func:`set_live`. A device
-    without a paced process of the grant, or whose file is no pacing file, is skipped. The names whose
-    running pacers took the change."""
-    done = []
-    for name, (percent, mode, priority) in slices.items():
-        try:
-            if set_live(folder / f"{name}.dev", grant, percent=percent, mode=mode, priority=priority):
-                done.append(name)
-        except (OSError, ValueError, DeviceStateError):  # no file (no paced process there), a link, a FIFO,
-            continue                                        # another format or version
-    return tuple(done)
-
-
-def live_values(slices: Iterable[Slice]) -> dict[str, tuple[float, str, int]]:
-    """Device UUID -> (percent, mode, priority) of each slice, as :func:`set_shares` takes them."""
-    return {s.device_uuid: (s.compute, s.mode.value, int(s.priority)) for s in slices}
-
-
-def set_share(path: Path | str, grant: str, percent: float) -> bool:
-    """Change a running paced slice's set share live; True if the grant's record was found and changed."""
-    if not 0 < percent < 100:
-        raise ValueError(f"percent: {percent} not allowed; expected 0 < percent < 100")
-    return set_live(path, grant, percent=percent)
-
-
-def set_live(path: Path | str, grant: str, *, percent: float | None = None, mode: str | None = None,
-             priority: int | None = None) -> bool:
-    """Change a running slice's record in a pacing file: its set share (basis points), mode and priority,
-    which every pacer of the device re-reads on each poll, so the change applies within milliseconds.
-    True if the grant's record was found and it was paced; an unpaced record (or a share of 0 / 100, or mode
-    ``off``: pacing on or off is decided when a process starts) is left as it is and gives False.
-
-    The file is read and written with pread/pwrite, never mapped: it is writable by every tenant, and a
-    tenant that truncates a file the agent has mapped would kill the agent with SIGBUS. Each field is one
-    aligned store of at most 4 bytes (the native side reads them without tearing concerns: share_bp is
-    re-read on every poll). Links and FIFOs are refused (the folder is world-writable; the agent is root)."""
-    share = None if percent is None else int(round(percent * 100))
-    code = None if mode is None else {v: k for k, v in _MODES.items()}.get(mode)
-    if share is not None and not 0 < share < 10000 or mode is not None and code not in (0, 1):
-        return False
-    fd = open_regular(Path(path), os.O_RDWR)
-    try:
-        st = os.fstat(fd)
-        if st.st_size != FILE_SIZE:
-            raise DeviceStateError(f"{path}: {st.st_size} bytes, expected {FILE_SIZE}")
-        _check_header(os.pread(fd, HEADER_SIZE, 0).ljust(FILE_SIZE, b"\0"), Path(path))  # the header's fields
-        for i in range(MAX_SLICES):
-            off = SLICE_OFF + i * SLICE_SIZE
-            rec = os.pread(fd, 144, off)
-            if len(rec) < 144 or not struct.unpack_from("<I", rec, 0)[0] & _SLICE_IN_USE or _cstr(rec[16:144]) != grant:
-                continue
-            if not rec[11]:  # not paced: nothing reads these live
-                return False
-            if share is not None:
-                os.pwrite(fd, struct.pack("<I", share), off + _SHARE_OFFSET)
-            if code is not None:
-                os.pwrite(fd, bytes([code]), off + 8)
-            if priority is not None:
-                os.pwrite(fd, bytes([1 if priority else 0]), off + 10)
-            return True
-    finally:
-        os.close(fd)
-    return False

@@ -41,6 +41,7 @@ from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
 from gpuslice.kube import escapes, formats
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
 from gpuslice.spec import Device, Engine, GpusliceError, SpecError
+from gpuslice.enforcer.policy import SUFFIX as POLICY_SUFFIX, prune_policies, write_policies
 from gpuslice.spec.files import ensure_shared_file, write_atomic
 
 log = logging.getLogger("gpuslice.deviceplugin")
@@ -301,9 +302,16 @@ class Allocator:
             # processes may run as any user). It must exist before the kubelet bind-mounts it, and is never
             # replaced (the mount holds the inode).
             ensure_shared_file(local["devices"], f"{name}.dev", 0o666)
+        # Each device's roster (root's, mounted read-only): the policy every pacer there takes for this slice.
+        write_policies(local["devices"], grant.grant_id, grant.grant.slices)
         text = CONTAINER_LIB + "\n"
         if not local["preload"].exists() or local["preload"].read_text() != text:
             write_atomic(local["preload"], text, 0o644)
+
+    def prune_policies(self, keep: set[str], older_than: float) -> tuple[str, ...]:
+        """Take the device plugin's grants (``k-…``) not in ``keep`` off the node's rosters (files older than
+        ``older_than`` seconds only)."""
+        return prune_policies(self.paths("-", local=True)["devices"], keep, prefix="k-", older_than=older_than)
 
     def response(self, grant: formats.ContainerGrant, mps: DaemonKey | None = None) -> dict[str, Any]:
         """The ContainerAllocateResponse as plain data (envs, mounts, devices). Mounts, in order (the
@@ -312,8 +320,9 @@ class Allocator:
         * the slice file, read-only — what configures the enforcer;
         * this grant's region folder, read-write — the enforcer's shared memory accounting of this slice;
         * this grant's own device-state folder, read-write (empty; the pacer checks it is writable), and in
-          it the node-wide pacing file of each granted device, read-write — not the node's whole folder, so
-          a container sees no other device's pacing state;
+          it the node-wide pacing file of each granted device, read-write, and that device's policy roster
+          (``<name>.policy``), read-only — not the node's whole folder, so a container sees no other device's
+          pacing state;
         * the enforcer library and ``/etc/ld.so.preload``, read-only.
         """
         host = self.paths(grant.grant_id, local=False)
@@ -322,6 +331,8 @@ class Allocator:
             (CONTAINER_REGION_DIR, str(host["region"]), False),
             (CONTAINER_DEVICE_STATE, str(host["devstate"]), False),
             *[(f"{CONTAINER_DEVICE_STATE}/{name}.dev", str(host["devices"] / f"{name}.dev"), False)
+              for name in self.state_files(grant)],
+            *[(f"{CONTAINER_DEVICE_STATE}/{name}{POLICY_SUFFIX}", str(host["devices"] / f"{name}{POLICY_SUFFIX}"), True)
               for name in self.state_files(grant)],
             (CONTAINER_LIB, str(self.cfg.host_library), True),
             (CONTAINER_PRELOAD, str(host["preload"]), True),

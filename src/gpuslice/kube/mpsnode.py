@@ -63,6 +63,7 @@ class MpsNode:
         except (KubeError, SpecError) as exc:
             log.warning("MPS daemons: cannot read node %s: %s; left as they are", self.node, exc)
             return None
+        self.prune_rosters(ledger)
         now = time.monotonic()
         recent = {k for k, t in self.allocator.mps_started.items() if now - t < self.grace}
         wanted = wanted_daemons(ledger, pods) | recent
@@ -76,6 +77,16 @@ class MpsNode:
         for key, why in done.problems.items():
             log.warning("MPS daemon of %s (uid %s): %s", key.device, key.uid, why)
         return done
+
+    def prune_rosters(self, ledger: formats.Ledger) -> tuple[str, ...]:
+        """Take the device plugin's grants of pods that ended off the devices' policy rosters (the pacers'
+        lists are bounded: ``GS_POL_MAX``); a grant written within ``grace`` stays (a ledger read a moment old
+        may not list it). The DRA driver's grants are its own to remove (at unprepare)."""
+        keep = {c.grant_id for entry in ledger.entries.values() for c in entry.containers}
+        gone = self.allocator.prune_policies(keep, self.grace)
+        if gone:
+            log.info("policy rosters: %d grant(s) of ended pods taken off", len(gone))
+        return gone
 
     def run(self) -> None:
         while True:

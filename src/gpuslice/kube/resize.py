@@ -37,7 +37,7 @@ import time
 from dataclasses import replace
 from typing import Any, Mapping
 
-from gpuslice.enforcer.devstate import live_values, set_shares
+from gpuslice.enforcer.policy import write_policies
 from gpuslice.enforcer.slicefile import read_slice_file, write_slice_file
 from gpuslice.host.usage import Watched, below_usage
 from gpuslice.kube import formats
@@ -221,11 +221,7 @@ class NodeResizer(PodFollower):
             return 0  # not allocated yet: Allocate writes the ledger's new sizes
         generation = read_slice_file(path).generation + 1
         write_slice_file(path, replace(self.allocator.slice_config(grant), generation=generation))
-        # the running pacers take a new share, mode and priority from the node's pacing files (named as the
-        # pacers name them: GPU- for a MIG instance too)
-        names = self.allocator.state_files(grant)
-        values = list(live_values(grant.grant.slices).values())
-        set_shares(self.allocator.paths(grant.grant_id, local=True)["devices"], grant.grant_id,
-                   dict(zip(names, values)) if len(names) == len(values) else {})
+        # the running pacers take a new share, mode and priority from the device's roster within 100 ms
+        write_policies(self.allocator.paths(grant.grant_id, local=True)["devices"], grant.grant_id, grant.grant.slices)
         return generation
 

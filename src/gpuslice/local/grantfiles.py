@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from gpuslice.enforcer.policy import remove_policies, write_policies
 from gpuslice.enforcer.region import create_region
 from gpuslice.enforcer.slicefile import slice_config, write_slice_file
 from gpuslice.local.paths import StateDir
@@ -38,7 +39,11 @@ def write_grant_files(grant: GrantRecord, state: StateDir) -> None:
     # cost (measured on the card, or configured); until then the monitor shows nothing used.
     owner = grant.uid if os.geteuid() == 0 and grant.uid > 0 else -1
     create_region(state.region_file(grant.grant_id), mode=REGION_MODE, uid=owner)  # kept if it exists
+    # The policy every pacer of each device takes for this slice (its own included): root's roster, never the
+    # pacing file every tenant writes. A resize writes it again; running pacers take it within 100 ms.
+    write_policies(state.device_state, grant.grant_id, grant.slices)
 
 
 def remove_grant_files(grant_id: str, state: StateDir) -> None:
+    remove_policies(state.device_state, grant_id)
     shutil.rmtree(state.grant_dir(grant_id), ignore_errors=True)

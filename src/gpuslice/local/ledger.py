@@ -274,8 +274,7 @@ class Ledger:
             db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record.to_json()), grant_id))
             write_grant_files(record, self.state)  # inside the transaction: a failure records nothing
         evicted = evict(record, limits) if over else ()
-        live = share_live(record, self.state.device_state) if (change.compute, change.mode, change.priority) != (
-            None, None, None) else ()
+        live = share_live(record) if (change.compute, change.mode, change.priority) != (None, None, None) else ()
         return Resized(record, evicted, live)
 
     def cancel(self, ticket: int) -> None:

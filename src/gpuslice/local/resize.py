@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from gpuslice.host import procs
 from gpuslice.host.usage import held_now
@@ -18,7 +17,7 @@ class Resized:
 
     record: GrantRecord
     evicted: tuple[int, ...] = ()
-    live_share: tuple[str, ...] = ()  # devices whose running paced processes took the new share at once
+    live_share: tuple[str, ...] = ()  # devices whose roster carries the new share (running pacers: within 100 ms)
 
     def to_json(self) -> dict:
         return {**self.record.to_json(), "evicted": list(self.evicted), "live_share": list(self.live_share)}
@@ -32,13 +31,12 @@ def resized_request(request: Request, change: Resize) -> Request:
                    mode=request.mode if change.mode is None else change.mode)
 
 
-def share_live(record: GrantRecord, device_state: Path) -> tuple[str, ...]:
-    """Give the slice's running paced processes its new compute share, mode and priority now, through each
-    device's pacing file (the pacers re-read them on every poll; ``gpuslice.enforcer.devstate.set_live``
-    says what can move live); the devices where they took it."""
-    from gpuslice.enforcer import devstate
-
-    return devstate.set_shares(device_state, record.grant_id, devstate.live_values(record.slices))
+def share_live(record: GrantRecord) -> tuple[str, ...]:
+    """The devices whose roster now carries the slice's new compute share, mode and priority: ``write_grant_files``
+    wrote them (``gpuslice.enforcer.policy``), and the device's running pacers take them within 100 ms. Pacing on
+    or off (a share of 0 or 100 %, mode ``off``) is decided when a process starts."""
+    paced = (s for s in record.slices if 0 < s.compute < 100 and s.mode.value != "off")
+    return tuple(dict.fromkeys(s.device_uuid for s in paced))
 
 
 def evict(record: GrantRecord, limits: dict[str, int]) -> tuple[int, ...]:

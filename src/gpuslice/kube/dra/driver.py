@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gpuslice.enforcer.policy import SUFFIX as POLICY_SUFFIX, remove_policies
 from gpuslice.enforcer.slicefile import SliceFileError
 from gpuslice.kube import escapes, formats
 from gpuslice.kube.allocator import CONTAINER_DEVICE_STATE, CONTROL_DEVICES, Allocator, PluginConfig
@@ -220,7 +221,7 @@ class DraDriver:
                 raise SpecError("device", name, f"a device of grant {grant.grant_id} ({', '.join(grant.uuids)})")
             one = formats.ContainerGrant(container=cg.container,
                                          grant=Grant(grant.grant_id, tuple(s for s in grant.slices if s.device_uuid == uuid)))
-            pacing = {f"{CONTAINER_DEVICE_STATE}/{n}.dev" for n in self.files.state_files(one)}
+            pacing = {f"{CONTAINER_DEVICE_STATE}/{n}{ext}" for n in self.files.state_files(one) for ext in (".dev", POLICY_SUFFIX)}
             mounts = [m for m in answer["mounts"] if m[0] in pacing]
             moved.update(mounts)
             nodes = [n for n in self.files.device_nodes(one) if n not in CONTROL_DEVICES]
@@ -237,6 +238,7 @@ class DraDriver:
         with self._lock(ref.uid):
             cdi.remove_spec(self.cfg.cdi_dir, ref.uid)
             paths = self.files.paths(grant_id(ref.uid), local=True)
+            remove_policies(paths["devices"], grant_id(ref.uid))
             for folder in (paths["slice"].parent, paths["region"]):
                 # rmtree does not follow links (fd-based on Linux): what a container put in its region folder
                 # cannot point it elsewhere.

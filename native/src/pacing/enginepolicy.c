@@ -1,0 +1,125 @@
+/* gpuslice pacer: whose word an engine takes for each slice's share, mode, weight, priority and
+ * co-location (the roster and why: gpuslice/policy.h; the calls: gpuslice/pacer_core.h).
+ *
+ * Our own slice: the engine's values, which come from our config (a root-written slice file) and, when
+ * the device has a roster that lists our grant, from the roster: a live resize arrives that way. Never
+ * from our slice record, which every tenant on the device can write; we write our values back into it
+ * at every poll (what `gpuslice ps` and roster-less neighbours read).
+ * Another slice: from the roster when there is one. A slice it does not list keeps the share and mode
+ * its record claims but counts as low priority with weight 1: an unlisted process cannot make anyone
+ * yield to it. A tidal slice's share moves with its tide, which only it knows: that one number comes
+ * from its record. Without a roster (no root manager on the node): from the records, range-checked. */
+#include "gpuslice/pacer_core.h"
+#include <string.h>
+
+static struct gs_pol from_record(const struct gs_ds_slice *s)
+{
+    struct gs_pol p;
+    uint32_t share = __atomic_load_n(&s->share_bp, __ATOMIC_RELAXED);
+    uint8_t mode = s->mode, weight = s->weight, coloc = s->colocation;
+    p.share_bp = share > GS_BP_FULL ? GS_BP_FULL : share;
+    p.mode = mode <= GS_CTL_OFF ? mode : GS_CTL_HARD;
+    p.weight = weight < 1 ? 1 : weight > 16 ? 16 : weight;
+    p.priority = s->priority ? 1 : 0;
+    p.colocation = coloc <= GS_COLOC_TIDAL ? coloc : GS_COLOC_PREEMPTIVE;
+    return p;
+}
+
+static struct gs_pol own(const struct gs_engine *e)
+{
+    struct gs_pol p;
+    p.share_bp = e->share_bp;
+    p.mode = (uint8_t)e->mode;
+    p.weight = (uint8_t)e->weight;
+    p.priority = (uint8_t)e->priority;
+    p.colocation = (uint8_t)e->colocation;
+    return p;
+}
+
+/* Slice record i by the rules above, looked up now (a binary search of the roster). */
+static struct gs_pol resolve(struct gs_engine *e, int i)
+{
+    const struct gs_ds_slice *s = &e->ds->slices[i];
+    struct gs_pol rec = from_record(s);
+    const struct gs_policy_set *set = &e->pol[__atomic_load_n(&e->pol_cur, __ATOMIC_ACQUIRE)];
+    if (!set->present) return rec;
+    char grant[GS_POL_GRANT_LEN];
+    memcpy(grant, s->grant, sizeof grant); /* the record may change under us: a private, terminated copy */
+    grant[sizeof grant - 1] = '\0';
+    const struct gs_pol *listed = gs_policy_find(set, grant);
+    if (!listed) {
+        rec.priority = 1;
+        rec.weight = 1;
+        return rec;
+    }
+    struct gs_pol p = *listed;
+    if (p.colocation == GS_COLOC_TIDAL) p.share_bp = rec.share_bp;
+    return p;
+}
+
+struct gs_pol gs_eng_pol(struct gs_engine *e, int i)
+{
+    struct gs_pol p;
+    if (i == e->slice) return own(e);
+    if (i < 0 || i >= GS_DS_MAX_SLICES) {
+        memset(&p, 0, sizeof p);
+        p.priority = 1;
+        p.weight = 1;
+        return p;
+    }
+    if (gs_pol_unpack(__atomic_load_n(&e->pol_pack[i], __ATOMIC_RELAXED), &p)) return p;
+    return resolve(e, i);
+}
+
+void gs_eng_policy_refresh(struct gs_engine *e, int64_t now)
+{
+    if (__atomic_exchange_n(&e->pol_reading, 1, __ATOMIC_ACQUIRE)) return; /* another thread is at it */
+    if (e->pol_checked_ns == 0 || now - e->pol_checked_ns >= GS_POL_RECHECK_NS || now < e->pol_checked_ns) {
+        e->pol_checked_ns = now;
+        int cur = __atomic_load_n(&e->pol_cur, __ATOMIC_RELAXED);
+        /* the other set is read by nobody: launch threads took the current one at most a few us ago,
+         * and the last swap was at least RECHECK ago */
+        if (gs_policy_read(e->ds->dir, e->ds->uuid, &e->pol[cur], &e->pol[1 - cur])) {
+            __atomic_store_n(&e->pol_cur, 1 - cur, __ATOMIC_RELEASE);
+            __atomic_store_n(&e->rate_at_ns, 0, __ATOMIC_RELAXED); /* recount the allocation now */
+        }
+    }
+    __atomic_store_n(&e->pol_reading, 0, __ATOMIC_RELEASE);
+}
+
+void gs_eng_policy_locked(struct gs_engine *e, struct gs_ds_slice *s)
+{
+    const struct gs_policy_set *set = &e->pol[__atomic_load_n(&e->pol_cur, __ATOMIC_ACQUIRE)];
+    const struct gs_pol *p = set->present ? gs_policy_find(set, e->grant) : NULL;
+    __atomic_store_n(&e->pol_own_listed, p != NULL, __ATOMIC_RELAXED);
+    if (p) {
+        /* pacing on or off is decided when a process starts: a paced slice keeps a share in (0, 100 %)
+         * and a mode that paces; a tidal slice's share is its tide's */
+        if (e->paced && e->colocation != GS_COLOC_TIDAL && p->share_bp > 0 && p->share_bp < GS_BP_FULL)
+            e->share_bp = p->share_bp;
+        if (e->paced && p->mode != GS_CTL_OFF) e->mode = p->mode;
+        e->weight = p->weight;
+        e->priority = p->priority;
+    }
+    if (e->colocation != GS_COLOC_TIDAL) s->share_bp = e->share_bp;
+    s->mode = (uint8_t)e->mode;
+    s->weight = (uint8_t)e->weight;
+    s->priority = (uint8_t)e->priority;
+    s->colocation = (uint8_t)e->colocation;
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+        uint64_t w = 0;
+        if (i != e->slice && (e->ds->slices[i].flags & GS_DS_SLICE_IN_USE)) {
+            struct gs_pol q = resolve(e, i);
+            w = gs_pol_pack(&q);
+        }
+        __atomic_store_n(&e->pol_pack[i], w, __ATOMIC_RELAXED);
+    }
+    e->pol_packed = 1;
+}
+
+void gs_eng_policy_forget(struct gs_engine *e)
+{
+    if (!e->pol_packed) return;
+    e->pol_packed = 0;
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) __atomic_store_n(&e->pol_pack[i], 0, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,197 @@
+"""The device's policy roster (issue 15): each slice's compute share, mode, weight, priority and co-location,
+as root wrote them, which every pacer of the device obeys.
+
+Contract (the reader and why: ``native/include/gpuslice/policy.h``): ``<device_state_dir>/<name>.policy/`` holds
+one file per grant on the device, named by the grant id, in the slice-file syntax (:mod:`gpuslice.enforcer.
+slicefile`; only ``grant``, ``compute``, ``mode``, ``weight``, ``priority`` and ``colocation`` are read). The
+folder (0755) and its files (0644) are written by whoever keeps the grants — the local agent, the device plugin,
+the DRA driver — and by nobody else: the pacing file beside it is written by every tenant on the device, so a
+policy read from it was whatever any tenant claimed (a low-priority tenant said it was high priority, and its
+neighbours yielded to it). A pacer trusts a folder and file owned by root or by its own user and writable by no
+one else; without a trusted folder it falls back to the pacing file's records (a node without a root manager).
+
+    write_policies(state.device_state, grant_id, grant.slices)   # at grant and at each live resize
+    remove_policies(state.device_state, grant_id)                # at release
+
+Files are replaced by rename (a pacer reads the old file or the new, never a part): running pacers take a
+change within ``GS_POL_RECHECK_NS`` (100 ms).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import time
+from pathlib import Path
+from typing import Iterable
+
+from gpuslice import spec
+from gpuslice.enforcer.devstate import state_file_name
+from gpuslice.enforcer.slicefile import SliceConfig, read_slice_file, write_slice_file
+from gpuslice.spec.errors import GpusliceError
+
+SUFFIX = ".policy"
+FOLDER_MODE = 0o755
+FILE_MODE = 0o644
+_GRANT_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,126}")  # as native/src/pacing/policy.c's valid_name
+
+
+class PolicyError(GpusliceError, ValueError):
+    """A grant id that cannot name a policy file."""
+
+
+def folder_name(uuid: str) -> str:
+    """The roster folder of ``uuid``, beside its pacing file: ``GPU-….policy`` (a MIG instance's as its pacing
+    file's, :func:`gpuslice.enforcer.devstate.state_file_name`)."""
+    return state_file_name(uuid)[:-len(".dev")] + SUFFIX
+
+
+def check_grant_id(grant_id: str) -> str:
+    if not isinstance(grant_id, str) or not _GRANT_RE.fullmatch(grant_id):
+        raise PolicyError(f"grant_id: {grant_id!r} is not allowed; expected 1-127 of A-Z a-z 0-9 _ - . "
+                          "(not starting with '.')")
+    return grant_id
+
+
+def policy_config(grant_id: str, item: spec.Slice) -> SliceConfig:
+    """What the roster says of ``grant_id``'s slice ``item`` on its device."""
+    return SliceConfig(grant=check_grant_id(grant_id), compute=item.compute, mode=item.mode.value,
+                       weight=item.weight, priority=int(item.priority), colocation=item.colocation.value)
+
+
+def _ours(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def ensure_folder(device_state: Path | str, uuid: str) -> Path:
+    """``uuid``'s roster folder, made if missing: a real folder of ours that only we write. Whatever else has the
+    name (in the sticky device-state folder a tenant may have made it first: a link, a file, a folder of theirs)
+    is never followed or written into; it is moved aside to ``.<name>.refused-<ns>`` and the folder made anew."""
+    folder = Path(device_state) / folder_name(uuid)
+    for _ in range(3):
+        try:
+            os.mkdir(folder, FOLDER_MODE)
+            os.chmod(folder, FOLDER_MODE, follow_symlinks=False)  # umask must not narrow it: every pacer reads it
+            return folder
+        except FileExistsError:
+            pass
+        try:
+            st = os.lstat(folder)
+        except FileNotFoundError:
+            continue  # gone meanwhile: make it again
+        if stat.S_ISDIR(st.st_mode) and _ours(st):
+            return folder
+        os.rename(folder, folder.with_name(f".{folder.name}.refused-{time.time_ns()}"))
+    raise OSError(errno.EEXIST, "the roster folder keeps being taken", str(folder))
+
+
+def write_policies(device_state: Path | str, grant_id: str, slices: Iterable[spec.Slice]) -> tuple[str, ...]:
+    """Write ``grant_id``'s policy on each device of ``slices`` (a new file renamed over the old); the folder
+    names written, in order."""
+    check_grant_id(grant_id)  # before anything is made: nothing half-applied
+    done = []
+    for item in slices:
+        folder = ensure_folder(device_state, item.device_uuid)
+        write_slice_file(folder / grant_id, policy_config(grant_id, item))
+        done.append(folder.name)
+    return tuple(done)
+
+
+def set_share(device_state: Path | str, config: SliceConfig, percent: int) -> tuple[str, ...]:
+    """A live share for the slice that runs with ``config`` (its slice file) on every device that has a pacing file
+    in ``device_state``: its roster entry says ``compute=percent`` and the rest of ``config``'s policy. For one
+    user's own state folder (the benchmarks change shares between phases); the node side writes whole grants with
+    :func:`write_policies`. The roster folders written."""
+    grant = check_grant_id(config.grant)
+    names = sorted(p.name[:-len(".dev")] for p in Path(device_state).glob("*.dev"))
+    entry = SliceConfig(grant=grant, compute=percent, mode=config.mode, weight=config.weight, priority=config.priority,
+                        colocation=config.colocation)
+    done = []
+    for name in names:
+        folder = ensure_folder(device_state, name)
+        write_slice_file(folder / grant, entry)
+        done.append(folder.name)
+    return tuple(done)
+
+
+def remove_policies(device_state: Path | str, grant_id: str) -> None:
+    """Take ``grant_id`` off every roster in ``device_state`` (folders of ours only; a missing one is fine)."""
+    if not isinstance(grant_id, str) or not _GRANT_RE.fullmatch(grant_id):
+        return  # never written
+    root = Path(device_state)
+    try:
+        names = [n for n in os.listdir(root) if n.endswith(SUFFIX) and not n.startswith(".")]
+    except FileNotFoundError:
+        return
+    for name in names:
+        try:
+            if not (stat.S_ISDIR((st := os.lstat(root / name)).st_mode) and _ours(st)):
+                continue
+            os.unlink(root / name / grant_id)
+        except FileNotFoundError:
+            continue
+
+
+def prune_policies(device_state: Path | str, keep: Iterable[str], *, prefix: str = "", older_than: float = 0.0,
+                   now: float | None = None) -> tuple[str, ...]:
+    """Take off every roster in ``device_state`` the grants starting with ``prefix`` that are not in ``keep`` and
+    whose file is older than ``older_than`` seconds (a grant written a moment ago may not be in a ``keep`` read
+    before it). For a writer that learns of a grant's end only from a list of those that remain (the device
+    plugin: pods end without telling it). The grants taken off, sorted."""
+    keep = set(keep)
+    now = time.time() if now is None else now
+    root = Path(device_state)
+    gone = set()
+    try:
+        folders = [n for n in os.listdir(root) if n.endswith(SUFFIX) and not n.startswith(".")]
+    except FileNotFoundError:
+        return ()
+    for name in folders:
+        folder = root / name
+        try:
+            if not (stat.S_ISDIR((st := os.lstat(folder)).st_mode) and _ours(st)):
+                continue
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for grant in entries:
+            if grant.startswith(".") or not grant.startswith(prefix) or grant in keep:
+                continue
+            try:
+                if now - os.lstat(folder / grant).st_mtime >= older_than:
+                    os.unlink(folder / grant)
+                    gone.add(grant)
+            except FileNotFoundError:
+                continue
+    return tuple(sorted(gone))
+
+
+def read_policies(device_state: Path | str, uuid: str) -> dict[str, SliceConfig]:
+    """Grant id -> policy of ``uuid``'s roster as the pacers read it (``gpuslice ps``, tests): files that are
+    links, writable by others or malformed are left out, as the native reader leaves them out."""
+    folder = Path(device_state) / folder_name(uuid)
+    out: dict[str, SliceConfig] = {}
+    try:
+        names = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    for name in names:
+        if name.startswith(".") or not _GRANT_RE.fullmatch(name):
+            continue
+        try:
+            st = os.lstat(folder / name)
+            if (not stat.S_ISREG(st.st_mode) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_nlink != 1
+                    or st.st_uid not in (0, os.geteuid())):
+                continue
+            config = read_slice_file(folder / name)
+        except (OSError, ValueError):
+            continue
+        if config.grant == name:
+            out[name] = config
+    return out
+
+
+__all__ = ["FILE_MODE", "FOLDER_MODE", "PolicyError", "SUFFIX", "check_grant_id", "ensure_folder", "folder_name",
+           "policy_config", "prune_policies", "read_policies", "remove_policies", "set_share", "write_policies"]

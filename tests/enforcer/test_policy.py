@@ -1,0 +1,94 @@
+"""The device's policy roster as root writes it (``gpuslice.enforcer.policy``; the native reader's rules are pinned in
+``native/tests/test_policy.c``): one slice file per grant in a folder only its owner writes, the same syntax the
+enforcer parses, taken off at release or, for the device plugin, when its pod is gone from the ledger."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuslice.enforcer.policy import (PolicyError, check_grant_id, folder_name, prune_policies, read_policies,
+                                      remove_policies, write_policies)
+from gpuslice.spec import ComputeMode, Priority
+from gpuslice.spec.model import Colocation, Slice
+
+GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
+GPU1 = "GPU-00000000-1111-2222-3333-555555555555"
+MIG = "MIG-00000000-1111-2222-3333-666666666666"
+
+
+def slices(*uuids: str, compute: int = 30, **kw) -> tuple[Slice, ...]:
+    return tuple(Slice(device_uuid=u, memory_limit=2**30, compute=compute, **kw) for u in uuids)
+
+
+def test_one_file_per_device_in_a_folder_only_its_owner_writes(tmp_path: Path) -> None:
+    done = write_policies(tmp_path, "g-1", slices(GPU0, GPU1, compute=40, priority=Priority.HIGH,
+                                                   mode=ComputeMode.SOFT, weight=3, colocation=Colocation.SHARED))
+    assert done == (f"{GPU0}.policy", f"{GPU1}.policy")
+    for uuid in (GPU0, GPU1):
+        folder = tmp_path / folder_name(uuid)
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+        assert stat.S_IMODE((folder / "g-1").stat().st_mode) == 0o644
+        p = read_policies(tmp_path, uuid)["g-1"]
+        assert (p.grant, p.compute, p.mode, p.priority, p.weight, p.colocation) == ("g-1", 40, "soft", 0, 3, "shared")
+
+
+def test_a_mig_instance_has_its_roster_beside_its_pacing_file(tmp_path: Path) -> None:
+    """The pacer names a MIG instance's files GPU-<hex> (``state_file_name``); the roster follows it."""
+    write_policies(tmp_path, "g-1", slices(MIG))
+    assert (tmp_path / "GPU-00000000-1111-2222-3333-666666666666.policy" / "g-1").is_file()
+
+
+def test_the_native_parser_reads_what_is_written(tmp_path: Path, native_build: Path) -> None:
+    """The roster's files are slice files: the enforcer's own parser (the config-check tool) accepts them."""
+    write_policies(tmp_path, "k-pod-main", slices(GPU0, compute=25, priority=Priority.HIGH))
+    out = subprocess.run([str(native_build / "gpuslice-config-check"), str(tmp_path / folder_name(GPU0) / "k-pod-main")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "compute" in out.stdout and "25" in out.stdout
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "x" * 128, "sp ace", 7])
+def test_a_grant_id_that_cannot_name_a_file_is_refused_naming_the_field(tmp_path: Path, bad) -> None:
+    with pytest.raises(PolicyError, match="grant_id"):
+        check_grant_id(bad)
+    with pytest.raises(PolicyError, match="grant_id"):
+        write_policies(tmp_path, bad, slices(GPU0))
+    assert list(tmp_path.iterdir()) == []  # nothing made
+
+
+def test_release_takes_the_grant_off_every_roster_and_leaves_the_others(tmp_path: Path) -> None:
+    write_policies(tmp_path, "g-1", slices(GPU0, GPU1))
+    write_policies(tmp_path, "g-2", slices(GPU0))
+    remove_policies(tmp_path, "g-1")
+    remove_policies(tmp_path, "g-1")  # again: nothing to do
+    assert list(read_policies(tmp_path, GPU0)) == ["g-2"] and read_policies(tmp_path, GPU1) == {}
+
+
+def test_files_others_could_have_written_are_not_read(tmp_path: Path) -> None:
+    write_policies(tmp_path, "g-1", slices(GPU0))
+    folder = tmp_path / folder_name(GPU0)
+    (folder / "g-2").write_text("version=1\ngrant=g-2\ncompute=90\npriority=0\n")
+    os.chmod(folder / "g-2", 0o666)
+    (folder / "g-3").write_text("version=1\ngrant=g-1\ncompute=90\npriority=0\n")  # speaks for another grant
+    os.chmod(folder / "g-3", 0o644)
+    (folder / "g-4").symlink_to(folder / "g-1")
+    assert list(read_policies(tmp_path, GPU0)) == ["g-1"]
+
+
+def test_prune_takes_off_only_old_files_of_its_prefix_not_kept(tmp_path: Path) -> None:
+    """The device plugin learns a pod ended only from the ledger: it prunes its own grants (``k-``) the ledger no
+    longer lists, but not one written moments ago (the ledger it read may predate it), nor the DRA driver's."""
+    for grant in ("k-old-gone", "k-old-kept", "k-new-gone", "dra-claim"):
+        write_policies(tmp_path, grant, slices(GPU0))
+    old = (tmp_path / folder_name(GPU0) / "k-old-gone").stat().st_mtime - 600
+    for grant in ("k-old-gone", "k-old-kept", "dra-claim"):
+        os.utime(tmp_path / folder_name(GPU0) / grant, (old, old))
+    gone = prune_policies(tmp_path, {"k-old-kept"}, prefix="k-", older_than=120)
+    assert gone == ("k-old-gone",)
+    assert sorted(read_policies(tmp_path, GPU0)) == ["dra-claim", "k-new-gone", "k-old-kept"]
+    assert prune_policies(tmp_path / "missing", set(), prefix="k-") == ()
