@@ -68,10 +68,11 @@ def build_variant(name: str, flags: str, where: Path) -> Path:
 
 
 def slice_file(tmp: Path, name: str, priority: int, compute: int = 100, extra: str = "", mode: str = "hard") -> Path:
-    """A slice file in ``tmp`` whose processes coordinate through ``tmp/state``."""
+    """A slice file in ``tmp`` whose processes coordinate through ``tmp/state``, with a region of its own (as the
+    agent's slices: the pacer keeps the slice's credit there, issue 15)."""
     f = tmp / f"{name}.slice"
     f.write_text(f"version=1\ngrant={name}\ncompute={compute}\nmode={mode}\npriority={priority}\nweight=1\n"
-                 f"device_state_dir={tmp / 'state'}\nlog_level=warn\n{extra}")
+                 f"device_state_dir={tmp / 'state'}\nregion={tmp / (name + '.region')}\nlog_level=warn\n{extra}")
     return f
 
 

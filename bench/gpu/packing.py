@@ -185,7 +185,8 @@ def start_kind(k: Kind, ns: list[int], tmp: Path, log: Path, mps_env: dict[str, 
             grant = f"pk-{kind}-{mode}{i}"
             sf = tmp / f"{grant}.slice"
             write_slice_file(sf, grant=grant, compute=100 // nmax if paced else 0, mode=slice_mode, priority=1,
-                             memory_limit=4 * 2**30, device_state_dir=str(tmp / "state"), log_level="warn")
+                             memory_limit=4 * 2**30, device_state_dir=str(tmp / "state"), log_level="warn",
+                             region=str(tmp / f"{grant}.region"))  # as the agent's slices: the credit lives there
             lib = VARIANTS.get(mode.partition("-")[2], str(LIB))
             w = start(kind, f"{mode}{i}", {**base, "LD_PRELOAD": lib, "GPUSLICE_SLICE": str(sf)}, log)
             w.grant, w.slice_file = grant, sf

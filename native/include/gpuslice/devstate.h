@@ -29,7 +29,8 @@
  * loses at most one increment.
  *
  * Hostile neighbours (trust model: native/README.md, README-compute.md): every tenant on the device
- * writes this file. A neighbour can distort what the records say (credit, activity; the policy fields of a
+ * writes this file. A neighbour can distort what the records say (activity; the credit of a slice without a
+ * region of its own; the policy fields of a
  * slice record are only what its own processes publish: every pacer takes policy from root's roster,
  * policy.h, when the device has one); it cannot
  * hang or crash a process: the lock is the kernel's and bounded (GS_DS_LOCK_WAIT_NS), a truncated file
@@ -95,7 +96,8 @@ struct gs_ds_slice {            /* 256 bytes */
     uint8_t paced;              /*  11 1 = share is enforced (0 < share < 100 %, mode != off) */
     uint32_t rate_bp;           /*  12 rate the controller allots right now */
     char grant[128];            /*  16 grant id (slice identity across processes) */
-    int64_t credit_ns;          /* 144 controller credit (struct gs_ctl_bucket); launches charge it with
+    int64_t credit_ns;          /* 144 controller credit (struct gs_ctl_bucket) of a slice without a region of its
+                                       own (one with a region keeps it there: pacer_core.h credit_home); launches charge it with
                                        atomic adds outside the lock, refills are compare-and-swap */
     int64_t credit_last_ns;     /* 152 */
     int64_t last_active_ns;     /* 160 last launch by any process of the slice */

@@ -176,6 +176,10 @@ struct gs_engine {
     int64_t pol_checked_ns;
     uint64_t pol_pack[GS_DS_MAX_SLICES];
     uint32_t pol_own_listed;           /* our grant is in the roster (atomic) */
+    /* the slice's credit [0] and its refill clock [1]: in the slice's own region when it has one
+     * (gs_engine_set_credit_home; only the slice's processes can write it), else in its slice record,
+     * which every tenant on the device can write (a neighbour kept it at maximum debt: issue 15) */
+    int64_t *credit_home;
     int pol_packed;                    /* pol_pack holds values (the poller's) */
 };
 
@@ -191,6 +195,11 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
  * on, whatever its compute share; a low-priority preemptive one learns kernel costs for the yield
  * path. 0, or -1 when the state lock failed (the slice keeps its defaults). */
 int gs_engine_set_colocation(struct gs_engine *e, int colocation, const struct gs_tidal *tidal, int base_pct);
+/* Right after gs_engine_init: keep the slice's credit in home[0] and its refill clock in home[1] (two
+ * aligned int64s every process of the slice maps, and no other slice can write: the slice's region,
+ * pacer.c) instead of the slice record. When no other process of the slice is on the device, both
+ * start at 0, as a new slice record's do. 0, or -1 when the state lock failed (the record keeps it). */
+int gs_engine_set_credit_home(struct gs_engine *e, int64_t *home);
 /* Before a launch of kernel shape `key` (gs_cost_key; 0 = unknown) on `stream`: 0 = launch now
  * (*t goes to gs_engine_after); >0 = sleep that many ns and ask again. slept_ns: how long the caller
  * slept since its previous call for this same launch (0 the first time). */
@@ -226,13 +235,16 @@ int64_t gs_eng_account_pair(struct gs_engine *e, int i, int64_t ns, struct gs_en
 int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now);
 /* Under the state lock: how long a measured launch must wait now (0: go): a low-priority process
  * yields to high-priority work, a paced one to its credit, a turn-taking one takes its turn. */
-int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_ds_proc *me, int64_t now);
+int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_proc *me, int64_t now);
 /* The policy of slice record i as this engine must take it (policy.h): our own slice's is the engine's
  * (from our root-written config or the roster); another slice's comes from the roster when there is
  * one (a slice the roster does not list counts as low priority, weight 1, with the share and mode its
  * record claims, except that the claim cannot make it high priority); without a roster, from its record
  * (range-checked). Lock-free. */
 struct gs_pol gs_eng_pol(struct gs_engine *e, int i);
+/* The slice's credit and refill clock, wherever they are kept (gs_engine_set_credit_home). */
+int64_t *gs_eng_credit(struct gs_engine *e);
+int64_t *gs_eng_credit_last(struct gs_engine *e);
 /* Poller: read the roster again when GS_POL_RECHECK_NS passed and its folder changed (no lock held). */
 void gs_eng_policy_refresh(struct gs_engine *e, int64_t now);
 /* Under the state lock, at each recount: our own policy from the roster (when it lists us), written back

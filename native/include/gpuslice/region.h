@@ -28,7 +28,9 @@
  *        104 u32  compute         compute share 0..100 from the config
  *        108 u32  generation      the slice file generation= that last set `limit` (live resize; was
  *                                 `reserved`, always 0 before: additive, version stays 1)
- *        112 u64  compute_spare[10]  written by the compute part (pacer), atomically, outside seq
+ *        112 u64  compute_spare[10]  written by the compute part (pacer), atomically, outside seq: [0] the
+ *                                     slice's credit (ns, signed), [1] its refill clock (CLOCK_MONOTONIC ns);
+ *                                     the rest unused (0)
  *   128 + max_devices*device_size: process records [max_procs], each proc_size bytes:
  *        0   i32  pid             0 = free slot
  *        4   u32  state           1 = active

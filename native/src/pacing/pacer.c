@@ -25,9 +25,12 @@
 #include "gpuslice/fork.h"
 #include "gpuslice/hook.h"
 #include "gpuslice/log.h"
+#include "gpuslice/memory.h"
 #include "gpuslice/pacer_core.h"
 #include "gpuslice/pairbias.h"
 #include "gpuslice/real.h"
+#include "gpuslice/region.h"
+#include "gpuslice/state.h"
 
 #define GS_DEFAULT_DEVSTATE_DIR "/tmp/gpuslice-devstate"
 #define CU_OK 0
@@ -69,6 +72,7 @@ static struct {
     int enabled;
     pid_t pid;
     int mode, weight, priority, fail_open, colocation;
+    int region;           /* the slice has a region of its own (not private to this process): its credit lives there */
     struct gs_tidal tidal;
     int share_pct[GS_MAX_DEVICES];
     char grant[128];
@@ -301,6 +305,7 @@ int gs_pacer_init(const struct gs_config *cfg)
     g.colocation = cfg->colocation;
     g.tidal = cfg->tidal;
     g.fail_open = cfg->fail_open;
+    g.region = cfg->region[0] != '\0';
     int any = 0;
     for (int i = 0; i < GS_MAX_DEVICES; i++) {
         int pct = cfg->compute_per_ordinal[i] >= 0 ? cfg->compute_per_ordinal[i] : cfg->compute;
@@ -388,6 +393,12 @@ static void setup_device(int dev, struct gs_pdev *d)
         gs_devstate_close(&d->ds);
         return;
     }
+    /* The slice's credit goes into its own region (two of the device record's compute_spare words), which
+     * only the slice's processes can write: in the pacing file any tenant on the device could keep it at
+     * maximum debt (issue 15). A slice without a region of its own keeps it in its record, as before. */
+    int ridx = g.region && gs_shared ? gs_mem_dev_index(dev) : -1;
+    if (ridx >= 0 && gs_engine_set_credit_home(&d->eng, (int64_t *)gs_shared->devices[ridx].compute_spare) != 0)
+        GS_WARN("compute: device %d: the slice's credit stays in the device state (lock failed)", dev);
     d->eng.tidal_hour = utc_hour();
     if (gs_engine_set_colocation(&d->eng, g.colocation, &g.tidal, pct) != 0)
         GS_WARN("compute: device %d: could not record colocation=%s in the device state", dev, gs_coloc_name(g.colocation));

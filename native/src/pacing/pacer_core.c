@@ -37,21 +37,47 @@ static int64_t clamp_add_u64(uint64_t *x, int64_t d)
 static int64_t take(int64_t *x) { return __atomic_exchange_n(x, 0, __ATOMIC_RELAXED); }
 static void add(int64_t *x, int64_t d) { __atomic_fetch_add(x, d, __ATOMIC_RELAXED); }
 
-/* credit -= ns, clamped (gs_ctl_charged), against concurrent lock-free launches */
-static void credit_charge(struct gs_ds_slice *s, int64_t ns)
+int64_t *gs_eng_credit(struct gs_engine *e)
 {
-    int64_t old = __atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(&s->credit_ns, &old, gs_ctl_charged(old, ns), 1, __ATOMIC_RELAXED,
+    return e->credit_home ? &e->credit_home[0] : &e->ds->slices[e->slice].credit_ns;
+}
+
+int64_t *gs_eng_credit_last(struct gs_engine *e)
+{
+    return e->credit_home ? &e->credit_home[1] : &e->ds->slices[e->slice].credit_last_ns;
+}
+
+/* credit -= ns, clamped (gs_ctl_charged), against concurrent lock-free launches */
+static void credit_charge(int64_t *credit, int64_t ns)
+{
+    int64_t old = __atomic_load_n(credit, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(credit, &old, gs_ctl_charged(old, ns), 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+static void credit_refill(int64_t *credit, int64_t add_ns, int64_t cap_ns)
+{
+    int64_t old = __atomic_load_n(credit, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(credit, &old, gs_ctl_refilled(old, add_ns, cap_ns), 1, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED)) {
     }
 }
 
-static void credit_refill(struct gs_ds_slice *s, int64_t add_ns, int64_t cap_ns)
+int gs_engine_set_credit_home(struct gs_engine *e, int64_t *home)
 {
-    int64_t old = __atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(&s->credit_ns, &old, gs_ctl_refilled(old, add_ns, cap_ns), 1,
-                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    if (gs_devstate_lock(e->ds) != 0) return -1;
+    int others = 0;
+    for (int i = 0; e->slice >= 0 && i < GS_DS_MAX_PROCS; i++) {
+        const struct gs_ds_proc *p = &e->ds->procs[i];
+        others += i != e->proc && (p->flags & GS_DS_PROC_IN_USE) && p->slice == e->slice;
     }
+    if (!others) { /* the slice starts here: no debt or clock left from an earlier life of its region */
+        __atomic_store_n(&home[0], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&home[1], 0, __ATOMIC_RELAXED);
+    }
+    e->credit_home = home;
+    gs_devstate_unlock(e->ds);
+    return 0;
 }
 
 static void set_flag(struct gs_ds_proc *p, uint32_t f, int on)
@@ -208,7 +234,7 @@ static void window_add(struct gs_ds_slice *s, int64_t now, int64_t busy, int64_t
  * launch's charge from the cost charged then to what it really cost. */
 static void harvest(struct gs_engine *e)
 {
-    struct gs_ds_slice *s = &e->ds->slices[e->slice];
+    int64_t *credit = gs_eng_credit(e);
     struct gs_eng_others o = {0, 0, 0};
     while (e->outstanding > 0) {
         int i = e->tail;
@@ -229,7 +255,7 @@ static void harvest(struct gs_engine *e)
             }
             int64_t d = cost - e->ring_charged[i];
             if (d) {
-                credit_charge(s, d);
+                credit_charge(credit, d);
                 add(&e->pub_charged, d);
             }
         }
@@ -312,14 +338,15 @@ static int poll_locked(struct gs_engine *e, int64_t now)
             wanting = (p->flags & GS_DS_PROC_IN_USE) && p->slice == e->slice && gs_eng_want_live(p, now);
         }
     }
-    credit_refill(s, gs_ctl_accrue(&s->credit_last_ns, now, rate), wanting ? GS_CTL_WANT_CAP_NS : GS_CTL_BURST_NS);
+    int64_t *credit = gs_eng_credit(e);
+    credit_refill(credit, gs_ctl_accrue(gs_eng_credit_last(e), now, rate), wanting ? GS_CTL_WANT_CAP_NS : GS_CTL_BURST_NS);
     if (rate >= GS_BP_FULL) {
         /* allowed the whole device (a soft slice alone): nothing is held back, and no debt may pile up
          * from costs charged a little above the wall time (two streams, a launch gap), or the slice
          * would be starved for seconds once a neighbour arrives and its rate drops */
-        int64_t c = __atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED);
+        int64_t c = __atomic_load_n(credit, __ATOMIC_RELAXED);
         while (c < -GS_CTL_BURST_NS &&
-               !__atomic_compare_exchange_n(&s->credit_ns, &c, -GS_CTL_BURST_NS, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+               !__atomic_compare_exchange_n(credit, &c, -GS_CTL_BURST_NS, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
         }
     }
     s->updated_ns = now;
@@ -409,7 +436,7 @@ static void launch_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_
                           int64_t charge, int measure, struct gs_ticket *t)
 {
     me->want_since_ns = 0;
-    credit_charge(s, charge);
+    credit_charge(gs_eng_credit(e), charge);
     add(&e->pub_charged, charge);
     count_launch(e, now, charge, t);
     if (measure && e->outstanding < GS_ENG_RING) {
@@ -437,9 +464,10 @@ static int free_fast(struct gs_engine *e, int64_t now, int64_t charge, struct gs
     struct gs_ds_slice *s = &e->ds->slices[e->slice];
     /* the launch may go while the credit before it (everything queued already charged) plus
      * LOOKAHEAD is not negative: the same gate as gs_ctl_gate with nothing more needed */
-    int64_t c = __atomic_sub_fetch(&s->credit_ns, charge, __ATOMIC_RELAXED);
+    int64_t *credit = gs_eng_credit(e);
+    int64_t c = __atomic_sub_fetch(credit, charge, __ATOMIC_RELAXED);
     if (c + charge + GS_CTL_LOOKAHEAD_NS < 0 && e->rate_bp < GS_BP_FULL) {
-        __atomic_add_fetch(&s->credit_ns, charge, __ATOMIC_RELAXED); /* not ours to spend: the slow path decides */
+        __atomic_add_fetch(credit, charge, __ATOMIC_RELAXED); /* not ours to spend: the slow path decides */
         return 0;
     }
     add(&e->pub_charged, charge);
@@ -501,10 +529,11 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     int measure = !credit_gate || sample || first;
     int64_t wait;
     if (credit_gate) {
-        struct gs_ctl_bucket b = {__atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED), s->credit_last_ns};
-        wait = first && e->outstanding > 0 ? GS_CTL_WAIT_MIN_NS : gs_ctl_gate(&b, s->rate_bp, 0);
+        /* our own credit and rate, never what a neighbour may have written into our record */
+        struct gs_ctl_bucket b = {__atomic_load_n(gs_eng_credit(e), __ATOMIC_RELAXED), *gs_eng_credit_last(e)};
+        wait = first && e->outstanding > 0 ? GS_CTL_WAIT_MIN_NS : gs_ctl_gate(&b, e->rate_bp, 0);
     } else {
-        wait = gs_eng_wait_locked(e, s, me, now);
+        wait = gs_eng_wait_locked(e, me, now);
     }
     if (wait == 0) {
         launch_locked(e, s, me, now, key, charge, measure, t);
@@ -543,7 +572,7 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
     if (now > 0) __atomic_store_n(&e->last_after_ns, now, __ATOMIC_RELAXED);
     if (!ok && t->charged) {
         /* the driver refused the launch: nothing runs, nothing is owed */
-        __atomic_add_fetch(&e->ds->slices[e->slice].credit_ns, t->charged, __ATOMIC_RELAXED);
+        __atomic_add_fetch(gs_eng_credit(e), t->charged, __ATOMIC_RELAXED);
         add(&e->pub_charged, -t->charged);
         __atomic_sub_fetch(&e->st_launches, 1, __ATOMIC_RELAXED);
         __atomic_sub_fetch(&e->st_launch_charged_ns, t->charged, __ATOMIC_RELAXED);

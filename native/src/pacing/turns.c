@@ -121,21 +121,21 @@ static int should_yield(struct gs_engine *e, int64_t now)
     return 0;
 }
 
-int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_ds_proc *me, int64_t now)
+int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_proc *me, int64_t now)
 {
     int64_t wait = 0;
     int turns = e->path == GS_DS_PATH_TURNS;
     /* a process that joins is seen within a ms (the recount); until then its own first launches
      * find us through its scans, which is enough to start the turns */
-    if (s->paced) {
+    if (e->paced) { /* ours, not what the record says: any tenant can write that */
         int64_t need = 0;
         if (turns && e->outstanding == 0 && e->others && rivals_present(e, now)) need += GS_CTL_TURN_MIN_NS; /* worth a switch */
         /* until the first pair is measured the cost is unknown: one launch at a time */
         if (e->cost_avg_ns == 0 && e->outstanding > 0) {
             wait = GS_CTL_WAIT_MIN_NS;
         } else {
-            struct gs_ctl_bucket b = {__atomic_load_n(&s->credit_ns, __ATOMIC_RELAXED), s->credit_last_ns};
-            wait = gs_ctl_gate(&b, s->rate_bp, need);
+            struct gs_ctl_bucket b = {__atomic_load_n(gs_eng_credit(e), __ATOMIC_RELAXED), *gs_eng_credit_last(e)};
+            wait = gs_ctl_gate(&b, e->rate_bp, need);
         }
         if (wait > 0) me->want_since_ns = 0; /* not ready: hold no place in the turn queue */
     }
