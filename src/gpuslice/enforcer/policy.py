@@ -65,6 +65,24 @@ def _ours(st: os.stat_result) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def _our_folders(device_state: Path | str) -> list[Path]:
+    """The roster folders in ``device_state`` that are real folders of ours (never a link or a tenant's)."""
+    root = Path(device_state)
+    try:
+        names = [n for n in os.listdir(root) if n.endswith(SUFFIX) and not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        try:
+            st = os.lstat(root / name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and _ours(st):
+            out.append(root / name)
+    return out
+
+
 def ensure_folder(device_state: Path | str, uuid: str) -> Path:
     """``uuid``'s roster folder, made if missing: a real folder of ours that only we write. Whatever else has the
     name (in the sticky device-state folder a tenant may have made it first: a link, a file, a folder of theirs)
@@ -120,16 +138,9 @@ def remove_policies(device_state: Path | str, grant_id: str) -> None:
     """Take ``grant_id`` off every roster in ``device_state`` (folders of ours only; a missing one is fine)."""
     if not isinstance(grant_id, str) or not _GRANT_RE.fullmatch(grant_id):
         return  # never written
-    root = Path(device_state)
-    try:
-        names = [n for n in os.listdir(root) if n.endswith(SUFFIX) and not n.startswith(".")]
-    except FileNotFoundError:
-        return
-    for name in names:
+    for folder in _our_folders(device_state):
         try:
-            if not (stat.S_ISDIR((st := os.lstat(root / name)).st_mode) and _ours(st)):
-                continue
-            os.unlink(root / name / grant_id)
+            os.unlink(folder / grant_id)
         except FileNotFoundError:
             continue
 
@@ -142,17 +153,9 @@ def prune_policies(device_state: Path | str, keep: Iterable[str], *, prefix: str
     plugin: pods end without telling it). The grants taken off, sorted."""
     keep = set(keep)
     now = time.time() if now is None else now
-    root = Path(device_state)
     gone = set()
-    try:
-        folders = [n for n in os.listdir(root) if n.endswith(SUFFIX) and not n.startswith(".")]
-    except FileNotFoundError:
-        return ()
-    for name in folders:
-        folder = root / name
+    for folder in _our_folders(device_state):
         try:
-            if not (stat.S_ISDIR((st := os.lstat(folder)).st_mode) and _ours(st)):
-                continue
             entries = os.listdir(folder)
         except OSError:
             continue
