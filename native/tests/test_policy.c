@@ -1,14 +1,22 @@
 /* The device's policy roster (gs_policy_read; policy.h): what a pacer takes as every slice's share, mode,
  * weight, priority and co-location. Pins: a file is read only when it is a regular file of one link,
  * owned by root or by us and writable by nobody else, parses as a slice file and names the grant it is
- * named after; a folder others may write (or a link to one) is no roster at all; an unchanged folder is
- * not read again, a renamed-in file is; lookups find every listed grant and nothing else. */
+ * named after; a folder others may write (or a link, or a file in its place: a tenant took the name) is a
+ * roster that lists nobody, never "no roster" (which would send pacers back to the records every tenant
+ * writes); a read cut short by running out of file descriptors keeps the set read before; on a
+ * read-only mount any owner is trusted (a pod's mount in a user namespace); an unchanged folder is not
+ * read again, a renamed-in file is; lookups find every listed grant and nothing else. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "gpuslice/config.h"
 #include "gpuslice/controller.h"
@@ -47,6 +55,62 @@ static void rm_rf(void)
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "cleanup of %s failed\n", dir);
+}
+
+/* The folder read with this process out of descriptors: `prev` (4 grants) must stand in `out`. */
+static void out_of_fds_keeps_the_set(struct gs_policy_set *prev, struct gs_policy_set *out)
+{
+    struct rlimit old, low;
+    getrlimit(RLIMIT_NOFILE, &old);
+    low = old;
+    low.rlim_cur = 64;
+    int fds[64], n = 0;
+    CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "lower the descriptor limit");
+    /* the folder has just changed (g-3 renamed in): the read must happen */
+    struct gs_policy_set full;
+    memcpy(&full, prev, sizeof full);
+    while (n < 64 && (fds[n] = dup(0)) >= 0) n++;
+    CHECK(errno == EMFILE, "descriptors used up (%d)", n);
+    int changed = gs_policy_read(dir, uuid, prev, out);
+    while (n > 0) close(fds[--n]);
+    setrlimit(RLIMIT_NOFILE, &old);
+    CHECK(changed == 0 && out->present && out->n == prev->n && gs_policy_find(out, "k-pod-a"),
+          "EMFILE: the set read before stands (changed %d, n %d of %d)", changed, out->n, prev->n);
+    CHECK(out->ino == 0, "and the next look reads the folder again");
+    CHECK(gs_policy_read(dir, uuid, out, prev) == 1, "which it does");
+    memcpy(out, prev, sizeof *out);
+}
+
+/* In a mount namespace of a child's own: the folder bind-mounted read-only and owned by the overflow uid,
+ * as root's roster looks inside a pod with a user namespace; its files are read (mode bits aside). Needs root (CI runs the
+ * suite as root); without it the case cannot be set up and is reported, not passed. */
+static void readonly_mount_is_trusted(void)
+{
+    if (geteuid() != 0) {
+        printf("test_policy: read-only mount case not run (needs root)\n");
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct gs_policy_set *x = calloc(2, sizeof *x);
+        if (!x || unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) _exit(10);
+        if (chown(folder, 65534, 65534) != 0) _exit(11);
+        if (gs_policy_read(dir, uuid, NULL, &x[0]) != 1 || !x[0].present || x[0].n != 0) _exit(12); /* not ours, writable mount */
+        if (mount(folder, folder, NULL, MS_BIND, NULL) != 0 ||
+            mount(NULL, folder, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) != 0)
+            _exit(13);
+        /* the 0666 file too: on a read-only mount nobody can write it; the hard link and the liar stay out */
+        if (gs_policy_read(dir, uuid, &x[0], &x[1]) != 1 || x[1].n != 5 || !gs_policy_find(&x[1], "g-3") ||
+            !gs_policy_find(&x[1], "writable") || gs_policy_find(&x[1], "hard"))
+            _exit(14);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(chown(folder, 0, 0) == 0, "folder back to root");
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+          "read-only mount owned by uid 65534: trusted, its 5 files read (child exit %d: 10 namespace, 11 chown, "
+          "12 trusted on a writable mount, 13 bind, 14 not read)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
 int main(void)
@@ -112,15 +176,30 @@ int main(void)
     p = gs_policy_find(&a, "g-2");
     CHECK(p && p->share_bp == 2000 && p->priority == 0 && p->mode == GS_CTL_HARD, "g-2's new policy");
 
-    /* a folder others may write is no roster, whatever it holds */
+    /* out of file descriptors part way: the set read before stands, and the next look reads again */
+    policy("g-3", 10, "hard", 1, 1, "preemptive");
+    out_of_fds_keeps_the_set(&a, &b);
+    CHECK(b.n == 4 && gs_policy_find(&b, "g-3"), "read again once descriptors are back: n %d", b.n);
+
+    /* a read-only mount is trusted whoever owns it */
+    readonly_mount_is_trusted();
+
+    /* a folder others may write lists nobody, whatever it holds */
     chmod(folder, 0777);
-    CHECK(gs_policy_read(dir, uuid, &a, &b) == 1 && !b.present && b.n == 0, "a folder others may write: no roster");
+    CHECK(gs_policy_read(dir, uuid, &b, &a) == 1 && a.present && a.n == 0, "a folder others may write: lists nobody");
     chmod(folder, 0755);
-    /* nor is a link to a folder */
+    CHECK(gs_policy_read(dir, uuid, &a, &b) == 1 && b.n == 4, "made ours again (its ctime moved): read again");
+    /* nor does a link to a folder, or a file in its place */
     char real[128];
     snprintf(real, sizeof real, "%s/real.policy", dir);
     CHECK(rename(folder, real) == 0 && symlink(real, folder) == 0, "folder swapped for a link");
-    CHECK(gs_policy_read(dir, uuid, &b, &a) == 0 && !a.present, "a link in the folder's place: no roster");
+    CHECK(gs_policy_read(dir, uuid, &b, &a) == 1 && a.present && a.n == 0, "a link in the folder's place: lists nobody");
+    unlink(folder);
+    FILE *sq = fopen(folder, "w");
+    if (sq) fclose(sq);
+    CHECK(gs_policy_read(dir, uuid, &a, &b) == 0 && b.present && b.n == 0, "a file in the folder's place: lists nobody");
+    unlink(folder);
+    CHECK(gs_policy_read(dir, uuid, &b, &a) == 1 && !a.present, "nothing at the name: no roster (records)");
 
     /* packing, for the launch paths */
     struct gs_pol x = {9999, GS_CTL_SOFT, 16, 1, GS_COLOC_TIDAL}, y;

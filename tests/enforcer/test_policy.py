@@ -1,18 +1,20 @@
 """The device's policy roster as root writes it (``gpuslice.enforcer.policy``; the native reader's rules are pinned in
 ``native/tests/test_policy.c``): one slice file per grant in a folder only its owner writes, the same syntax the
-enforcer parses, taken off at release or, for the device plugin, when its pod is gone from the ledger."""
+enforcer parses, taken off at release or, for the device plugin, when its pod is gone from the ledger, and brought in
+line with the grant keeper's books at start and periodically."""
 
 from __future__ import annotations
 
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from gpuslice.enforcer.policy import (PolicyError, check_grant_id, folder_name, prune_policies, read_policies,
-                                      remove_policies, write_policies)
+                                      reconcile_policies, remove_policies, write_policies)
 from gpuslice.spec import ComputeMode, Priority
 from gpuslice.spec.model import Colocation, Slice
 
@@ -92,3 +94,36 @@ def test_prune_takes_off_only_old_files_of_its_prefix_not_kept(tmp_path: Path) -
     assert gone == ("k-old-gone",)
     assert sorted(read_policies(tmp_path, GPU0)) == ["dra-claim", "k-new-gone", "k-old-kept"]
     assert prune_policies(tmp_path / "missing", set(), prefix="k-") == ()
+
+
+def test_reconcile_writes_what_the_books_hold_and_leaves_a_fresh_resize_alone(tmp_path: Path) -> None:
+    """A grant missing from the roster counts for nothing in its neighbours' allocation (the pacers give unlisted
+    slices no share), so the grant keeper reconciles: a missing file (a grant from before the roster, one removed by
+    hand) and an old file that differs from the books are written; a differing file newer than the grace may be a
+    resize the books read here predate, and stays; ended grants of the prefix go."""
+    folder = tmp_path / folder_name(GPU0)
+    write_policies(tmp_path, "k-stale", slices(GPU0, compute=10))
+    write_policies(tmp_path, "k-fresh", slices(GPU0, compute=70))
+    write_policies(tmp_path, "k-ended", slices(GPU0))
+    old = time.time() - 600
+    for grant in ("k-stale", "k-ended"):
+        os.utime(folder / grant, (old, old))
+    books = {"k-missing": slices(GPU0, GPU1, compute=25), "k-stale": slices(GPU0, compute=35),
+             "k-fresh": slices(GPU0, compute=50)}
+    done = reconcile_policies(tmp_path, books, prefix="k-", older_than=120)
+    assert done.written == ("k-missing", "k-stale") and done.gone == ("k-ended",) and not done.problems
+    got = read_policies(tmp_path, GPU0)
+    assert {g: c.compute for g, c in got.items()} == {"k-missing": 25, "k-stale": 35, "k-fresh": 70}
+    assert read_policies(tmp_path, GPU1)["k-missing"].compute == 25
+    again = reconcile_policies(tmp_path, books, prefix="k-", older_than=120)
+    assert again.written == () and again.gone == ()  # in line: nothing rewritten (no mtime churn for the pacers)
+
+
+def test_reconcile_replaces_an_entry_that_is_not_ours_and_reports_a_bad_grant(tmp_path: Path) -> None:
+    folder = tmp_path / folder_name(GPU0)
+    write_policies(tmp_path, "g-1", slices(GPU0, compute=30))
+    os.chmod(folder / "g-1", 0o666)  # writable by others: the pacers leave it out
+    done = reconcile_policies(tmp_path, {"g-1": slices(GPU0, compute=30), "../x": slices(GPU0)})
+    assert done.written == ("g-1",) and stat.S_IMODE((folder / "g-1").stat().st_mode) == 0o644
+    assert list(done.problems) == ["../x"] and "grant_id" in done.problems["../x"]
+    assert list(read_policies(tmp_path, GPU0)) == ["g-1"]

@@ -12,7 +12,7 @@ from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 from mpskit import failing_control, install_standin, mps_processes, short_root
 
-from gpuslice.enforcer.policy import read_policies
+from gpuslice.enforcer.policy import folder_name, read_policies
 from gpuslice.enforcer.slicefile import read_slice_file
 from gpuslice.host.mpsfleet import DaemonKey
 from gpuslice.kube import formats
@@ -160,3 +160,19 @@ def test_the_node_loop_takes_ended_pods_off_the_device_rosters(root: Path) -> No
     assert g.grant_id in read_policies(devices, g.uuids[0])  # written moments ago: kept
     MpsNode(api, "n0", alloc, grace=0).reconcile_once()
     assert g.grant_id not in read_policies(devices, g.uuids[0])
+
+
+def test_the_node_loop_writes_a_ledger_grant_missing_from_the_roster(root: Path) -> None:
+    """A grant the ledger holds but the roster lacks (allocated before the roster existed, or its file removed)
+    counts for nothing in its neighbours' allocation: the node loop writes it again at its next pass, as the ledger
+    says it (issue 15)."""
+    api = cluster(pod("ts", LIMITS))
+    alloc = allocator(api, root, install_standin(root / "bin"))
+    g = grant_of(api, "ts")
+    alloc.allocate([device_id(g.uuids[0], 0)])
+    devices = alloc.paths(g.grant_id, local=True)["devices"]
+    want = read_policies(devices, g.uuids[0])[g.grant_id]
+    (devices / folder_name(g.uuids[0]) / g.grant_id).unlink()
+    assert g.grant_id not in read_policies(devices, g.uuids[0])
+    MpsNode(api, "n0", alloc, grace=60).reconcile_once()
+    assert read_policies(devices, g.uuids[0])[g.grant_id] == want

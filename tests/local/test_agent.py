@@ -267,7 +267,8 @@ def test_a_failing_sample_pass_does_not_end_the_sampler():
         return fn(*args)
 
     fake = SimpleNamespace(config=SimpleNamespace(reclaim_every=0.0, interval=0.001), call=call,
-                           ledger=SimpleNamespace(reclaim=lambda: []), sample_once=sample_once)
+                           ledger=SimpleNamespace(reclaim=lambda: []), sample_once=sample_once,
+                           reconcile_rosters=lambda: None)
 
     async def run():
         task = asyncio.create_task(Agent.run_sampler(fake))

@@ -216,6 +216,25 @@ def pacing_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_writer(tmp_path_factory.mktemp("bin") / "devstate_writer")
 
 
+def test_the_ledger_writes_again_a_grant_missing_from_the_roster(ledger):
+    """A grant the ledger holds but the roster lacks (granted before the roster existed, its file removed) would count
+    for nothing in its neighbours' allocation: the agent reconciles at start and after each reclaim pass. A grant
+    the ledger lost whose processes still run keeps its entry."""
+    g = grant(ledger, "4GiB", compute=30)
+    entry = ledger.state.device_state / folder_name(GPU0) / g.grant_id
+    entry.unlink()
+    done = ledger.reconcile_rosters()
+    assert done.written == (g.grant_id,) and read_policies(ledger.state.device_state, GPU0)[g.grant_id].compute == 30
+    assert ledger.reconcile_rosters().written == ()
+    # an entry of no grant of the ledger's, older than the grace, is taken off
+    from gpuslice.enforcer.policy import write_policies
+    from gpuslice.spec.model import Slice
+    write_policies(ledger.state.device_state, "g-ended", (Slice(GPU0, 1 << 30, compute=20),))
+    assert ledger.reconcile_rosters().gone == ()  # written just now: may be a grant this read predates
+    assert ledger.reconcile_rosters(older_than=0).gone == ("g-ended",)
+    assert list(read_policies(ledger.state.device_state, GPU0)) == [g.grant_id]
+
+
 def test_a_new_share_mode_and_priority_reach_the_devices_roster(ledger):
     """A live resize goes through root's roster beside the pacing file (``gpuslice.enforcer.policy``), where the
     device's running pacers read every slice's policy (within 100 ms: native tests/test_pacer.c pins that)."""

@@ -176,6 +176,9 @@ struct gs_engine {
     int64_t pol_checked_ns;
     uint64_t pol_pack[GS_DS_MAX_SLICES];
     uint32_t pol_own_listed;           /* our grant is in the roster (atomic) */
+    /* pol_canon[i]: the record that speaks for record i's grant in the allocation (i itself, an earlier
+     * record of the same grant, or ours); set with the packs, read by gs_engine_rate (poller only) */
+    int8_t pol_canon[GS_DS_MAX_SLICES];
     /* the slice's credit [0] and its refill clock [1]: in the slice's own region when it has one
      * (gs_engine_set_credit_home; only the slice's processes can write it), else in its slice record,
      * which every tenant on the device can write (a neighbour kept it at maximum debt: issue 15) */
@@ -238,9 +241,8 @@ int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now);
 int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_proc *me, int64_t now);
 /* The policy of slice record i as this engine must take it (policy.h): our own slice's is the engine's
  * (from our root-written config or the roster); another slice's comes from the roster when there is
- * one (a slice the roster does not list counts as low priority, weight 1, with the share and mode its
- * record claims, except that the claim cannot make it high priority); without a roster, from its record
- * (range-checked). Lock-free. */
+ * one (a slice the roster does not list counts as low priority, weight 1 and share 0: it takes nothing
+ * from anyone's guarantee); without a roster, from its record (range-checked). Lock-free. */
 struct gs_pol gs_eng_pol(struct gs_engine *e, int i);
 /* The slice's credit and refill clock, wherever they are kept (gs_engine_set_credit_home). */
 int64_t *gs_eng_credit(struct gs_engine *e);

@@ -50,7 +50,9 @@ struct gs_pol_entry {
 };
 
 struct gs_policy_set {
-    int present;                 /* a trusted folder was read (0: no roster; policy from the records) */
+    int present;                 /* 0: no folder (no root manager; policy from the records); 1: a roster,
+                                    empty when the folder is not trusted (a tenant took the name) */
+    int trusted;                 /* the folder passed the trust rules (part of its stamp) */
     int n;
     uint64_t generation;         /* changes whenever what was read changes */
     uint64_t refused;            /* files left out (owner, mode, links, syntax, size, name), ever */

@@ -5,9 +5,10 @@
  * the device has a roster that lists our grant, from the roster: a live resize arrives that way. Never
  * from our slice record, which every tenant on the device can write; we write our values back into it
  * at every poll (what `gpuslice ps` and roster-less neighbours read).
- * Another slice: from the roster when there is one. A slice it does not list keeps the share and mode
- * its record claims but counts as low priority with weight 1: an unlisted process cannot make anyone
- * yield to it. A tidal slice's share moves with its tide, which only it knows: that one number comes
+ * Another slice: from the roster when there is one. A slice it does not list counts as low priority
+ * with weight 1 and no share: an unlisted process can neither make anyone yield to it nor take
+ * capacity from a listed slice's guarantee (it still paces itself at its own share). Records naming
+ * the same grant count once (gs_engine_rate). A tidal slice's share moves with its tide, which only it knows: that one number comes
  * from its record. Without a roster (no root manager on the node): from the records, range-checked. */
 #include "gpuslice/pacer_core.h"
 #include <string.h>
@@ -48,6 +49,9 @@ static struct gs_pol resolve(struct gs_engine *e, int i)
     grant[sizeof grant - 1] = '\0';
     const struct gs_pol *listed = gs_policy_find(set, grant);
     if (!listed) {
+        /* no capacity either: 31 unlisted records claiming 100 % each cut a listed 30 % slice's rate to
+         * 3.1 % (issue 15's review), and root lists every slice it granted */
+        rec.share_bp = 0;
         rec.priority = 1;
         rec.weight = 1;
         return rec;
@@ -55,6 +59,21 @@ static struct gs_pol resolve(struct gs_engine *e, int i)
     struct gs_pol p = *listed;
     if (p.colocation == GS_COLOC_TIDAL) p.share_bp = rec.share_bp;
     return p;
+}
+
+/* The record that speaks for record i's grant in the allocation: i itself, an earlier record of the same
+ * grant, or ours for a record of our grant. One grant is one slice however many records name it: a
+ * tenant that copied a listed grant's record 30 times counted 30 times (issue 15's review). seen[j] is
+ * record j's grant (private copies: the records may change under us), for each earlier j with
+ * counted[j] set; this fills seen[i]. */
+static int canonical(const struct gs_engine *e, int i, char (*seen)[GS_POL_GRANT_LEN], const uint8_t *counted)
+{
+    memcpy(seen[i], e->ds->slices[i].grant, GS_POL_GRANT_LEN);
+    seen[i][GS_POL_GRANT_LEN - 1] = '\0';
+    if (strcmp(seen[i], e->grant) == 0) return e->slice;
+    for (int j = 0; j < i; j++)
+        if (counted[j] && strcmp(seen[j], seen[i]) == 0) return j;
+    return i;
 }
 
 struct gs_pol gs_eng_pol(struct gs_engine *e, int i)
@@ -106,11 +125,16 @@ void gs_eng_policy_locked(struct gs_engine *e, struct gs_ds_slice *s)
     s->weight = (uint8_t)e->weight;
     s->priority = (uint8_t)e->priority;
     s->colocation = (uint8_t)e->colocation;
+    char seen[GS_DS_MAX_SLICES][GS_POL_GRANT_LEN];
+    uint8_t counted[GS_DS_MAX_SLICES] = {0};
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
         uint64_t w = 0;
+        e->pol_canon[i] = (int8_t)i;
         if (i != e->slice && (e->ds->slices[i].flags & GS_DS_SLICE_IN_USE)) {
             struct gs_pol q = resolve(e, i);
             w = gs_pol_pack(&q);
+            e->pol_canon[i] = (int8_t)canonical(e, i, seen, counted);
+            counted[i] = e->pol_canon[i] == i;
         }
         __atomic_store_n(&e->pol_pack[i], w, __ATOMIC_RELAXED);
     }

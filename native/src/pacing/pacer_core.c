@@ -200,12 +200,23 @@ uint32_t gs_engine_rate(struct gs_engine *e, int64_t now)
 {
     struct gs_ctl_slice in[GS_DS_MAX_SLICES];
     uint32_t out[GS_DS_MAX_SLICES];
+    uint8_t use[GS_DS_MAX_SLICES];
+    int64_t last[GS_DS_MAX_SLICES] = {0};
     int map = -1, n = 0;
+    /* one entry per grant, however many records name it (enginepolicy.c canonical): a grant is active
+     * when any of its records launched lately */
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
-        const struct gs_ds_slice *s = &e->ds->slices[i];
-        if (!(s->flags & GS_DS_SLICE_IN_USE)) continue;
+        int c = e->pol_packed ? e->pol_canon[i] : i;
+        int in_use = (__atomic_load_n(&e->ds->slices[i].flags, __ATOMIC_RELAXED) & GS_DS_SLICE_IN_USE) != 0;
+        use[i] = i == e->slice || (in_use && c == i);
+        if (!in_use || c < 0 || c >= GS_DS_MAX_SLICES) continue;
+        int64_t la = __atomic_load_n(&e->ds->slices[i].last_active_ns, __ATOMIC_RELAXED);
+        if (la > last[c]) last[c] = la;
+    }
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+        if (!use[i]) continue;
         if (i == e->slice) map = n;
-        int64_t la = __atomic_load_n(&s->last_active_ns, __ATOMIC_RELAXED);
+        int64_t la = last[i];
         struct gs_pol p = gs_eng_pol(e, i); /* never what a record claims where the roster says otherwise */
         in[n].share_bp = p.share_bp;
         in[n].mode = p.mode;

@@ -11,13 +11,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
-/* Owned by root or by us, writable by nobody else. */
-static int trusted(const struct stat *st)
+/* Owned by root or by us, writable by nobody else; or on a read-only mount, which nobody can write
+ * (a pod's roster mount: in a user namespace root's files show as owned by the overflow uid). Only root
+ * can make a read-only mount where other users' processes see it; a tenant that makes one in a mount
+ * namespace of its own fools only its own processes. */
+static int trusted(const struct stat *st, int readonly)
 {
-    return (st->st_uid == 0 || st->st_uid == geteuid()) && !(st->st_mode & (S_IWGRP | S_IWOTH));
+    return readonly || ((st->st_uid == 0 || st->st_uid == geteuid()) && !(st->st_mode & (S_IWGRP | S_IWOTH)));
 }
+
+static int on_readonly_mount(int fd)
+{
+    struct statvfs v;
+    return fstatvfs(fd, &v) == 0 && (v.f_flag & ST_RDONLY);
+}
+
+/* An error that says nothing about the folder, only about this process or the moment (out of file
+ * descriptors or memory): keep the set read before rather than drop grants from it. */
+static int transient(int err) { return err == EMFILE || err == ENFILE || err == ENOMEM || err == EINTR || err == EAGAIN; }
 
 /* A grant id as a file name: what the writers allow (gpuslice.enforcer.policy.grant_file_name). */
 static int valid_name(const char *s)
@@ -35,15 +49,17 @@ static int valid_name(const char *s)
 
 static int to_ctl_mode(int mode) { return mode == GS_MODE_SOFT ? GS_CTL_SOFT : mode == GS_MODE_OFF ? GS_CTL_OFF : GS_CTL_HARD; }
 
-/* One file, relative to the folder: 0 and *e filled, or -1 (left out). */
-static int read_entry(int dfd, const char *name, struct gs_config *c, struct gs_pol_entry *e)
+/* One file, relative to the folder: 0 and *e filled, -1 (left out), or -2 (a transient error: the
+ * caller keeps what it had). */
+static int read_entry(int dfd, int readonly, const char *name, struct gs_config *c, struct gs_pol_entry *e)
 {
     int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return -1;
+    if (fd < 0) return transient(errno) ? -2 : -1;
     struct stat st;
     char buf[GS_POL_FILE_MAX + 1];
     ssize_t n = -1;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && trusted(&st) && st.st_size <= GS_POL_FILE_MAX)
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && trusted(&st, readonly) &&
+        st.st_size <= GS_POL_FILE_MAX)
         n = pread(fd, buf, GS_POL_FILE_MAX + 1, 0);
     close(fd);
     if (n < 0 || n > GS_POL_FILE_MAX) return -1;
@@ -72,22 +88,25 @@ static int same_entries(const struct gs_policy_set *a, const struct gs_policy_se
     return memcmp(a->e, b->e, sizeof a->e[0] * (size_t)a->n) == 0;
 }
 
-static void read_folder(int dfd, struct gs_policy_set *out)
+/* 0, or -1 after a transient error (out is then incomplete). */
+static int read_folder(int dfd, int readonly, struct gs_policy_set *out)
 {
     DIR *d = fdopendir(dfd);
     if (!d) {
         close(dfd);
-        return;
+        return -1;
     }
     struct gs_config *c = malloc(sizeof *c); /* 6 KB: not on the poller's stack */
-    out->present = 1;
+    int rc = c ? 0 : -1;
     struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
+    while (rc == 0 && (de = readdir(d)) != NULL) {
         if (de->d_name[0] == '.') continue; /* ., .. and the writers' temporary files */
         struct gs_pol_entry e;
         memset(&e, 0, sizeof e);
-        if (!valid_name(de->d_name) || out->n >= GS_POL_MAX || !c || read_entry(dirfd(d), de->d_name, c, &e) != 0) {
-            out->refused++;
+        int r = !valid_name(de->d_name) || out->n >= GS_POL_MAX ? -1 : read_entry(dirfd(d), readonly, de->d_name, c, &e);
+        if (r == -2) rc = -1;
+        if (r != 0) {
+            out->refused += r == -1;
             continue;
         }
         /* sorted by grant: the same folder always reads the same, whatever readdir's order */
@@ -101,6 +120,22 @@ static void read_folder(int dfd, struct gs_policy_set *out)
     }
     closedir(d);
     free(c);
+    return rc;
+}
+
+/* What a read that could not finish leaves: the set read before (a grant dropped now would lose its
+ * guarantee in this process's allocation), else an empty roster; either way read again at the next look. */
+static void keep_previous(const struct gs_policy_set *prev, struct gs_policy_set *out)
+{
+    uint64_t refused = out->refused;
+    if (prev && prev->present) memcpy(out, prev, sizeof *out);
+    else {
+        memset(out, 0, offsetof(struct gs_policy_set, e));
+        out->generation = prev ? prev->generation : 0;
+        out->present = 1;
+    }
+    out->refused = refused;
+    out->ino = 0; /* no folder has inode 0: the next look reads it again */
 }
 
 int gs_policy_read(const char *dir, const char *uuid, const struct gs_policy_set *prev, struct gs_policy_set *out)
@@ -112,22 +147,43 @@ int gs_policy_read(const char *dir, const char *uuid, const struct gs_policy_set
     if (!dir || !*dir || !uuid || strchr(uuid, '/') || snprintf(path, sizeof path, "%s/%s.policy", dir, uuid) >= (int)sizeof path)
         goto done;
     int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd < 0) goto done;
-    struct stat st;
-    if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode) || !trusted(&st)) {
-        close(dfd);
+    if (dfd < 0) {
+        /* No folder: no root manager on this node, policy from the records. Anything else at the name (a
+         * link, a file, a folder we may not read: a tenant took the name before root) is a roster that
+         * lists nobody, never a reason to believe the records: root moves the squatter aside at its next
+         * grant. */
+        if (errno == ENOENT) goto done;
+        if (transient(errno)) {
+            keep_previous(prev, out);
+            goto done;
+        }
+        out->present = 1;
         goto done;
     }
-    if (prev && prev->present && same_stamp(prev, &st)) {
+    struct stat st;
+    if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        close(dfd);
+        out->present = 1;
+        goto done;
+    }
+    /* a mount can change the verdict without changing the folder: it is part of the stamp */
+    int readonly = on_readonly_mount(dfd), trust = trusted(&st, readonly);
+    if (prev && prev->present && same_stamp(prev, &st) && prev->trusted == trust) {
         close(dfd);
         memcpy(out, prev, sizeof *out);
         return 0;
     }
+    out->present = 1;
+    out->trusted = trust;
     out->dev = st.st_dev;
     out->ino = st.st_ino;
     out->mtime = st.st_mtim;
     out->ctime = st.st_ctim;
-    read_folder(dfd, out);
+    if (!trust) {
+        close(dfd); /* a tenant's folder: lists nobody (its stamp kept: read again once it changes) */
+        goto done;
+    }
+    if (read_folder(dfd, readonly, out) != 0) keep_previous(prev, out);
 done:;
     int changed = !prev || !same_entries(prev, out);
     if (changed) out->generation++;

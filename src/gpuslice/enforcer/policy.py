@@ -8,10 +8,14 @@ folder (0755) and its files (0644) are written by whoever keeps the grants — t
 the DRA driver — and by nobody else: the pacing file beside it is written by every tenant on the device, so a
 policy read from it was whatever any tenant claimed (a low-priority tenant said it was high priority, and its
 neighbours yielded to it). A pacer trusts a folder and file owned by root or by its own user and writable by no
-one else; without a trusted folder it falls back to the pacing file's records (a node without a root manager).
+one else (or on a read-only mount). With no folder it falls back to the pacing file's records (a node without a
+root manager); a folder it does not trust is a roster that lists nobody. A slice the roster does not list counts
+as low priority with no share in its neighbours' allocation, so whoever keeps the grants reconciles the rosters
+with its books at start and periodically.
 
     write_policies(state.device_state, grant_id, grant.slices)   # at grant and at each live resize
     remove_policies(state.device_state, grant_id)                # at release
+    reconcile_policies(state.device_state, {grant_id: slices})   # at start and periodically: the books win
 
 Files are replaced by rename (a pacer reads the old file or the new, never a part): running pacers take a
 change within ``GS_POL_RECHECK_NS`` (100 ms).
@@ -24,12 +28,13 @@ import os
 import re
 import stat
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from gpuslice import spec
 from gpuslice.enforcer.devstate import state_file_name
-from gpuslice.enforcer.slicefile import SliceConfig, read_slice_file, write_slice_file
+from gpuslice.enforcer.slicefile import SliceConfig, format_slice, read_slice_file, write_slice_file
 from gpuslice.spec.errors import GpusliceError
 
 SUFFIX = ".policy"
@@ -171,6 +176,58 @@ def prune_policies(device_state: Path | str, keep: Iterable[str], *, prefix: str
     return tuple(sorted(gone))
 
 
+@dataclass(frozen=True)
+class RosterChanges:
+    """What :func:`reconcile_policies` changed: grants written again (missing or out of date), grants taken off,
+    and grants it could not write (grant id -> why)."""
+
+    written: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+    problems: dict[str, str] = field(default_factory=dict)
+
+
+def _entry_is(path: Path, text: str) -> bool | None:
+    """True when ``path`` is our one-link regular file holding ``text``; None when it is missing; else False."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or not _ours(st) or st.st_nlink != 1 or st.st_size != len(text.encode()):
+        return False
+    try:
+        return path.read_text() == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def reconcile_policies(device_state: Path | str, wanted: Mapping[str, Iterable[spec.Slice]], *, prefix: str = "",
+                       older_than: float = 0.0, keep: Iterable[str] = (), now: float | None = None) -> RosterChanges:
+    """Make the rosters in ``device_state`` say what the grant keeper's books say: each grant of ``wanted`` (grant
+    id -> its slices) written where its file is missing (a grant from before the roster existed, a file a crash or
+    a hand removed) or differs from the books and is older than ``older_than`` seconds (a newer one may be a live
+    resize the books read here do not hold yet); then the grants starting with ``prefix`` that are in neither
+    ``wanted`` nor ``keep`` taken off (:func:`prune_policies`). Run at start and periodically by whoever keeps the grants: a
+    grant missing from a roster counts for nothing in its neighbours' allocation."""
+    now = time.time() if now is None else now
+    written, problems = [], {}
+    for grant_id, slices in wanted.items():
+        try:
+            check_grant_id(grant_id)
+            for item in slices:
+                folder = ensure_folder(device_state, item.device_uuid)
+                path = folder / grant_id
+                config = policy_config(grant_id, item)
+                same = _entry_is(path, format_slice(config))
+                if same or (same is False and now - os.lstat(path).st_mtime < older_than):
+                    continue
+                write_slice_file(path, config)
+                written.append(grant_id)
+        except (OSError, GpusliceError) as exc:
+            problems[grant_id] = str(exc)
+    gone = prune_policies(device_state, {*wanted, *keep}, prefix=prefix, older_than=older_than, now=now)
+    return RosterChanges(tuple(sorted(set(written))), gone, problems)
+
+
 def read_policies(device_state: Path | str, uuid: str) -> dict[str, SliceConfig]:
     """Grant id -> policy of ``uuid``'s roster as the pacers read it (``gpuslice ps``, tests): files that are
     links, writable by others or malformed are left out, as the native reader leaves them out."""
@@ -196,5 +253,6 @@ def read_policies(device_state: Path | str, uuid: str) -> dict[str, SliceConfig]
     return out
 
 
-__all__ = ["FILE_MODE", "FOLDER_MODE", "PolicyError", "SUFFIX", "check_grant_id", "ensure_folder", "folder_name",
-           "policy_config", "prune_policies", "read_policies", "remove_policies", "set_share", "write_policies"]
+__all__ = ["FILE_MODE", "FOLDER_MODE", "PolicyError", "RosterChanges", "SUFFIX", "check_grant_id", "ensure_folder",
+           "folder_name", "policy_config", "prune_policies", "read_policies", "reconcile_policies", "remove_policies",
+           "set_share", "write_policies"]

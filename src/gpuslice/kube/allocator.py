@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gpuslice.enforcer.devstate import state_file_name
 from gpuslice.enforcer.region import create_region
@@ -40,8 +40,8 @@ from gpuslice.host.mps import MpsError, client_env
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
 from gpuslice.kube import escapes, formats
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
-from gpuslice.spec import Device, Engine, GpusliceError, SpecError
-from gpuslice.enforcer.policy import SUFFIX as POLICY_SUFFIX, prune_policies, write_policies
+from gpuslice.spec import Device, Engine, GpusliceError, Slice, SpecError
+from gpuslice.enforcer.policy import SUFFIX as POLICY_SUFFIX, RosterChanges, reconcile_policies, write_policies
 from gpuslice.spec.files import ensure_shared_file, write_atomic
 
 log = logging.getLogger("gpuslice.deviceplugin")
@@ -308,10 +308,11 @@ class Allocator:
         if not local["preload"].exists() or local["preload"].read_text() != text:
             write_atomic(local["preload"], text, 0o644)
 
-    def prune_policies(self, keep: set[str], older_than: float) -> tuple[str, ...]:
-        """Take the device plugin's grants (``k-…``) not in ``keep`` off the node's rosters (files older than
-        ``older_than`` seconds only)."""
-        return prune_policies(self.paths("-", local=True)["devices"], keep, prefix="k-", older_than=older_than)
+    def reconcile_policies(self, wanted: Mapping[str, Iterable[Slice]], older_than: float) -> RosterChanges:
+        """The node's rosters brought in line with the device plugin's grants ``wanted`` (grant id -> slices): each
+        written where missing or out of date, and the plugin's grants (``k-…``) not in it taken off (files older
+        than ``older_than`` seconds only: a newer one may be a grant or resize the ledger read here predates)."""
+        return reconcile_policies(self.paths("-", local=True)["devices"], wanted, prefix="k-", older_than=older_than)
 
     def response(self, grant: formats.ContainerGrant, mps: DaemonKey | None = None) -> dict[str, Any]:
         """The ContainerAllocateResponse as plain data (envs, mounts, devices). Mounts, in order (the

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Mapping
 
+from gpuslice.enforcer.policy import RosterChanges
 from gpuslice.host.mpsfleet import DaemonKey, Reconciled
 from gpuslice.kube import formats
 from gpuslice.kube.allocator import Allocator, run_as_user
@@ -63,7 +64,7 @@ class MpsNode:
         except (KubeError, SpecError) as exc:
             log.warning("MPS daemons: cannot read node %s: %s; left as they are", self.node, exc)
             return None
-        self.prune_rosters(ledger)
+        self.reconcile_rosters(ledger)
         now = time.monotonic()
         recent = {k for k, t in self.allocator.mps_started.items() if now - t < self.grace}
         wanted = wanted_daemons(ledger, pods) | recent
@@ -78,15 +79,22 @@ class MpsNode:
             log.warning("MPS daemon of %s (uid %s): %s", key.device, key.uid, why)
         return done
 
-    def prune_rosters(self, ledger: formats.Ledger) -> tuple[str, ...]:
-        """Take the device plugin's grants of pods that ended off the devices' policy rosters (the pacers'
-        lists are bounded: ``GS_POL_MAX``); a grant written within ``grace`` stays (a ledger read a moment old
-        may not list it). The DRA driver's grants are its own to remove (at unprepare)."""
-        keep = {c.grant_id for entry in ledger.entries.values() for c in entry.containers}
-        gone = self.allocator.prune_policies(keep, self.grace)
-        if gone:
-            log.info("policy rosters: %d grant(s) of ended pods taken off", len(gone))
-        return gone
+    def reconcile_rosters(self, ledger: formats.Ledger) -> RosterChanges:
+        """The devices' policy rosters brought in line with the node's ledger: a grant of the device plugin's
+        that is missing from them (written before the roster existed, removed by hand) is written again, and
+        the grants of pods that ended are taken off (the pacers' lists are bounded: ``GS_POL_MAX``); a file
+        written within ``grace`` stays as it is (a ledger read a moment old may not hold it yet). The DRA
+        driver's grants are its own (written at prepare, removed at unprepare)."""
+        wanted = {c.grant_id: c.grant.slices for entry in ledger.entries.values() for c in entry.containers}
+        done = self.allocator.reconcile_policies(wanted, self.grace)
+        if done.written:
+            log.warning("policy rosters: %d grant(s) missing or out of date, written again: %s", len(done.written),
+                        ", ".join(done.written[:8]))
+        if done.gone:
+            log.info("policy rosters: %d grant(s) of ended pods taken off", len(done.gone))
+        for grant_id, why in done.problems.items():
+            log.warning("policy roster of grant %s cannot be written: %s", grant_id, why)
+        return done
 
     def run(self) -> None:
         while True:

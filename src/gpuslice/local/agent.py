@@ -78,6 +78,7 @@ class Agent:
         self.devices = devices
         self.ledger = Ledger(config.state, devices, region_pids=recorded_pids)
         config.state.prepare_device_state(u for d in devices for u in (d.uuid, *(m.uuid for m in d.mig_instances)))
+        self.reconcile_rosters()  # grants from before this agent (or before the roster existed) are listed now
         self.monitor = Monitor(devices, self.ledger.node_name, device_state_dir=config.state.device_state,
                                mps=self.ledger.mps)
         uuids = [u for d in devices for u in ((m.uuid for m in d.mig_instances) if d.mig_instances else (d.uuid,))]
@@ -85,6 +86,17 @@ class Agent:
         self.history = History(config.history_points)
         self.latest: NodeView | None = None
         self._lock = threading.Lock()
+
+    def reconcile_rosters(self) -> None:
+        """The devices' policy rosters brought in line with the ledger; what changed is logged."""
+        done = self.ledger.reconcile_rosters()
+        if done.written:
+            log.warning("policy rosters: %d grant(s) were missing or out of date and are written again: %s",
+                        len(done.written), ", ".join(done.written[:8]))
+        if done.gone:
+            log.info("policy rosters: %d grant(s) no longer in the ledger taken off", len(done.gone))
+        for grant_id, why in done.problems.items():
+            log.warning("policy roster of grant %s cannot be written: %s", grant_id, why)
 
     def locked(self, fn, *args, **kwargs):
         with self._lock:
@@ -113,6 +125,7 @@ class Agent:
             try:
                 if time.monotonic() - last_reclaim >= self.config.reclaim_every:
                     await self.call(self.ledger.reclaim)
+                    await self.call(self.reconcile_rosters)
                     last_reclaim = time.monotonic()
                 await asyncio.to_thread(self.sample_once)
             except asyncio.CancelledError:

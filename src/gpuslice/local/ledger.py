@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
+from gpuslice.enforcer.policy import RosterChanges, reconcile_policies
 from gpuslice.host import procs
 from gpuslice.host.mps import MpsError
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons, Reconciled
@@ -63,6 +64,9 @@ from gpuslice.spec import (
     Device, Engine, Grant, GpusliceError, HoldsGrant, Resize, SpecError, request_from_json, request_to_json,
 )
 
+# A roster file newer than this that differs from the ledger is left alone by the reconcile: it may be a resize
+# another process (a CLI holding the ledger) wrote after the ledger was read here.
+ROSTER_GRACE = 60.0
 SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
 
 # Pids the enforcer recorded in a grant's region: grant -> the live ones. Used for one thing only: whether a
@@ -295,6 +299,14 @@ class Ledger:
             self._reconcile_mps(db)
             remove_grant_files(grant_id, self.state)
         return bool(gone)
+
+    def reconcile_rosters(self, older_than: float = ROSTER_GRACE) -> RosterChanges:
+        """Make the devices' policy rosters say what the ledger says (:func:`reconcile_policies`): a grant from
+        before the roster existed, or whose file went missing, would count for nothing in its neighbours'
+        allocation. Grants whose row was lost but whose processes still run keep their entries."""
+        wanted = {g.grant_id: g.slices for g in self.grants()}
+        return reconcile_policies(self.state.device_state, wanted, older_than=older_than,
+                                  keep=[g.grant_id for g in self._live_lost])
 
     def reclaim(self) -> list[str]:
         """Release grants (and forget waiters) whose processes are all gone; the ids released."""

@@ -97,8 +97,10 @@ class StateDir:
     def prepare_device_state(self, uuids: Iterable[str]) -> None:
         """Create the pacing file of each device (and MIG instance) as root, before any tenant can name it
         (0666 in the sticky devices folder: every slice's processes coordinate through it, none can replace
-        it). A name a tenant took first is left alone and never followed (the enforcer refuses it)."""
+        it). A name a tenant took first is left alone and never followed (the enforcer refuses it). The
+        device's policy roster folder too (root's, 0755): a tenant's folder in its place is moved aside."""
         from gpuslice.enforcer.devstate import state_file_name
+        from gpuslice.enforcer.policy import ensure_folder
         from gpuslice.spec.files import ensure_shared_file
 
         if os.geteuid() != 0:
@@ -108,6 +110,10 @@ class StateDir:
                 ensure_shared_file(self.device_state, state_file_name(uuid), 0o666)
             except OSError:
                 pass  # the enforcer refuses a name that is not a plain file; the monitor reports it
+            try:
+                ensure_folder(self.device_state, uuid)  # the roster's, before a tenant can take its name
+            except OSError:
+                pass  # a name taken again and again: pacers read it as a roster that lists nobody
 
 
 def _check_roots(root: Path) -> None:

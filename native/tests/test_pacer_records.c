@@ -1,0 +1,157 @@
+/* A tenant adds slice records to the pacing file (mode 0666: every tenant's pacer writes it) to cut a
+ * listed slice's rate in its own pacer's allocation (issue 15's review). With root's roster on the
+ * device, gs_engine_rate must give a listed 30 % low-priority hard slice its 30 % whatever records are
+ * added beside it:
+ *  1. 31 records of grants the roster does not list, each claiming 99.99 % soft, active: before, 3.1 %
+ *     (each unlisted record kept its claimed share); now unlisted records take no capacity;
+ *  2. 31 copies of a listed high-priority 40 % grant's record: before, 0 % (each copy counted as one
+ *     more 40 % high-priority slice); now one grant counts once;
+ *  3. copies of the victim's own grant: they are the victim, not a rival;
+ *  4. the control: one real listed neighbour still counts (70 % high priority leaves the victim 30 %,
+ *     a listed 90 % one leaves 10 %), so the test measures the allocation, not a constant.
+ * Over the engine alone (no GPU, no driver double), under ASan/UBSan. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "gpuslice/controller.h"
+#include "gpuslice/devstate.h"
+#include "gpuslice/pacer_core.h"
+
+static int failures, checks;
+#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+static const char *uuid = "GPU-records-0000";
+static char dir[64], folder[160];
+
+static int noop_record(void *c, int i, void *s) { (void)c; (void)i; (void)s; return 0; }
+static int noop_query(void *c, int i) { (void)c; (void)i; return 1; }
+static int64_t noop_elapsed(void *c, int i) { (void)c; (void)i; return 1000; }
+static const struct gs_gpu_ops OPS = {noop_record, noop_record, noop_query, noop_elapsed, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* A roster file of root's, renamed into place as gpuslice.enforcer.policy writes it. */
+static void listed(const char *grant, int compute, int priority)
+{
+    char tmp[256], path[256];
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", folder, grant);
+    snprintf(path, sizeof path, "%s/%s", folder, grant);
+    FILE *f = fopen(tmp, "w");
+    if (!f) { perror(tmp); exit(2); }
+    fprintf(f, "version=1\ngrant=%s\ncompute=%d\nmode=hard\npriority=%d\n", grant, compute, priority);
+    fclose(f);
+    chmod(tmp, 0644);
+    if (rename(tmp, path) != 0) { perror(path); exit(2); }
+}
+
+/* What a tenant writes into a free slice record: any grant, any claim, launched just now. */
+static void forge(struct gs_devstate *ds, const char *grant, uint32_t share_bp, int mode, int priority, int64_t now)
+{
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+        struct gs_ds_slice *s = &ds->slices[i];
+        if (s->flags & GS_DS_SLICE_IN_USE) continue;
+        memset(s, 0, sizeof *s);
+        snprintf(s->grant, sizeof s->grant, "%s", grant);
+        s->share_bp = share_bp;
+        s->mode = (uint8_t)mode;
+        s->weight = 16;
+        s->priority = (uint8_t)priority;
+        s->paced = 1;
+        s->last_active_ns = now;
+        s->flags = GS_DS_SLICE_IN_USE;
+        return;
+    }
+}
+
+static void clear_others(struct gs_devstate *ds, int keep)
+{
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++)
+        if (i != keep) memset(&ds->slices[i], 0, sizeof ds->slices[i]);
+}
+
+/* The victim's rate as its poller works it out: policy packed, then the allocation (under the lock). */
+static uint32_t rate_now(struct gs_engine *e)
+{
+    int64_t now = now_ns();
+    e->pol_checked_ns = 0; /* look at the roster now, not in 100 ms */
+    gs_eng_policy_refresh(e, now);
+    if (gs_devstate_lock(e->ds) != 0) return 0;
+    gs_eng_policy_locked(e, &e->ds->slices[e->slice]);
+    uint32_t r = gs_engine_rate(e, now);
+    gs_devstate_unlock(e->ds);
+    return r;
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/gs-records-XXXXXX");
+    if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
+    snprintf(folder, sizeof folder, "%s/%s.policy", dir, uuid);
+    mkdir(folder, 0755);
+    chmod(folder, 0755);
+    listed("victim", 30, 1);
+    listed("hp", 40, 0);
+    listed("big", 90, 0);
+
+    struct gs_devstate ds;
+    char err[256];
+    CHECK(gs_devstate_open(&ds, dir, uuid, err, sizeof err) == 0, "open: %s", err);
+    struct gs_engine e;
+    CHECK(gs_engine_init(&e, &ds, "victim", 3000, GS_CTL_HARD, 1, 1, getpid(), 1, &OPS, NULL, now_ns()) == 0, "init");
+    CHECK(rate_now(&e) == 3000, "alone: its 30 %%");
+
+    /* 1. unlisted records */
+    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) {
+        char g[32];
+        snprintf(g, sizeof g, "mine-%d", k);
+        forge(&ds, g, GS_BP_FULL - 1, GS_CTL_SOFT, 1, now_ns()); /* 100 % would be unpaced: no claim */
+    }
+    uint32_t r = rate_now(&e);
+    printf("  31 unlisted records claiming 99.99 %% soft: the listed 30 %% slice's rate %.1f %%\n", r / 100.0);
+    CHECK(r == 3000, "31 unlisted records: rate %u bp, expected 3000", r);
+
+    /* 2. copies of a listed high-priority grant */
+    clear_others(&ds, e.slice);
+    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) forge(&ds, "hp", 4000, GS_CTL_HARD, 0, now_ns());
+    r = rate_now(&e);
+    printf("  31 copies of a listed 40 %% high-priority grant: rate %.1f %%\n", r / 100.0);
+    CHECK(r == 3000, "31 copies of hp: rate %u bp, expected 3000 (hp counts once: 40 %% + 30 %%)", r);
+
+    /* 3. copies of the victim's own grant */
+    clear_others(&ds, e.slice);
+    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) forge(&ds, "victim", GS_BP_FULL, GS_CTL_SOFT, 0, now_ns());
+    r = rate_now(&e);
+    CHECK(r == 3000, "31 copies of its own grant: rate %u bp, expected 3000", r);
+
+    /* 4. control: real listed neighbours count */
+    clear_others(&ds, e.slice);
+    forge(&ds, "hp", 4000, GS_CTL_HARD, 0, now_ns());
+    CHECK((r = rate_now(&e)) == 3000, "beside hp (40 %% high): %u bp, expected 3000", r);
+    forge(&ds, "big", 9000, GS_CTL_HARD, 0, now_ns());
+    r = rate_now(&e);
+    printf("  beside listed 40 %% and 90 %% high-priority slices: rate %.1f %%\n", r / 100.0);
+    CHECK(r == 0, "hp 40 %% + big 90 %% high priority leave the low-priority victim nothing: %u bp", r);
+    clear_others(&ds, e.slice);
+    forge(&ds, "big", 9000, GS_CTL_HARD, 0, now_ns());
+    CHECK((r = rate_now(&e)) == 1000, "beside big (90 %% high): %u bp, expected 1000", r);
+    /* an idle copy does not make its grant idle: activity is the newest of its records */
+    forge(&ds, "big", 9000, GS_CTL_HARD, 0, 0);
+    CHECK((r = rate_now(&e)) == 1000, "an idle copy beside the active big: %u bp, expected 1000", r);
+
+    gs_engine_fini(&e);
+    gs_devstate_close(&ds);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cleanup of %s failed\n", dir);
+    printf("test_pacer_records: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
