@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The yield path's backlog constants on a real GPU (issue 13): the launch-bound kind of bench/gpu/coloc.sh
-# (alone, trainer alone, preemptive) with the enforcer built with each variant of GS_CTL_DRAIN_* below, in the
+# (alone, trainer alone, preemptive) with the enforcer built with each variant of the constants below, in the
 # order A B C A (A twice: the VM's drift), so a constant is chosen by measurement. ~7 minutes on an H100.
 # Usage: bash bench/gpu/coloc_variants.sh   (OUT: where the runs go; GS_COLOC_WINDOW, default 4 s;
 #   GS_VARIANTS, default "A B C A"; GS_COLOC_STEPS, default 1 = the launch-bound kind, 2 GPU-bound, 3 decode;
@@ -13,6 +13,8 @@ declare -A FLAGS=(
   [A]=""                                                                          # as shipped: 2 launches or 50 us
   [B]="-DGS_CTL_DRAIN_BACKLOG_LAUNCHES=1000000000u"                               # pending 50 us only
   [C]="-DGS_CTL_DRAIN_BACKLOG_LAUNCHES=1000000000u -DGS_CTL_DRAIN_SHORT_NS=150000LL" # pending 150 us only
+  [D]="-DGS_CTL_YIELD_QUEUE_NS=50000LL"                                            # admitted queue 50 us, not 150
+  [E]="-DGS_CTL_DRAIN_POLL_NS=30000LL"                                             # drain looks every 30 us, not 100
 )
 n=0
 for v in ${GS_VARIANTS:-A B C A}; do
