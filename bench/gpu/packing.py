@@ -114,13 +114,16 @@ class Kind:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def cells(kind: str, ns: list[int], mps: bool, focus: bool) -> tuple[list[int], list[str]]:
-    """The Ns and modes one kind runs: all of them, or its FOCUS cells."""
+def cells(kind: str, ns: list[int], mps: bool, focus: bool, only: tuple[str, ...] = ()) -> tuple[list[int], list[str]]:
+    """The Ns and modes one kind runs: all of them, or its FOCUS cells; ``only`` (PACK_MODES) keeps those modes
+    (plain always: every ratio is to it)."""
     if focus:
         # a dry run's kinds (no GPU) take ResNet-50's cells
         fn, fm = FOCUS.get(kind) or (FOCUS["resnet50"] if kind in ("fake", "double") else ((), ()))
-        return list(fn), [m for m in fm if mps or m != "mps"]
-    return ns, [m for m in MODES if mps or m != "mps"]
+        ns, modes = list(fn), list(fm)
+    else:
+        modes = list(MODES)
+    return ns, [m for m in modes if (mps or m != "mps") and (not only or m == "plain" or m in only)]
 
 
 def plan(kinds: list[str], ns: list[int], reps: int, mps: bool,
@@ -137,10 +140,10 @@ def plan(kinds: list[str], ns: list[int], reps: int, mps: bool,
 
 
 def planned_seconds(kinds: list[str], ns: list[int], reps: int, seconds: float, mps: bool,
-                    focus: bool = False) -> float:
+                    focus: bool = False, only: tuple[str, ...] = ()) -> float:
     total = 0.0
     for kind in kinds:
-        kn, km = cells(kind, ns, mps, focus)
+        kn, km = cells(kind, ns, mps, focus, only)
         procs = sum(max(kn) if m != "mps" else sum(kn) for m in km) if kn else 0
         total += START_S + START_PER_S * procs + len(plan([kind], kn, reps, mps, km)) * (seconds + PHASE_GAP) + 10
     return total
@@ -272,7 +275,7 @@ def run_kind(kind: str, args: argparse.Namespace, tmp: Path, log: Path, mps_env:
     result: dict = {"kind": kind, "skipped": k.skipped, "phases": []}
     into.append(result)
     t_start = time.time()
-    ns, modes = cells(kind, args.ns, mps_env is not None, args.focus)
+    ns, modes = cells(kind, args.ns, mps_env is not None, args.focus, args.modes)
     if not ns:
         k.skipped["all"] = "no focus cells for this kind"
         return
@@ -486,6 +489,8 @@ def main() -> None:
     ap.add_argument("--ns", default=os.environ.get("PACK_NS", "2,4,8"))
     ap.add_argument("--focus", action="store_true", default=os.environ.get("PACK_FOCUS", "0") == "1",
                     help="only the FOCUS cells (PACK_FOCUS=1)")
+    ap.add_argument("--modes", default=os.environ.get("PACK_MODES", ""),
+                    help="comma list: only these modes (and plain), e.g. memonly,hard (PACK_MODES)")
     ap.add_argument("--plan", action="store_true", help="print the phases and the planned time only")
     ap.add_argument("--report", metavar="DIR", help="print the tables from DIR/packing-raw.json")
     a = ap.parse_args()
@@ -495,6 +500,9 @@ def main() -> None:
         print(report(raw), end="")
         return
     a.kinds = [k for k in a.kinds.split(",") if k]
+    a.modes = tuple(m for m in a.modes.split(",") if m)
+    if any(m not in MODES for m in a.modes):
+        sys.exit(f"packing: --modes {','.join(a.modes)}: each one of {', '.join(MODES)}")
     a.ns = sorted({int(x) for x in a.ns.split(",") if x})
     if a.seconds <= SETTLE or a.reps < 1 or not a.ns or min(a.ns) < 2 or max(a.ns) > 8:
         sys.exit("packing: --seconds above 0.5, --reps at least 1, --ns from 2 to 8 (a device state holds 32 slices)")
@@ -505,9 +513,9 @@ def main() -> None:
         a.kinds = [k for k in a.kinds if k in FOCUS or k in ("fake", "double")]
     kp = {}
     for k in a.kinds:
-        kn, km = cells(k, a.ns, mps_env is not None, a.focus)
+        kn, km = cells(k, a.ns, mps_env is not None, a.focus, a.modes)
         kp[k] = plan([k], kn, a.reps, mps_env is not None, km)
-    total = planned_seconds(a.kinds, a.ns, a.reps, a.seconds, mps_env is not None, a.focus)
+    total = planned_seconds(a.kinds, a.ns, a.reps, a.seconds, mps_env is not None, a.focus, a.modes)
     print(f"packing{' (focus)' if a.focus else ''}: " + "; ".join(
         f"{k} {len(p)} phases ({', '.join(f'{m}/{n}' for m, n, _ in p[:8])}, ...)" for k, p in kp.items())
         + f" of {a.seconds:.1f} s: planned {total:.0f} s", flush=True)

@@ -15,6 +15,7 @@
 # order (GS_COMPUTE_FOCUS=1 of bench/compute): PACK_FOCUS=1 bash bench/gpu/packing.sh
 # Usage: bash bench/gpu/packing.sh [--dry-run]      (from the repository root or anywhere)
 #   PACK_SECONDS (3.5: seconds per phase), PACK_REPS (2), PACK_KINDS (resnet50,encoder), PACK_NS (2,4,8),
+#   PACK_MODES (all; a comma list keeps those modes and plain, e.g. memonly,hard),
 #   PACK_SWEEP (1; 0 = skip step 3), PACK_MPS (1; 0 = no MPS rows), PACK_VARIANTS ("B=lib,C=lib": other builds of
 #   the enforcer as modes hard-B, hard-C, A/B against the shipped one in the same order; packing.py), PACK_BUDGET (570: seconds for everything; each step is cut to what is
 #   left, and what was measured is still written), OUT (default: a new temp dir). --dry-run: no GPU needed: fake services
