@@ -13,7 +13,8 @@
 #            a/coloc-raw.json coloc-run/coloc-raw.json
 #        GS_COLOC_STEPS=1,2,3 GS_COLOC_MODES=alone,trainer,plain,preemptive GS_COLOC_BUDGET=420 bash bench/gpu/coloc.sh
 #            all three kinds, the modes that judge preemptive (24 phases, 2 ABBA repeats): ~7.5 minutes, one call
-#   GS_COLOC_MODES (all but tidal): a comma list of alone,trainer,plain,mps,preemptive,shared,tidal.
+#   GS_COLOC_MODES (all but tidal): a comma list of alone,trainer,plain,mps,preemptive,shared,spatial,tidal
+#   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
 #   GS_COLOC_REPS (2), GS_COLOC_WINDOW (3 s per phase), GS_COLOC_TIDAL (0; 1 adds a tidal-trainer phase),
 #   GS_COLOC_BUDGET (450 s of phases; every phase that would pass it is skipped and listed), OUT (default a new
@@ -50,6 +51,11 @@ stop_mps() {
 }
 cleanup() {
   stop_mps
+  # the spatial mode's daemons are gpuslice's (its ledger stops each once its runs end); any left by a cut run
+  for pipe in "$RUN"/state/mps/*/pipe; do
+    [ -d "$pipe" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY="$pipe" timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1
+  done
+  for _ in $(seq 100); do pgrep nvidia-cuda-mps >/dev/null || break; sleep 0.1; done
   echo "nvidia-cuda-mps processes on the machine at the end: $(pgrep -c nvidia-cuda-mps || true)"
   rm -rf "$RUN"
 }
@@ -131,7 +137,7 @@ RES="$OUT/$NAME.md"
 log "results: $RES"
 echo
 echo "== co-location on $GPU ($(( $(date +%s) - T0 )) s)"
-grep -E '^(###|\| (alone|trainer|plain|mps|preemptive|shared|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
+grep -E '^(###|\| (alone|trainer|plain|mps|preemptive|shared|spatial|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
 grep -E 'MISSED|: met' "$W/coloc.md" 2>/dev/null | sed 's/^- /  /' | cut -c1-200
 if [ "${GS_COLOC_TAR:-1}" = 1 ] && tar czf "$OUT/$NAME-raw.tgz" -C "$OUT" coloc-run; then rm -rf "$W"; fi
 exit "$RC"

@@ -11,6 +11,9 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   preemptive  gpuslice run --priority high (server) / --priority low (trainer), colocation preemptive (default)
   shared      colocation shared, soft shares: the server gets its alone busy share x 1.25 + 5 points (what a
               user who measured it would set), the trainer the rest
+  spatial     gpuslice run --engine spatial --priority high / low: both clients of the MPS daemon gpuslice starts for
+              the device, the low-priority trainer below normal (CUDA_MPS_CLIENT_PRIORITY=1, set by gpuslice); only
+              where the MPS binaries are (coloc.sh's private daemon started)
   tidal       (only with --tidal) the trainer colocation tidal, following the server's idle time
 Phases go in ABBA order (the modes forward, then backward), --reps times (2 = ABBA); every phase starts
 fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
@@ -51,12 +54,12 @@ KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-b
 STARTUP_S = 11.5
 
 
-ALL_MODES = ("alone", "trainer", "plain", "mps", "preemptive", "shared", "tidal")
+ALL_MODES = ("alone", "trainer", "plain", "mps", "preemptive", "shared", "spatial", "tidal")
 
 
 def modes(tidal: bool, only: str = "") -> list[str]:
     """The modes of a step in their forward order; only: a comma list (--modes) to run a subset."""
-    out = ["alone", "trainer", "plain", "mps", "preemptive", "shared"] + (["tidal"] if tidal else [])
+    out = ["alone", "trainer", "plain", "mps", "preemptive", "shared", "spatial"] + (["tidal"] if tidal else [])
     keep = {m.strip() for m in only.split(",") if m.strip()}
     return [m for m in out if m in keep] if keep else out
 
@@ -74,7 +77,9 @@ def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
             if rep % 2 == 1 and "alone" in order:
                 order.remove("alone")
                 order.insert(0, "alone")
-            out.extend((kind, m, rep) for m in order if m != "mps" or args.mps_pipe or args.dry)
+            # mps needs the private daemon; spatial needs the MPS binaries (gpuslice starts a daemon of its own)
+            out.extend((kind, m, rep) for m in order
+                       if (m != "mps" or args.mps_pipe or args.dry) and (m != "spatial" or (args.mps_pipe and not args.dry)))
     return out
 
 
@@ -143,9 +148,11 @@ class Bench:
             env.update(CUDA_MPS_PIPE_DIRECTORY=self.args.mps_pipe or str(self.tmp / "no-mps"),
                        CUDA_MPS_CLIENT_PRIORITY="0" if role == "server" else "1")
             return w, env
-        if mode not in ("preemptive", "shared", "tidal"):
+        if mode not in ("preemptive", "shared", "tidal", "spatial"):
             return w, env
         opts = ["run", "--device", "0", "--memory", "16GiB", "--priority", "high" if role == "server" else "low"]
+        if mode == "spatial":  # gpuslice's MPS engine: the low-priority trainer a below-normal client of its daemon
+            opts += ["--engine", "spatial"]
         if mode == "shared":
             share = round(min(90, max(10, self.busy.get(kind, 0.5) * 100 * 1.25 + 5)))
             opts += ["--colocation", "shared", "--mode", "soft",
@@ -307,28 +314,35 @@ def report(raw: dict) -> str:
 
 
 def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> list[str]:
+    out = _mode_goals(kind, "preemptive", phs, p50a, p99a, bound, talone, between)
+    if _pooled(phs, kind, "spatial", 0.5) is not None:  # the spatial engine's co-location, judged alike
+        out += _mode_goals(kind, "spatial", phs, p50a, p99a, bound, talone, between)
+    return out
+
+
+def _mode_goals(kind: str, mode: str, phs: list[dict], p50a, p99a, bound, talone, between) -> list[str]:
     out = []
-    p50, p99 = _pooled(phs, kind, "preemptive", 0.5), _pooled(phs, kind, "preemptive", 0.99)
-    tr = _mean(_vals(phs, kind, "preemptive", "trainer", "it_per_s"))
+    p50, p99 = _pooled(phs, kind, mode, 0.5), _pooled(phs, kind, mode, 0.99)
+    tr = _mean(_vals(phs, kind, mode, "trainer", "it_per_s"))
     if None in (p50, p99, p50a, p99a):
-        return [f"{kind}: preemptive or alone not measured"]
+        return [f"{kind}: {mode} or alone not measured"]
     for name, got, ref, lim in (("p50", p50, p50a, 1.03), ("p99", p99, p99a, 1.10)):
         r = got / ref
-        out.append(f"{kind}: preemptive server {name} {r:.3f}x alone (goal <= {lim:.2f}x): "
+        out.append(f"{kind}: {mode} server {name} {r:.3f}x alone (goal <= {lim:.2f}x): "
                    + ("met" if r <= lim else f"MISSED by {100 * (r - lim):.1f} points"))
     if tr is not None and bound:
         r = tr / bound
         note = ""
-        if r < 0.8 and between and talone:
+        if r < 0.8 and between and talone and mode == "preemptive":
             note = (f"; between requests alone ({100 * between:.0f} % of the time) the bound is "
                     f"{talone * between:.2f} it/s, the trainer got {tr / (talone * between):.2f} of that: the rest of the "
                     "idle time is inside requests (CPU gaps, per-token syncs), which the yield path gives only where its "
                     "drain looks see the server's queue empty")
-        out.append(f"{kind}: preemptive trainer {r:.2f} of the idle bound (goal >= 0.80): "
+        out.append(f"{kind}: {mode} trainer {r:.2f} of the idle bound (goal >= 0.80): "
                    + ("met" if r >= 0.8 else f"MISSED by {100 * (0.8 - r):.0f} points") + note)
     plain_p99 = _pooled(phs, kind, "plain", 0.99)
     plain_tr = _mean(_vals(phs, kind, "plain", "trainer", "it_per_s"))
-    if plain_p99 and plain_tr and tr is not None:
+    if plain_p99 and plain_tr and tr is not None and mode == "preemptive":
         protected = plain_p99 <= 1.10 * p99a
         out.append(f"{kind}: plain time-slicing gives p99 {plain_p99 / p99a:.2f}x alone and the trainer "
                    f"{plain_tr:.2f} it/s vs preemptive {tr:.2f}: "

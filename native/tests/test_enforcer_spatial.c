@@ -1,6 +1,7 @@
 /* The spatial engine in the process: before the driver starts, a spatial slice's MPS client settings
  * are the slice's (pipe directory, compute share as active-thread percentage, memory limit as pinned
- * limit), the environment may only lower the last two, launches are not paced (no pacing file is ever
+ * limit, a low-priority preemptive slice as a below-normal client), the environment may only lower the
+ * threads, the limit and the priority, launches are not paced (no pacing file is ever
  * opened), and memory is accounted and refused exactly as for a time-sliced slice. A time-sliced
  * slice with the same share does open its pacing file (the control case) and touches no MPS variable.
  * Also run with the enforcer LD_PRELOADed (GS_TEST_PRELOAD=1). */
@@ -111,6 +112,26 @@ static void s_env_cannot_raise_the_mps_limits(void)
     CHECK(!strcmp(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=300M"), "pinned %s", env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
 }
 
+static void s_low_priority_is_a_below_normal_client(void)
+{
+    setenv("CUDA_MPS_CLIENT_PRIORITY", "0", 1); /* a low-priority tenant asking to be normal */
+    slice1("engine=spatial\npriority=1\n");
+    up(0);
+    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "1"), "low, preemptive: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
+    unsetenv("CUDA_MPS_CLIENT_PRIORITY");
+    slice1("engine=spatial\npriority=0\n");
+    up(0);
+    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "(unset)"), "high: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
+    setenv("CUDA_MPS_CLIENT_PRIORITY", "1", 1); /* a high-priority slice may lower itself */
+    slice1("engine=spatial\npriority=0\n");
+    up(0);
+    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "1"), "high, lowered by its env: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
+    unsetenv("CUDA_MPS_CLIENT_PRIORITY");
+    slice1("engine=spatial\npriority=1\ncolocation=shared\n"); /* shared: nobody yields */
+    up(0);
+    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "(unset)"), "low, shared: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
+}
+
 static void s_timeslice_is_paced_and_leaves_mps_alone(void)
 {
     unsetenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
@@ -137,6 +158,7 @@ int main(void)
     SCENARIO(s_spatial_sets_the_client_and_is_not_paced);
     SCENARIO(s_env_may_only_lower_the_mps_limits);
     SCENARIO(s_env_cannot_raise_the_mps_limits);
+    SCENARIO(s_low_priority_is_a_below_normal_client);
     SCENARIO(s_timeslice_is_paced_and_leaves_mps_alone);
     SCENARIO(s_spatial_of_two_devices_refuses);
     fprintf(stderr, "test_enforcer_spatial%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",

@@ -14,7 +14,8 @@ import pytest
 
 from gpuslice.host import procs
 from gpuslice.host.mps import MpsControl, MpsError, client_env, find_control
-from gpuslice.spec import Engine, GiB, MiB, Slice
+from gpuslice.spec import Engine, GiB, MiB, Priority, Slice
+from gpuslice.spec.model import Colocation
 from mpskit import failing_control, install_standin, mps_processes, short_root
 
 DEV = "GPU-12345678-aaaa-bbbb-cccc-1234567890ab"
@@ -125,11 +126,23 @@ def test_find_control_prefers_the_environment(root: Path) -> None:
 
 
 def test_client_env_of_a_spatial_slice() -> None:
-    spatial = Slice(DEV, 4 * GiB + 5 * MiB // 2, compute=25, engine=Engine.SPATIAL)
+    spatial = Slice(DEV, 4 * GiB + 5 * MiB // 2, compute=25, engine=Engine.SPATIAL, priority=Priority.HIGH)
     assert client_env(spatial, "/p") == {"CUDA_MPS_PIPE_DIRECTORY": "/p", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
                                          "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4098M"}  # rounded down
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in client_env(Slice(DEV, GiB, engine=Engine.SPATIAL), "/p")
     assert client_env(Slice(DEV, GiB, compute=25), "/p") == {}
+
+
+def test_a_low_priority_spatial_slice_that_yields_is_a_below_normal_client() -> None:
+    """MPS runs normal clients' work before below-normal ones': the spatial engine's form of ``preemptive`` (a decode
+    server beside a below-normal trainer on the H200: p50 1.16x / p99 0.96x alone, 2026-11-29-h200-coloc-steps3-mps.md).
+    A ``shared`` low-priority slice yields to nobody, so it stays a normal client."""
+    low = client_env(Slice(DEV, GiB, engine=Engine.SPATIAL), "/p")  # priority defaults to low
+    assert low["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    shared = client_env(Slice(DEV, GiB, engine=Engine.SPATIAL, colocation=Colocation.SHARED), "/p")
+    assert "CUDA_MPS_CLIENT_PRIORITY" not in shared
+    high = client_env(Slice(DEV, GiB, engine=Engine.SPATIAL, priority=Priority.HIGH), "/p")
+    assert "CUDA_MPS_CLIENT_PRIORITY" not in high
 
 
 @pytest.mark.gpu

@@ -199,7 +199,8 @@ def test_run_engine_spatial_gives_the_command_its_mps_client_settings(env: dict[
     assert pipe.startswith(str(root / "s" / "mps")) and pipe.endswith("/pipe")
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in lines and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M" in lines
     assert "engine=spatial" in lines and f"mps_pipe_dir={pipe}" in lines
-    assert "compute 25% of the SMs (spatial, MPS)" in err
+    assert "compute 25% of the SMs (spatial, MPS, below-normal client)" in err  # low priority, the default
+    assert "CUDA_MPS_CLIENT_PRIORITY=1" in lines  # MPS runs normal clients' work first
     assert mps_processes(root) == [] and not Path(pipe).exists()  # stopped with its only slice
 
 

@@ -66,6 +66,16 @@ int gs_mps_client_env(const struct gs_config *c, gs_env_fn get, void *arg, struc
             n++;
         }
     }
+    /* A low-priority slice that yields is a below-normal client; "0" or anything else in the environment
+     * would make it the equal of the high-priority slices it must yield to. A high-priority slice may
+     * lower itself. */
+    if (c->priority != 0 && c->colocation != GS_COLOC_SHARED) {
+        const char *have = env_or_null(get, arg, "CUDA_MPS_CLIENT_PRIORITY");
+        if (!have || strcmp(have, "1")) {
+            snprintf(out->priority, sizeof out->priority, "1");
+            n++;
+        }
+    }
     uint64_t limit = c->device_limit[0];
     if (c->process_limit < limit) limit = c->process_limit;
     if (limit != GS_UNLIMITED) {
@@ -96,10 +106,13 @@ void gs_mps_apply(const struct gs_config *c)
         if (e.pipe_dir[0]) setenv("CUDA_MPS_PIPE_DIRECTORY", e.pipe_dir, 1);
         if (e.threads[0]) setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", e.threads, 1);
         if (e.pinned[0]) setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", e.pinned, 1);
+        if (e.priority[0]) setenv("CUDA_MPS_CLIENT_PRIORITY", e.priority, 1);
     }
     const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
     const char *threads = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
     const char *pinned = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
-    GS_INFO("spatial slice: MPS client of %s, active threads %s%%, pinned memory %s; launches not paced",
-            pipe ? pipe : "/tmp/nvidia-mps (the default)", threads ? threads : "100", pinned ? pinned : "unlimited");
+    const char *prio = getenv("CUDA_MPS_CLIENT_PRIORITY");
+    GS_INFO("spatial slice: MPS client of %s, active threads %s%%, pinned memory %s, client priority %s; launches "
+            "not paced", pipe ? pipe : "/tmp/nvidia-mps (the default)", threads ? threads : "100",
+            pinned ? pinned : "unlimited", prio && !strcmp(prio, "1") ? "below normal" : "normal");
 }

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from gpuslice.host import procs
-from gpuslice.spec import Engine, GpusliceError, Slice
+from gpuslice.spec import Engine, GpusliceError, Priority, Slice
+from gpuslice.spec.model import Colocation
 from gpuslice.spec.files import open_regular
 
 CONTROL_ENV = "GPUSLICE_MPS_CONTROL"  # path of nvidia-cuda-mps-control (default: found on PATH)
@@ -76,14 +77,18 @@ def find_control(env: Mapping[str, str] | None = None) -> Path | None:
 def client_env(item: Slice, pipe_dir: str) -> dict[str, str]:
     """The MPS variables of a spatial slice's processes (the launcher's and Allocate's): the daemon's pipe
     directory, the compute share as the active-thread percentage (1..99; 0 and 100 leave every SM), the
-    memory limit as the pinned device-memory limit of ordinal 0 in whole MiB (rounded down). The enforcer
-    applies the same rules from the slice file before the driver starts (``native/src/core/mps.c``)."""
+    memory limit as the pinned device-memory limit of ordinal 0 in whole MiB (rounded down), and a low-priority
+    slice that yields (co-location ``preemptive``) as a below-normal client (``CUDA_MPS_CLIENT_PRIORITY=1``: the
+    server runs normal clients' work first). The enforcer applies the same rules from the slice file before the
+    driver starts (``native/src/core/mps.c``)."""
     if item.engine is not Engine.SPATIAL:
         return {}
     env = {"CUDA_MPS_PIPE_DIRECTORY": pipe_dir}
     if 0 < item.compute < 100:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(item.compute)
     env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, item.memory_limit >> 20)}M"
+    if item.priority == Priority.LOW and item.colocation is not Colocation.SHARED:
+        env["CUDA_MPS_CLIENT_PRIORITY"] = "1"
     return env
 
 

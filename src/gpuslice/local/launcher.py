@@ -369,8 +369,9 @@ def describe_grant(grant: GrantRecord) -> str:
         if grant.exclusive and not s.compute:
             return f"{s.device_uuid} whole device: memory {human_bytes(s.memory_limit)}, all of its compute"
         if s.engine.value == "spatial":
-            compute = (f"compute {s.compute}% of the SMs (spatial, MPS)" if 0 < s.compute < 100
-                       else "compute: every SM (spatial, MPS)")
+            client = "spatial, MPS" + (", below-normal client" if "CUDA_MPS_CLIENT_PRIORITY" in mps.client_env(s, "") else "")
+            compute = (f"compute {s.compute}% of the SMs ({client})" if 0 < s.compute < 100
+                       else f"compute: every SM ({client})")
         else:
             compute = f"compute {s.compute}% ({s.mode.value})" if s.compute else "compute unpaced"
         held = " whole device:" if grant.exclusive else ""
