@@ -7,10 +7,12 @@
  *  2. 31 copies of a listed high-priority 40 % grant's record: before, 0 % (each copy counted as one
  *     more 40 % high-priority slice); now one grant counts once;
  *  3. copies of the victim's own grant: they are the victim, not a rival;
- *  4. the control: one real listed neighbour still counts (70 % high priority leaves the victim 30 %,
- *     a listed 90 % one leaves 10 %), so the test measures the allocation, not a constant.
+ *  4. the control: real listed neighbours still count (a 40 % high-priority one leaves the victim its
+ *     30 %, a 90 % one 10 %, both together nothing), so the test measures the allocation, not a constant;
+ *  5. a roster file the reader leaves out is logged (its slice counts as unlisted in this process).
  * Over the engine alone (no GPU, no driver double), under ASan/UBSan. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +148,31 @@ int main(void)
     /* an idle copy does not make its grant idle: activity is the newest of its records */
     forge(&ds, "big", 9000, GS_CTL_HARD, 0, 0);
     CHECK((r = rate_now(&e)) == 1000, "an idle copy beside the active big: %u bp, expected 1000", r);
+
+    /* 5. a roster file left out is said (its slice counts as unlisted here) */
+    char bad[256], logpath[128];
+    snprintf(bad, sizeof bad, "%s/mallory", folder);
+    FILE *bf = fopen(bad, "w");
+    if (bf) {
+        fputs("version=1\ngrant=mallory\ncompute=90\npriority=0\n", bf);
+        fclose(bf);
+    }
+    chmod(bad, 0666); /* writable by others: left out */
+    snprintf(logpath, sizeof logpath, "%s/stderr.log", dir);
+    fflush(stderr);
+    int saved = dup(2), lf = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(lf, 2);
+    close(lf);
+    rate_now(&e);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char said[2048] = {0};
+    FILE *lg = fopen(logpath, "r");
+    size_t got = lg ? fread(said, 1, sizeof said - 1, lg) : 0;
+    if (lg) fclose(lg);
+    said[got] = '\0';
+    CHECK(strstr(said, "1 file(s) left out") && strstr(said, ".policy"), "the refusal is logged: %s", said);
 
     gs_engine_fini(&e);
     gs_devstate_close(&ds);

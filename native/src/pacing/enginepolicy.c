@@ -11,6 +11,7 @@
  * the same grant count once (gs_engine_rate). A tidal slice's share moves with its tide, which only it knows: that one number comes
  * from its record. Without a roster (no root manager on the node): from the records, range-checked. */
 #include "gpuslice/pacer_core.h"
+#include "gpuslice/log.h"
 #include <string.h>
 
 static struct gs_pol from_record(const struct gs_ds_slice *s)
@@ -90,6 +91,21 @@ struct gs_pol gs_eng_pol(struct gs_engine *e, int i)
     return resolve(e, i);
 }
 
+/* A file the roster read left out counts for nothing: its slice is unlisted (no share, low priority) in
+ * this process's allocation, so say it, the first times and then at every power of two. */
+static void say_refused(const struct gs_engine *e, uint64_t more)
+{
+    static uint64_t said;
+    if (!more) return;
+    uint64_t n = __atomic_add_fetch(&said, 1, __ATOMIC_RELAXED);
+    if (n <= 2 || (n & (n - 1)) == 0)
+        GS_WARN("policy roster %s/%s.policy: %llu file(s) left out (not a regular file of one link owned by root "
+                "or this user and written by nobody else, not a slice file naming its grant, over %d bytes, or "
+                "past %d grants): their slices count as unlisted here (report %llu)",
+                e->ds->dir, e->ds->uuid, (unsigned long long)more, GS_POL_FILE_MAX, GS_POL_MAX,
+                (unsigned long long)n);
+}
+
 void gs_eng_policy_refresh(struct gs_engine *e, int64_t now)
 {
     if (__atomic_exchange_n(&e->pol_reading, 1, __ATOMIC_ACQUIRE)) return; /* another thread is at it */
@@ -98,7 +114,9 @@ void gs_eng_policy_refresh(struct gs_engine *e, int64_t now)
         int cur = __atomic_load_n(&e->pol_cur, __ATOMIC_RELAXED);
         /* the other set is read by nobody: launch threads took the current one at most a few us ago,
          * and the last swap was at least RECHECK ago */
-        if (gs_policy_read(e->ds->dir, e->ds->uuid, &e->pol[cur], &e->pol[1 - cur])) {
+        int changed = gs_policy_read(e->ds->dir, e->ds->uuid, &e->pol[cur], &e->pol[1 - cur]);
+        say_refused(e, e->pol[1 - cur].refused - e->pol[cur].refused);
+        if (changed) {
             __atomic_store_n(&e->pol_cur, 1 - cur, __ATOMIC_RELEASE);
             __atomic_store_n(&e->rate_at_ns, 0, __ATOMIC_RELAXED); /* recount the allocation now */
         }
