@@ -176,3 +176,24 @@ def test_the_node_loop_writes_a_ledger_grant_missing_from_the_roster(root: Path)
     assert g.grant_id not in read_policies(devices, g.uuids[0])
     MpsNode(api, "n0", alloc, grace=60).reconcile_once()
     assert read_policies(devices, g.uuids[0])[g.grant_id] == want
+
+
+def test_the_node_loop_removes_the_host_folders_of_ended_pods_only(root: Path) -> None:
+    """Pods end without telling the device plugin; their host folders (slice file, region, pacing-file folder) are
+    mounted into the container while the pod exists, so the node loop removes them only once the pod is in neither
+    the ledger nor the node's pod list, and the folders are older than the grace."""
+    api = cluster(pod("ts", LIMITS))
+    alloc = allocator(api, root, install_standin(root / "bin"))
+    g = grant_of(api, "ts")
+    alloc.allocate([device_id(g.uuids[0], 0)])
+    local = alloc.paths(g.grant_id, local=True)
+    folders = (local["slice"].parent, local["region"])
+    assert all(f.is_dir() for f in folders)
+    api.patch_node_annotations("n0", {formats.NODE_LEDGER: formats.encode_ledger(formats.Ledger({}))})
+    MpsNode(api, "n0", alloc, grace=0).reconcile_once()
+    assert all(f.is_dir() for f in folders)  # the pod is still on the node: its mounts are live
+    api.delete_pod("default", "ts")
+    MpsNode(api, "n0", alloc, grace=60).reconcile_once()
+    assert all(f.is_dir() for f in folders)  # written moments ago: kept
+    MpsNode(api, "n0", alloc, grace=0).reconcile_once()
+    assert not any(f.exists() for f in folders)

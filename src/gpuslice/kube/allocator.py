@@ -314,6 +314,39 @@ class Allocator:
         than ``older_than`` seconds only: a newer one may be a grant or resize the ledger read here predates)."""
         return reconcile_policies(self.paths("-", local=True)["devices"], wanted, prefix="k-", older_than=older_than)
 
+    def prune_grant_folders(self, keep_prefixes: Iterable[str], older_than: float,
+                            now: float | None = None) -> tuple[str, ...]:
+        """Remove the host folders of the device plugin's grants (``kube/grants/k-…``, ``kube/regions/k-…``) whose
+        id starts with none of ``keep_prefixes`` (the ledger's grants, and ``k-<uid>-`` of every pod the node still
+        has: a folder is mounted into its container while the pod exists) and that are older than ``older_than``
+        seconds. Pods end without telling the device plugin, so nothing else removes them. Only real folders of
+        ours are removed, never through a link; the grant ids removed, sorted."""
+        import shutil
+        import stat
+
+        keep = tuple(keep_prefixes)
+        now = time.time() if now is None else now
+        root = self.paths("-", local=True)["region"].parent.parent
+        gone = set()
+        for sub in ("grants", "regions"):
+            try:
+                names = os.listdir(root / sub)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if not name.startswith("k-") or name.startswith(keep):
+                    continue
+                path = root / sub / name
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or now - st.st_mtime < older_than:
+                    continue
+                shutil.rmtree(path, ignore_errors=True)  # fd-based on Linux: links inside are removed, not followed
+                gone.add(name)
+        return tuple(sorted(gone))
+
     def response(self, grant: formats.ContainerGrant, mps: DaemonKey | None = None) -> dict[str, Any]:
         """The ContainerAllocateResponse as plain data (envs, mounts, devices). Mounts, in order (the
         container runtime mounts parents before children):

@@ -65,6 +65,7 @@ class MpsNode:
             log.warning("MPS daemons: cannot read node %s: %s; left as they are", self.node, exc)
             return None
         self.reconcile_rosters(ledger)
+        self.prune_grant_folders(ledger, pods)
         now = time.monotonic()
         recent = {k for k, t in self.allocator.mps_started.items() if now - t < self.grace}
         wanted = wanted_daemons(ledger, pods) | recent
@@ -95,6 +96,17 @@ class MpsNode:
         for grant_id, why in done.problems.items():
             log.warning("policy roster of grant %s cannot be written: %s", grant_id, why)
         return done
+
+    def prune_grant_folders(self, ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> tuple[str, ...]:
+        """Remove the host folders (slice file, region, pacing-file folder) of the device plugin's grants whose pod
+        is gone: in neither the node's ledger nor its pod list, and older than ``grace``."""
+        keep = {c.grant_id for entry in ledger.entries.values() for c in entry.containers}
+        keep |= {formats.grant_id_for(uid, "") for uid in
+                 ((p.get("metadata") or {}).get("uid") for p in pods) if uid}
+        gone = self.allocator.prune_grant_folders(keep, self.grace)
+        if gone:
+            log.info("grant folders of %d ended container(s) removed", len(gone))
+        return gone
 
     def run(self) -> None:
         while True:
