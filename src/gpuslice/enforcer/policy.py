@@ -24,6 +24,7 @@ change within ``GS_POL_RECHECK_NS`` (100 ms).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import stat
@@ -184,6 +185,16 @@ class RosterChanges:
     written: tuple[str, ...] = ()
     gone: tuple[str, ...] = ()
     problems: dict[str, str] = field(default_factory=dict)
+
+    def log(self, logger: logging.Logger) -> None:
+        """One line per kind of change: a rewrite is a warning (the roster had lost or changed a grant)."""
+        if self.written:
+            logger.warning("policy rosters: %d grant(s) missing or out of date, written again: %s", len(self.written),
+                           ", ".join(self.written[:8]))
+        if self.gone:
+            logger.info("policy rosters: %d grant(s) no longer granted taken off", len(self.gone))
+        for grant_id, why in self.problems.items():
+            logger.warning("policy roster of grant %s cannot be written: %s", grant_id, why)
 
 
 def _entry_is(path: Path, text: str) -> bool | None:

@@ -88,13 +88,7 @@ class MpsNode:
         driver's grants are its own (written at prepare, removed at unprepare)."""
         wanted = {c.grant_id: c.grant.slices for entry in ledger.entries.values() for c in entry.containers}
         done = self.allocator.reconcile_policies(wanted, self.grace)
-        if done.written:
-            log.warning("policy rosters: %d grant(s) missing or out of date, written again: %s", len(done.written),
-                        ", ".join(done.written[:8]))
-        if done.gone:
-            log.info("policy rosters: %d grant(s) of ended pods taken off", len(done.gone))
-        for grant_id, why in done.problems.items():
-            log.warning("policy roster of grant %s cannot be written: %s", grant_id, why)
+        done.log(log)
         return done
 
     def prune_grant_folders(self, ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> tuple[str, ...]:

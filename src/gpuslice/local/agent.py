@@ -89,14 +89,7 @@ class Agent:
 
     def reconcile_rosters(self) -> None:
         """The devices' policy rosters brought in line with the ledger; what changed is logged."""
-        done = self.ledger.reconcile_rosters()
-        if done.written:
-            log.warning("policy rosters: %d grant(s) were missing or out of date and are written again: %s",
-                        len(done.written), ", ".join(done.written[:8]))
-        if done.gone:
-            log.info("policy rosters: %d grant(s) no longer in the ledger taken off", len(done.gone))
-        for grant_id, why in done.problems.items():
-            log.warning("policy roster of grant %s cannot be written: %s", grant_id, why)
+        self.ledger.reconcile_rosters().log(log)
 
     def locked(self, fn, *args, **kwargs):
         with self._lock:
