@@ -57,8 +57,8 @@ static void rm_rf(void)
     if (system(cmd) != 0) fprintf(stderr, "cleanup of %s failed\n", dir);
 }
 
-/* The folder read with this process out of descriptors: `prev` (4 grants) must stand in `out`. */
-static void out_of_fds_keeps_the_set(struct gs_policy_set *prev, struct gs_policy_set *out)
+/* gs_policy_read with this process out of descriptors but `spare` (1: the folder opens, its files do not). */
+static int read_without_fds(const struct gs_policy_set *prev, struct gs_policy_set *out, int spare)
 {
     struct rlimit old, low;
     getrlimit(RLIMIT_NOFILE, &old);
@@ -66,14 +66,24 @@ static void out_of_fds_keeps_the_set(struct gs_policy_set *prev, struct gs_polic
     low.rlim_cur = 64;
     int fds[64], n = 0;
     CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "lower the descriptor limit");
-    /* the folder has just changed (g-3 renamed in): the read must happen */
-    struct gs_policy_set full;
-    memcpy(&full, prev, sizeof full);
     while (n < 64 && (fds[n] = dup(0)) >= 0) n++;
     CHECK(errno == EMFILE, "descriptors used up (%d)", n);
+    for (int k = 0; k < spare && n > 0; k++) close(fds[--n]);
     int changed = gs_policy_read(dir, uuid, prev, out);
     while (n > 0) close(fds[--n]);
     setrlimit(RLIMIT_NOFILE, &old);
+    return changed;
+}
+
+/* The folder read with this process out of descriptors: `prev` (4 grants) must stand in `out`. */
+static void out_of_fds_keeps_the_set(struct gs_policy_set *prev, struct gs_policy_set *out)
+{
+    /* the folder has just changed (g-3 renamed in): the read must happen; first the folder's own open
+     * fails, then (one descriptor spare) each file's */
+    int changed = read_without_fds(prev, out, 1);
+    CHECK(changed == 0 && out->present && out->n == prev->n && out->ino == 0,
+          "EMFILE on the files: the set read before stands (changed %d, n %d of %d)", changed, out->n, prev->n);
+    changed = read_without_fds(prev, out, 0);
     CHECK(changed == 0 && out->present && out->n == prev->n && gs_policy_find(out, "k-pod-a"),
           "EMFILE: the set read before stands (changed %d, n %d of %d)", changed, out->n, prev->n);
     CHECK(out->ino == 0, "and the next look reads the folder again");
@@ -121,6 +131,7 @@ int main(void)
     struct gs_policy_set a, b;
 
     CHECK(gs_policy_read(dir, uuid, NULL, &a) == 1 && !a.present && a.n == 0, "no folder: no roster");
+    CHECK(read_without_fds(&a, &b, 0) == 0 && !b.present, "out of descriptors on a node without a roster: still none");
 
     mkdir(folder, 0755);
     chmod(folder, 0755);

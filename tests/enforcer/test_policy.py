@@ -6,8 +6,10 @@ line with the grant keeper's books at start and periodically."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,3 +129,36 @@ def test_reconcile_replaces_an_entry_that_is_not_ours_and_reports_a_bad_grant(tm
     assert done.written == ("g-1",) and stat.S_IMODE((folder / "g-1").stat().st_mode) == 0o644
     assert list(done.problems) == ["../x"] and "grant_id" in done.problems["../x"]
     assert list(read_policies(tmp_path, GPU0)) == ["g-1"]
+
+
+def test_a_name_a_tenant_took_first_is_moved_aside_never_written_into(tmp_path: Path) -> None:
+    """The device-state folder is sticky and world-writable: a tenant may make ``<uuid>.policy`` before root does, as
+    a folder of its own or a link. Root moves it aside and makes its own; it never writes into theirs."""
+    from gpuslice.enforcer.policy import ensure_folder
+
+    theirs = tmp_path / "elsewhere"
+    theirs.mkdir()
+    (tmp_path / folder_name(GPU0)).symlink_to(theirs)
+    (tmp_path / folder_name(GPU1)).mkdir(mode=0o777)
+    os.chmod(tmp_path / folder_name(GPU1), 0o777)  # writable by others: not ours
+    for uuid in (GPU0, GPU1):
+        folder = ensure_folder(tmp_path, uuid)
+        st = os.lstat(folder)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755 and st.st_uid == os.geteuid()
+    assert list(theirs.iterdir()) == []
+    assert len([p for p in tmp_path.iterdir() if ".refused-" in p.name]) == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mounting needs root (CI runs as root)")
+def test_a_mount_at_the_roster_name_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    """A tenant's FUSE file system mounted at the name can claim root as its owner; root never takes a mount point for
+    its folder (it cannot move it aside either: the grant on that device fails, naming the cause)."""
+    folder = tmp_path / folder_name(GPU0)
+    folder.mkdir(mode=0o755)
+    code = ("import sys; from gpuslice.enforcer.policy import ensure_folder\n"
+            "try:\n    ensure_folder(sys.argv[1], sys.argv[2])\nexcept OSError as e:\n    print(e); sys.exit(3)\n")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           f'mount -t tmpfs -o mode=0755 none "{folder}" && exec "{sys.executable}" -c \'{code}\' '
+                           f'"{tmp_path}" {GPU0}'], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 3 and "something is mounted at the device's roster folder" in done.stdout, done

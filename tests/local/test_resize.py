@@ -4,6 +4,7 @@ processes), eviction, the socket API (status/metrics show the new limits at once
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import stat
@@ -233,6 +234,31 @@ def test_the_ledger_writes_again_a_grant_missing_from_the_roster(ledger):
     assert ledger.reconcile_rosters().gone == ()  # written just now: may be a grant this read predates
     assert ledger.reconcile_rosters(older_than=0).gone == ("g-ended",)
     assert list(read_policies(ledger.state.device_state, GPU0)) == [g.grant_id]
+
+
+def test_the_reconcile_keeps_and_rewrites_the_entry_of_a_grant_whose_row_no_longer_decodes(ledger):
+    """A damaged ledger row keeps its slices reserved (ledgercheck); its roster entry must not go either, however old,
+    or the running slice would count as unlisted (share 0, low priority) in every neighbour's allocation."""
+    import sqlite3
+    import time as _time
+
+    g = grant(ledger, "4GiB", compute=30)
+    entry = ledger.state.device_state / folder_name(GPU0) / g.grant_id
+    old = _time.time() - 600
+    os.utime(entry, (old, old))
+    record = json.loads(sqlite3.connect(ledger.state.ledger).execute(
+        "SELECT record FROM grants WHERE id = ?", (g.grant_id,)).fetchone()[0])
+    del record["owner"]  # damaged, but its slices still read
+    with sqlite3.connect(ledger.state.ledger) as db:
+        db.execute("UPDATE grants SET record = ? WHERE id = ?", (json.dumps(record), g.grant_id))
+    entry.unlink()
+    done = ledger.reconcile_rosters(older_than=0)
+    assert done.gone == () and done.written == (g.grant_id,)  # written again from the slices that still read
+    assert read_policies(ledger.state.device_state, GPU0)[g.grant_id].compute == 30
+    with sqlite3.connect(ledger.state.ledger) as db:
+        db.execute("UPDATE grants SET record = '{not json' WHERE id = ?", (g.grant_id,))
+    assert ledger.reconcile_rosters(older_than=0).gone == ()  # unreadable slices: kept as it is
+    assert g.grant_id in read_policies(ledger.state.device_state, GPU0)
 
 
 def test_a_new_share_mode_and_priority_reach_the_devices_roster(ledger):

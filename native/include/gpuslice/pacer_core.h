@@ -223,7 +223,8 @@ void gs_engine_fini(struct gs_engine *e);
 /* The engine's charge counters as one JSON object into buf (what gpuslice_pacer_stats hands a
  * caller; README-compute.md "Charge counters"). Returns what snprintf returns. */
 int gs_engine_stats(const struct gs_engine *e, char *buf, size_t len);
-/* The rate the controller currently allots this engine's slice (basis points). */
+/* The rate the controller currently allots this engine's slice (basis points). Under the state lock, right
+ * after gs_eng_policy_locked: it counts the records packed there, one entry per grant. */
 uint32_t gs_engine_rate(struct gs_engine *e, int64_t now);
 
 /* ---- shared by pacer_core.c, pairs.c and turns.c (not for callers) ---- */

@@ -200,29 +200,33 @@ uint32_t gs_engine_rate(struct gs_engine *e, int64_t now)
 {
     struct gs_ctl_slice in[GS_DS_MAX_SLICES];
     uint32_t out[GS_DS_MAX_SLICES];
-    uint8_t use[GS_DS_MAX_SLICES];
+    uint8_t use[GS_DS_MAX_SLICES] = {0};
     int64_t last[GS_DS_MAX_SLICES] = {0};
     int map = -1, n = 0;
-    /* one entry per grant, however many records name it (enginepolicy.c canonical): a grant is active
-     * when any of its records launched lately */
+    /* The records gs_eng_policy_locked packed just before, and no others: a record's flag and name are
+     * read once, there. One entry per grant, however many records name it (enginepolicy.c canonical); a
+     * grant is active when any of its records launched lately. A launch time ahead of now is forged (the
+     * clock is the system's monotonic one in every process) and counts for nothing. */
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
-        int c = e->pol_packed ? e->pol_canon[i] : i;
-        int in_use = (__atomic_load_n(&e->ds->slices[i].flags, __ATOMIC_RELAXED) & GS_DS_SLICE_IN_USE) != 0;
-        use[i] = i == e->slice || (in_use && c == i);
-        if (!in_use || c < 0 || c >= GS_DS_MAX_SLICES) continue;
+        if (i != e->slice && !__atomic_load_n(&e->pol_pack[i], __ATOMIC_RELAXED)) continue;
+        int c = i == e->slice ? i : e->pol_canon[i];
+        if (c < 0 || c >= GS_DS_MAX_SLICES) continue;
+        use[i] = c == i;
         int64_t la = __atomic_load_n(&e->ds->slices[i].last_active_ns, __ATOMIC_RELAXED);
+        if (la > now) la = 0;
         if (la > last[c]) last[c] = la;
     }
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
         if (!use[i]) continue;
         if (i == e->slice) map = n;
-        int64_t la = last[i];
-        struct gs_pol p = gs_eng_pol(e, i); /* never what a record claims where the roster says otherwise */
+        struct gs_pol p;
+        if (i == e->slice || !gs_pol_unpack(__atomic_load_n(&e->pol_pack[i], __ATOMIC_RELAXED), &p))
+            p = gs_eng_pol(e, i); /* ours: the engine's own */
         in[n].share_bp = p.share_bp;
         in[n].mode = p.mode;
         in[n].weight = p.weight;
         in[n].priority = p.priority;
-        in[n].active = i == e->slice || (la && now - la < GS_CTL_ACTIVE_NS);
+        in[n].active = i == e->slice || (last[i] && now - last[i] < GS_CTL_ACTIVE_NS);
         n++;
     }
     if (map < 0) return GS_BP_FULL;

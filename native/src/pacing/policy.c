@@ -11,13 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 /* Owned by root or by us, writable by nobody else; or on a read-only mount, which nobody can write
- * (a pod's roster mount: in a user namespace root's files show as owned by the overflow uid). Only root
- * can make a read-only mount where other users' processes see it; a tenant that makes one in a mount
- * namespace of its own fools only its own processes. */
+ * (a pod's roster mount: in a user namespace root's files show as owned by the overflow uid). Apart from
+ * FUSE (refused: on_fuse), only root can make a mount other users' processes see; a tenant that makes
+ * one in a mount namespace of its own fools only its own processes. */
 static int trusted(const struct stat *st, int readonly)
 {
     return readonly || ((st->st_uid == 0 || st->st_uid == geteuid()) && !(st->st_mode & (S_IWGRP | S_IWOTH)));
@@ -27,6 +28,16 @@ static int on_readonly_mount(int fd)
 {
     struct statvfs v;
     return fstatvfs(fd, &v) == 0 && (v.f_flag & ST_RDONLY);
+}
+
+/* FUSE lets an ordinary user mount (setuid fusermount) a file system that reports any owner and a
+ * read-only flag: a tenant who took the folder's name before root could mount one there (review of
+ * issue 15's roster). Nothing gpuslice writes lives on FUSE: such a folder lists nobody. */
+#define GS_FUSE_SUPER_MAGIC 0x65735546
+static int on_fuse(int fd)
+{
+    struct statfs f;
+    return fstatfs(fd, &f) == 0 && f.f_type == GS_FUSE_SUPER_MAGIC;
 }
 
 /* An error that says nothing about the folder, only about this process or the moment (out of file
@@ -123,12 +134,13 @@ static int read_folder(int dfd, int readonly, struct gs_policy_set *out)
     return rc;
 }
 
-/* What a read that could not finish leaves: the set read before (a grant dropped now would lose its
- * guarantee in this process's allocation), else an empty roster; either way read again at the next look. */
+/* What a read that could not finish leaves: the set read before, present or not (a grant dropped now would
+ * lose its guarantee in this process's allocation; a node without a roster stays without one), else (the
+ * first read) an empty roster; either way read again at the next look. */
 static void keep_previous(const struct gs_policy_set *prev, struct gs_policy_set *out)
 {
     uint64_t refused = out->refused;
-    if (prev && prev->present) memcpy(out, prev, sizeof *out);
+    if (prev) memcpy(out, prev, sizeof *out);
     else {
         memset(out, 0, offsetof(struct gs_policy_set, e));
         out->generation = prev ? prev->generation : 0;
@@ -167,7 +179,7 @@ int gs_policy_read(const char *dir, const char *uuid, const struct gs_policy_set
         goto done;
     }
     /* a mount can change the verdict without changing the folder: it is part of the stamp */
-    int readonly = on_readonly_mount(dfd), trust = trusted(&st, readonly);
+    int readonly = on_readonly_mount(dfd), trust = !on_fuse(dfd) && trusted(&st, readonly);
     if (prev && prev->present && same_stamp(prev, &st) && prev->trusted == trust) {
         close(dfd);
         memcpy(out, prev, sizeof *out);

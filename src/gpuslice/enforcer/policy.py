@@ -105,9 +105,16 @@ def ensure_folder(device_state: Path | str, uuid: str) -> Path:
             st = os.lstat(folder)
         except FileNotFoundError:
             continue  # gone meanwhile: make it again
-        if stat.S_ISDIR(st.st_mode) and _ours(st):
+        # A mount there (a tenant's FUSE file system can claim any owner) is never ours either.
+        if stat.S_ISDIR(st.st_mode) and _ours(st) and st.st_dev == os.lstat(folder.parent).st_dev:
             return folder
-        os.rename(folder, folder.with_name(f".{folder.name}.refused-{time.time_ns()}"))
+        try:
+            os.rename(folder, folder.with_name(f".{folder.name}.refused-{time.time_ns()}"))
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            raise OSError(errno.EBUSY, "something is mounted at the device's roster folder (a tenant's file system?); "
+                          "pacers read it as a roster that lists nobody: unmount it", str(folder)) from None
     raise OSError(errno.EEXIST, "the roster folder keeps being taken", str(folder))
 
 

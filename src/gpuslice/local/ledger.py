@@ -303,10 +303,16 @@ class Ledger:
     def reconcile_rosters(self, older_than: float = ROSTER_GRACE) -> RosterChanges:
         """Make the devices' policy rosters say what the ledger says (:func:`reconcile_policies`): a grant from
         before the roster existed, or whose file went missing, would count for nothing in its neighbours'
-        allocation. Grants whose row was lost but whose processes still run keep their entries."""
-        wanted = {g.grant_id: g.slices for g in self.grants()}
-        return reconcile_policies(self.state.device_state, wanted, older_than=older_than,
-                                  keep=[g.grant_id for g in self._live_lost])
+        allocation. In one transaction with the search for lost grants, so that nothing granted or released
+        meanwhile is undone: grants whose row was lost but whose processes still run keep their entries, and so
+        do rows that no longer decode (written again where their slices still read)."""
+        with self._tx() as db:
+            grants = self._grants(db)
+            self._find_lost(db)
+            wanted = {g.grant_id: g.slices for g in grants}
+            wanted.update({b.grant_id: b.grant.slices for b in self._bad if b.grant is not None})
+            keep = [g.grant_id for g in self._live_lost] + [b.grant_id for b in self._bad]
+            return reconcile_policies(self.state.device_state, wanted, older_than=older_than, keep=keep)
 
     def reclaim(self) -> list[str]:
         """Release grants (and forget waiters) whose processes are all gone; the ids released."""
