@@ -248,6 +248,8 @@ struct gs_pol gs_eng_pol(struct gs_engine *e, int i);
 /* The slice's credit and refill clock, wherever they are kept (gs_engine_set_credit_home). */
 int64_t *gs_eng_credit(struct gs_engine *e);
 int64_t *gs_eng_credit_last(struct gs_engine *e);
+/* Both as a controller bucket, for a gate (gs_ctl_gate). */
+struct gs_ctl_bucket gs_eng_bucket(struct gs_engine *e);
 /* Poller: read the roster again when GS_POL_RECHECK_NS passed and its folder changed (no lock held). */
 void gs_eng_policy_refresh(struct gs_engine *e, int64_t now);
 /* Under the state lock, at each recount: our own policy from the roster (when it lists us), written back

@@ -47,6 +47,12 @@ int64_t *gs_eng_credit_last(struct gs_engine *e)
     return e->credit_home ? &e->credit_home[1] : &e->ds->slices[e->slice].credit_last_ns;
 }
 
+struct gs_ctl_bucket gs_eng_bucket(struct gs_engine *e)
+{
+    struct gs_ctl_bucket b = {__atomic_load_n(gs_eng_credit(e), __ATOMIC_RELAXED), *gs_eng_credit_last(e)};
+    return b;
+}
+
 /* credit -= ns, clamped (gs_ctl_charged), against concurrent lock-free launches */
 static void credit_charge(int64_t *credit, int64_t ns)
 {
@@ -219,9 +225,9 @@ uint32_t gs_engine_rate(struct gs_engine *e, int64_t now)
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
         if (!use[i]) continue;
         if (i == e->slice) map = n;
-        struct gs_pol p;
-        if (i == e->slice || !gs_pol_unpack(__atomic_load_n(&e->pol_pack[i], __ATOMIC_RELAXED), &p))
-            p = gs_eng_pol(e, i); /* ours: the engine's own */
+        struct gs_pol p; /* ours: the engine's own; another: its pack (non-zero, or the first loop skipped it) */
+        if (i == e->slice) p = gs_eng_pol(e, i);
+        else gs_pol_unpack(__atomic_load_n(&e->pol_pack[i], __ATOMIC_RELAXED), &p);
         in[n].share_bp = p.share_bp;
         in[n].mode = p.mode;
         in[n].weight = p.weight;
@@ -545,7 +551,7 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     int64_t wait;
     if (credit_gate) {
         /* our own credit and rate, never what a neighbour may have written into our record */
-        struct gs_ctl_bucket b = {__atomic_load_n(gs_eng_credit(e), __ATOMIC_RELAXED), *gs_eng_credit_last(e)};
+        struct gs_ctl_bucket b = gs_eng_bucket(e);
         wait = first && e->outstanding > 0 ? GS_CTL_WAIT_MIN_NS : gs_ctl_gate(&b, e->rate_bp, 0);
     } else {
         wait = gs_eng_wait_locked(e, me, now);

@@ -143,7 +143,6 @@ static void keep_previous(const struct gs_policy_set *prev, struct gs_policy_set
     if (prev) memcpy(out, prev, sizeof *out);
     else {
         memset(out, 0, offsetof(struct gs_policy_set, e));
-        out->generation = prev ? prev->generation : 0;
         out->present = 1;
     }
     out->refused = refused;

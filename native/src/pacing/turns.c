@@ -134,7 +134,7 @@ int64_t gs_eng_wait_locked(struct gs_engine *e, struct gs_ds_proc *me, int64_t n
         if (e->cost_avg_ns == 0 && e->outstanding > 0) {
             wait = GS_CTL_WAIT_MIN_NS;
         } else {
-            struct gs_ctl_bucket b = {__atomic_load_n(gs_eng_credit(e), __ATOMIC_RELAXED), *gs_eng_credit_last(e)};
+            struct gs_ctl_bucket b = gs_eng_bucket(e);
             wait = gs_ctl_gate(&b, e->rate_bp, need);
         }
         if (wait > 0) me->want_since_ns = 0; /* not ready: hold no place in the turn queue */

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -321,9 +323,6 @@ class Allocator:
         has: a folder is mounted into its container while the pod exists) and that are older than ``older_than``
         seconds. Pods end without telling the device plugin, so nothing else removes them. Only real folders of
         ours are removed, never through a link; the grant ids removed, sorted."""
-        import shutil
-        import stat
-
         keep = tuple(keep_prefixes)
         now = time.time() if now is None else now
         root = self.paths("-", local=True)["region"].parent.parent

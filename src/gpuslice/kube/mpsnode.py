@@ -46,6 +46,11 @@ def wanted_daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> set
     return wanted
 
 
+def _grants(ledger: formats.Ledger) -> dict[str, tuple]:
+    """The device plugin's grants on the node: grant id -> its slices."""
+    return {c.grant_id: c.grant.slices for entry in ledger.entries.values() for c in entry.containers}
+
+
 class MpsNode:
     def __init__(self, api: KubeAPI, node: str, allocator: Allocator, interval: float = 10.0, grace: float = 120.0):
         self.api = api
@@ -86,15 +91,14 @@ class MpsNode:
         the grants of pods that ended are taken off (the pacers' lists are bounded: ``GS_POL_MAX``); a file
         written within ``grace`` stays as it is (a ledger read a moment old may not hold it yet). The DRA
         driver's grants are its own (written at prepare, removed at unprepare)."""
-        wanted = {c.grant_id: c.grant.slices for entry in ledger.entries.values() for c in entry.containers}
-        done = self.allocator.reconcile_policies(wanted, self.grace)
+        done = self.allocator.reconcile_policies(_grants(ledger), self.grace)
         done.log(log)
         return done
 
     def prune_grant_folders(self, ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> tuple[str, ...]:
         """Remove the host folders (slice file, region, pacing-file folder) of the device plugin's grants whose pod
         is gone: in neither the node's ledger nor its pod list, and older than ``grace``."""
-        keep = {c.grant_id for entry in ledger.entries.values() for c in entry.containers}
+        keep = set(_grants(ledger))
         keep |= {formats.grant_id_for(uid, "") for uid in
                  ((p.get("metadata") or {}).get("uid") for p in pods) if uid}
         gone = self.allocator.prune_grant_folders(keep, self.grace)
