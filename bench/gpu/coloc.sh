@@ -16,6 +16,8 @@
 #   GS_COLOC_MODES (all but tidal): a comma list of alone,trainer,plain,mps,preemptive,shared,spatial,tidal
 #   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
+#   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in every other slot of this many seconds of
+#   one phase and each co-located server is also judged against itself in the slots between (a table of its own).
 #   GS_COLOC_REPS (2), GS_COLOC_WINDOW (3 s per phase), GS_COLOC_TIDAL (0; 1 adds a tidal-trainer phase),
 #   GS_COLOC_BUDGET (450 s of phases; every phase that would pass it is skipped and listed), OUT (default a new
 #   temp dir). --dry-run: no GPU: sleeping workers, no MPS unless nvidia-cuda-mps-control is on PATH.
@@ -85,6 +87,7 @@ ARGS=(--out "$W" --tmp "$RUN" --reps "${GS_COLOC_REPS:-2}" --window "${GS_COLOC_
 [ -n "${GS_COLOC_STEPS:-}" ] && ARGS+=(--steps "$GS_COLOC_STEPS")
 [ -n "${GS_COLOC_MODES:-}" ] && ARGS+=(--modes "$GS_COLOC_MODES")
 [ "${GS_COLOC_TIDAL:-0}" = 1 ] && ARGS+=(--tidal)
+[ -n "${GS_COLOC_SLOT:-}" ] && ARGS+=(--slot "$GS_COLOC_SLOT")
 [ "$DRY" = 1 ] && ARGS+=(--dry)
 log "$($PY bench/gpu/coloc_bench.py "${ARGS[@]}" --plan-only)"
 log "$MPS_NOTE"
@@ -128,7 +131,7 @@ RES="$OUT/$NAME.md"
   echo
   echo "- device: $GPU; $($PY -c 'import sys, torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {sys.version.split()[0]}")' 2>/dev/null || echo 'no torch')"
   echo "- code: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')"
-  echo "- command: $([ -n "${GS_COLOC_STEPS:-}" ] && echo "GS_COLOC_STEPS=$GS_COLOC_STEPS ")bash bench/gpu/coloc.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); reps ${GS_COLOC_REPS:-2}, window ${GS_COLOC_WINDOW:-3} s; $(( $(date +%s) - T0 )) s wall; rc=$RC; $MPS_NOTE"
+  echo "- command: $([ -n "${GS_COLOC_STEPS:-}" ] && echo "GS_COLOC_STEPS=$GS_COLOC_STEPS ")bash bench/gpu/coloc.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); reps ${GS_COLOC_REPS:-2}, window ${GS_COLOC_WINDOW:-3} s$([ -n "${GS_COLOC_SLOT:-}" ] && echo ", slot ${GS_COLOC_SLOT} s"); $(( $(date +%s) - T0 )) s wall; rc=$RC; $MPS_NOTE"
   echo "- raw: $NAME-raw.tgz (coloc-run/coloc-raw.json: every phase; coloc-run/logs/: every process; bench.log; mps-log/)"
   echo "- method: bench/gpu/coloc_bench.py (docstring). Server idle fraction = 1 - request rate x GPU time per request (CUDA graph of a request replayed back to back). Misses below carry their measured cause where the bench can measure one; the pacer path of each gpuslice process, read from the device state mid-window, is in the table."
   echo
@@ -137,7 +140,7 @@ RES="$OUT/$NAME.md"
 log "results: $RES"
 echo
 echo "== co-location on $GPU ($(( $(date +%s) - T0 )) s)"
-grep -E '^(###|\| (alone|trainer|plain|mps|preemptive|shared|spatial|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
+grep -E '^(###|\| (alone|solo-mps|solo-spatial|trainer|plain|mps|preemptive|shared|spatial|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
 grep -E 'MISSED|: met' "$W/coloc.md" 2>/dev/null | sed 's/^- /  /' | cut -c1-200
 if [ "${GS_COLOC_TAR:-1}" = 1 ] && tar czf "$OUT/$NAME-raw.tgz" -C "$OUT" coloc-run; then rm -rf "$W"; fi
 exit "$RC"

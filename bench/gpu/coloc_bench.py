@@ -15,6 +15,9 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
               the device, the low-priority trainer below normal (CUDA_MPS_CLIENT_PRIORITY=1, set by gpuslice); only
               where the MPS binaries are (coloc.sh's private daemon started)
   tidal       (only with --tidal) the trainer colocation tidal, following the server's idle time
+  solo-mps    (only when named in --modes) the server alone as a client of the private MPS daemon
+  solo-spatial (only when named in --modes) the server alone under gpuslice run --engine spatial --priority high:
+              with solo-mps, what the spatial engine costs the server without a neighbour (its daemon, the enforcer)
 Phases go in ABBA order (the modes forward, then backward), --reps times (2 = ABBA); every phase starts
 fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
 alone speed x the server's idle fraction (issue 13's goal: >= 80 % of it); the between-requests bound leaves
@@ -54,14 +57,17 @@ KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-b
 STARTUP_S = 11.5
 
 
-ALL_MODES = ("alone", "trainer", "plain", "mps", "preemptive", "shared", "spatial", "tidal")
+ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "plain", "mps", "preemptive", "shared", "spatial", "tidal")
+OPT_IN = ("solo-mps", "solo-spatial", "tidal")  # run only when named (tidal also by --tidal)
+SOLO = {"solo-mps": "mps", "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode
 
 
 def modes(tidal: bool, only: str = "") -> list[str]:
     """The modes of a step in their forward order; only: a comma list (--modes) to run a subset."""
-    out = ["alone", "trainer", "plain", "mps", "preemptive", "shared", "spatial"] + (["tidal"] if tidal else [])
-    keep = {m.strip() for m in only.split(",") if m.strip()}
-    return [m for m in out if m in keep] if keep else out
+    keep = {m.strip() for m in only.split(",") if m.strip()} | ({"tidal"} if tidal else set())
+    if not only:
+        return [m for m in ALL_MODES if m not in OPT_IN or m in keep]
+    return [m for m in ALL_MODES if m in keep]
 
 
 def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
@@ -78,9 +84,15 @@ def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
                 order.remove("alone")
                 order.insert(0, "alone")
             # mps needs the private daemon; spatial needs the MPS binaries (gpuslice starts a daemon of its own)
-            out.extend((kind, m, rep) for m in order
-                       if (m != "mps" or args.mps_pipe or args.dry) and (m != "spatial" or (args.mps_pipe and not args.dry)))
+            out.extend((kind, m, rep) for m in order if runnable(SOLO.get(m, m), args))
     return out
+
+
+def runnable(mode: str, args: argparse.Namespace) -> bool:
+    """mps needs the private daemon; spatial needs the MPS binaries (gpuslice starts a daemon of its own)."""
+    if mode == "mps":
+        return bool(args.mps_pipe or args.dry)
+    return mode != "spatial" or bool(args.mps_pipe and not args.dry)
 
 
 class ClockSampler(threading.Thread):
@@ -138,12 +150,14 @@ class Bench:
     def worker(self, kind: str, folder: Path, role: str) -> list[str]:
         cmd = [sys.executable, str(WORKER), "--kind", kind, "--ready", str(folder / f"ready.{role}"),
                "--go", str(folder / "go"), "--out", str(folder / f"out.{role}.json"), "--window", str(self.args.window)]
-        return cmd + (["--dry"] if self.args.dry else [])
+        slot = getattr(self.args, "slot", 0.0)
+        return cmd + (["--slot", f"{slot:g}"] if slot else []) + (["--dry"] if self.args.dry else [])
 
     def command(self, mode: str, role: str, kind: str, folder: Path) -> tuple[list[str], dict]:
         """The process of one role (server or trainer) in one mode: its command and environment."""
         w = self.worker(kind if role == "server" else "train", folder, role)
         env = dict(self.env)
+        mode = SOLO.get(mode, mode)
         if mode == "mps":
             env.update(CUDA_MPS_PIPE_DIRECTORY=self.args.mps_pipe or str(self.tmp / "no-mps"),
                        CUDA_MPS_CLIENT_PRIORITY="0" if role == "server" else "1")
@@ -186,7 +200,7 @@ class Bench:
             return
         folder = self.tmp / "phase" / f"{kind}-{mode}-{rep}"
         folder.mkdir(parents=True, exist_ok=True)
-        roles = {"alone": ["server"], "trainer": ["trainer"]}.get(mode, ["server", "trainer"])
+        roles = ["server"] if mode == "alone" or mode in SOLO else ["trainer"] if mode == "trainer" else ["server", "trainer"]
         procs = {}
         for role in roles:
             cmd, env = self.command(mode, role, kind, folder)
@@ -232,16 +246,54 @@ class Bench:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def _vals(phs: list[dict], kind: str, mode: str, role: str, key: str) -> list[float]:
-    return [p[role][key] for p in phs if p["kind"] == kind and p["mode"] == mode
-            and isinstance(p.get(role, {}).get(key), (int, float))]
+def _side(p: dict, role: str, part: str = "on") -> dict:
+    """A phase's result of one role. Under the paired protocol (--slot) a co-located server's figures are those
+    of the slots the trainer worked in (part "on") or rested in ("off"); alone, every request counts."""
+    got = p.get(role, {})
+    if role == "server" and part in got and p["mode"] not in ("alone", "trainer") and p["mode"] not in SOLO:
+        return got[part]
+    return got
 
 
-def _pooled(phs: list[dict], kind: str, mode: str, q: float) -> float | None:
+def _vals(phs: list[dict], kind: str, mode: str, role: str, key: str, part: str = "on") -> list[float]:
+    return [_side(p, role, part)[key] for p in phs if p["kind"] == kind and p["mode"] == mode
+            and isinstance(_side(p, role, part).get(key), (int, float))]
+
+
+def _pooled(phs: list[dict], kind: str, mode: str, q: float, part: str = "on") -> float | None:
     """The q-quantile of the server's latencies of every repeat together (a 3-s window holds 150-700
     requests: one repeat's p99 is its 2nd-7th slowest request)."""
-    lat = sorted(x for p in phs if p["kind"] == kind and p["mode"] == mode for x in p.get("server", {}).get("lat_ms", []))
+    lat = sorted(x for p in phs if p["kind"] == kind and p["mode"] == mode
+                 for x in _side(p, "server", part).get("lat_ms", []))
     return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
+
+
+def paired(phs: list[dict], kind: str) -> list[str]:
+    """The paired protocol's table (--slot): each co-located server against itself in the slots the trainer
+    rested in, so the drift of the VM's CPU speed between phases and what a new process draws (cuDNN's
+    algorithms, its cores) cancel; per-repeat ratios give the spread."""
+    rows = []
+    for mode in ALL_MODES:
+        ph = [p for p in phs if p["kind"] == kind and p["mode"] == mode and "on" in p.get("server", {})
+              and mode not in ("alone", "trainer") and mode not in SOLO]
+        if not ph:
+            continue
+        cells = []
+        for q in (0.5, 0.99):
+            on, off = _pooled(phs, kind, mode, q, "on"), _pooled(phs, kind, mode, q, "off")
+            key = "p50_ms" if q == 0.5 else "p99_ms"
+            per = [p["server"]["on"][key] / p["server"]["off"][key] for p in ph
+                   if p["server"]["on"].get(key) and p["server"]["off"].get(key)]
+            cells.append(f"{on:.2f} / {off:.2f} ({on / off:.3f}x [{min(per):.3f}-{max(per):.3f}])" if on and off and per else "-")
+        n = sum(len(p["server"]["on"].get("lat_ms", [])) for p in ph), sum(len(p["server"]["off"].get("lat_ms", [])) for p in ph)
+        rows.append(f"| {mode} | {cells[0]} | {cells[1]} | {n[0]} / {n[1]} |")
+    if not rows:
+        return []
+    slot = next((p["server"].get("slot_s") for p in phs if "slot_s" in p.get("server", {})), None)
+    return [f"Paired (the trainer on in every other {slot:g}-s slot of the same phase): server on / off ms "
+            "(on/off pooled [min-max of the repeats]); requests in the first 0.1 s of a slot or crossing into the "
+            "next are in neither.", "", "| mode | p50 on / off | p99 on / off | requests on / off |",
+            "| --- | --- | --- | --- |"] + rows + [""]
 
 
 def _mean(v: list[float]) -> float | None:
@@ -291,7 +343,7 @@ def report(raw: dict) -> str:
                   f"is {bound:.2f} it/s." if busy is not None and talone and between else "Alone: not measured.", "",
                   "| mode | server p50 ms | server p99 ms | trainer it/s | trainer / idle bound | SM MHz | pacer paths |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
-        for mode in modes(True):
+        for mode in ALL_MODES:
             p50, p99 = _vals(phs, kind, mode, "server", "p50_ms"), _vals(phs, kind, mode, "server", "p99_ms")
             tr = _vals(phs, kind, mode, "trainer", "it_per_s")
             if not (p50 or tr):
@@ -302,6 +354,7 @@ def report(raw: dict) -> str:
                          f"{f'{_mean(tr) / bound:.2f}' if tr and bound and mode != 'trainer' else '-'} | "
                          f"{_clock(phs, kind, mode)} | {', '.join(paths) or '-'} |")
         lines.append("")
+        lines += paired(phs, kind)
         goals += _goals(kind, phs, p50a, p99a, bound, talone, between)
     errors = [f"{p['kind']}/{p['mode']}#{p['rep']} {r}: {p[r]['error']}" for p in phs for r in ("server", "trainer")
               if isinstance(p.get(r), dict) and p[r].get("error")]
@@ -317,6 +370,13 @@ def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> li
     out = _mode_goals(kind, "preemptive", phs, p50a, p99a, bound, talone, between)
     if _pooled(phs, kind, "spatial", 0.5) is not None:  # the spatial engine's co-location, judged alike
         out += _mode_goals(kind, "spatial", phs, p50a, p99a, bound, talone, between)
+    for mode in ("preemptive", "spatial"):  # paired: against the same server in the trainer's rest slots
+        for q, lim in ((0.5, 1.03), (0.99, 1.10)):
+            on, off = _pooled(phs, kind, mode, q, "on"), _pooled(phs, kind, mode, q, "off")
+            if on and off and any("on" in p.get("server", {}) for p in phs if p["kind"] == kind and p["mode"] == mode):
+                r = on / off
+                out.append(f"{kind}: {mode} paired server p{int(q * 100)} {r:.3f}x its rest slots (goal <= {lim:.2f}x): "
+                           + ("met" if r <= lim else f"MISSED by {100 * (r - lim):.1f} points"))
     return out
 
 
@@ -361,8 +421,10 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--budget", type=float, default=420)
     ap.add_argument("--mps-pipe", default="")
+    ap.add_argument("--slot", type=float, default=0.0,
+                    help="paired protocol: the trainer works in every other slot of this many s (0: the whole window)")
     ap.add_argument("--tidal", action="store_true")
-    ap.add_argument("--modes", default="", help=f"comma list of {','.join(ALL_MODES)} (default: all but tidal)")
+    ap.add_argument("--modes", default="", help=f"comma list of {','.join(ALL_MODES)} (default: all but tidal and the solo modes)")
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--plan-only", action="store_true")
     ap.add_argument("--report", nargs="+")

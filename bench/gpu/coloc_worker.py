@@ -135,10 +135,28 @@ def pct(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] * 1000
 
 
-def run_server(request, think: float, t0: float, window: float, tail: float) -> dict:
-    """Requests with ``think`` seconds between them; latencies of those that start and end in the window."""
+def slot_of(t: float, t0: float, slot: float) -> tuple[int, float]:
+    """(index, seconds into it) of the slot holding wall time t: slots of ``slot`` s from t0; the trainer works in
+    the odd ones (--slot: the paired protocol)."""
+    k = (t - t0) // slot
+    return int(k), t - t0 - k * slot
+
+
+def summary(lat: list[float], window: float) -> dict:
+    lat = sorted(lat)
+    return {"requests": len(lat), "req_per_s": len(lat) / window if window else None, "p50_ms": pct(lat, 0.50),
+            "p99_ms": pct(lat, 0.99), "mean_ms": sum(lat) / len(lat) * 1000 if lat else None,
+            "lat_ms": [round(x * 1000, 4) for x in lat]}
+
+
+def run_server(request, think: float, t0: float, window: float, tail: float, slot: float = 0.0,
+               guard: float = 0.1) -> dict:
+    """Requests with ``think`` seconds between them; latencies of those that start and end in the window.
+    With ``slot``: also each request's slot (the trainer on in odd slots, off in even ones); a request that
+    starts in a slot's first ``guard`` s or ends in the next slot is in neither list (the neighbour's switch)."""
     end, stop = t0 + window, t0 + window + tail
     lat: list[float] = []
+    by = {0: [], 1: []}
     while time.time() < t0:
         time.sleep(min(0.001, max(0.0, t0 - time.time())))
     while True:
@@ -149,16 +167,27 @@ def run_server(request, think: float, t0: float, window: float, tail: float) -> 
         if wall_a + (b - a) > end:
             break
         lat.append(b - a)
+        if slot:
+            k, into = slot_of(wall_a, t0, slot)
+            if into >= guard and slot_of(wall_a + (b - a), t0, slot)[0] == k:
+                by[k % 2].append(b - a)
         time.sleep(think)
     while time.time() < stop:
         request()
         time.sleep(think)
-    lat.sort()
-    return {"requests": len(lat), "req_per_s": len(lat) / window, "p50_ms": pct(lat, 0.50), "p99_ms": pct(lat, 0.99),
-            "mean_ms": sum(lat) / len(lat) * 1000 if lat else None, "lat_ms": [round(x * 1000, 4) for x in lat]}
+    out = summary(lat, window)
+    if slot:
+        out["slot_s"], out["guard_s"] = slot, guard
+        out["off"], out["on"] = summary(by[0], 0), summary(by[1], 0)
+    return out
 
 
-def run_trainer(step, t0: float, window: float, tail: float) -> dict:
+def run_trainer(step, t0: float, window: float, tail: float, slot: float = 0.0) -> dict:
+    """Steps back to back from before the window until its end + tail. With ``slot``: steps only in the odd
+    slots, each started only when the mean step so far ends inside the slot (the trainer's GPU work stays in its
+    slots); it/s counts the steps of on-slots against the on-slots' time in the window."""
+    if slot:
+        return run_trainer_slotted(step, t0, window, tail, slot)
     end, stop = t0 + window, t0 + window + tail
     while time.time() < t0:
         step()  # busy before the window opens: the server meets a loaded device from its first request
@@ -173,6 +202,26 @@ def run_trainer(step, t0: float, window: float, tail: float) -> dict:
     return {"iters": done, "it_per_s": done / window}
 
 
+def run_trainer_slotted(step, t0: float, window: float, tail: float, slot: float) -> dict:
+    end, stop = t0 + window, t0 + window + tail
+    mean, n, done = 0.0, 0, 0
+    while (now := time.time()) < stop:
+        k, into = slot_of(now, t0, slot)
+        if k % 2 == 0 or into + mean > slot:
+            time.sleep(min(0.002, max(0.0, slot - into)))
+            continue
+        a = time.perf_counter()
+        step()
+        took = time.perf_counter() - a
+        n += 1
+        mean += (took - mean) / n
+        done += t0 <= now and time.time() <= end
+    on_time = sum(min(end, t0 + (k + 1) * slot) - (t0 + k * slot) for k in range(1, int(window // slot) + 1, 2)
+                  if t0 + k * slot < end)
+    return {"iters": done, "it_per_s": done / on_time if on_time else None, "slot_s": slot, "on_s": on_time,
+            "mean_step_ms": mean * 1000}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", choices=("launch", "gpu", "decode", "train"), required=True)
@@ -181,6 +230,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--window", type=float, default=4.0)
     ap.add_argument("--tail", type=float, default=0.4)
+    ap.add_argument("--slot", type=float, default=0.0, help="paired protocol: the trainer on in odd slots of this many s")
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args()
     result: dict = {"pid": os.getpid(), "kind": args.kind}
@@ -207,9 +257,9 @@ def main() -> int:
         Path(args.ready).write_text(json.dumps(result))
         t0 = wait_go(Path(args.go))
         if args.kind == "train":
-            result.update(run_trainer(step, t0, args.window, args.tail))
+            result.update(run_trainer(step, t0, args.window, args.tail, args.slot))
         else:
-            result.update(run_server(request, THINK[args.kind], t0, args.window, args.tail))
+            result.update(run_server(request, THINK[args.kind], t0, args.window, args.tail, args.slot))
             busy = result["req_per_s"] * result["gpu_ms_per_request"] / 1000
             result["busy_fraction"] = min(1.0, busy)  # of the device's time, by the calibration ruler
         code = 0

@@ -97,6 +97,74 @@ def test_coloc_modes_subset_keeps_abba() -> None:
     assert ok.returncode == 0 and "24 phases" in ok.stdout and "cut at 420 s" in ok.stdout, ok.stdout
 
 
+def test_coloc_solo_modes_run_only_when_named() -> None:
+    """solo-mps / solo-spatial (the server alone, set up as under mps / spatial) are left out of the default
+    plan, run when named, need what their co-located mode needs (the private daemon), and start the server
+    alone with the same environment as the co-located mode's server."""
+    mod = _bench_module()
+    ns = mod.argparse.Namespace(steps="1", reps=2, tidal=False, modes="", mps_pipe="/p", dry=False)
+    assert not {m for _, m, _ in mod.phases(ns)} & {"solo-mps", "solo-spatial", "tidal"}
+    ns.modes = "alone,solo-mps,solo-spatial,mps,spatial"
+    plan = [m for _, m, r in mod.phases(ns) if r == 0]
+    assert plan == ["alone", "solo-mps", "solo-spatial", "mps", "spatial"]
+    ns.mps_pipe = ""
+    assert [m for _, m, _ in mod.phases(ns)] == ["alone", "alone"]
+    bench = mod.Bench.__new__(mod.Bench)
+    bench.args, bench.env, bench.busy = mod.argparse.Namespace(window=1, dry=False, mps_pipe="/p"), {}, {}
+    solo, env = bench.command("solo-mps", "server", "launch", Path("/f"))
+    _, env_co = bench.command("mps", "server", "launch", Path("/f"))
+    assert env == env_co and env["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+    spatial, _ = bench.command("solo-spatial", "server", "launch", Path("/f"))
+    assert spatial[spatial.index("--engine") + 1] == "spatial" and spatial[spatial.index("--priority") + 1] == "high"
+
+
+def _worker_module():
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    spec = importlib.util.spec_from_file_location("coloc_worker", ROOT / "bench/gpu/coloc_worker.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_coloc_paired_protocol_splits_by_slot() -> None:
+    """--slot: the trainer steps only inside odd slots (a step is started only when its mean ends in the slot),
+    and the server files each request under the slot it started in, leaving out requests in a slot's first
+    guard seconds or crossing into the next slot; the report then judges each co-located server against its
+    own rest slots."""
+    import time
+
+    mod = _worker_module()
+    t0, slot, window = time.time() + 0.05, 0.25, 1.5
+    steps = []
+
+    def step() -> None:
+        a = time.time()
+        time.sleep(0.02)
+        steps.append((a, time.time()))
+    tr = mod.run_trainer(step, t0, window, 0.0, slot)
+    for a, b in steps:  # every step lies inside one odd slot (a sleep may overrun by a scheduler tick)
+        k, _ = mod.slot_of(a, t0, slot)
+        assert k % 2 == 1 and mod.slot_of(b - 0.01, t0, slot)[0] == k, (a - t0, b - t0)
+    assert tr["on_s"] == 0.75 and tr["iters"] > 0 and tr["it_per_s"] == tr["iters"] / 0.75
+
+    def request() -> None:
+        time.sleep(0.003)
+    sv = mod.run_server(request, 0.002, time.time() + 0.05, window, 0.0, slot, guard=0.05)
+    on, off = sv["on"], sv["off"]
+    assert on["requests"] > 10 and off["requests"] > 10 and on["requests"] + off["requests"] < sv["requests"]
+    bench = _bench_module()
+    phase = {"kind": "launch", "mode": "spatial", "rep": 0, "server": sv, "trainer": tr}
+    solo = {"kind": "launch", "mode": "alone", "rep": 0, "server": sv}
+    assert bench._side(phase, "server")["lat_ms"] == on["lat_ms"]  # co-located: the trainer's slots
+    assert bench._side(solo, "server")["lat_ms"] == sv["lat_ms"]  # alone: every request
+    text = "\n".join(bench.paired([phase, solo], "launch"))
+    assert "| spatial |" in text and f"{on['requests']} / {off['requests']}" in text and "| alone |" not in text
+    assert any("spatial paired server p50" in g for g in bench._goals("launch", [phase, solo], 1, 1, None, None, None))
+
+
 def test_coloc_clock_sampler_reads_the_window(monkeypatch) -> None:
     """The SM clock is sampled over the phase's window only and summarised (mean, min, p10, max, the
     board's maximum); without NVML the phase records why."""
