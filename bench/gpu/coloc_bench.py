@@ -167,6 +167,9 @@ class Bench:
         opts = ["run", "--device", "0", "--memory", "16GiB", "--priority", "high" if role == "server" else "low"]
         if mode == "spatial":  # gpuslice's MPS engine: the low-priority trainer a below-normal client of its daemon
             opts += ["--engine", "spatial"]
+            cap = getattr(self.args, "spatial_trainer_compute", 0)
+            if cap and role == "trainer":  # its MPS active-thread percentage: SMs the server's kernels find free
+                opts += ["--compute", str(cap)]
         if mode == "shared":
             share = round(min(90, max(10, self.busy.get(kind, 0.5) * 100 * 1.25 + 5)))
             opts += ["--colocation", "shared", "--mode", "soft",
@@ -421,6 +424,8 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--budget", type=float, default=420)
     ap.add_argument("--mps-pipe", default="")
+    ap.add_argument("--spatial-trainer-compute", type=int, default=0,
+                    help="under spatial, the trainer's compute share (its MPS active-thread percentage); 0: none")
     ap.add_argument("--slot", type=float, default=0.0,
                     help="paired protocol: the trainer works in every other slot of this many s (0: the whole window)")
     ap.add_argument("--tidal", action="store_true")
