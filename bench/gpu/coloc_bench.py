@@ -18,6 +18,12 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   solo-mps    (only when named in --modes) the server alone as a client of the private MPS daemon
   solo-spatial (only when named in --modes) the server alone under gpuslice run --engine spatial --priority high:
               with solo-mps, what the spatial engine costs the server without a neighbour (its daemon, the enforcer)
+--slot S (the paired protocol): the trainer works only in every other S-s slot of a phase (a step is started
+only when its mean ends inside the slot), and each co-located server is also judged against itself in the
+slots between (a table of its own, and goals "paired"): the server kinds are CPU-bound inside a request, so
+their latency drifts with the VM's CPU speed between phases and with what each new process draws (one run's
+"alone" p50 read 5.7-7.2 ms); within one phase both cancel. Requests in a slot's first 0.1 s, or crossing
+into the next slot, count in neither.
 Phases go in ABBA order (the modes forward, then backward), --reps times (2 = ABBA); every phase starts
 fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
 alone speed x the server's idle fraction (issue 13's goal: >= 80 % of it); the between-requests bound leaves
