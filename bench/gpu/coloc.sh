@@ -41,7 +41,11 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$W/bench.log"; }
 
 # Our pinned pure-Python dependencies that the GPU image may lack (.whl/, when carried there).
 . "$ROOT/bench/gpu/wheels.sh"
-PY=${PYTHON:-python3}
+# A dry run needs gpuslice's dependencies, not torch: the project's .venv where it exists (a GPU image's own
+# python3 has torch, and the wheels above bring the rest)
+DEF_PY=python3
+[ "$DRY" = 1 ] && [ -x "$ROOT/.venv/bin/python" ] && DEF_PY=$ROOT/.venv/bin/python
+PY=${PYTHON:-$DEF_PY}
 
 MPS_UP=0
 stop_mps() {
