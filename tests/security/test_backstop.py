@@ -75,8 +75,11 @@ def test_colluding_processes_of_a_slice_over_its_limit_are_reported_then_killed(
     sleepers = wait_for(lambda: [c for sh in _children_of_run(run.pid) for c in _children(sh)]
                         if len(_grandchildren(run.pid)) == 3 else None, "the slice's three processes")
     # Each process holds 600 MiB in NVML's count: 1.8 GiB together, on a 1 GiB slice (each alone is under it).
-    node.report([(double_uuid(0), p, 600 * MiB) for p in sleepers])
+    # `started` is taken before the count is written: the agent can see it no earlier, so its grace starts no
+    # earlier. Taken after, a test descheduled between the write and the clock read (a loaded 2-core machine)
+    # let the agent's grace start first, and `killed >= 1.0` failed though the agent waited the full grace.
     started = time.monotonic()
+    node.report([(double_uuid(0), p, 600 * MiB) for p in sleepers])
     reported = killed = None
     while time.monotonic() - started < 60 and killed is None:
         status = _status(node)
@@ -89,6 +92,10 @@ def test_colluding_processes_of_a_slice_over_its_limit_are_reported_then_killed(
             killed = time.monotonic() - started
         time.sleep(0.02)
     assert reported is not None and killed is not None, (reported, killed, status["backstop"])
+    # The status of the last pass was read before the processes were seen dead: the agent may have killed
+    # them after serving it and before publishing the pass that killed (kills_total still []). Read it again
+    # until that pass is published.
+    status = wait_for(lambda: (s := _status(node))["backstop"].get("kills_total") and s, "the kills to be published")
     assert [k["kills"] for k in status["backstop"]["kills_total"]] == [3]
     assert killed >= 1.0, (reported, killed)  # not before the grace (counted from when NVML showed it)
     run.wait(timeout=60)  # the run's command ends with them (sh's `wait` returns), and its grant goes
