@@ -165,3 +165,64 @@ def test_faults_acted_on_are_kept_in_the_node_history_also_when_the_daemon_retir
     total, events = daemons.fault_history()
     assert total == 13 and len(events) == 10 and {e.reason for e in events} == {"fault"}
     daemons.stop_all()
+
+
+def test_a_daemon_its_user_stopped_is_forced_at_once(daemons: MpsDaemons, root: Path) -> None:
+    """A daemon runs as its tenant, who can stop it (SIGSTOP) and write a fault into its log; its restart waited
+    out the quit timeouts under the node's ledger lock, on every pass (37, 17, 15 s in a row: attacker's review,
+    stop 28). A stopped daemon answers no quit: it is forced at once, and the restart holds nobody up."""
+    import os
+    import signal
+    import time
+
+    from gpuslice.host import mpsfleet, procs
+
+    daemons.reconcile({A})
+    ctl = daemons.control(A)
+    old = ctl.pid()
+    os.kill(old, signal.SIGSTOP)
+    deadline = time.monotonic() + 30  # a signal stops its target once that is scheduled
+    while procs.stat(old).state != "T":
+        assert time.monotonic() < deadline, "the daemon did not stop"
+        time.sleep(0.01)
+    with open(ctl.log_dir / "control.log", "a") as f:
+        f.write("fatal: a tenant wrote this\n")
+    t0 = time.monotonic()
+    done = daemons.reconcile({A})
+    assert done.restarted == [A] and ctl.pid() not in (None, old)
+    assert time.monotonic() - t0 < mpsfleet.TROUBLE_S and daemons.held_for(A.name) == 0
+    daemons.stop_all()
+    assert mps_processes(root) == []
+
+
+def test_a_daemon_slow_to_stop_holds_its_next_start(daemons: MpsDaemons, root: Path) -> None:
+    """A daemon that ignores quit (a hang the tenant may find other than SIGSTOP) costs one slow restart; the
+    next restart of that name is then held (reported at once, the daemon left as it is) and a start of it
+    refused, until the hold has passed (module doc, "Held starts")."""
+    import time
+
+    from gpuslice.host import mpsfleet
+
+    def hang_and_fault() -> None:
+        daemons.control(A).query("standin_hang_quit")
+        daemons.control(A).query("standin_fault")
+
+    daemons.reconcile({A})
+    hang_and_fault()
+    t0 = time.monotonic()
+    done = daemons.reconcile({A})
+    assert done.restarted == [A] and time.monotonic() - t0 >= mpsfleet.TROUBLE_S  # the quit timed out: trouble
+    assert 0 < daemons.held_for(A.name) <= mpsfleet.HOLD_BASE_S
+    hang_and_fault()
+    t0 = time.monotonic()
+    done = daemons.reconcile({A})
+    assert time.monotonic() - t0 < mpsfleet.TROUBLE_S and done.restarted == []
+    assert "its next start waits" in done.problems[A] and daemons.control(A).pid() is not None
+    assert daemons.reconcile(set()).stopped == [A]  # retired, slowly again: a second trouble, a longer hold
+    assert mpsfleet.HOLD_BASE_S < daemons.held_for(A.name) <= 2 * mpsfleet.HOLD_BASE_S
+    with pytest.raises(MpsError, match="its next start waits"):
+        daemons.ensure(A)  # the stopped daemon is not started while held
+    assert daemons.held_for(A.name, now=time.time() + 2 * mpsfleet.HOLD_BASE_S) == 0  # and is once it has passed
+    assert daemons.held_for(B.name) == 0  # another name owes nothing
+    daemons.stop_all()
+    assert mps_processes(root) == []

@@ -56,13 +56,36 @@ def test_a_0_1_0_ledger_is_migrated_on_open_and_keeps_every_grant_and_waiter(tmp
     assert grants["carol"].exclusive and grants["carol"].slices[0].device_uuid == DEVICES[3].uuid
     (waiter,) = ledger.waiters()
     assert (waiter.owner, waiter.devices, waiter.request.exclusive) == ("dave", (DEVICES[3].uuid,), True)
+    assert waiter.uid == -1  # queued before waiters kept their user: learnt from the holder (ledger.queued_by)
     ledger.close()
     version, rows = _raw(state)
-    assert version == ledgerdb.SCHEMA_VERSION == 2
+    assert version == ledgerdb.SCHEMA_VERSION == 3
     assert all("grant" in r and "grant_id" not in r for r in rows)  # the one spelling, written back
     assert all(set(s) >= {"uuid", "memory"} and "device_uuid" not in s for r in rows for s in r["slices"])
     again = Ledger(state, DEVICES, node_name="n1")  # a migrated ledger opens unchanged
     assert {g.grant_id: g for g in again.grants()} == {g.grant_id: g for g in grants.values()}
+
+
+def test_a_version_2_ledger_gains_the_waiters_uid_and_keeps_its_queue(tmp_path):
+    """Schema 3 adds the uid of the user who queued each waiter; a version-2 file's waiters are kept, with -1
+    (unknown: their user is learnt from the holder while it lives)."""
+    state = StateDir(tmp_path / "state")
+    state.root.mkdir(parents=True)
+    db = sqlite3.connect(state.ledger)
+    db.executescript("""
+        CREATE TABLE grants (id TEXT PRIMARY KEY, record TEXT NOT NULL);
+        CREATE TABLE waiters (ticket INTEGER PRIMARY KEY AUTOINCREMENT, priority INTEGER NOT NULL,
+            enqueued REAL NOT NULL, pid INTEGER NOT NULL, pid_start INTEGER NOT NULL, owner TEXT NOT NULL,
+            request TEXT NOT NULL, devices TEXT NOT NULL DEFAULT '[]');
+        INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request, devices)
+            VALUES (1, 1.0, 4242, 7, 'erin', '{"count": 1, "memory": "2GiB"}', '[]');
+        PRAGMA user_version = 2;""")
+    db.close()
+    ledger = Ledger(state, DEVICES, node_name="n1")
+    (waiter,) = ledger.waiters()
+    assert (waiter.owner, waiter.pid, waiter.uid) == ("erin", 4242, -1)
+    ledger.close()
+    assert _raw(state)[0] == 3
 
 
 def test_a_ledger_of_a_newer_version_is_refused_and_left_alone(tmp_path):
@@ -72,7 +95,7 @@ def test_a_ledger_of_a_newer_version_is_refused_and_left_alone(tmp_path):
     db.close()
     before = state.ledger.read_bytes()
     with pytest.raises(LedgerError, match="schema version 7, written by a newer gpuslice; this release reads "
-                                          "versions up to 2"):
+                                          "versions up to 3"):
         Ledger(state, DEVICES, node_name="n1")
     assert state.ledger.read_bytes() == before
 

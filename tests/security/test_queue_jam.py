@@ -9,6 +9,7 @@ waiting ticket holds back no other user's request; a user may keep at most ``MAX
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 from tenantkit import DOUBLE_TOTAL, Node, double_uuid, wait_for
@@ -44,6 +45,22 @@ if sys.argv[6] == "1":
 MIB = 1 << 20
 TOTAL_MIB = DOUBLE_TOTAL // MIB
 
+# Started by root: becomes user argv[7] / group argv[8] (real and effective; saved uid still 0), posts as POST
+# does (argv[1..6], hold "0"), then takes effective uid 0 back, as a holder that execs a setuid-root program
+# (passwd waiting at its prompt) would be, and prints "root". Dumpable again after each change, so /proc/<pid>
+# is its euid's.
+BECOME_USER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+os.setgroups([]); os.setresgid(int(sys.argv[8]), int(sys.argv[8]), 0); os.setresuid(int(sys.argv[7]), int(sys.argv[7]), 0)
+libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+"""
+TURN_ROOT = r"""
+os.seteuid(0); libc.prctl(4, 1, 0, 0, 0)
+print("root", flush=True)
+sys.stdin.read()
+"""
+
 
 def _post(node: Node, tenant, memory_mib: int, priority: str, wait: bool, hold: bool):
     """(status, body, process): the process is kept (holding its ticket or grant) when ``hold``."""
@@ -71,6 +88,32 @@ def test_one_users_high_priority_waiting_ticket_does_not_hold_back_another_users
     assert status == 201, body  # a's tenth fits now and is placed, b's ticket notwithstanding
     jammer.kill()
     hog.kill()
+
+
+def test_a_ticket_whose_holder_turns_setuid_root_is_still_its_users(node: Node, tenants):
+    """A ticket is the user's who queued it, not whoever /proc says runs its holder now: a holder that execs a
+    setuid-root program (passwd at its prompt) made the queue take b's ticket for root's, so it held back every
+    other user's fitting request and stopped counting toward b's cap (attacker's review, stop 28)."""
+    a, b = tenants
+    hog = _half_of_device_0_held_by_root(node)
+    args = [node.python, "-c", BECOME_USER + POST + TURN_ROOT, str(node.state / "agent.sock"), double_uuid(0),
+            str(TOTAL_MIB * 3 // 4), "high", "1", "0", str(b.uid), str(b.gid)]
+    jammer = node.popen(None, args, stdin=subprocess.PIPE)
+    status, body = jammer.stdout.readline().split(" ", 1)
+    assert int(status) == 202, body  # queued as b: three quarters do not fit beside root's half
+    assert jammer.stdout.readline().strip() == "root", jammer.stderr.read()
+    assert os.stat(f"/proc/{jammer.pid}").st_uid == 0  # what the queue used to read as the ticket's user
+    status, body, _ = _post(node, a, TOTAL_MIB // 10, "low", wait=False, hold=False)
+    assert status == 201, body  # a's tenth fits and is placed: b's ticket is still b's
+    held = []
+    for _ in range(MAX_WAITING_PER_USER - 1):  # and it still counts toward b's waiting requests
+        status, body, proc = _post(node, b, TOTAL_MIB * 3 // 4, "low", wait=True, hold=True)
+        assert status == 202, body
+        held.append(proc)
+    status, body, _ = _post(node, b, TOTAL_MIB * 3 // 4, "low", wait=True, hold=False)
+    assert status == 400 and body["field"] == "wait", body
+    for proc in [*held, jammer, hog]:
+        proc.kill()
 
 
 def test_roots_waiting_ticket_still_holds_back_later_requests(node: Node, tenants):

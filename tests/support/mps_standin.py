@@ -41,8 +41,13 @@ def set_comm() -> None:
 
 
 def log(name: str, text: str) -> None:
-    with open(os.path.join(LOGS, name), "a") as f:
-        f.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')} Control {os.getpid()}] {text}\n")
+    # the real daemon keeps its log open: a log folder moved away (the node side keeps a faulted daemon's logs
+    # before it restarts it) loses lines, never the daemon
+    try:
+        with open(os.path.join(LOGS, name), "a") as f:
+            f.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')} Control {os.getpid()}] {text}\n")
+    except OSError:
+        pass
 
 
 def answers() -> bool:

@@ -54,6 +54,7 @@ QUIT_TIMEOUT_S = 10.0
 FAULT_RE = re.compile(r"\b(fatal|exception|xid|illegal|fault)\b|exited with status [1-9]|terminated by signal",
                       re.IGNORECASE)
 LOG_TAIL = 256 * 1024
+STOPPED = ("T", "t")  # /proc/<pid>/stat states: stopped by a signal, stopped by a tracer
 
 
 class MpsError(GpusliceError):
@@ -313,6 +314,9 @@ class MpsControl:
         problem = "no pid file"
         while time.monotonic() < deadline:
             pid = self.pid()
+            if pid is not None and self._stopped():
+                problem = "it was stopped (SIGSTOP or a tracer) before it answered"
+                break
             if pid is not None:
                 try:
                     self.query("get_server_list", timeout=max(1.0, deadline - time.monotonic()))
@@ -344,24 +348,31 @@ class MpsControl:
         """``quit``, then force what is left (daemon and servers of this pipe directory), and remove the pipe
         directory: afterwards no MPS process of this folder runs and no stale socket is left. The logs are
         kept (``last.log`` beside the folder's others) until the folder is removed or started again."""
-        if self.running():
+        if self.running() and not self._stopped():
             try:
                 self.query("quit", timeout=self.quit_timeout)
             except MpsError:
                 pass  # forced below
             deadline = time.monotonic() + self.quit_timeout
-            while self.mps_processes() and time.monotonic() < deadline:
+            while self.mps_processes() and not self._stopped() and time.monotonic() < deadline:
                 time.sleep(0.05)
         self._kill_all()
         shutil.rmtree(self.pipe_dir, ignore_errors=True)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         self.record_file.unlink(missing_ok=True)
 
+    def _stopped(self) -> bool:
+        """Whether an MPS process of this folder is stopped or traced (its user may SIGSTOP it: the daemon runs as
+        them): it answers no ``quit``, so waiting for one only held the node side up (attacker's review, stop 28)."""
+        return any(s.state in STOPPED for s in self.mps_processes())
+
     def _kill_all(self) -> None:
         """SIGTERM, then SIGKILL, every MPS process of this pipe directory (a daemon that would not quit, or
         servers left behind by a daemon that died)."""
         left = self.mps_processes()
-        for signum in (signal.SIGTERM, signal.SIGKILL):
+        # a stopped process acts on SIGTERM only once continued: waiting for it would only hold the caller up
+        stopped = any(s.state in STOPPED for s in left)
+        for signum in (signal.SIGKILL,) if stopped else (signal.SIGTERM, signal.SIGKILL):
             for s in left:
                 procs.signal_exact(s.pid, s.start, signum)
             deadline = time.monotonic() + 2.0

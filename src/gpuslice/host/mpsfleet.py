@@ -13,6 +13,8 @@ that died is started again. Layout::
                                 last slice): counted, the last ten kept with device, time and log lines
     <root>/logs/<device>-<user>/  the logs of the last daemon of that name, kept when it stopped
     <root>/.lock                held while reconciling (several processes share a state dir)
+    <root>/troubles.json        per daemon name: its starts and stops that failed or were slow, and the last's
+                                time (the hold on its next start, below)
 
 ``<device>`` is the first 12 hex digits of the device UUID (``m`` in front for a MIG instance), ``<user>``
 the uid the daemon runs as (``self``: the node side's own). MPS serves one user per server at a time: a
@@ -28,6 +30,18 @@ daemon retired because its slices ended after one) in the node's ``faults.json``
 on the H100 (2026-11-25) a client's illegal address ended all four neighbours' work within 2.2 s; their
 slices ended and the daemon was retired with them, well inside one ``ps`` poll, so a view of the daemons'
 states alone never showed the fault.
+
+Held starts: a daemon runs as its tenant, who may stop it (SIGSTOP), fault its log or kill it at will, and its
+starts and stops happen while the node side holds its ledger's write lock, so a daemon that answers no control
+command held every tenant's grants, releases and the backstop for the start and quit timeouts (15 + 10 s) on
+every pass (37.2, 17.1, 15.0 s in a row; attacker's review, stop 28). A stopped or traced daemon is killed at
+once (:meth:`gpuslice.host.mps.MpsControl.stop`), and for any other hang a start or stop that takes
+longer than :data:`TROUBLE_S` (failed or not) counts against the daemon's name (in the root's ``troubles.json``, which
+outlives the daemon's folder), and the next start of that name waits :data:`HOLD_BASE_S` doubling with each
+trouble, up to :data:`HOLD_MAX_S`, until :data:`TROUBLE_RESET_S` pass without one. A held start is refused
+(``ensure``) or reported (``reconcile``), never waited for. What is left: one stall of up to ~37 s (a quit
+and its wait, the kill, a start) per hold, so about 5 in such a tenant's first 10 minutes and then one per 10
+minutes (README, Limits). Normal starts and stops take well under a second and never count.
 """
 
 from __future__ import annotations
@@ -49,6 +63,11 @@ from gpuslice.host.mps import DaemonRecord, MpsControl, MpsError, find_control
 LOCK = ".lock"
 LOGS = "logs"
 RESTARTS = "restarts.json"
+TROUBLES = "troubles.json"
+TROUBLE_S = 3.0  # a start or stop slower than this counts as trouble (its timeouts: 15 s start, 10 s quit)
+HOLD_BASE_S = 30.0  # the hold on the next start after one trouble; doubled per further trouble
+HOLD_MAX_S = 600.0
+TROUBLE_RESET_S = 3600.0  # troubles are forgotten once none came for this long
 FAULTS = "faults.json"  # <root>/faults.json: the node's daemon faults, counted, the last RECENT_FAULTS kept
 RECENT_FAULTS = 10
 _HEX = re.compile(r"[^0-9a-f]")
@@ -237,11 +256,70 @@ class MpsDaemons:
                 found[entry.name] = None
         return found
 
+    # -------------------------------------------------------------------------------------- troubles
+    def held_for(self, name: str, now: float | None = None) -> float:
+        """Seconds the next start of daemon ``name`` must still wait (0: none) after its troubles."""
+        count, last = self._troubles().get(name, (0, 0.0))
+        now = time.time() if now is None else now
+        if count <= 0 or now - last > TROUBLE_RESET_S:
+            return 0.0
+        return max(0.0, min(HOLD_MAX_S, HOLD_BASE_S * 2 ** (count - 1)) - (now - last))
+
+    def _troubles(self) -> dict[str, tuple[int, float]]:
+        try:
+            data = json.loads((self.root / TROUBLES).read_text())
+            return {str(k): (int(v[0]), float(v[1])) for k, v in data.items()}
+        except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return {}
+
+    def _note_trouble(self, name: str) -> None:
+        now = time.time()
+        found = {k: v for k, v in self._troubles().items() if now - v[1] <= TROUBLE_RESET_S}
+        count = found.get(name, (0, 0.0))[0]
+        found[name] = (count + 1, now)
+        tmp = self.root / (TROUBLES + ".tmp")
+        tmp.write_text(json.dumps(found))
+        os.replace(tmp, self.root / TROUBLES)
+
+    @contextmanager
+    def _watched(self, name: str) -> Iterator[None]:
+        """Count a start or stop of daemon ``name`` that took longer than TROUBLE_S, failed or not (one that
+        fails at once holds nobody up, and a retry of it must not wait)."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            if time.monotonic() - t0 > TROUBLE_S:
+                self._note_trouble(name)
+
+    def _check_hold(self, key: DaemonKey) -> None:
+        wait = self.held_for(key.name)
+        if wait > 0:
+            count = self._troubles().get(key.name, (0, 0.0))[0]
+            raise MpsError(f"the MPS daemon of {key.device} for uid {key.uid} failed or was slow to start or stop "
+                           f"{count} time(s) lately (a daemon its user stopped?); its next start waits {wait:.0f} s "
+                           "more, so that it cannot hold the node's other slices up")
+
+    def _start(self, ctl: MpsControl, key: DaemonKey, checked: bool = False) -> int:
+        """Start ``key``'s daemon unless it is held (``checked``: the caller checked before stopping it, and a
+        slow stop just now must not leave it down)."""
+        if not checked:
+            self._check_hold(key)
+        with self._watched(key.name):
+            return ctl.start()
+
+    def _stop(self, ctl: MpsControl, name: str) -> None:
+        with self._watched(name):
+            ctl.stop()
+
     # -------------------------------------------------------------------------------------- changes
     def ensure(self, key: DaemonKey) -> int:
-        """Start ``key``'s daemon unless it runs (first use); its pid. Raises MpsError when it cannot start."""
+        """Start ``key``'s daemon unless it runs (first use); its pid. Raises MpsError when it cannot start, or
+        when its start is held after troubles (module doc)."""
         with self._locked():
-            return self.control(key).start()
+            ctl = self.control(key)
+            pid = ctl.pid()
+            return pid if pid is not None else self._start(ctl, key)
 
     def reconcile(self, wanted: Iterable[DaemonKey], busy: Callable[[DaemonKey], bool] = _never_busy) -> Reconciled:
         """Make the running daemons exactly ``wanted``: stop the others (and clear folders left by crashes),
@@ -268,7 +346,7 @@ class MpsDaemons:
         ctl = MpsControl(self._known_binary(), folder, key.device if key else "", uid, **self._timeouts)
         faults = ctl.faults() if key is not None else []
         try:
-            ctl.stop()
+            self._stop(ctl, name)
         except OSError as exc:
             done.problems[key or DaemonKey(name)] = f"stopping the MPS daemon in {folder}: {exc}"
             return
@@ -305,9 +383,10 @@ class MpsDaemons:
         if ctl.running():
             faults = ctl.faults()
             if faults and not busy(key):
+                self._check_hold(key)  # before it is stopped: a held restart leaves it as it is
                 self._keep_logs(ctl)
-                ctl.stop()
-                ctl.start()
+                self._stop(ctl, key.name)
+                self._start(ctl, key, checked=True)
                 self._faulted(ctl, key, "fault", faults, restarted=True)
                 done.restarted.append(key)
             return
@@ -318,11 +397,12 @@ class MpsDaemons:
             return
         previous = ctl.record()
         died = previous is not None and previous.pid > 0  # it ran here before: not a first start
+        self._check_hold(key)
         faults = ctl.faults() if died else []
         if faults:
             self._keep_logs(ctl)  # else the fresh daemon would read as faulted and be restarted once more
-        ctl.stop()  # clears a crashed daemon's stale sockets and servers, if any
-        ctl.start()
+        self._stop(ctl, key.name)  # clears a crashed daemon's stale sockets and servers, if any
+        self._start(ctl, key, checked=True)
         if died:
             self._faulted(ctl, key, "died", faults, restarted=True)
         done.started.append(key)

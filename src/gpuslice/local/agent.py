@@ -45,7 +45,7 @@ from gpuslice.local.admission import HighPriorityPolicy, user_name
 from gpuslice.local.apibody import MAX_INT, BodyTooLarge, printable, read_json_object
 from gpuslice.local.errors import AgentError, Forbidden, LedgerError, UnknownGrant
 from gpuslice.host.history import History
-from gpuslice.local.ledger import Ledger, recorded_pids
+from gpuslice.local.ledger import Ledger, queued_by, recorded_pids
 from gpuslice.local.membership import attribute
 from gpuslice.host.metrics import exposition
 from gpuslice.host.monitor import Monitor, NodeView, with_backstop
@@ -361,7 +361,7 @@ def _write_routes(agent: Agent) -> list[Route]:
         ticket = whole_number("ticket", request.path_params["ticket"], 1, MAX_INT)
         waiters = await agent.call(agent.ledger.waiters)
         mine = [w for w in waiters if w.ticket == ticket]
-        if peer is not None and not peer.privileged and mine and not _owned_by(mine[0].pid, peer.uid):
+        if peer is not None and not peer.privileged and mine and queued_by(mine[0]) != peer.uid:
             raise Forbidden(f"queue ticket {ticket} is not a request of user {peer.user}")
         await agent.call(agent.ledger.cancel, ticket)
         return JSONResponse({"cancelled": True})

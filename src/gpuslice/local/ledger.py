@@ -128,12 +128,13 @@ class Ledger:
 
     def _waiters(self, db: sqlite3.Connection) -> list[Waiter]:
         rows = db.execute(
-            "SELECT ticket, priority, enqueued, pid, pid_start, owner, request, devices FROM waiters "
+            "SELECT ticket, priority, enqueued, pid, pid_start, owner, request, devices, uid FROM waiters "
             "ORDER BY priority, ticket").fetchall()
         out, self._bad_waiters = [], []
-        for t, p, e, pid, ps, o, r, d in rows:
+        for t, p, e, pid, ps, o, r, d, u in rows:
             try:
-                out.append(Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r)), tuple(json.loads(d or "[]"))))
+                out.append(Waiter(t, p, e, pid, ps, o, request_from_json(json.loads(r)), tuple(json.loads(d or "[]")),
+                                  int(u)))
             except (ValueError, TypeError, SpecError) as exc:  # reported and skipped; gone with its process
                 self._bad_waiters.append(f"ledger {self.state.ledger}: queue ticket {t}: unreadable ({str(exc)[:80]}); "
                                          "skipped")
@@ -345,13 +346,13 @@ class Ledger:
         self._live_lost = [g for g in lost if g.pids]
 
     def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
-        me = procs.uid_of(ask.holder_pid)
-        check_queue_room(me, sum(1 for w in self._waiters(db) if procs.uid_of(w.pid) == me))
+        me = _owner_uid(ask)
+        check_queue_room(me, sum(1 for w in self._waiters(db) if queued_by(w) == me))
         cur = db.execute(
-            "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request, devices) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request, devices, uid) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (int(ask.request.priority), time.time(), ask.holder_pid, ask.holder_start, ask.owner,
-             json.dumps(request_to_json(ask.request)), json.dumps(list(ask.devices))))
+             json.dumps(request_to_json(ask.request)), json.dumps(list(ask.devices)), me))
         return int(cur.lastrowid or 0)
 
     def _competing(self, db: sqlite3.Connection, ask: Ask, ticket: int | None,
@@ -360,10 +361,10 @@ class Ledger:
         could use: ticket -> the devices that waiter could use (reserved for the queue). Who is ahead of whom:
         :func:`gpuslice.local.admission.holds_back`."""
         prio = int(ask.request.priority)
-        me = procs.uid_of(ask.holder_pid)
+        me = _owner_uid(ask)
         found: dict[int, frozenset[str]] = {}
         for w in self._waiters(db):
-            if not holds_back(procs.uid_of(w.pid), w.priority, w.ticket, me, prio, ticket):
+            if not holds_back(queued_by(w), w.priority, w.ticket, me, prio, ticket):
                 continue
             theirs = self._candidates(w)
             if theirs & mine:
@@ -509,6 +510,15 @@ def _owner_uid(ask: Ask) -> int:
         return ask.uid
     uid = procs.real_uid(ask.holder_pid)
     return uid if uid is not None else -1
+
+
+def queued_by(waiter: Waiter) -> int | None:
+    """The user a queue ticket is of, while its holder lives (None once it is gone: it holds nobody back). The
+    uid recorded when it was queued; for a row from before schema 3, the holder's real uid (the user who may
+    signal it), never the owner of /proc/<pid>, which a setuid program makes root's."""
+    if not procs.alive(waiter.pid, waiter.pid_start):
+        return None
+    return waiter.uid if waiter.uid >= 0 else procs.real_uid(waiter.pid)
 
 
 def _owners(grant: GrantRecord, pid: int) -> bool:

@@ -11,6 +11,7 @@ version  what changed
          ``device_uuid``/``memory_limit``; waiters without a ``devices`` column in the earliest files
 2        grant records in the one JSON spelling of :mod:`gpuslice.spec.codec` (``grant``, ``uuid``,
          ``memory``), beside the record's own keys
+3        waiters keep the uid of the user who queued them (``uid``; -1 in rows written before)
 =======  =========================================================================================
 """
 
@@ -25,7 +26,7 @@ from typing import Any, Iterator
 
 from gpuslice.local.errors import LedgerError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS grants (
     id TEXT PRIMARY KEY,
@@ -39,7 +40,8 @@ CREATE TABLE IF NOT EXISTS waiters (
     pid_start INTEGER NOT NULL,
     owner TEXT NOT NULL,
     request TEXT NOT NULL,
-    devices TEXT NOT NULL DEFAULT '[]'
+    devices TEXT NOT NULL DEFAULT '[]',
+    uid INTEGER NOT NULL DEFAULT -1
 );
 """
 BUSY_TIMEOUT_S = 30.0
@@ -114,8 +116,16 @@ def _upgrade(db: sqlite3.Connection, path: Path) -> None:
             db.execute(statement)
     if version == 1:
         _from_v1(db)
+    if 1 <= version < 3:
+        _from_v2(db)
     if version != SCHEMA_VERSION:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _from_v2(db: sqlite3.Connection) -> None:
+    columns = {row[1] for row in db.execute("PRAGMA table_info(waiters)")}
+    if "uid" not in columns:  # rows queued before: their user is learnt from the holder (ledger.queued_by)
+        db.execute("ALTER TABLE waiters ADD COLUMN uid INTEGER NOT NULL DEFAULT -1")
 
 
 def _from_v1(db: sqlite3.Connection) -> None:

@@ -190,7 +190,12 @@ class Waiter:
     owner: str
     request: Request = field(compare=False)
     devices: tuple[str, ...] = ()  # its --device restriction (empty: any)
+    # the user who queued it (the caller the agent identified, as a grant's ``uid``); -1 in rows of ledgers
+    # before schema 3. Never read again from the holder process: a holder that execs a setuid program shows
+    # another effective uid, and its ticket passed for root's (issue 15)
+    uid: int = -1
 
     def to_json(self) -> dict[str, Any]:
         return {"ticket": self.ticket, "priority": self.priority, "enqueued": self.enqueued, "pid": self.pid,
-                "owner": self.owner, "request": request_to_json(self.request), "devices": list(self.devices)}
+                "owner": self.owner, "uid": self.uid, "request": request_to_json(self.request),
+                "devices": list(self.devices)}
