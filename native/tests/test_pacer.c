@@ -8,6 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -32,6 +36,16 @@ extern unsigned long gsdouble_event_records, gsdouble_launches;
 
 static int failures, checks;
 #define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+/* The CPU driver double's uuid of device 0 (tests/double/cuda_double.c), as the pacer names its state file. */
+static void double_uuid(char *out, size_t len)
+{
+    unsigned char b[16];
+    for (int k = 0; k < 16; k++) b[k] = (unsigned char)(k * 17);
+    b[0] = 0xA0;
+    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+             b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
 
 static double now_s(void)
 {
@@ -128,11 +142,7 @@ static int scenario(const char *dir, int share)
     /* what the pacer published */
     struct gs_devstate ds;
     char uuid[64];
-    unsigned char b[16];
-    for (int k = 0; k < 16; k++) b[k] = (unsigned char)(k * 17);
-    b[0] = 0xA0; /* the double's uuid of device 0 */
-    snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-             b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    double_uuid(uuid, sizeof uuid);
     CHECK(gs_devstate_open(&ds, dir, uuid, err, sizeof err) == 0, "state file %s/%s.dev: %s", dir, uuid, err);
     int found = 0;
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
@@ -369,12 +379,8 @@ static void check_launch_costs(const char *dir)
      * path (issue 13), lock-free like the free path: a gate that reads the neighbour's record, its
      * credit, and 1 launch in 16 of a shape measured; nothing held while the neighbour is not queued */
     struct gs_devstate ds;
-    unsigned char b[16];
     char uuid[64];
-    for (int k = 0; k < 16; k++) b[k] = (unsigned char)(k * 17);
-    b[0] = 0xA0; /* the double's uuid of device 0 */
-    snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-             b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    double_uuid(uuid, sizeof uuid);
     int hs = -1, hp = -1;
     if (gs_devstate_open(&ds, dir, uuid, err, sizeof err) != 0 || gs_devstate_lock(&ds) != 0) {
         CHECK(0, "device state for the measured cost check: %s", err);
@@ -394,6 +400,67 @@ static void check_launch_costs(const char *dir)
         gs_devstate_unlock(&ds);
     }
     gs_devstate_close(&ds);
+}
+
+/* Kubernetes mounts the device-state folder read-only, each device's pacing file read-write on top of it (a
+ * pod must write no host folder: no ephemeral-storage limit counts a bind mount's bytes; attacker's review,
+ * stop 28). In a mount namespace of its own the child builds that layout and checks that the pacer takes it,
+ * sizes the (empty) file through its mount and paces, and that nothing can be made in the folder. Needs root
+ * for the mounts (CI runs the suite as root); without it the case is reported as not run. Exit codes name
+ * the step that failed. */
+static int readonly_folder_child(const char *base)
+{
+    char dir[160], file[256], text[512], err[256], uuid[64];
+    double_uuid(uuid, sizeof uuid);
+    snprintf(dir, sizeof dir, "%s/ro", base);
+    snprintf(file, sizeof file, "%s/%s.dev", dir, uuid);
+    if (mkdir(dir, 0755) != 0) return 10;
+    int fd = open(file, O_CREAT | O_WRONLY, 0666);
+    if (fd < 0) return 11;
+    close(fd);
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return 12;
+    if (mount(dir, dir, NULL, MS_BIND, NULL) != 0 || mount(file, file, NULL, MS_BIND, NULL) != 0 ||
+        mount(NULL, dir, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) != 0)
+        return 13;
+    char other[300];
+    snprintf(other, sizeof other, "%s/junk", dir);
+    if (open(other, O_CREAT | O_WRONLY, 0666) >= 0 || errno != EROFS) return 14;
+    snprintf(text, sizeof text, "version=1\ncompute=50\nmode=hard\ngrant=ro-test\npriority=0\ndevice_state_dir=%s\n", dir);
+    struct gs_config cfg;
+    if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) != 0 || gs_pacer_init(&cfg) != 0) return 15;
+    CUcontext c;
+    if (cuInit(0) || cuDevicePrimaryCtxRetain(&c, 0) || cuCtxSetCurrent(c)) return 16;
+    run(0.0005, 0.3, NULL);
+    struct stat st;
+    if (stat(file, &st) != 0 || st.st_size != GS_DS_FILE_SIZE) return 17;
+    struct gs_devstate ds;
+    if (gs_devstate_open(&ds, dir, uuid, err, sizeof err) != 0) return 18;
+    int found = 0;
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++)
+        found |= (ds.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(ds.slices[i].grant, "ro-test") &&
+                 ds.slices[i].paced && ds.slices[i].launches > 0;
+    gs_devstate_close(&ds);
+    gs_pacer_shutdown();
+    return found ? 0 : 19;
+}
+
+static void readonly_folder(const char *base)
+{
+    if (geteuid() != 0) {
+        printf("test_pacer: read-only device-state folder case not run (needs root)\n");
+        return;
+    }
+    fflush(NULL);
+    pid_t kid = fork();
+    if (kid == 0) _exit(readonly_folder_child(base));
+    int st = 0;
+    waitpid(kid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+          "a read-only device-state folder with the pacing file mounted read-write on it: taken and paced (child "
+          "exit %d: 10-13 set-up, 14 the folder took a file, 15 pacer refused it, 16 context, 17 file not sized, "
+          "18 state, 19 not published)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        printf("  read-only device-state folder, pacing file mounted read-write: paced\n");
 }
 
 int main(void)
@@ -416,6 +483,7 @@ int main(void)
         waitpid(kid, &st, 0);
         CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "_ptsz launches through the hooks (child status 0x%x)", st);
         if (WIFEXITED(st) && WEXITSTATUS(st) == 0) printf("  _ptsz launches: events and capture check on the per-thread stream\n");
+        readonly_folder(dir); /* a fresh process too: gs_pacer_init runs once per process */
     }
     CUcontext c;
     if (cuInit(0) || cuDevicePrimaryCtxRetain(&c, 0) || cuCtxSetCurrent(c)) {

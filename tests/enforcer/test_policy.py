@@ -162,3 +162,25 @@ def test_a_mount_at_the_roster_name_is_refused_with_a_clear_error(tmp_path: Path
                            f'"{tmp_path}" {GPU0}'], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 3 and "something is mounted at the device's roster folder" in done.stdout, done
+
+
+def test_no_node_side_may_put_more_grants_on_a_device_than_a_pacer_lists() -> None:
+    """A pacer lists at most GS_POL_MAX grants of a device; one past it reads as unlisted to its neighbours (no
+    share, low priority: attacker's review, stop 28). Python's bound is the header's, and the Kubernetes split
+    count (device plugin and DRA) is refused above it, naming the field."""
+    import re
+
+    import pytest
+
+    from gpuslice.enforcer.policy import MAX_GRANTS_PER_DEVICE
+    from gpuslice.kube.allocator import PluginConfig
+    from gpuslice.kube.dra.resourceslice import Sharing
+    from gpuslice.spec import SpecError
+
+    header = (Path(__file__).resolve().parents[2] / "native/include/gpuslice/policy.h").read_text()
+    assert int(re.search(r"#define GS_POL_MAX (\d+)", header).group(1)) == MAX_GRANTS_PER_DEVICE
+    assert PluginConfig(node="n", split_count=MAX_GRANTS_PER_DEVICE).split_count == MAX_GRANTS_PER_DEVICE
+    for make in (lambda n: PluginConfig(node="n", split_count=n), lambda n: Sharing(split_count=n)):
+        with pytest.raises(SpecError) as err:
+            make(MAX_GRANTS_PER_DEVICE + 1)
+        assert err.value.field == "split_count"

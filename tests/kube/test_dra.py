@@ -256,7 +256,11 @@ def test_prepare_writes_the_slice_file_and_a_cdi_spec_that_mounts_it(tmp_path: P
     for path, source in read_only.items():
         assert mounts[path]["hostPath"] == source and mounts[path]["options"][0] == "ro", path
         assert {"nosuid", "nodev"} <= set(mounts[path]["options"])
-    assert mounts["/var/run/gpuslice/region"]["options"][0] == "rw"
+    # no host folder writable from the pod (a bind mount's bytes count against no ephemeral-storage limit):
+    # the region folder read-only, the region file in it read-write
+    assert mounts["/var/run/gpuslice/region"]["options"][0] == "ro"
+    assert mounts["/var/run/gpuslice/region/region"]["options"][0] == "rw"
+    assert mounts["/var/run/gpuslice/devices"]["options"][0] == "ro"
     assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     (per_device,) = spec["devices"]
     assert per_device["name"] == f"c1-{name_of(2)}"

@@ -537,6 +537,7 @@ def test_rbac_create_false_renders_no_roles(helm: Path) -> None:
         ("sharing.splitCount=-1", "splitCount"),
         ("sharing.splitCount=0", "splitCount"),
         ("sharing.splitCount=ten", "splitCount"),
+        ("sharing.splitCount=65", "splitCount"),  # a pacer lists at most 64 grants of a device
         ("sharing.memoryScaling=0", "memoryScaling"),
         ("defaults.cores=101", "cores"),
         ("defaults.memory=lots", "memory"),

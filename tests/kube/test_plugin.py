@@ -191,24 +191,28 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
         slice_host, ro = mounts["/etc/gpuslice/slice"]
         assert ro and mounts["/etc/ld.so.preload"][1] and mounts["/usr/local/gpuslice/lib/libgpuslice.so"] == (
             "/opt/gpuslice/libgpuslice.so", True)
-        assert mounts["/var/run/gpuslice/region"][1] is False
         # The container sees its own region and devices only: the region folder is this grant's, the
         # device-state folder is this grant's (empty), with the node-wide pacing file of the granted
-        # device mounted into it — never the node's whole <state>/devices folder.
+        # device mounted into it — never the node's whole <state>/devices folder. No host folder is writable
+        # (a pod filled the node's disk through them: no ephemeral-storage limit counts a bind mount); only the
+        # region and pacing files are.
         state = folder / "state"
         dev_file = f"/var/run/gpuslice/devices/{grant.uuids[0]}.dev"
         roster = f"/var/run/gpuslice/devices/{grant.uuids[0]}.policy"
         assert mounts == {
             "/etc/gpuslice/slice": (str(state / "kube" / "grants" / grant.grant_id / "slice"), True),
-            "/var/run/gpuslice/region": (str(state / "kube" / "regions" / grant.grant_id), False),
-            "/var/run/gpuslice/devices": (str(state / "kube" / "grants" / grant.grant_id / "devices"), False),
+            "/var/run/gpuslice/region": (str(state / "kube" / "regions" / grant.grant_id), True),
+            "/var/run/gpuslice/region/region": (str(state / "kube" / "regions" / grant.grant_id / "region"), False),
+            "/var/run/gpuslice/devices": (str(state / "kube" / "grants" / grant.grant_id / "devices"), True),
             dev_file: (str(state / "devices" / f"{grant.uuids[0]}.dev"), False),
             roster: (str(state / "devices" / f"{grant.uuids[0]}.policy"), True),  # root's, read-only (issue 15)
             "/usr/local/gpuslice/lib/libgpuslice.so": ("/opt/gpuslice/libgpuslice.so", True),
             "/etc/ld.so.preload": (str(state / "kube" / "ld.so.preload"), True),
         }
-        assert [m.container_path for m in c.mounts].index("/var/run/gpuslice/devices") < \
-            [m.container_path for m in c.mounts].index(dev_file)  # parent before child
+        order = [m.container_path for m in c.mounts]
+        assert order.index("/var/run/gpuslice/devices") < order.index(dev_file)  # parent before child
+        assert order.index("/var/run/gpuslice/region") < order.index("/var/run/gpuslice/region/region")
+        assert oct(Path(mounts["/var/run/gpuslice/devices"][0]).stat().st_mode & 0o7777) == "0o755"
         assert Path(mounts[dev_file][0]).stat().st_size == 0  # exists for the bind mount; the enforcer sizes it
         assert oct(Path(mounts[dev_file][0]).stat().st_mode & 0o777) == "0o666"
         assert read_policies(state / "devices", grant.uuids[0])[grant.grant_id].compute == 30

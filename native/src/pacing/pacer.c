@@ -324,7 +324,9 @@ int gs_pacer_init(const struct gs_config *cfg)
     }
     /* Refuse at start, not at the first launch, when the coordination directory is unusable. */
     if (mkdir(g.dir, 01777) == 0) chmod(g.dir, 01777);
-    if (access(g.dir, W_OK | X_OK) != 0) {
+    /* A read-only mount is usable when the files are mounted read-write on top (Kubernetes: a pod must write no
+     * host folder, whose bytes no ephemeral-storage limit counts); a missing file then fails at that device. */
+    if (access(g.dir, W_OK | X_OK) != 0 && !(errno == EROFS && access(g.dir, X_OK) == 0)) {
         GS_ERROR("compute: device_state_dir %s is not writable: %s", g.dir, strerror(errno));
         return -1;
     }

@@ -41,6 +41,10 @@ from gpuslice.spec.errors import GpusliceError
 SUFFIX = ".policy"
 FOLDER_MODE = 0o755
 FILE_MODE = 0o644
+# Every pacer lists at most this many grants of a device (GS_POL_MAX, native/include/gpuslice/policy.h); a grant
+# past it reads as unlisted to its neighbours (no share in their allocation, low priority). So no node side may
+# put more slices on one device (kube: --split-count; local placement keeps HAMi's 10).
+MAX_GRANTS_PER_DEVICE = 64
 _GRANT_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,126}")  # as native/src/pacing/policy.c's valid_name
 
 

@@ -43,7 +43,8 @@ from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
 from gpuslice.kube import escapes, formats
 from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotations
 from gpuslice.spec import Device, Engine, GpusliceError, Slice, SpecError
-from gpuslice.enforcer.policy import SUFFIX as POLICY_SUFFIX, RosterChanges, reconcile_policies, write_policies
+from gpuslice.enforcer.policy import (MAX_GRANTS_PER_DEVICE, SUFFIX as POLICY_SUFFIX, RosterChanges, reconcile_policies,
+                                      write_policies)
 from gpuslice.spec.files import ensure_shared_file, write_atomic
 
 log = logging.getLogger("gpuslice.deviceplugin")
@@ -105,8 +106,9 @@ class PluginConfig:
             raise SpecError("log_level", self.log_level, "error, warn, info or debug (the enforcer's)")
         if not isinstance(self.fail_open, bool):
             raise SpecError("fail_open", self.fail_open, "true or false")
-        if not 1 <= self.split_count <= 1000:
-            raise SpecError("split_count", self.split_count, "a whole number from 1 to 1000")
+        if not 1 <= self.split_count <= MAX_GRANTS_PER_DEVICE:
+            raise SpecError("split_count", self.split_count, f"a whole number from 1 to {MAX_GRANTS_PER_DEVICE} (the "
+                                                             "grants a pacer lists per device: policy.h GS_POL_MAX)")
 
     @property
     def local_state(self) -> Path:
@@ -292,8 +294,10 @@ class Allocator:
         local = self.paths(grant.grant_id, local=True)
         local["slice"].parent.mkdir(parents=True, exist_ok=True)
         write_slice_file(local["slice"], self.slice_config(grant))
+        # the grant's region and device-state folders are mount points, mounted read-only: nothing is ever made
+        # in them from the container (their files are mounted read-write on top, :meth:`response`)
         for folder, mode in ((local["region"].parent, 0o700), (local["devices"], 0o700), (local["region"], 0o755),
-                             (local["devstate"], 0o1777)):
+                             (local["devstate"], 0o755)):
             folder.mkdir(parents=True, exist_ok=True)
             os.chmod(folder, mode)
         # The region, made before the kubelet starts the container, writable by every process of that one
@@ -351,18 +355,22 @@ class Allocator:
         container runtime mounts parents before children):
 
         * the slice file, read-only — what configures the enforcer;
-        * this grant's region folder, read-write — the enforcer's shared memory accounting of this slice;
-        * this grant's own device-state folder, read-write (empty; the pacer checks it is writable), and in
-          it the node-wide pacing file of each granted device, read-write, and that device's policy roster
-          (``<name>.policy``), read-only — not the node's whole folder, so a container sees no other device's
-          pacing state;
+        * this grant's region folder, read-only, and in it the region file, read-write — the enforcer's shared
+          memory accounting of this slice;
+        * this grant's own device-state folder, read-only (empty), and in it the node-wide pacing file of each
+          granted device, read-write, and that device's policy roster (``<name>.policy``), read-only — not the
+          node's whole folder, so a container sees no other device's pacing state.
+          No host folder is mounted read-write: the kubelet's ephemeral-storage limits do not count a device
+          plugin's bind mounts, so a pod wrote into them until the node's disk was full (attacker's review,
+          stop 28); only files whose size the enforcer fixes are writable;
         * the enforcer library and ``/etc/ld.so.preload``, read-only.
         """
         host = self.paths(grant.grant_id, local=False)
         mounts = [
             (CONTAINER_SLICE, str(host["slice"]), True),
-            (CONTAINER_REGION_DIR, str(host["region"]), False),
-            (CONTAINER_DEVICE_STATE, str(host["devstate"]), False),
+            (CONTAINER_REGION_DIR, str(host["region"]), True),
+            (f"{CONTAINER_REGION_DIR}/region", str(host["region"] / "region"), False),
+            (CONTAINER_DEVICE_STATE, str(host["devstate"]), True),
             *[(f"{CONTAINER_DEVICE_STATE}/{name}.dev", str(host["devices"] / f"{name}.dev"), False)
               for name in self.state_files(grant)],
             *[(f"{CONTAINER_DEVICE_STATE}/{name}{POLICY_SUFFIX}", str(host["devices"] / f"{name}{POLICY_SUFFIX}"), True)

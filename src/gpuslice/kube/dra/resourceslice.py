@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from gpuslice.spec import Device, SpecError, whole_number
+from gpuslice.enforcer.policy import MAX_GRANTS_PER_DEVICE
 
 DRIVER = "gpuslice.io"
 API_VERSION = "resource.k8s.io/v1"
@@ -63,7 +64,7 @@ class Sharing:
     min_memory: int = DEFAULT_MIN_MEMORY
 
     def __post_init__(self) -> None:
-        whole_number("split_count", self.split_count, 1, 1000)
+        whole_number("split_count", self.split_count, 1, MAX_GRANTS_PER_DEVICE)  # a pacer lists no more
         if isinstance(self.memory_scaling, bool) or not isinstance(self.memory_scaling, (int, float)) \
                 or not 0 < self.memory_scaling <= 100:
             raise SpecError("memory_scaling", self.memory_scaling, "a number above 0 and at most 100")
