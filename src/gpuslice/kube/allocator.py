@@ -346,7 +346,10 @@ class Allocator:
                     continue
                 if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or now - st.st_mtime < older_than:
                     continue
-                shutil.rmtree(path, ignore_errors=True)  # fd-based on Linux: links inside are removed, not followed
+                try:  # fd-based on Linux: links inside are removed, not followed
+                    shutil.rmtree(path, ignore_errors=True)
+                except RecursionError:  # a tree too deep for Python 3.11's rmtree: the next ones still go
+                    continue
                 gone.add(name)
         return tuple(sorted(gone))
 
