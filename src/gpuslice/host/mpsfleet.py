@@ -13,8 +13,8 @@ that died is started again. Layout::
                                 last slice): counted, the last ten kept with device, time and log lines
     <root>/logs/<device>-<user>/  the logs of the last daemon of that name, kept when it stopped
     <root>/.lock                held while reconciling (several processes share a state dir)
-    <root>/troubles.json        per daemon name: its starts and stops that failed or were slow, and the last's
-                                time (the hold on its next start, below)
+    <root>/troubles.json        per daemon name: how many of its starts and stops were slow lately, and the
+                                last one's time (the hold on its next start, below)
 
 ``<device>`` is the first 12 hex digits of the device UUID (``m`` in front for a MIG instance), ``<user>``
 the uid the daemon runs as (``self``: the node side's own). MPS serves one user per server at a time: a
@@ -36,8 +36,8 @@ starts and stops happen while the node side holds its ledger's write lock, so a 
 command held every tenant's grants, releases and the backstop for the start and quit timeouts (15 + 10 s) on
 every pass (37.2, 17.1, 15.0 s in a row; attacker's review, stop 28). A stopped or traced daemon is killed at
 once (:meth:`gpuslice.host.mps.MpsControl.stop`), and for any other hang a start or stop that takes
-longer than :data:`TROUBLE_S` (failed or not) counts against the daemon's name (in the root's ``troubles.json``, which
-outlives the daemon's folder), and the next start of that name waits :data:`HOLD_BASE_S` doubling with each
+longer than :data:`TROUBLE_S` (failed or not) counts against the daemon's name (in the root's
+``troubles.json``, which outlives the daemon's folder), and the next start of that name waits :data:`HOLD_BASE_S` doubling with each
 trouble, up to :data:`HOLD_MAX_S`, until :data:`TROUBLE_RESET_S` pass without one. A held start is refused
 (``ensure``) or reported (``reconcile``), never waited for. What is left: one stall of up to ~37 s (a quit
 and its wait, the kill, a start) per hold, so about 5 in such a tenant's first 10 minutes and then one per 10
@@ -296,7 +296,7 @@ class MpsDaemons:
         wait = self.held_for(key.name)
         if wait > 0:
             count = self._troubles().get(key.name, (0, 0.0))[0]
-            raise MpsError(f"the MPS daemon of {key.device} for uid {key.uid} failed or was slow to start or stop "
+            raise MpsError(f"the MPS daemon of {key.device} for uid {key.uid} was slow to start or stop "
                            f"{count} time(s) lately (a daemon its user stopped?); its next start waits {wait:.0f} s "
                            "more, so that it cannot hold the node's other slices up")
 
