@@ -408,23 +408,24 @@ static void check_launch_costs(const char *dir)
  * sizes the (empty) file through its mount and paces, and that nothing can be made in the folder. Needs root
  * for the mounts (CI runs the suite as root); without it the case is reported as not run. Exit codes name
  * the step that failed. */
-static int readonly_folder_child(const char *base)
+static int readonly_folder_child(const char *base, uid_t as)
 {
     char dir[160], file[256], text[512], err[256], uuid[64];
     double_uuid(uuid, sizeof uuid);
-    snprintf(dir, sizeof dir, "%s/ro", base);
+    snprintf(dir, sizeof dir, "%s/ro-%u", base, (unsigned)as);
     snprintf(file, sizeof file, "%s/%s.dev", dir, uuid);
     if (mkdir(dir, 0755) != 0) return 10;
     int fd = open(file, O_CREAT | O_WRONLY, 0666);
-    if (fd < 0) return 11;
+    if (fd < 0 || fchmod(fd, 0666) != 0) return 11; /* as the device plugin makes it: any uid of the pod */
     close(fd);
     if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return 12;
     if (mount(dir, dir, NULL, MS_BIND, NULL) != 0 || mount(file, file, NULL, MS_BIND, NULL) != 0 ||
         mount(NULL, dir, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) != 0)
         return 13;
+    if (as != 0 && (setgid(as) != 0 || setuid(as) != 0)) return 12; /* a pod's runAsUser */
     char other[300];
     snprintf(other, sizeof other, "%s/junk", dir);
-    if (open(other, O_CREAT | O_WRONLY, 0666) >= 0 || errno != EROFS) return 14;
+    if (open(other, O_CREAT | O_WRONLY, 0666) >= 0 || (errno != EROFS && errno != EACCES)) return 14;
     snprintf(text, sizeof text, "version=1\ncompute=50\nmode=hard\ngrant=ro-test\npriority=0\ndevice_state_dir=%s\n", dir);
     struct gs_config cfg;
     if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) != 0 || gs_pacer_init(&cfg) != 0) return 15;
@@ -450,17 +451,20 @@ static void readonly_folder(const char *base)
         printf("test_pacer: read-only device-state folder case not run (needs root)\n");
         return;
     }
-    fflush(NULL);
-    pid_t kid = fork();
-    if (kid == 0) _exit(readonly_folder_child(base));
-    int st = 0;
-    waitpid(kid, &st, 0);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-          "a read-only device-state folder with the pacing file mounted read-write on it: taken and paced (child "
-          "exit %d: 10-13 set-up, 14 the folder took a file, 15 pacer refused it, 16 context, 17 file not sized, "
-          "18 state, 19 not published)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-        printf("  read-only device-state folder, pacing file mounted read-write: paced\n");
+    /* as root, and as a pod's non-root runAsUser (to whom the root-owned 0755 folder answers EACCES, not EROFS) */
+    for (uid_t as = 0; as <= 65534; as += 65534) {
+        fflush(NULL);
+        pid_t kid = fork();
+        if (kid == 0) _exit(readonly_folder_child(base, as));
+        int st = 0;
+        waitpid(kid, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "uid %u: a read-only device-state folder with the pacing file mounted read-write on it: taken and paced "
+              "(child exit %d: 10-13 set-up, 14 the folder took a file, 15 pacer refused it, 16 context, 17 file not "
+              "sized, 18 state, 19 not published)", (unsigned)as, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+            printf("  read-only device-state folder, pacing file mounted read-write, uid %u: paced\n", (unsigned)as);
+    }
 }
 
 int main(void)

@@ -226,3 +226,25 @@ def test_a_daemon_slow_to_stop_holds_its_next_start(daemons: MpsDaemons, root: P
     assert daemons.held_for(B.name) == 0  # another name owes nothing
     daemons.stop_all()
     assert mps_processes(root) == []
+
+
+def test_the_hold_is_bounded_whatever_troubles_json_or_the_clock_say(daemons: MpsDaemons) -> None:
+    """A huge trouble count raised OverflowError (2 ** 1024) out of the reconcile pass; a clock stepped back made
+    the hold as long as the step; neither may: the hold is at most HOLD_MAX_S, ends TROUBLE_RESET_S after the
+    last trouble, and a last trouble ahead of the clock is forgotten. A troubles.json that cannot be written
+    costs the hold only."""
+    import json
+    import time
+
+    from gpuslice.host import mpsfleet
+
+    daemons.root.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    (daemons.root / "troubles.json").write_text(json.dumps({A.name: [5000, now], B.name: [3, now + 86400]}))
+    assert daemons.held_for(A.name, now=now) == mpsfleet.HOLD_MAX_S
+    assert daemons.held_for(B.name, now=now) == 0  # its last trouble "a day ahead": the clock stepped back
+    assert daemons.held_for(A.name, now=now + mpsfleet.TROUBLE_RESET_S + 1) == 0
+    (daemons.root / "troubles.json").unlink()
+    (daemons.root / "troubles.json").mkdir()  # cannot be replaced by a file: every write fails
+    daemons._note_trouble(A.name)
+    assert daemons.held_for(A.name) == 0

@@ -17,6 +17,7 @@
 #include <sys/prctl.h>
 #include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -325,8 +326,12 @@ int gs_pacer_init(const struct gs_config *cfg)
     /* Refuse at start, not at the first launch, when the coordination directory is unusable. */
     if (mkdir(g.dir, 01777) == 0) chmod(g.dir, 01777);
     /* A read-only mount is usable when the files are mounted read-write on top (Kubernetes: a pod must write no
-     * host folder, whose bytes no ephemeral-storage limit counts); a missing file then fails at that device. */
-    if (access(g.dir, W_OK | X_OK) != 0 && !(errno == EROFS && access(g.dir, X_OK) == 0)) {
+     * host folder, whose bytes no ephemeral-storage limit counts); a missing file then fails at that device.
+     * Asked by the mount's flag, not by access()'s errno: the kernel checks the folder's mode first, so a
+     * non-root process gets EACCES from a root-owned 0755 folder and never sees EROFS. */
+    struct statvfs vfs;
+    int ro_mount = statvfs(g.dir, &vfs) == 0 && (vfs.f_flag & ST_RDONLY) && access(g.dir, X_OK) == 0;
+    if (!ro_mount && access(g.dir, W_OK | X_OK) != 0) {
         GS_ERROR("compute: device_state_dir %s is not writable: %s", g.dir, strerror(errno));
         return -1;
     }

@@ -261,9 +261,14 @@ class MpsDaemons:
         """Seconds the next start of daemon ``name`` must still wait (0: none) after its troubles."""
         count, last = self._troubles().get(name, (0, 0.0))
         now = time.time() if now is None else now
-        if count <= 0 or now - last > TROUBLE_RESET_S:
+        since = now - last
+        # a last trouble ahead of the clock (a clock stepped back) tells nothing of when it was: forgotten, so a
+        # hold never outlasts HOLD_MAX_S (at worst one more slow start is seen and counted anew)
+        if count <= 0 or since > TROUBLE_RESET_S or since < -60:
             return 0.0
-        return max(0.0, min(HOLD_MAX_S, HOLD_BASE_S * 2 ** (count - 1)) - (now - last))
+        since = max(0.0, since)
+        hold = HOLD_BASE_S * 2 ** min(count - 1, 16)  # bounded: HOLD_MAX_S caps it long before, no float overflow
+        return max(0.0, min(HOLD_MAX_S, hold) - since)
 
     def _troubles(self) -> dict[str, tuple[int, float]]:
         try:
@@ -273,13 +278,18 @@ class MpsDaemons:
             return {}
 
     def _note_trouble(self, name: str) -> None:
+        """Count one; a file that cannot be written (a full disk) costs the hold, never the start or stop it
+        follows (this runs in ``_watched``'s finally)."""
         now = time.time()
         found = {k: v for k, v in self._troubles().items() if now - v[1] <= TROUBLE_RESET_S}
         count = found.get(name, (0, 0.0))[0]
-        found[name] = (count + 1, now)
+        found[name] = (min(count + 1, 1000), now)
         tmp = self.root / (TROUBLES + ".tmp")
-        tmp.write_text(json.dumps(found))
-        os.replace(tmp, self.root / TROUBLES)
+        try:
+            tmp.write_text(json.dumps(found))
+            os.replace(tmp, self.root / TROUBLES)
+        except OSError:
+            pass
 
     @contextmanager
     def _watched(self, name: str) -> Iterator[None]:
