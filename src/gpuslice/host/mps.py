@@ -57,6 +57,13 @@ LOG_TAIL = 256 * 1024
 STOPPED = ("T", "t")  # /proc/<pid>/stat states: stopped by a signal, stopped by a tracer
 
 
+def _any_stopped(found: list[procs.ProcStat]) -> bool:
+    """Whether one of these MPS processes is stopped or traced (its user may SIGSTOP it: the daemon runs as them):
+    it answers no ``quit`` and acts on no SIGTERM, so waiting for it only held the node side up (attacker's
+    review, stop 28)."""
+    return any(s.state in STOPPED for s in found)
+
+
 class MpsError(GpusliceError):
     """An MPS daemon could not be started, queried or stopped; the message says which and why."""
 
@@ -314,7 +321,7 @@ class MpsControl:
         problem = "no pid file"
         while time.monotonic() < deadline:
             pid = self.pid()
-            if pid is not None and self._stopped():
+            if pid is not None and _any_stopped(self.mps_processes()):
                 problem = "it was stopped (SIGSTOP or a tracer) before it answered"
                 break
             if pid is not None:
@@ -348,31 +355,24 @@ class MpsControl:
         """``quit``, then force what is left (daemon and servers of this pipe directory), and remove the pipe
         directory: afterwards no MPS process of this folder runs and no stale socket is left. The logs are
         kept (``last.log`` beside the folder's others) until the folder is removed or started again."""
-        if self.running() and not self._stopped():
+        if self.running() and not _any_stopped(self.mps_processes()):
             try:
                 self.query("quit", timeout=self.quit_timeout)
             except MpsError:
                 pass  # forced below
             deadline = time.monotonic() + self.quit_timeout
-            while self.mps_processes() and not self._stopped() and time.monotonic() < deadline:
+            while (left := self.mps_processes()) and not _any_stopped(left) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self._kill_all()
         shutil.rmtree(self.pipe_dir, ignore_errors=True)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         self.record_file.unlink(missing_ok=True)
 
-    def _stopped(self) -> bool:
-        """Whether an MPS process of this folder is stopped or traced (its user may SIGSTOP it: the daemon runs as
-        them): it answers no ``quit``, so waiting for one only held the node side up (attacker's review, stop 28)."""
-        return any(s.state in STOPPED for s in self.mps_processes())
-
     def _kill_all(self) -> None:
         """SIGTERM, then SIGKILL, every MPS process of this pipe directory (a daemon that would not quit, or
         servers left behind by a daemon that died)."""
         left = self.mps_processes()
-        # a stopped process acts on SIGTERM only once continued: waiting for it would only hold the caller up
-        stopped = any(s.state in STOPPED for s in left)
-        for signum in (signal.SIGKILL,) if stopped else (signal.SIGTERM, signal.SIGKILL):
+        for signum in (signal.SIGKILL,) if _any_stopped(left) else (signal.SIGTERM, signal.SIGKILL):
             for s in left:
                 procs.signal_exact(s.pid, s.start, signum)
             deadline = time.monotonic() + 2.0

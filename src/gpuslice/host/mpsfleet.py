@@ -259,16 +259,20 @@ class MpsDaemons:
     # -------------------------------------------------------------------------------------- troubles
     def held_for(self, name: str, now: float | None = None) -> float:
         """Seconds the next start of daemon ``name`` must still wait (0: none) after its troubles."""
+        return self._hold(name, now)[0]
+
+    def _hold(self, name: str, now: float | None = None) -> tuple[float, int]:
+        """(held_for, the trouble count it comes from), from one read of troubles.json."""
         count, last = self._troubles().get(name, (0, 0.0))
         now = time.time() if now is None else now
         since = now - last
         # a last trouble ahead of the clock (a clock stepped back) tells nothing of when it was: forgotten, so a
         # hold never outlasts HOLD_MAX_S (at worst one more slow start is seen and counted anew)
         if count <= 0 or since > TROUBLE_RESET_S or since < -60:
-            return 0.0
+            return 0.0, count
         since = max(0.0, since)
         hold = HOLD_BASE_S * 2 ** min(count - 1, 16)  # bounded: HOLD_MAX_S caps it long before, no float overflow
-        return max(0.0, min(HOLD_MAX_S, hold) - since)
+        return max(0.0, min(HOLD_MAX_S, hold) - since), count
 
     def _troubles(self) -> dict[str, tuple[int, float]]:
         try:
@@ -303,9 +307,8 @@ class MpsDaemons:
                 self._note_trouble(name)
 
     def _check_hold(self, key: DaemonKey) -> None:
-        wait = self.held_for(key.name)
+        wait, count = self._hold(key.name)
         if wait > 0:
-            count = self._troubles().get(key.name, (0, 0.0))[0]
             raise MpsError(f"the MPS daemon of {key.device} for uid {key.uid} was slow to start or stop "
                            f"{count} time(s) lately (a daemon its user stopped?); its next start waits {wait:.0f} s "
                            "more, so that it cannot hold the node's other slices up")
