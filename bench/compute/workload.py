@@ -75,7 +75,7 @@ def enforcer_view(state_dir: str | None, grant: str | None) -> list:
 
 def set_share(state_dir: str | None, grant: str | None, share: str) -> None:
     """A live share through the device's roster (``gpuslice.enforcer.policy.set_share``), as a resize does: the
-    pacers take every slice's policy from there, never from the pacing file (issue 15)."""
+    pacers take every slice's policy from there, never from the slices' own record files (issue 15)."""
     if share == "x" or not state_dir or not grant:
         return
     from gpuslice.enforcer import policy
@@ -84,8 +84,8 @@ def set_share(state_dir: str | None, grant: str | None, share: str) -> None:
     slice_file = os.environ.get("GPUSLICE_SLICE")
     config = read_slice_file(slice_file) if slice_file else None
     if config is None or config.grant != grant or not policy.set_share(state_dir, config, int(float(share))):
-        print(f"workload: grant {grant} has no slice file or no pacing file in {state_dir}; share {share} not "
-              "applied", file=sys.stderr)
+        print(f"workload: grant {grant} has no slice file or no slice records folder in {state_dir}; share {share} "
+              "not applied", file=sys.stderr)
 
 
 def clear_share(state_dir: str | None, grant: str | None) -> None:

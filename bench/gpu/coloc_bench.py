@@ -191,7 +191,7 @@ class Bench:
         except ImportError:
             return {}
         out = {}
-        for f in glob.glob(str(self.tmp / "state" / "**" / "*.dev"), recursive=True):
+        for f in glob.glob(str(self.tmp / "state" / "**" / "*.slices"), recursive=True):  # a device's slice records
             try:
                 for s in read_device_state(f).slices:
                     for p in s.processes:

@@ -366,11 +366,11 @@ PLANT void sim_run(double secs, double warm)
                        "true %.3f s; yield entries %llu, marks late %llu early %llu, slept %.3f s\n", P[i].grant,
                        P[i].eng.path, P[i].eng.offered_bp / 1e4, (unsigned long long)P[i].eng.measured,
                        (unsigned long long)P[i].eng.sampled_clean, (unsigned long long)P[i].eng.sampled_dirty,
-                       (unsigned long long)P[i].eng.sampled_gap, P[i].eng.gap_total_ns / 1e9, (long long)(P[i].eng.cost_avg_ns / 1000), DS.procs[P[i].eng.proc].busy_total_ns / 1e9,
+                       (unsigned long long)P[i].eng.sampled_gap, P[i].eng.gap_total_ns / 1e9, (long long)(P[i].eng.cost_avg_ns / 1000), gs_ds_proc(&DS, P[i].eng.proc)->busy_total_ns / 1e9,
                        P[i].busy_true / 1e9, (unsigned long long)P[i].eng.yield_entries,
                        (unsigned long long)P[i].eng.marks_late, (unsigned long long)P[i].eng.marks_early,
                        P[i].slept_sum / 1e9);
-    for (int i = 0; i < NP; i++) if (!P[i].raw) P[i].charged = (int64_t)DS.procs[P[i].eng.proc].busy_total_ns;
+    for (int i = 0; i < NP; i++) if (!P[i].raw) P[i].charged = (int64_t)gs_ds_proc(&DS, P[i].eng.proc)->busy_total_ns;
     if (!getenv("GS_KEEP")) for (int i = 0; i < NP; i++) if (!P[i].raw) gs_engine_fini(&P[i].eng);
 }
 PLANT void win_stats(const struct sproc *p, double *mean, double *lo, double *hi)

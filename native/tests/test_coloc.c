@@ -300,15 +300,14 @@ static int fake_pending;
 static int fq_drain(void *c) { (void)c; return fake_pending ? 0 : 1; }
 static void test_queued_signal(void)
 {
-    static struct gs_ds_proc procs[1];
-    static struct gs_ds_slice slices[1];
-    struct gs_devstate ds = {.slices = slices, .procs = procs};
+    static _Alignas(4096) unsigned char spage[4096], ppage[4096]; /* one slot: its two pages, unmapped */
+    struct gs_devstate ds = {.sbase = spage, .pbase = ppage, .page = sizeof spage, .nslots = 1};
     static const struct gs_gpu_ops ops = {.query_drain = fq_drain};
     struct gs_engine e;
     memset(&e, 0, sizeof e);
     e.ds = &ds;
     e.ops = &ops;
-    struct gs_ds_proc *p = &procs[0];
+    struct gs_ds_proc *p = gs_ds_proc(&ds, 0);
     int64_t t = T0;
     /* an older enforcer (no DRAINS flag): queued for YIELD_GAP after a launch */
     p->flags = GS_DS_PROC_IN_USE | GS_DS_PROC_LIGHT;

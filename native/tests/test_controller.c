@@ -450,8 +450,8 @@ static void poke_debt(void)
 {
     if (NOW != T0 + 2500000000LL) return;
     for (int i = 0; i < GS_DS_MAX_SLICES; i++)
-        if ((DS.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(DS.slices[i].grant, "soft"))
-            DS.slices[i].credit_ns = -GS_CTL_DEBT_MAX_NS;
+        if ((gs_ds_slice(&DS, i)->flags & GS_DS_SLICE_IN_USE) && !strcmp(gs_ds_slice(&DS, i)->grant, "soft"))
+            gs_ds_slice(&DS, i)->credit_ns = -GS_CTL_DEBT_MAX_NS;
 }
 static void test_soft_alone_keeps_no_debt(void)
 {

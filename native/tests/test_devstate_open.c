@@ -1,7 +1,9 @@
-/* How the per-device state file is created and opened (gs_devstate_open; trust model in README.md): in a
- * folder every tenant may write to, a link is never followed, a FIFO is never opened for long, a file with
- * other hard links is not used, an existing file is never chmod'ed, and only a file the call created is
- * made 0666. Issue 15: a user's link here turned a root-owned 0600 file into 0666. */
+/* How a slice's own file is made and opened (gs_devstate_join_locked; trust model in README.md): in a
+ * device folder others may write to (no root manager: 01777), a link is never followed, a FIFO is never
+ * opened for long, a file with other hard links is not used, a file another user made first is not used,
+ * an existing file is never chmod'ed, and a file the call made is 0644 whatever the umask (neighbours of
+ * other users read it). The device folder itself is never followed. Issue 15: a user's link to the
+ * shared pacing file turned a root-owned 0600 file into 0666. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -9,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "gpuslice/controller.h"
 #include "gpuslice/devstate.h"
 
 static int failures, checks;
@@ -28,55 +31,85 @@ static off_t size_of(const char *p)
     return stat(p, &st) == 0 ? st.st_size : -1;
 }
 
+/* Join `grant` on the test device: 0, or -1 with the reason in ds->why. */
+static int join(struct gs_devstate *ds, const char *grant)
+{
+    int s, p, rc = -1;
+    if (gs_devstate_lock(ds) == 0) {
+        rc = gs_devstate_join_locked(ds, grant, 5000, GS_CTL_HARD, 1, 1, 1, getpid(), 0, &s, &p);
+        if (rc == 0) gs_devstate_leave_locked(ds, p);
+        gs_devstate_unlock(ds);
+    }
+    return rc;
+}
+
 int main(void)
 {
     struct gs_devstate ds;
-    char err[256];
+    char err[256], folder[128];
     snprintf(dir, sizeof dir, "/tmp/gs-dsopen-XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
     snprintf(victim, sizeof victim, "%s/victim", dir);
     int v = open(victim, O_CREAT | O_WRONLY, 0600);
     close(v);
     chmod(victim, 0600);
+    CHECK(gs_devstate_open(&ds, dir, "GPU-open", err, sizeof err) == 0, "open: %s", err);
+    snprintf(folder, sizeof folder, "%s/GPU-open%s", dir, GS_DS_FOLDER_SUFFIX);
+    CHECK(mode_of(folder) == 01777, "no manager: the device folder is made 01777, got %o", (unsigned)mode_of(folder));
 
     /* a link in place of the file: refused, its target untouched */
-    snprintf(path, sizeof path, "%s/GPU-link.dev", dir);
+    snprintf(path, sizeof path, "%s/link", folder);
     CHECK(symlink(victim, path) == 0, "symlink");
-    CHECK(gs_devstate_open(&ds, dir, "GPU-link", err, sizeof err) != 0, "a link must be refused");
-    CHECK(strstr(err, "symbolic link") != NULL, "err names the link: %s", err);
+    CHECK(join(&ds, "link") != 0, "a link must be refused");
+    CHECK(strstr(ds.why, "symbolic link") != NULL, "the reason names the link: %s", ds.why);
     CHECK(mode_of(victim) == 0600 && size_of(victim) == 0, "the link's target stays 0600 and empty (mode %o)",
           (unsigned)mode_of(victim));
 
     /* a FIFO: refused at once (no hang), untouched */
-    snprintf(path, sizeof path, "%s/GPU-fifo.dev", dir);
+    snprintf(path, sizeof path, "%s/fifo", folder);
     CHECK(mkfifo(path, 0600) == 0, "mkfifo");
-    CHECK(gs_devstate_open(&ds, dir, "GPU-fifo", err, sizeof err) != 0, "a FIFO must be refused");
+    CHECK(join(&ds, "fifo") != 0, "a FIFO must be refused");
 
     /* another hard link to a file: refused (it would write through to the other name) */
-    snprintf(path, sizeof path, "%s/GPU-hard.dev", dir);
+    snprintf(path, sizeof path, "%s/hard", folder);
     CHECK(link(victim, path) == 0, "link");
-    CHECK(gs_devstate_open(&ds, dir, "GPU-hard", err, sizeof err) != 0, "a file with two links must be refused");
+    CHECK(join(&ds, "hard") != 0, "a file with two links must be refused");
     CHECK(mode_of(victim) == 0600 && size_of(victim) == 0, "the hard-linked file stays 0600 and empty");
 
-    /* a missing file: created 0666 whatever the umask */
+    /* a missing file: made 0644 whatever the umask, sized */
     mode_t old = umask(077);
-    CHECK(gs_devstate_open(&ds, dir, "GPU-new", err, sizeof err) == 0, "create: %s", err);
-    gs_devstate_close(&ds);
+    CHECK(join(&ds, "new") == 0, "make: %s", ds.why);
     umask(old);
-    snprintf(path, sizeof path, "%s/GPU-new.dev", dir);
-    CHECK(mode_of(path) == 0666, "created 0666, got %o", (unsigned)mode_of(path));
+    snprintf(path, sizeof path, "%s/new", folder);
+    CHECK(mode_of(path) == 0644 && size_of(path) == GS_DS_FILE_SIZE, "made 0644, got %o", (unsigned)mode_of(path));
 
     /* an existing file of another mode: used, never chmod'ed */
-    chmod(path, 0644);
-    CHECK(gs_devstate_open(&ds, dir, "GPU-new", err, sizeof err) == 0, "reopen: %s", err);
-    gs_devstate_close(&ds);
-    CHECK(mode_of(path) == 0644, "an existing file keeps its mode, got %o", (unsigned)mode_of(path));
+    chmod(path, 0600);
+    CHECK(join(&ds, "new") == 0, "reopen: %s", ds.why);
+    CHECK(mode_of(path) == 0600, "an existing file keeps its mode, got %o", (unsigned)mode_of(path));
 
-    /* the folder itself a link: refused */
+    /* a file another user made first (a sticky folder lets anyone make any name): not ours to use */
+    if (geteuid() == 0) {
+        snprintf(path, sizeof path, "%s/theirs", folder);
+        int t = open(path, O_CREAT | O_WRONLY, 0666);
+        CHECK(t >= 0 && fchown(t, 65533, 65533) == 0 && fchmod(t, 0666) == 0, "a file of uid 65533, writable by all");
+        if (t >= 0) close(t);
+        if (seteuid(65532) == 0) {
+            CHECK(join(&ds, "theirs") != 0 && strstr(ds.why, "another user"), "refused: %s", ds.why);
+            if (seteuid(0) != 0) return 2;
+        }
+    }
+    gs_devstate_close(&ds);
+
+    /* the folders themselves links: refused */
     char linkdir[128];
     snprintf(linkdir, sizeof linkdir, "%s/dirlink", dir);
     CHECK(symlink(dir, linkdir) == 0, "symlink dir");
-    CHECK(gs_devstate_open(&ds, linkdir, "GPU-new", err, sizeof err) != 0, "a linked folder must be refused");
+    CHECK(gs_devstate_open(&ds, linkdir, "GPU-open", err, sizeof err) != 0, "a linked folder must be refused");
+    snprintf(path, sizeof path, "%s/GPU-linked%s", dir, GS_DS_FOLDER_SUFFIX);
+    CHECK(symlink(folder, path) == 0, "symlink device folder");
+    CHECK(gs_devstate_open(&ds, dir, "GPU-linked", err, sizeof err) != 0 && strstr(err, "link"),
+          "a linked device folder must be refused: %s", err);
 
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -8,6 +8,7 @@
 #include "enforcer_api.h"
 
 #include <dirent.h>
+#include "gpuslice/devstate.h"
 
 static char devdir[300];
 
@@ -31,7 +32,7 @@ static int pacing_files(void)
     DIR *d = opendir(devdir);
     int n = 0;
     if (!d) return 0;
-    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".dev") != NULL;
+    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, GS_DS_FOLDER_SUFFIX) != NULL;
     closedir(d);
     return n;
 }
@@ -39,16 +40,8 @@ static int pacing_files(void)
 static void cleanup_devdir(void)
 {
     char p[600];
-    DIR *d = opendir(devdir);
-    if (d) {
-        for (struct dirent *e; (e = readdir(d));) {
-            if (e->d_name[0] == '.') continue;
-            snprintf(p, sizeof p, "%s/%s", devdir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-        rmdir(devdir);
-    }
+    snprintf(p, sizeof p, "rm -rf '%s'", devdir); /* the devices' folders and their slice files */
+    if (system(p) != 0) fprintf(stderr, "could not remove %s\n", devdir);
 }
 
 static const char *env(const char *name)

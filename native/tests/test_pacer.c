@@ -143,10 +143,10 @@ static int scenario(const char *dir, int share)
     struct gs_devstate ds;
     char uuid[64];
     double_uuid(uuid, sizeof uuid);
-    CHECK(gs_devstate_open(&ds, dir, uuid, err, sizeof err) == 0, "state file %s/%s.dev: %s", dir, uuid, err);
+    CHECK(gs_devstate_open(&ds, dir, uuid, err, sizeof err) == 0, "state folder %s/%s: %s", dir, uuid, err);
     int found = 0;
-    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
-        struct gs_ds_slice *s = &ds.slices[i];
+    for (int i = 0; i < gs_ds_nslices(&ds); i++) {
+        struct gs_ds_slice *s = gs_ds_slice(&ds, i);
         if (!(s->flags & GS_DS_SLICE_IN_USE) || strcmp(s->grant, "pacer-test")) continue;
         found = 1;
         CHECK(s->share_bp == (uint32_t)share * 100, "published share %u", s->share_bp);
@@ -173,12 +173,15 @@ static int scenario(const char *dir, int share)
     }
     CHECK(found, "slice record present while running");
     if (share > 0 && share < 100) {
-        /* a neighbour rewrites our record's share (every tenant can write the pacing file): the pacer
-         * takes its share from its config and the roster, never from the record (issue 15) */
-        for (int i = 0; i < GS_DS_MAX_SLICES; i++)
-            if ((ds.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(ds.slices[i].grant, "pacer-test"))
-                __atomic_store_n(&ds.slices[i].share_bp, (uint32_t)(100 - share) * 100u, __ATOMIC_RELAXED);
-        double kept = held_share(share, 1.0, "after a neighbour rewrote the record");
+        /* a process of the slice rewrites its record's share (since version 5 only they can write it): the
+         * pacer takes its share from its config and the roster, never from the record (issue 15) */
+        int ms = -1, mp = -1;
+        CHECK(gs_devstate_lock(&ds) == 0 &&
+                  gs_devstate_join_locked(&ds, "pacer-test", (uint32_t)share * 100u, GS_CTL_HARD, 1, 0, 1, getpid(), 999, &ms, &mp) == 0,
+              "a slice-mate joins: %s", ds.why);
+        gs_devstate_unlock(&ds);
+        if (ms >= 0) __atomic_store_n(&gs_ds_slice(&ds, ms)->share_bp, (uint32_t)(100 - share) * 100u, __ATOMIC_RELAXED);
+        double kept = held_share(share, 1.0, "after a slice-mate rewrote the record");
         printf("  record rewritten %d%% -> %d%%: achieved %.2f%% (kept)\n", share, 100 - share, kept);
         /* a live share change (what a resize does: gpuslice.enforcer.policy.write_policies): root's roster
          * says 100 - share, and the pacer follows it within the roster's recheck (100 ms) */
@@ -197,12 +200,16 @@ static int scenario(const char *dir, int share)
         printf("  live change %d%% -> %d%% through the roster: achieved %.2f%%\n", share, 100 - share, moved);
         unlink(file);
         rmdir(folder);
+        if (gs_devstate_lock(&ds) == 0) {
+            gs_devstate_leave_locked(&ds, mp);
+            gs_devstate_unlock(&ds);
+        }
     }
     gs_devstate_close(&ds);
     gs_pacer_shutdown();
     CHECK(gs_devstate_open(&ds, dir, uuid, err, sizeof err) == 0, "reopen");
     int left = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) left += (ds.procs[i].flags & GS_DS_PROC_IN_USE) != 0;
+    for (int i = 0; i < gs_ds_nprocs(&ds); i++) left += (gs_ds_proc(&ds, i)->flags & GS_DS_PROC_IN_USE) != 0;
     CHECK(left == 0, "shutdown gave the process record back (%d left)", left);
     gs_devstate_close(&ds);
     return 0;
@@ -304,7 +311,7 @@ static double launch_cost(const char *dir, const char *slice, int n, double cpu,
     }
     (void)dir;
     /* the neighbour is active before the first launch, which decides the path (kept for 10 ms) */
-    if (beside) __atomic_store_n(&beside->slices[hi_slice].last_active_ns, mono_ns_now(), __ATOMIC_RELAXED);
+    if (beside) __atomic_store_n(&gs_ds_slice(beside, hi_slice)->last_active_ns, mono_ns_now(), __ATOMIC_RELAXED);
     for (int i = 0; i < 64; i++) { /* set-up, and the shape's first (measured) launches */
         gs_pacer_before_launch(0, NULL, 7);
         gs_pacer_after_launch(0, NULL, 0);
@@ -318,7 +325,7 @@ static double launch_cost(const char *dir, const char *slice, int n, double cpu,
     for (int b = 0; b < BATCHES; b++) {
         double in_calls = 0;
         for (int i = b * (n / BATCHES); i < (b + 1) * (n / BATCHES); i++) {
-            if (beside && i % 1000 == 0) __atomic_store_n(&beside->slices[hi_slice].last_active_ns, mono_ns_now(), __ATOMIC_RELAXED);
+            if (beside && i % 1000 == 0) __atomic_store_n(&gs_ds_slice(beside, hi_slice)->last_active_ns, mono_ns_now(), __ATOMIC_RELAXED);
             double t = now_s();
             gs_pacer_before_launch(0, NULL, 7);
             gs_pacer_after_launch(0, NULL, 0);
@@ -332,9 +339,13 @@ static double launch_cost(const char *dir, const char *slice, int n, double cpu,
     if (pairs) *pairs = (double)(gsdouble_event_records - r0) / 2.0 / n;
     /* the path our process record shows beside that neighbour (before the record is given back) */
     last_path = -1;
-    for (int i = 0; beside && i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *pr = &beside->procs[i];
-        if ((pr->flags & GS_DS_PROC_IN_USE) && pr->pid == (int32_t)getpid() && pr->slice != hi_slice) last_path = pr->path;
+    if (beside && gs_devstate_lock(beside) == 0) { /* our pacer's file, as the neighbour's scan finds it */
+        gs_devstate_scan_locked(beside, 0, 1);
+        gs_devstate_unlock(beside);
+    }
+    for (int i = 0; beside && i < gs_ds_nprocs(beside); i++) {
+        const struct gs_ds_proc *pr = gs_ds_proc(beside, i);
+        if ((pr->flags & GS_DS_PROC_IN_USE) && pr->pid == (int32_t)getpid() && gs_ds_proc_slice(i) != hi_slice) last_path = pr->path;
     }
     gs_pacer_shutdown();
     return ns;
@@ -402,19 +413,20 @@ static void check_launch_costs(const char *dir)
     gs_devstate_close(&ds);
 }
 
-/* Kubernetes mounts the device-state folder read-only, each device's pacing file read-write on top of it (a
- * pod must write no host folder: no ephemeral-storage limit counts a bind mount's bytes; attacker's review,
+/* Kubernetes mounts the device-state folder read-only, each granted slice's own file read-write on top of it
+ * (a pod must write no host folder: no ephemeral-storage limit counts a bind mount's bytes; attacker's review,
  * stop 28). In a mount namespace of its own the child builds that layout and checks that the pacer takes it,
- * sizes the (empty) file through its mount and paces, and that nothing can be made in the folder. Needs root
+ * sizes the (empty) file through its mount and paces, and that nothing can be made in the folders. Needs root
  * for the mounts (CI runs the suite as root); without it the case is reported as not run. Exit codes name
  * the step that failed. */
 static int readonly_folder_child(const char *base, uid_t as)
 {
-    char dir[160], file[256], text[512], err[256], uuid[64];
+    char dir[160], slices[256], file[320], text[512], err[256], uuid[64];
     double_uuid(uuid, sizeof uuid);
     snprintf(dir, sizeof dir, "%s/ro-%u", base, (unsigned)as);
-    snprintf(file, sizeof file, "%s/%s.dev", dir, uuid);
-    if (mkdir(dir, 0755) != 0) return 10;
+    snprintf(slices, sizeof slices, "%s/%s%s", dir, uuid, GS_DS_FOLDER_SUFFIX);
+    snprintf(file, sizeof file, "%s/ro-test", slices);
+    if (mkdir(dir, 0755) != 0 || mkdir(slices, 0755) != 0) return 10;
     int fd = open(file, O_CREAT | O_WRONLY, 0666);
     if (fd < 0 || fchmod(fd, 0666) != 0) return 11; /* as the device plugin makes it: any uid of the pod */
     close(fd);
@@ -423,9 +435,11 @@ static int readonly_folder_child(const char *base, uid_t as)
         mount(NULL, dir, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) != 0)
         return 13;
     if (as != 0 && (setgid(as) != 0 || setuid(as) != 0)) return 12; /* a pod's runAsUser */
-    char other[300];
+    char other[300], other2[400];
     snprintf(other, sizeof other, "%s/junk", dir);
+    snprintf(other2, sizeof other2, "%s/junk", slices);
     if (open(other, O_CREAT | O_WRONLY, 0666) >= 0 || (errno != EROFS && errno != EACCES)) return 14;
+    if (open(other2, O_CREAT | O_WRONLY, 0666) >= 0 || (errno != EROFS && errno != EACCES)) return 14;
     snprintf(text, sizeof text, "version=1\ncompute=50\nmode=hard\ngrant=ro-test\npriority=0\ndevice_state_dir=%s\n", dir);
     struct gs_config cfg;
     if (gs_config_parse_text(text, strlen(text), &cfg, err, sizeof err) != 0 || gs_pacer_init(&cfg) != 0) return 15;
@@ -437,9 +451,9 @@ static int readonly_folder_child(const char *base, uid_t as)
     struct gs_devstate ds;
     if (gs_devstate_open(&ds, dir, uuid, err, sizeof err) != 0) return 18;
     int found = 0;
-    for (int i = 0; i < GS_DS_MAX_SLICES; i++)
-        found |= (ds.slices[i].flags & GS_DS_SLICE_IN_USE) && !strcmp(ds.slices[i].grant, "ro-test") &&
-                 ds.slices[i].paced && ds.slices[i].launches > 0;
+    for (int i = 0; i < gs_ds_nslices(&ds); i++)
+        found |= (gs_ds_slice(&ds, i)->flags & GS_DS_SLICE_IN_USE) && !strcmp(gs_ds_slice(&ds, i)->grant, "ro-test") &&
+                 gs_ds_slice(&ds, i)->paced && gs_ds_slice(&ds, i)->launches > 0;
     gs_devstate_close(&ds);
     gs_pacer_shutdown();
     return found ? 0 : 19;

@@ -1,12 +1,13 @@
-/* A tenant adds slice records to the pacing file (mode 0666: every tenant's pacer writes it) to cut a
- * listed slice's rate in its own pacer's allocation (issue 15's review). With root's roster on the
- * device, gs_engine_rate must give a listed 30 % low-priority hard slice its 30 % whatever records are
- * added beside it:
- *  1. 31 records of grants the roster does not list, each claiming 99.99 % soft, active: before, 3.1 %
- *     (each unlisted record kept its claimed share); now unlisted records take no capacity;
- *  2. 31 copies of a listed high-priority 40 % grant's record: before, 0 % (each copy counted as one
- *     more 40 % high-priority slice); now one grant counts once;
- *  3. copies of the victim's own grant: they are the victim, not a rival;
+/* Neighbours' slice files that claim what they are not must not cut a listed slice's rate in its own
+ * pacer's allocation (issue 15's review). Since version 5 each slice writes only its own file, whose name
+ * its manager chose: a slice is the grant its file is named after, whatever its record claims. With
+ * root's roster on the device, gs_engine_rate must give a listed 30 % low-priority hard slice its 30 %
+ * whatever files are beside it:
+ *  1. 31 files of grants the roster does not list, each claiming 99.99 % soft, active: unlisted slices
+ *     take no capacity (before the roster: each kept its claimed share, 3.1 % left);
+ *  2. 31 files whose records claim to be a listed 90 % high-priority grant: each is the grant it is named
+ *     after (before version 5 a record's claim was taken, and only the copies counted once);
+ *  3. files claiming the victim's own grant: not the victim, not a rival;
  *  4. the control: real listed neighbours still count (a 40 % high-priority one leaves the victim its
  *     30 %, a 90 % one 10 %, both together nothing), so the test measures the allocation, not a constant;
  *  5. a roster file the reader leaves out is logged (its slice counts as unlisted in this process);
@@ -19,6 +20,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -31,7 +33,7 @@ static int failures, checks;
 #define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 static const char *uuid = "GPU-records-0000";
-static char dir[64], folder[160];
+static char dir[64], folder[160], slices[160];
 
 static int noop_record(void *c, int i, void *s) { (void)c; (void)i; (void)s; return 0; }
 static int noop_query(void *c, int i) { (void)c; (void)i; return 1; }
@@ -59,24 +61,42 @@ static void listed(const char *grant, int compute, int priority)
     if (rename(tmp, path) != 0) { perror(path); exit(2); }
 }
 
-/* What a tenant writes into a free slice record: any grant, any claim, launched just now. */
-static void forge(struct gs_devstate *ds, const char *grant, uint32_t share_bp, int mode, int priority, int64_t now)
+/* What a tenant can write since version 5: its own slice file (here made as a manager would, and
+ * written as its process would), whose record claims any grant and share, launched just now, with a
+ * live process record. */
+enum { FORGED_MAX = GS_DS_MAX_SLICES };
+static struct { char name[64]; unsigned char *map; } forged[FORGED_MAX];
+static int nforged;
+static void forge(const char *file, const char *claim, uint32_t share_bp, int mode, int priority, int64_t now)
 {
-    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
-        struct gs_ds_slice *s = &ds->slices[i];
-        if (s->flags & GS_DS_SLICE_IN_USE) continue;
-        memset(s, 0, sizeof *s);
-        snprintf(s->grant, sizeof s->grant, "%s", grant);
-        s->share_bp = share_bp;
-        s->mode = (uint8_t)mode;
-        s->weight = 16;
-        s->priority = (uint8_t)priority;
-        s->paced = 1;
-        s->last_active_ns = now;
-        s->flags = GS_DS_SLICE_IN_USE;
-        return;
-    }
+    char path[320];
+    snprintf(path, sizeof path, "%s/%s", slices, file);
+    int fd = open(path, O_CREAT | O_EXCL | O_RDWR, 0644);
+    unsigned char *m = fd >= 0 && ftruncate(fd, GS_DS_FILE_SIZE) == 0
+                           ? mmap(NULL, GS_DS_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0) close(fd);
+    if (m == MAP_FAILED || nforged >= FORGED_MAX) { perror(path); exit(2); }
+    struct gs_ds_header *h = (struct gs_ds_header *)m;
+    *h = (struct gs_ds_header){.magic = GS_DS_MAGIC, .version = GS_DS_VERSION, .size = GS_DS_FILE_SIZE,
+                               .max_procs = GS_DS_SLOT_PROCS, .slice_off = GS_DS_SLICE_OFF, .slice_size = GS_DS_SLICE_SIZE,
+                               .proc_off = GS_DS_PROC_OFF, .proc_size = GS_DS_PROC_SIZE};
+    struct gs_ds_slice *s = (struct gs_ds_slice *)(m + GS_DS_SLICE_OFF);
+    snprintf(s->grant, sizeof s->grant, "%s", claim);
+    s->share_bp = share_bp;
+    s->mode = (uint8_t)mode;
+    s->weight = 16;
+    s->priority = (uint8_t)priority;
+    s->paced = 1;
+    s->last_active_ns = now;
+    s->flags = GS_DS_SLICE_IN_USE;
+    struct gs_ds_proc *p = (struct gs_ds_proc *)(m + GS_DS_PROC_OFF);
+    *p = (struct gs_ds_proc){.pid = getpid(), .flags = GS_DS_PROC_IN_USE, .id = 100u + (uint32_t)nforged,
+                             .heartbeat_ns = now_ns(), .pidns = gs_devstate_pidns()};
+    snprintf(forged[nforged].name, sizeof forged[nforged].name, "%s", file);
+    forged[nforged++].map = m;
 }
+
+static struct gs_ds_slice *forged_slice(int k) { return (struct gs_ds_slice *)(forged[k].map + GS_DS_SLICE_OFF); }
 
 static int flipper_mode, flipper_stop;
 
@@ -84,10 +104,10 @@ static int flipper_mode, flipper_stop;
  * between a listed grant and an unlisted one (mode 1), as fast as it can, without the lock. */
 static void *flipper(void *arg)
 {
-    struct gs_devstate *ds = arg;
+    (void)arg;
     for (unsigned k = 0; !__atomic_load_n(&flipper_stop, __ATOMIC_RELAXED); k++) {
-        for (int i = 2; i < GS_DS_MAX_SLICES; i++) {
-            struct gs_ds_slice *s = &ds->slices[i];
+        for (int i = 1; i < nforged; i++) {
+            struct gs_ds_slice *s = forged_slice(i);
             __atomic_store_n(&s->last_active_ns, now_ns(), __ATOMIC_RELAXED);
             if (flipper_mode == 0) {
                 __atomic_store_n(&s->flags, ((k + (unsigned)i) & 1) ? GS_DS_SLICE_IN_USE : 0u, __ATOMIC_RELAXED);
@@ -102,10 +122,16 @@ static void *flipper(void *arg)
     return NULL;
 }
 
-static void clear_others(struct gs_devstate *ds, int keep)
+/* The forged files gone (their slices left the device). */
+static void clear_others(void)
 {
-    for (int i = 0; i < GS_DS_MAX_SLICES; i++)
-        if (i != keep) memset(&ds->slices[i], 0, sizeof ds->slices[i]);
+    for (int k = 0; k < nforged; k++) {
+        char path[320];
+        snprintf(path, sizeof path, "%s/%s", slices, forged[k].name);
+        unlink(path);
+        munmap(forged[k].map, GS_DS_FILE_SIZE);
+    }
+    nforged = 0;
 }
 
 /* The victim's rate as its poller works it out: policy packed, then the allocation (under the lock). */
@@ -115,7 +141,8 @@ static uint32_t rate_now(struct gs_engine *e)
     e->pol_checked_ns = 0; /* look at the roster now, not in 100 ms */
     gs_eng_policy_refresh(e, now);
     if (gs_devstate_lock(e->ds) != 0) return 0;
-    gs_eng_policy_locked(e, &e->ds->slices[e->slice]);
+    gs_devstate_scan_locked(e->ds, now, 1); /* the files as they are now, not in GS_DS_SCAN_NS */
+    gs_eng_policy_locked(e, gs_ds_slice(e->ds, e->slice));
     uint32_t r = gs_engine_rate(e, now);
     gs_devstate_unlock(e->ds);
     return r;
@@ -139,59 +166,70 @@ int main(void)
     CHECK(gs_engine_init(&e, &ds, "victim", 3000, GS_CTL_HARD, 1, 1, getpid(), 1, &OPS, NULL, now_ns()) == 0, "init");
     CHECK(rate_now(&e) == 3000, "alone: its 30 %%");
 
-    /* 1. unlisted records */
+    snprintf(slices, sizeof slices, "%s/%s%s", dir, uuid, GS_DS_FOLDER_SUFFIX);
+
+    /* 1. unlisted slices */
     for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) {
         char g[32];
         snprintf(g, sizeof g, "mine-%d", k);
-        forge(&ds, g, GS_BP_FULL - 1, GS_CTL_SOFT, 1, now_ns()); /* 100 % would be unpaced: no claim */
+        forge(g, g, GS_BP_FULL - 1, GS_CTL_SOFT, 1, now_ns()); /* 100 % would be unpaced: no claim */
     }
     uint32_t r = rate_now(&e);
-    printf("  31 unlisted records claiming 99.99 %% soft: the listed 30 %% slice's rate %.1f %%\n", r / 100.0);
-    CHECK(r == 3000, "31 unlisted records: rate %u bp, expected 3000", r);
+    printf("  31 unlisted slices claiming 99.99 %% soft: the listed 30 %% slice's rate %.1f %%\n", r / 100.0);
+    CHECK(r == 3000, "31 unlisted slices: rate %u bp, expected 3000", r);
 
-    /* 2. copies of a listed high-priority grant */
-    clear_others(&ds, e.slice);
-    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) forge(&ds, "hp", 4000, GS_CTL_HARD, 0, now_ns());
+    /* 2. files claiming a listed high-priority grant */
+    clear_others();
+    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) {
+        char g[32];
+        snprintf(g, sizeof g, "claims-big-%d", k);
+        forge(g, "big", 9000, GS_CTL_HARD, 0, now_ns());
+    }
     r = rate_now(&e);
-    printf("  31 copies of a listed 40 %% high-priority grant: rate %.1f %%\n", r / 100.0);
-    CHECK(r == 3000, "31 copies of hp: rate %u bp, expected 3000 (hp counts once: 40 %% + 30 %%)", r);
+    printf("  31 files claiming a listed 90 %% high-priority grant: rate %.1f %%\n", r / 100.0);
+    CHECK(r == 3000, "31 files claiming big: rate %u bp, expected 3000 (each is the grant it is named after: unlisted)", r);
 
-    /* 3. copies of the victim's own grant */
-    clear_others(&ds, e.slice);
-    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) forge(&ds, "victim", GS_BP_FULL, GS_CTL_SOFT, 0, now_ns());
+    /* 3. files claiming the victim's own grant */
+    clear_others();
+    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) {
+        char g[32];
+        snprintf(g, sizeof g, "claims-victim-%d", k);
+        forge(g, "victim", GS_BP_FULL, GS_CTL_SOFT, 0, now_ns());
+    }
     r = rate_now(&e);
-    CHECK(r == 3000, "31 copies of its own grant: rate %u bp, expected 3000", r);
+    CHECK(r == 3000, "31 files claiming its own grant: rate %u bp, expected 3000", r);
 
     /* 4. control: real listed neighbours count */
-    clear_others(&ds, e.slice);
-    forge(&ds, "hp", 4000, GS_CTL_HARD, 0, now_ns());
+    clear_others();
+    forge("hp", "hp", 4000, GS_CTL_HARD, 0, now_ns());
     CHECK((r = rate_now(&e)) == 3000, "beside hp (40 %% high): %u bp, expected 3000", r);
-    forge(&ds, "big", 9000, GS_CTL_HARD, 0, now_ns());
+    forge("big", "big", 9000, GS_CTL_HARD, 0, now_ns());
     r = rate_now(&e);
     printf("  beside listed 40 %% and 90 %% high-priority slices: rate %.1f %%\n", r / 100.0);
     CHECK(r == 0, "hp 40 %% + big 90 %% high priority leave the low-priority victim nothing: %u bp", r);
-    clear_others(&ds, e.slice);
-    forge(&ds, "big", 9000, GS_CTL_HARD, 0, now_ns());
+    clear_others();
+    forge("big", "big", 9000, GS_CTL_HARD, 0, now_ns());
     CHECK((r = rate_now(&e)) == 1000, "beside big (90 %% high): %u bp, expected 1000", r);
-    /* an idle copy does not make its grant idle: activity is the newest of its records */
-    forge(&ds, "big", 9000, GS_CTL_HARD, 0, 0);
-    CHECK((r = rate_now(&e)) == 1000, "an idle copy beside the active big: %u bp, expected 1000", r);
 
     /* 6. a launch time ahead of now is forged: it keeps no grant active */
-    clear_others(&ds, e.slice);
-    forge(&ds, "big", 9000, GS_CTL_HARD, 0, now_ns() + 10000000000LL);
+    clear_others();
+    forge("big", "big", 9000, GS_CTL_HARD, 0, now_ns() + 10000000000LL);
     CHECK((r = rate_now(&e)) == 3000, "big stamped 10 s ahead counts as idle: %u bp, expected 3000", r);
 
     /* 7. a writer flipping 30 records' in-use flags, and then their names, while the victim recounts: every
-     *    recount sees each record once, with one name (before: below 20 % in 83 % / 28 % of recounts) */
+     *    recount sees each record once (before: below 20 % in 83 % / 28 % of recounts) */
     for (int m = 0; m < 2; m++) {
-        clear_others(&ds, e.slice);
-        forge(&ds, "hp", 4000, GS_CTL_HARD, 0, now_ns());
-        for (int k = 0; k < GS_DS_MAX_SLICES - 2; k++) forge(&ds, "hp", 4000, GS_CTL_HARD, 0, now_ns());
+        clear_others();
+        forge("hp", "hp", 4000, GS_CTL_HARD, 0, now_ns());
+        for (int k = 0; k < GS_DS_MAX_SLICES - 2; k++) {
+            char g[32];
+            snprintf(g, sizeof g, "flip-%d", k);
+            forge(g, "hp", 4000, GS_CTL_HARD, 0, now_ns());
+        }
         flipper_mode = m;
         __atomic_store_n(&flipper_stop, 0, __ATOMIC_RELAXED);
         pthread_t th;
-        CHECK(pthread_create(&th, NULL, flipper, &ds) == 0, "flipper");
+        CHECK(pthread_create(&th, NULL, flipper, NULL) == 0, "flipper");
         int below = 0, n = 2000;
         for (int k = 0; k < n; k++) {
             below += rate_now(&e) != 3000;
@@ -202,6 +240,7 @@ int main(void)
         printf("  %s flipped under the recount: %d of %d recounts off 30 %%\n", m ? "names" : "in-use flags", below, n);
         CHECK(below == 0, "%s flipped: %d of %d recounts not 30 %%", m ? "names" : "flags", below, n);
     }
+    clear_others();
 
     /* 5. a roster file left out is said (its slice counts as unlisted here) */
     char bad[256], logpath[128];

@@ -42,7 +42,7 @@ def test_one_file_per_device_in_a_folder_only_its_owner_writes(tmp_path: Path) -
 
 
 def test_a_mig_instance_has_its_roster_beside_its_pacing_file(tmp_path: Path) -> None:
-    """The pacer names a MIG instance's files GPU-<hex> (``state_file_name``); the roster follows it."""
+    """The pacer names a MIG instance's files GPU-<hex> (``device_stem``); the roster follows it."""
     write_policies(tmp_path, "g-1", slices(MIG))
     assert (tmp_path / "GPU-00000000-1111-2222-3333-666666666666.policy" / "g-1").is_file()
 

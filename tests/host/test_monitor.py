@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from devstatekit import write_record
 from regionfile import DeviceRecord, ProcRecord, write_region
 
 from gpuslice.host import procs
@@ -68,32 +69,27 @@ def test_history_keeps_the_last_points_and_drops_gone_slices(tmp_path):
     assert history.to_json()["slices"] == {}
 
 
-def _device_state(path: Path, uuid: str, grant_id: str, achieved_bp: int, busy_ns: int, throttled_ns: int) -> None:
-    from gpuslice.enforcer import devstate as compute
-
-    buf = bytearray(compute.FILE_SIZE)
-    compute._HEADER.pack_into(buf, 0, compute.MAGIC, compute.VERSION, compute.FILE_SIZE, compute.MAX_SLICES,
-                              compute.MAX_PROCS, compute.SLICE_OFF, compute.SLICE_SIZE, compute.PROC_OFF,
-                              compute.PROC_SIZE, 0, 0, 7, uuid.encode())
-    compute._SLICE.pack_into(buf, compute.SLICE_OFF, 1, 3000, 0, 1, 1, 1, 3000, grant_id.encode(), 0, 0, 0,
-                             busy_ns, throttled_ns, 99, 0, 0, 0, achieved_bp, 500, 0, 0)  # colocation 0: preemptive
-    path.write_bytes(bytes(buf))
-
-
 def test_monitor_takes_achieved_share_and_throttling_from_the_pacer(tmp_path):
+    """The slice's record file (``<stem>.slices/<grant>``) gives the achieved share and throttled time; with no
+    window yet the busy-time rate stands in; a file its tenant spoiled is named among the errors, and an empty one
+    (no process joined yet) is no error."""
     g = watched(tmp_path)
     states = tmp_path / "devices"
-    states.mkdir()
-    _device_state(states / f"{DEVICES[0].uuid}.dev", DEVICES[0].uuid, g.grant.grant_id, 2950, 4 * 10**9, 7 * 10**9)
+    kw = {"busy_ns": 4 * 10**9, "throttled_ns": 7 * 10**9, "throttled_bp": 500, "launches": 99}
+    path = write_record(states, DEVICES[0].uuid, g.grant.grant_id, achieved_bp=2950, **kw)
+    write_record(states, DEVICES[0].uuid, "g-neighbour", achieved_bp=1000)
     monitor = Monitor(DEVICES, "n", device_state_dir=states)
     view = monitor.sample([g], now=time.time())
     s = view.slices[0]
     assert s.compute_achieved == pytest.approx(29.5) and s.throttled_seconds == pytest.approx(7.0)
-    assert view.devices[0].compute_achieved == pytest.approx(29.5)
-    _device_state(states / f"{DEVICES[0].uuid}.dev", DEVICES[0].uuid, g.grant.grant_id, -1, 4 * 10**9, 7 * 10**9)
+    assert view.devices[0].compute_achieved == pytest.approx(29.5) and view.errors == ()
+    write_record(states, DEVICES[0].uuid, g.grant.grant_id, achieved_bp=-1, **kw)
     assert monitor.sample([g]).slices[0].compute_achieved is not None  # no window yet: busy-time rate (0 here)
-    (states / f"{DEVICES[0].uuid}.dev").write_bytes(b"\0" * 300)
-    assert "not a gpuslice device state" in monitor.sample([g]).errors[0]
+    path.write_bytes(b"")
+    assert monitor.sample([g]).errors == ()
+    path.write_bytes(b"\0" * 300)
+    (error,) = monitor.sample([g]).errors
+    assert str(path) in error and "not a gpuslice slice record" in error
 
 
 def test_busy_time_rate_is_smoothed_over_a_window(tmp_path):

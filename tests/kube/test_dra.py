@@ -265,9 +265,17 @@ def test_prepare_writes_the_slice_file_and_a_cdi_spec_that_mounts_it(tmp_path: P
     (per_device,) = spec["devices"]
     assert per_device["name"] == f"c1-{name_of(2)}"
     assert [n["path"] for n in per_device["containerEdits"]["deviceNodes"]] == ["/dev/nvidia2"]
-    assert [(m["containerPath"], m["options"][0]) for m in per_device["containerEdits"]["mounts"]] == \
-        [(f"/var/run/gpuslice/devices/{H100[2].uuid}.dev", "rw"),
-         (f"/var/run/gpuslice/devices/{H100[2].uuid}.policy", "ro")]  # the device's roster: root's (issue 15)
+    # the device's slice records folder read-only, the claim's own record file in it read-write, the device's
+    # roster read-only (root's); no shared .dev file (issue 15)
+    records = f"/var/run/gpuslice/devices/{H100[2].uuid}.slices"
+    assert [(m["containerPath"], m["hostPath"], m["options"][0]) for m in per_device["containerEdits"]["mounts"]] == \
+        [(records, str(tmp_path / "host-state" / "devices" / f"{H100[2].uuid}.slices"), "ro"),
+         (f"{records}/dra-c1", str(tmp_path / "host-state" / "devices" / f"{H100[2].uuid}.slices" / "dra-c1"), "rw"),
+         (f"/var/run/gpuslice/devices/{H100[2].uuid}.policy",
+          str(tmp_path / "host-state" / "devices" / f"{H100[2].uuid}.policy"), "ro")]
+    own = tmp_path / "state" / "devices" / f"{H100[2].uuid}.slices" / "dra-c1"
+    assert own.is_file() and own.stat().st_size == 0 and own.stat().st_mode & 0o777 == 0o666
+    assert not any(m["containerPath"].endswith(".dev") for m in common["mounts"])
 
 
 def test_prepare_is_idempotent_and_survives_a_restart_without_the_api_server(tmp_path: Path) -> None:
@@ -291,6 +299,7 @@ def test_unprepare_removes_everything_and_is_idempotent_even_without_the_checkpo
     api.add_claim(allocated_claim("c1", "small", NODE, [{"device": name_of(0), "memory": 8 * GiB}]))
     driver.prepare([ClaimRef("ml", "c1", "small")])
     assert "dra-c1" in read_policies(tmp_path / "state" / "devices", H100[0].uuid)
+    assert (tmp_path / "state" / "devices" / f"{H100[0].uuid}.slices" / "dra-c1").is_file()
     state = tmp_path / "state" / "kube"
     (state / "regions" / "dra-c1" / "region").write_bytes(b"x")
     (state / "regions" / "dra-c1" / "link").symlink_to(tmp_path / "cdi")  # a container's mischief
@@ -300,7 +309,8 @@ def test_unprepare_removes_everything_and_is_idempotent_even_without_the_checkpo
     assert not (state / "grants" / "dra-c1").exists() and not (state / "regions" / "dra-c1").exists()
     assert not (tmp_path / "cdi" / "gpuslice.io-claim_c1.json").exists()
     assert (tmp_path / "cdi").is_dir()  # the link was removed, not followed
-    assert (tmp_path / "state" / "devices" / f"{H100[0].uuid}.dev").exists()  # node-wide pacing files stay
+    assert not (tmp_path / "state" / "devices" / f"{H100[0].uuid}.slices" / "dra-c1").exists()  # its record file
+    assert (tmp_path / "state" / "devices" / f"{H100[0].uuid}.slices").is_dir()  # the device's folder stays
     assert "dra-c1" not in read_policies(tmp_path / "state" / "devices", H100[0].uuid)  # off the roster
     assert fresh.unprepare([ClaimRef("ml", "c1", "small")]) == {"c1": ""}
     assert fresh.unprepare([ClaimRef("ml", "never-seen", "x")]) == {"never-seen": ""}

@@ -4,7 +4,9 @@ kubelet Registration server (registration, and registration again after a kubele
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -192,29 +194,38 @@ def test_allocate_returns_the_grant_mounts_env_and_devices(folder):
         assert ro and mounts["/etc/ld.so.preload"][1] and mounts["/usr/local/gpuslice/lib/libgpuslice.so"] == (
             "/opt/gpuslice/libgpuslice.so", True)
         # The container sees its own region and devices only: the region folder is this grant's, the
-        # device-state folder is this grant's (empty), with the node-wide pacing file of the granted
-        # device mounted into it — never the node's whole <state>/devices folder. No host folder is writable
-        # (a pod filled the node's disk through them: no ephemeral-storage limit counts a bind mount); only the
-        # region and pacing files are.
+        # device-state folder is this grant's (only mount points), with the granted device's slice records folder
+        # mounted into it read-only and this grant's own record file in that read-write — never the node's whole
+        # <state>/devices folder, never a neighbour's record writable, no shared .dev file. No host folder is
+        # writable (a pod filled the node's disk through them: no ephemeral-storage limit counts a bind mount);
+        # only the region and the grant's record file are.
         state = folder / "state"
-        dev_file = f"/var/run/gpuslice/devices/{grant.uuids[0]}.dev"
+        records = f"/var/run/gpuslice/devices/{grant.uuids[0]}.slices"
+        own = f"{records}/{grant.grant_id}"
         roster = f"/var/run/gpuslice/devices/{grant.uuids[0]}.policy"
         assert mounts == {
             "/etc/gpuslice/slice": (str(state / "kube" / "grants" / grant.grant_id / "slice"), True),
             "/var/run/gpuslice/region": (str(state / "kube" / "regions" / grant.grant_id), True),
             "/var/run/gpuslice/region/region": (str(state / "kube" / "regions" / grant.grant_id / "region"), False),
             "/var/run/gpuslice/devices": (str(state / "kube" / "grants" / grant.grant_id / "devices"), True),
-            dev_file: (str(state / "devices" / f"{grant.uuids[0]}.dev"), False),
+            records: (str(state / "devices" / f"{grant.uuids[0]}.slices"), True),
+            own: (str(state / "devices" / f"{grant.uuids[0]}.slices" / grant.grant_id), False),
             roster: (str(state / "devices" / f"{grant.uuids[0]}.policy"), True),  # root's, read-only (issue 15)
             "/usr/local/gpuslice/lib/libgpuslice.so": ("/opt/gpuslice/libgpuslice.so", True),
             "/etc/ld.so.preload": (str(state / "kube" / "ld.so.preload"), True),
         }
+        assert not any(path.endswith(".dev") or host.endswith(".dev") for path, (host, _) in mounts.items())
         order = [m.container_path for m in c.mounts]
-        assert order.index("/var/run/gpuslice/devices") < order.index(dev_file)  # parent before child
+        assert order.index("/var/run/gpuslice/devices") < order.index(records) < order.index(own)  # parents first
         assert order.index("/var/run/gpuslice/region") < order.index("/var/run/gpuslice/region/region")
         assert oct(Path(mounts["/var/run/gpuslice/devices"][0]).stat().st_mode & 0o7777) == "0o755"
-        assert Path(mounts[dev_file][0]).stat().st_size == 0  # exists for the bind mount; the enforcer sizes it
-        assert oct(Path(mounts[dev_file][0]).stat().st_mode & 0o777) == "0o666"
+        # the mount points the runtime cannot make inside that read-only folder are there
+        assert sorted(p.name for p in Path(mounts["/var/run/gpuslice/devices"][0]).iterdir()) == [
+            f"{grant.uuids[0]}.policy", f"{grant.uuids[0]}.slices"]
+        own_file = os.lstat(mounts[own][0])
+        assert stat.S_ISREG(own_file.st_mode) and own_file.st_size == 0  # for the bind mount; the enforcer sizes it
+        assert (own_file.st_uid, stat.S_IMODE(own_file.st_mode)) == (os.geteuid(), 0o666)
+        assert oct(Path(mounts[records][0]).stat().st_mode & 0o7777) == "0o755"
         assert read_policies(state / "devices", grant.uuids[0])[grant.grant_id].compute == 30
         assert oct(Path(mounts[roster][0]).stat().st_mode & 0o777) == "0o755"
         assert not any(host == str(state / "devices") for host, _ in mounts.values())
@@ -327,14 +338,14 @@ def test_allocate_refuses_unhealthy_devices_and_missing_grants(folder):
         assert "unhealthy" in exc.value.details()
 
 
-def test_pacing_file_names_follow_the_enforcer():
-    """The pacer opens <dir>/<cuDeviceGetUuid_v2 as GPU-hex>.dev: a MIG instance's own UUID with GPU-."""
+def test_device_file_names_follow_the_enforcer():
+    """The pacer names a device's files after cuDeviceGetUuid_v2 as GPU-hex: a MIG instance's own UUID with GPU-."""
     from gpuslice.kube.allocator import Allocator
     from gpuslice.spec import Grant, Slice
 
     mig = "MIG-0b0c7a3e-1f2d-5a6b-9c8d-7e6f5a4b3c2d"
     g = formats.ContainerGrant("c", Grant("k-1-c", (Slice("GPU-aaaa", 1), Slice(mig, 1))))
-    assert Allocator.state_files(g) == ["GPU-aaaa", "GPU-0b0c7a3e-1f2d-5a6b-9c8d-7e6f5a4b3c2d"]
+    assert Allocator.device_stems(g) == ["GPU-aaaa", "GPU-0b0c7a3e-1f2d-5a6b-9c8d-7e6f5a4b3c2d"]
 
 
 def test_ended_pods_folders_are_pruned_and_a_tree_too_deep_stops_none_of_the_others(folder):
@@ -372,3 +383,24 @@ def test_ended_pods_folders_are_pruned_and_a_tree_too_deep_stops_none_of_the_oth
         os.close(child)
         os.rmdir("d", dir_fd=parent)
     os.close(fds[0])
+
+
+def test_ended_pods_record_files_are_pruned_with_their_folders(folder):
+    """Pods end without telling the device plugin: the node loop's prune removes an ended grant's slice record
+    files too (older than the grace; kept while the ledger or the node still names the grant; other writers'
+    grants never)."""
+    from gpuslice.enforcer.devstate import records_folder_name
+    from gpuslice.enforcer.slicerecords import write_records
+    from gpuslice.kube.allocator import Allocator
+
+    cfg = PluginConfig(node="n0", plugin_dir=folder / "dp", host_state_dir=folder / "state",
+                       host_library=Path("/opt/gpuslice/libgpuslice.so"))
+    alloc = Allocator(FakeAPI(), cfg, lambda: devices("n0", 1))
+    uuid = devices("n0", 1)[0].uuid
+    devs = folder / "state" / "devices"
+    devs.mkdir(parents=True)
+    for grant in ("k-old-main", "k-kept-main", "dra-claim"):
+        write_records(devs, grant, (uuid,))
+    assert alloc.prune_grant_folders(["k-kept-"], older_than=120) == ()  # within the grace
+    assert alloc.prune_grant_folders(["k-kept-"], older_than=120, now=time.time() + 600) == ("k-old-main",)
+    assert sorted(p.name for p in (devs / records_folder_name(uuid)).iterdir()) == ["dra-claim", "k-kept-main"]

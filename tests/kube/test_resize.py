@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devstatekit import as_grant, build_writer
+from devstatekit import write_record
 from fakeapi import FakeAPI
 from kubefixtures import devices, node, pod
 from regionfile import DeviceRecord, ProcRecord, write_region
@@ -183,22 +183,22 @@ def test_the_loops_list_and_follow_pods(alloc):
     assert status(api, "a")["state"] == "done" and ledger_limit(api, "a") == 31000 * MiB
 
 
-def test_a_new_share_reaches_the_devices_roster_not_the_pacing_file(alloc, tmp_path):
+def test_a_new_share_reaches_the_devices_roster_not_the_slices_record_file(alloc, tmp_path):
     """The node agent's last step writes the new share into the device's roster on the host, which the
     container's running pacers read (mounted read-only; local mode does the same: tests/local/test_resize.py);
-    the pacing file, which every tenant writes, is not root's to write."""
+    the slice's record file, which its container writes, is not root's to write (same bytes, same inode)."""
     api, _ = cluster("a")
     allocator = alloc(api)
     g = grant_of(api, "a")
     allocator.allocate([device_id(g.uuids[0], 0)])
     folder = allocator.paths(g.grant_id, local=True)["devices"]
-    [name] = Allocator.state_files(g)
+    [name] = Allocator.device_stems(g)
     assert read_policies(folder, name)[g.grant_id].compute == g.slices[0].compute
-    dev = as_grant(build_writer(tmp_path / "devstate_writer"), folder, name, g.grant_id)
-    before = dev.read_bytes()
+    dev = write_record(folder, name, g.grant_id, pids=(1,))
+    before = (dev.read_bytes(), dev.stat().st_ino)
     agent, ext = NodeResizer(api, "n0", allocator), LedgerResizer(api)
     ask(api, "a", {"compute": 40})
     for side, want in ((agent, "checked"), (ext, "granted"), (agent, "done")):
         assert side.handle(api.get_pod("default", "a")) == want
     assert read_policies(folder, name)[g.grant_id].compute == 40
-    assert dev.read_bytes() == before
+    assert (dev.read_bytes(), dev.stat().st_ino) == before

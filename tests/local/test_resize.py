@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devstatekit import as_grant, build_writer
+from devstatekit import write_record
 from nodekit import gpuslice
 from regionfile import DeviceRecord, ProcRecord, write_region
 
@@ -212,11 +212,6 @@ def test_cli_resize(state_env):
     assert nothing.returncode == 2 and "at least one of --memory" in nothing.stderr
 
 
-@pytest.fixture(scope="module")
-def pacing_writer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_writer(tmp_path_factory.mktemp("bin") / "devstate_writer")
-
-
 def test_the_ledger_writes_again_a_grant_missing_from_the_roster(ledger):
     """A grant the ledger holds but the roster lacks (granted before the roster existed, its file removed) would count
     for nothing in its neighbours' allocation: the agent reconciles at start and after each reclaim pass. A grant
@@ -262,7 +257,7 @@ def test_the_reconcile_keeps_and_rewrites_the_entry_of_a_grant_whose_row_no_long
 
 
 def test_a_new_share_mode_and_priority_reach_the_devices_roster(ledger):
-    """A live resize goes through root's roster beside the pacing file (``gpuslice.enforcer.policy``), where the
+    """A live resize goes through root's roster beside the slice records (``gpuslice.enforcer.policy``), where the
     device's running pacers read every slice's policy (within 100 ms: native tests/test_pacer.c pins that)."""
     g = grant(ledger, "4GiB", compute=30)
     roster = read_policies(ledger.state.device_state, GPU0)
@@ -280,13 +275,14 @@ def test_a_new_share_mode_and_priority_reach_the_devices_roster(ledger):
     assert g.grant_id not in read_policies(ledger.state.device_state, GPU0)
 
 
-def test_a_resize_never_writes_the_pacing_file(ledger, pacing_writer):
-    """Every tenant on the device writes the pacing file; root writes only its roster (issue 15)."""
+def test_a_resize_never_writes_the_slices_record_file(ledger):
+    """The slice's tenant writes its record file; root writes only its roster (issue 15): a resize keeps the file
+    as the slice's processes left it (same bytes, same inode: they map it)."""
     g = grant(ledger, "4GiB", compute=30)
-    dev = as_grant(pacing_writer, ledger.state.device_state, GPU0, g.grant_id)
-    before = dev.read_bytes()
+    dev = write_record(ledger.state.device_state, GPU0, g.grant_id, pids=(os.getpid(),))
+    before = (dev.read_bytes(), os.stat(dev).st_ino)
     assert ledger.resize(g.grant_id, Resize(compute=45)).live_share == (GPU0,)
-    assert dev.read_bytes() == before
+    assert (dev.read_bytes(), os.stat(dev).st_ino) == before
 
 
 @pytest.mark.parametrize("taken", ["link", "open folder", "file"])

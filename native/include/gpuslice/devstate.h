@@ -1,66 +1,69 @@
 /* gpuslice per-device shared state: how the slices (and their processes) on one device see each
  * other, for the compute pacer and for `gpuslice ps` (Python reader: gpuslice.enforcer.devstate).
  *
- * One file per device: <device_state_dir>/<device-uuid>.dev, mmap'd MAP_SHARED by every paced
- * process on the node. Fixed little-endian layout (x86-64/aarch64 native), version 2:
+ * Version 5 (issue 15): one file per slice and device, written only by that slice's processes:
  *
- *   offset 0     header, 256 bytes   (struct gs_ds_header)
- *   offset 256   GS_DS_MAX_SLICES slice records of 256 bytes (struct gs_ds_slice)
- *   offset 256+32*256 = 8448   GS_DS_MAX_PROCS process records of 128 bytes (struct gs_ds_proc)
- *   size 8448 + 128*128 = 24832 bytes
- * (version 1 had 64-byte process records without heartbeat_ns / pidns / joined_ns. Version 3 keeps
- * the layout of version 2 and adds offered_bp and path to the process record, but changes what the
- * fields mean to the writers: a slice's credit_ns is changed by launches without the lock (atomic
- * add/sub) and only processes flagged TURNS take turns; a version-2 enforcer writing the same file
- * would overwrite those charges and wait for turns no one offers, so the two must not share it.)
+ *   <device_state_dir>/<device-uuid>.slices/          the device's folder (root's, 0755, when a root
+ *                                                     manager made it; else the first enforcer's, 01777)
+ *   <device_state_dir>/<device-uuid>.slices/<grant>   the grant's file: the local agent makes it owned by
+ *                                                     the grant's user, 0644; the device plugin / DRA driver
+ *                                                     0666 in a host folder only that container mounts
+ *                                                     read-write; without a manager the enforcer makes it
+ *                                                     O_EXCL, 0644
  *
- * Version 4 keeps the layout of version 3 but not its lock: version 3 kept a process-shared robust
- * pthread mutex at offset 128, which any tenant could overwrite (the file is 0666) to hang or crash
- * its neighbours; version 4 locks with the kernel (an OFD lock on byte GS_DS_LOCK_BYTE, src/pacing/
- * devstate_lock.c) and uses the mutex's bytes only as a "held" hint. The two would not exclude each
- * other, so they refuse each other's files.
+ * Layout of a slice file (fixed, little-endian, x86-64/aarch64 native), GS_DS_FILE_SIZE bytes (an empty
+ * file is one its manager made before any process joined: the first joiner sizes and initialises it):
+ *   offset 0       header, 256 bytes   (struct gs_ds_header)
+ *   offset 256     the slice record, 256 bytes (struct gs_ds_slice; its grant is the file's name)
+ *   offset 65536   GS_DS_SLOT_PROCS process records of 128 bytes (struct gs_ds_proc)
+ * The records start on a 64 KiB boundary so that every page size Linux uses can map them on their own.
  *
- * Readers check magic, version, size and the record offsets/sizes in the header and refuse what they
+ * Each process maps its own slice's file read-write and every other file of the folder read-only, one
+ * "slot" each: the slot's page 0 (header + slice record) at sbase + slot * page and its process
+ * records at pbase + slot * page, inside two address ranges reserved at open. Slot numbers are the
+ * handle's own (another process numbers the same files otherwise), so nothing written to a file names a
+ * slot: a process record's slice is the slot it is in (gs_ds_proc_slice). Empty slots are zero pages.
+ * Until version 4 every slice wrote one shared file (0666): any tenant could rewrite, free or truncate
+ * its neighbours' records (issue 15); now a tenant writes only its own slice's records, and a
+ * neighbour's file is mapped read-only, so nothing this process does can write it either.
+ *
+ * Readers check magic, version, size and the record offsets/sizes in the header and skip what they
  * do not know. A layout change bumps GS_DS_VERSION.
- * Crash safety: creation and validation happen under flock() (released by the kernel when a creator
- * dies); updates happen under the OFD lock (released by the kernel when its holder dies; the "held"
- * hint it leaves makes the next locker reap dead processes: their records are freed; a slice record
- * is freed when no live process refers to it). Counters are monotonic sums, so a half-done update
- * loses at most one increment.
+ * Locking: updates take the device's lock, an exclusive flock() on the folder (any process that can
+ * read the folder can take it; the kernel releases it when its holder dies), bounded
+ * (GS_DS_LOCK_WAIT_NS). Counters are monotonic sums, so a half-done update loses at most one increment.
  *
- * Hostile neighbours (trust model: native/README.md, README-compute.md): every tenant on the device
- * writes this file. A neighbour can distort what the records say (activity; the credit of a slice without a
- * region of its own; the policy fields of a
- * slice record are only what its own processes publish: every pacer takes policy from root's roster,
- * policy.h, when the device has one); it cannot
- * hang or crash a process: the lock is the kernel's and bounded (GS_DS_LOCK_WAIT_NS), a truncated file
- * is caught (devstate_guard.c), records are brought back into range at every lock, and a paced launch
- * is held at most what its own share can owe (pacer.c).
+ * Hostile neighbours (trust model: native/README.md, README-compute.md): a neighbour can publish false
+ * activity about its own slice (policy comes from root's roster, policy.h), hold the folder's lock for
+ * at most what a locker waits (bounded, then back-off), and cut its own file short (a SIGBUS on our
+ * read-only mapping is caught: devstate_guard.c; its slot reads as empty until its file is whole).
+ * Records are range-checked wherever they are read.
  *
- * Liveness across PID namespaces: in Kubernetes the directory is shared by every pod on the node and
- * each pod has its own PID namespace, so a pid in a record means nothing to a process of another
- * pod (kill(pid, 0) there may hit nobody, or an unrelated process). Each process record carries the
- * inode of its PID namespace (/proc/self/ns/pid) and a heartbeat (CLOCK_MONOTONIC, refreshed by the
- * owner's poller at least every GS_DS_HEARTBEAT_NS). A reaper decides with kill(pid, 0) only for
- * records of its own namespace; any other record is dead when its heartbeat is older than
- * GS_DS_STALE_NS. An owner that finds its record gone (freed as stale) joins again. */
+ * Liveness: a process frees its own records at exit; the processes of a slice free the records of
+ * slice-mates that died (same PID namespace: kill(pid, 0); a slice's processes share one). A handle
+ * maps a neighbour's file only while it has a live record (kill(pid, 0) in our own PID namespace, else
+ * a heartbeat younger than GS_DS_STALE_NS): a slice with no process on the device (its processes left,
+ * or were killed without freeing their records) takes no slot and reads as absent; each scan looks at
+ * such files again, so a process that joins one is seen within GS_DS_SCAN_NS. Our own slot is given
+ * back when its last record leaves. Owners refresh heartbeat_ns at least every GS_DS_HEARTBEAT_NS. */
 #ifndef GPUSLICE_DEVSTATE_H
 #define GPUSLICE_DEVSTATE_H
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define GS_DS_MAGIC 0x0054535645445347ULL /* "GSDEVST\0" little-endian */
-#define GS_DS_VERSION 4u
-#define GS_DS_MAX_SLICES 32
-#define GS_DS_MAX_PROCS 128
+#define GS_DS_MAGIC 0x004345524C535347ULL /* "GSSLREC\0" little-endian */
+#define GS_DS_VERSION 5u
+#define GS_DS_MAX_SLICES 32           /* files (slots) a handle maps per device; more are not seen */
+#define GS_DS_SLOT_PROCS 32           /* process records per slice file */
+#define GS_DS_MAX_PROCS (GS_DS_MAX_SLICES * GS_DS_SLOT_PROCS) /* process index space of a handle */
 #define GS_DS_HEADER_SIZE 256
-#define GS_DS_LOCK_BYTE 128 /* the byte the OFD write lock covers (and where the "held" hint lives) */
 #define GS_DS_SLICE_SIZE 256
 #define GS_DS_PROC_SIZE 128
 #define GS_DS_SLICE_OFF GS_DS_HEADER_SIZE
-#define GS_DS_PROC_OFF (GS_DS_SLICE_OFF + GS_DS_MAX_SLICES * GS_DS_SLICE_SIZE)
-#define GS_DS_FILE_SIZE (GS_DS_PROC_OFF + GS_DS_MAX_PROCS * GS_DS_PROC_SIZE)
+#define GS_DS_PROC_OFF 65536
+#define GS_DS_FILE_SIZE (GS_DS_PROC_OFF + GS_DS_SLOT_PROCS * GS_DS_PROC_SIZE)
+#define GS_DS_FOLDER_SUFFIX ".slices"
 /* the owner refreshes heartbeat_ns at least this often; a record of another PID namespace whose
  * heartbeat is older than STALE is freed (5 missed beats: a poller is never that late unless its
  * process is stopped or gone; a stopped one joins again when it runs) */
@@ -71,19 +74,16 @@ struct gs_ds_header {           /* 256 bytes */
     uint64_t magic;             /*   0 */
     uint32_t version;           /*   8 */
     uint32_t size;              /*  12 total file size */
-    uint32_t max_slices;        /*  16 */
-    uint32_t max_procs;         /*  20 */
-    uint32_t slice_off;         /*  24 */
-    uint32_t slice_size;        /*  28 */
-    uint32_t proc_off;          /*  32 */
-    uint32_t proc_size;         /*  36 */
+    uint32_t max_procs;         /*  16 GS_DS_SLOT_PROCS */
+    uint32_t slice_off;         /*  20 */
+    uint32_t slice_size;        /*  24 */
+    uint32_t proc_off;          /*  28 */
+    uint32_t proc_size;         /*  32 */
+    uint32_t pad0;              /*  36 */
     int64_t created_ns;         /*  40 CLOCK_MONOTONIC */
-    int64_t last_reap_ns;       /*  48 */
-    uint64_t updates;           /*  56 count of locked updates (readers: detect a torn read) */
-    char uuid[64];              /*  64 device UUID, NUL-terminated */
-    unsigned char lock[128];    /* 128 first 8 bytes: pid of the lock's holder while held (a hint); the
-                                       lock is an OFD lock on this byte (GS_DS_LOCK_BYTE); version 3 kept a
-                                       pthread mutex here */
+    uint64_t updates;           /*  48 count of locked updates of this file (readers: detect a torn read) */
+    char uuid[64];              /*  56 device UUID, NUL-terminated */
+    unsigned char pad[136];     /* 120 */
 };
 
 #define GS_DS_SLICE_IN_USE 1u
@@ -153,23 +153,62 @@ struct gs_ds_proc {             /* 128 bytes */
     unsigned char pad[8];       /* 120 */
 };
 
-/* A process's handle on one file (process-local, not part of the file). */
+/* What a handle's slot holds (process-local). */
+enum { GS_DS_SLOT_FREE = 0, GS_DS_SLOT_OWN = 1, GS_DS_SLOT_PEER = 2 };
+struct gs_ds_slot {
+    int state;                 /* GS_DS_SLOT_*: OWN mapped read-write, PEER read-only, FREE zero pages */
+    int fd;                    /* OWN: the file, kept for recovery after a truncation; else -1 */
+    uint64_t dev, ino;         /* the file's identity (a name made again is another file) */
+    int lost;                  /* set by the SIGBUS guard: the slot's pages are private zeros now (atomic) */
+    char name[128];            /* the grant the file is named after */
+};
+
+/* A process's handle on one device's folder (process-local, not part of any file). */
 struct gs_devstate {
-    int fd;
-    unsigned char *map;
-    struct gs_ds_header *hdr;
-    struct gs_ds_slice *slices;
-    struct gs_ds_proc *procs;
+    int dfd;                   /* the folder, read-only: its flock is the device's lock; -1 closed */
+    unsigned char *sbase;      /* GS_DS_MAX_SLICES pages: slot i's header and slice record at sbase + i * page */
+    unsigned char *pbase;      /* GS_DS_MAX_SLICES pages: slot i's process records at pbase + i * page */
+    size_t page;
+    int nslots;                /* loops stop here: one past the highest slot used since open (atomic) */
+    struct gs_ds_slot slot[GS_DS_MAX_SLICES];
+    int64_t scanned_ns;        /* last scan of the folder (gs_devstate_scan_locked) */
+    int64_t mtime_checked_ns;  /* last look at the folder's mtime */
+    int64_t folder_mtime_ns;   /* the folder's mtime at the last scan */
+    uint64_t unseen;           /* files the last scan could not map (slots full, not whole, unknown version) */
+    char why[200];             /* why the last join failed (for the enforcer's log) */
     char uuid[64];
-    char dir[1024];            /* the folder the file is in (the policy roster is beside it: policy.h) */
-    pthread_mutex_t local;     /* this handle's threads take the file's lock in turn (an OFD lock is the open file's) */
-    int64_t hint_reap_ns;      /* last reap because the "held" hint was set */
+    char dir[1024];            /* the device-state folder (the policy roster is beside this device's folder: policy.h) */
+    pthread_mutex_t local;     /* this handle's threads take the folder's lock in turn (a flock is the open file's) */
     int guard;                 /* slot of the SIGBUS guard (devstate_guard.c), -1 none */
-    int64_t recover_at_ns;     /* next attempt to map the file again after a truncation */
+    int64_t recover_at_ns;     /* next attempt to map an own file again after a truncation */
     int64_t backoff_until_ns;  /* after a lock timeout: only try the lock (no wait) until then */
     uint64_t lock_timeouts;    /* waits for the lock that ran out (GS_DS_LOCK_WAIT_NS) */
     uint64_t lock_refused;     /* lock calls that failed for any reason (timeouts, back-off) */
 };
+
+/* Record access: slot numbers and process indexes are the handle's own. Process index j is record
+ * j % GS_DS_SLOT_PROCS of slot j / GS_DS_SLOT_PROCS. Loops run to gs_ds_nslices / gs_ds_nprocs. */
+static inline struct gs_ds_header *gs_ds_hdr(const struct gs_devstate *ds, int slot)
+{
+    return (struct gs_ds_header *)(void *)(ds->sbase + (size_t)slot * ds->page);
+}
+static inline struct gs_ds_slice *gs_ds_slice(const struct gs_devstate *ds, int slot)
+{
+    return (struct gs_ds_slice *)(void *)(ds->sbase + (size_t)slot * ds->page + GS_DS_SLICE_OFF);
+}
+static inline struct gs_ds_proc *gs_ds_proc(const struct gs_devstate *ds, int j)
+{
+    return (struct gs_ds_proc *)(void *)(ds->pbase + (size_t)(j / GS_DS_SLOT_PROCS) * ds->page +
+                                         (size_t)(j % GS_DS_SLOT_PROCS) * GS_DS_PROC_SIZE);
+}
+static inline int gs_ds_proc_slice(int j) { return j / GS_DS_SLOT_PROCS; }
+static inline int gs_ds_nslices(const struct gs_devstate *ds) { return __atomic_load_n(&ds->nslots, __ATOMIC_ACQUIRE); }
+static inline int gs_ds_nprocs(const struct gs_devstate *ds) { return gs_ds_nslices(ds) * GS_DS_SLOT_PROCS; }
+/* Slot i is this handle's own slice file (mapped read-write): the only records it may write. */
+static inline int gs_ds_own(const struct gs_devstate *ds, int slot)
+{
+    return slot >= 0 && slot < GS_DS_MAX_SLICES && ds->slot[slot].state == GS_DS_SLOT_OWN;
+}
 
 /* A neighbour may stop (SIGSTOP) while it holds the lock, or hold the file's flock: the longest one
  * call waits for either (devstate_lock.c). After a timeout the handle only tries the lock, without waiting, for
@@ -180,31 +219,47 @@ struct gs_devstate {
 #define GS_DS_LOCK_WAIT_NS     100000000LL
 #define GS_DS_LOCK_BACKOFF_NS 1000000000LL
 
-/* Open (creating if needed) <dir>/<uuid>.dev. 0, or -1 with a one-line reason in err. */
+/* Open the device's folder <dir>/<uuid>.slices (making it, 01777, when there is none: no root manager)
+ * and map the slice files in it read-only. 0, or -1 with a one-line reason in err. */
 int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, char *err, size_t errlen);
 void gs_devstate_close(struct gs_devstate *ds);
-/* Lock the shared state (bounded: GS_DS_LOCK_WAIT_NS; a holder that died releases it). 0 or -1. */
+/* Lock the device (bounded: GS_DS_LOCK_WAIT_NS; a holder that died releases it). 0 or -1. */
 int gs_devstate_lock(struct gs_devstate *ds);
 void gs_devstate_unlock(struct gs_devstate *ds);
-/* Join (under lock): find or create the slice record for grant, update its configuration, take a
- * process record. 0 or -1 (tables full). */
+/* Join (under lock): map grant's own file read-write (made O_EXCL 0644 when missing and the folder lets us),
+ * set up its slice record, take a process record. 0 or -1 (no file of ours, slots or records full). */
 int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t share_bp, int mode,
                             int weight, int priority, int paced, int32_t pid, uint32_t id,
                             int *slice_idx, int *proc_idx);
 void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx);
-/* Free records of processes that no longer exist (and slices left without processes). Returns how
- * many process records were freed. A record of our own PID namespace is alive while is_alive(pid)
- * (NULL = kill(pid, 0)); any other record while its heartbeat is younger than GS_DS_STALE_NS. */
+/* Free the records of our own slices' processes that no longer exist (and a slice record left without
+ * processes). Returns how many process records were freed. A record of our own PID namespace is alive
+ * while is_alive(pid) (NULL = kill(pid, 0)); any other record while its heartbeat is younger than
+ * GS_DS_STALE_NS. Neighbours' records are never written: gs_devstate_scan_locked hides a dead one. */
 int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid));
-/* SIGBUS caught on a truncated state file since start (the mapping went private; devstate_guard.c). */
+/* Under the lock: look at the folder again (files with a live record mapped, removed ones and ones
+ * without a live record dropped), every GS_DS_SCAN_NS, and at once when the folder's mtime moved (looked
+ * at every GS_DS_MTIME_NS). force: now. 50 ms: a process joining a file its manager made earlier moves
+ * no mtime, so this is how soon neighbours see it; a scan of ten files takes ~30 us under the lock. */
+void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force);
+#define GS_DS_SCAN_NS   50000000LL
+#define GS_DS_MTIME_NS  10000000LL
+/* SIGBUS caught on a truncated slice file since start (the slot went private; devstate_guard.c). */
 uint64_t gs_devstate_faults_caught(void);
-/* Internal to devstate.c / devstate_guard.c. */
-int gs_ds_flock_bounded(int fd);
-int gs_ds_adopt_locked(struct gs_devstate *ds, char *err, size_t errlen);
+/* Internal to devstate*.c. */
+int gs_ds_adopt_locked(struct gs_devstate *ds, int slot, char *err, size_t errlen);
+int gs_ds_header_ok(const struct gs_ds_header *h); /* 0: a header of this version and layout */
+/* Alive: our own PID namespace asks is_alive(pid) (NULL = kill(pid, 0)); another one the heartbeat. */
+int gs_ds_record_alive(const struct gs_ds_proc *p, uint64_t my_ns, int64_t now, int (*is_alive)(int32_t));
+int gs_ds_map_slot(struct gs_devstate *ds, int slot, int fd, int writable);
+int gs_ds_find_slot(const struct gs_devstate *ds, uint64_t dev, uint64_t ino); /* the slot holding that file, -1 */
+int gs_ds_free_slot(const struct gs_devstate *ds);                            /* a free slot, -1 */
+void gs_ds_clear_slot(struct gs_devstate *ds, int slot);   /* pages zero, slot free */
+void gs_ds_private_pages(struct gs_devstate *ds, int slot); /* pages zero, slot state kept */
 int gs_ds_guard_add(struct gs_devstate *ds);
 void gs_ds_guard_remove(struct gs_devstate *ds);
-int gs_ds_guard_lost(const struct gs_devstate *ds);
-int gs_ds_guard_recover(struct gs_devstate *ds);
+/* Under the lock: slots the guard made private since (own: mapped again; a neighbour's: dropped). */
+void gs_ds_guard_recover(struct gs_devstate *ds);
 /* Inode of this process's PID namespace (readlink /proc/self/ns/pid), 0 when unknown. */
 uint64_t gs_devstate_pidns(void);
 #endif

@@ -63,6 +63,9 @@ struct gs_policy_set {
     struct timespec mtime, ctime;
 };
 
+/* A grant id as a file name (a roster entry's, a slice file's): what the writers allow
+ * (gpuslice.enforcer.policy's _GRANT_RE). 1 if valid. */
+int gs_pol_valid_name(const char *s);
 /* Read <dir>/<uuid>.policy into `out` (out->present = 0 when there is no trusted folder). Never fails:
  * whatever cannot be trusted is left out. `prev` (may be NULL) is the set read before: when the folder
  * has not changed since, `out` is a copy of it and nothing is opened. 1 if what was read differs from

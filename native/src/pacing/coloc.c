@@ -62,9 +62,9 @@ int gs_coloc_recheck(struct gs_engine *e, int64_t now)
     /* our own policy and every neighbour's as the roster says (enginepolicy.c), never as a record claims */
     int me_high = e->priority == 0, me_pre = e->colocation == GS_COLOC_PREEMPTIVE, me_off = e->mode == GS_CTL_OFF;
     int n = 0, pre_followers = 0, tidal_followers = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS && !me_off; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
-        int sl = p->slice;
+    for (int i = 0; i < gs_ds_nprocs(e->ds) && !me_off; i++) {
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
+        int sl = gs_ds_proc_slice(i); /* the slot it is in: what a record says of its slice is its writer's */
         if (i == e->proc || !(__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_IN_USE) || !valid_slice(sl))
             continue;
         struct gs_pol s = gs_eng_pol(e, sl);
@@ -83,7 +83,7 @@ int gs_coloc_recheck(struct gs_engine *e, int64_t now)
     int drain = me_high && !me_off && ((me_pre && pre_followers) || tidal_followers);
     __atomic_store_n(&e->drain_wanted, drain, __ATOMIC_RELAXED);
     /* and says so in its record: neighbours then read its queue from what its poller observes */
-    uint32_t *fl = &e->ds->procs[e->proc].flags;
+    uint32_t *fl = &gs_ds_proc(e->ds, e->proc)->flags;
     if (drain && e->ops->record_drain && e->ops->query_drain) __atomic_fetch_or(fl, GS_DS_PROC_DRAINS, __ATOMIC_RELAXED);
     else __atomic_fetch_and(fl, ~GS_DS_PROC_DRAINS, __ATOMIC_RELAXED);
     return n > 0;
@@ -101,7 +101,7 @@ void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
     if (!__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return;
     uint32_t g0 = __atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE);
     int q = e->ops->query_drain ? e->ops->query_drain(e->ops_ctx) : -1;
-    struct gs_ds_proc *me = &e->ds->procs[e->proc];
+    struct gs_ds_proc *me = gs_ds_proc(e->ds, e->proc);
     if (q == 0) {
         if (!e->drain_since_ns) e->drain_since_ns = now;
         __atomic_store_n(&me->drain_seen_ns, now, __ATOMIC_RELAXED);
@@ -109,7 +109,7 @@ void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
             e->drain_backlog = 1;
             __atomic_store_n(&me->drain_backlog_ns, now, __ATOMIC_RELAXED);
         }
-        __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&gs_ds_slice(e->ds, e->slice)->last_active_ns, now, __ATOMIC_RELAXED);
         return;
     }
     /* everything recorded up to g0 has run: the backlog, if any, is over */
@@ -177,8 +177,9 @@ int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now)
     int n = __atomic_load_n(&e->nwatch, __ATOMIC_ACQUIRE);
     int64_t wait = 0;
     for (int k = 0; k < n; k++) {
-        const struct gs_ds_proc *p = &e->ds->procs[__atomic_load_n(&e->watch[k], __ATOMIC_RELAXED)];
-        int sl = p->slice;
+        int w_i = __atomic_load_n(&e->watch[k], __ATOMIC_RELAXED);
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, w_i);
+        int sl = gs_ds_proc_slice(w_i);
         if (!valid_slice(sl) || gs_eng_pol(e, sl).priority != 0 || !gs_eng_high_queued(p, now)) continue;
         int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED), w;
         if (__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_DRAINS) {
@@ -241,10 +242,10 @@ void gs_coloc_tidal_locked(struct gs_engine *e, struct gs_ds_slice *s, int64_t n
 {
     if (e->colocation != GS_COLOC_TIDAL) return;
     int queued = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS && !queued; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
-        if (i == e->proc || !valid_slice(p->slice)) continue;
-        struct gs_pol hs = gs_eng_pol(e, p->slice);
+    for (int i = 0; i < gs_ds_nprocs(e->ds) && !queued; i++) {
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
+        if (i == e->proc || !(__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_IN_USE)) continue;
+        struct gs_pol hs = gs_eng_pol(e, gs_ds_proc_slice(i));
         queued = hs.priority == 0 && hs.mode != GS_CTL_OFF && gs_eng_high_queued(p, now);
     }
     if (e->tidal_seen_ns) e->tidal_busy_ppm = gs_ctl_tidal_ewma(e->tidal_busy_ppm, queued, now - e->tidal_seen_ns);

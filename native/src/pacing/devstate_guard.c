@@ -1,16 +1,17 @@
-/* gpuslice per-device state: what keeps a neighbour's hostile act on the shared file from crashing or
- * hanging this process (trust model: native/README.md; issue 15).
+/* gpuslice per-device state: what keeps a slice file cut short from crashing this process (trust
+ * model: native/README.md; issue 15).
  *
- * The file is mode 0666 by design (every tenant's pacer writes it), and write permission is all
- * ftruncate needs: a tenant that truncates it makes every other process's access to the mapping past
- * the new end fault with SIGBUS. No file mode, owner or seal prevents that for a shared writable
- * regular file, so the fault itself is handled: a process-wide SIGBUS handler that recognises an
- * address inside a registered mapping replaces the whole mapping, in place, with private zeroed memory
- * (mmap MAP_FIXED is one system call, safe in a handler; the faulting access is retried on it and
- * succeeds). The process then paces alone on that private copy (its own share, no neighbours seen)
- * until gs_ds_guard_recover, called outside the handler by the next lock, restores the file's size and
- * maps it again (at most once per GS_DS_RECOVER_EVERY_NS). A SIGBUS anywhere else goes on to the handler
- * that was there before ours, or to the default action (the process dies as it would have).
+ * Write permission is all ftruncate needs: a slice's process may cut its own slice's file short, and
+ * then every process that maps it (its slice-mates read-write, its neighbours read-only) faults with
+ * SIGBUS on the pages past the new end. No file mode, owner or seal prevents that for a shared regular
+ * file, so the fault itself is handled: a process-wide SIGBUS handler that recognises an address inside
+ * a registered handle's slot ranges replaces that page, in place, with private zeroed memory (mmap
+ * MAP_FIXED is one system call, safe in a handler; the faulting access is retried on it and succeeds) and
+ * marks the slot lost. The next lock (gs_ds_guard_recover, outside the handler) drops a neighbour's slot
+ * (the scan maps it again once the file is whole) and gives our own file its size back and maps it again
+ * (at most once per GS_DS_RECOVER_EVERY_NS; until then the slot paces on its private copy). A SIGBUS
+ * anywhere else goes on to the handler that was there before ours, or to the default action (the process
+ * dies as it would have).
  *
  * The guard holds while the program leaves SIGBUS to the handler chain gpuslice installed into (a
  * program that installs its own SIGBUS handler later and does not chain to the previous one takes it
@@ -30,10 +31,7 @@
 #define GS_DS_GUARD_SLOTS 64
 #define GS_DS_RECOVER_EVERY_NS 1000000000LL
 
-static struct {
-    unsigned char *base; /* NULL = free; written with atomics (the handler reads it) */
-    int lost;            /* the handler replaced the mapping with private memory */
-} slots[GS_DS_GUARD_SLOTS];
+static struct gs_devstate *slots[GS_DS_GUARD_SLOTS]; /* NULL = free; atomics (the handler reads them) */
 static struct sigaction prev_bus;
 static pthread_once_t install_once = PTHREAD_ONCE_INIT;
 static int installed;
@@ -65,19 +63,34 @@ static void chain(int sig, siginfo_t *si, void *uc)
     sigaction(SIGBUS, &dfl, NULL);
 }
 
+/* The page of `a` inside one of ds's slot ranges made private zeros: 1 if it was one of ds's. */
+static int catch_in(struct gs_devstate *ds, unsigned char *a)
+{
+    unsigned char *bases[2] = {ds->sbase, ds->pbase};
+    size_t span = GS_DS_MAX_SLICES * ds->page;
+    for (int r = 0; r < 2; r++) {
+        if (!bases[r] || a < bases[r] || a >= bases[r] + span) continue;
+        size_t slot = (size_t)(a - bases[r]) / ds->page;
+        void *m = mmap(bases[r] + slot * ds->page, ds->page, PROT_READ | PROT_WRITE,
+                       MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return 0;
+        __atomic_store_n(&ds->slot[slot].lost, 1, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&faults_caught, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    return 0;
+}
+
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
     int saved = errno;
     unsigned char *a = si ? (unsigned char *)si->si_addr : NULL;
     for (int i = 0; a && i < GS_DS_GUARD_SLOTS; i++) {
-        unsigned char *base = __atomic_load_n(&slots[i].base, __ATOMIC_ACQUIRE);
-        if (!base || a < base || a >= base + GS_DS_FILE_SIZE) continue;
-        void *m = mmap(base, GS_DS_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) break;
-        __atomic_store_n(&slots[i].lost, 1, __ATOMIC_RELEASE);
-        __atomic_add_fetch(&faults_caught, 1, __ATOMIC_RELAXED);
-        errno = saved;
-        return;
+        struct gs_devstate *ds = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE);
+        if (ds && catch_in(ds, a)) {
+            errno = saved;
+            return;
+        }
     }
     errno = saved;
     chain(sig, si, uc);
@@ -99,8 +112,8 @@ int gs_ds_guard_add(struct gs_devstate *ds)
     ds->guard = -1;
     if (!installed) return -1;
     for (int i = 0; i < GS_DS_GUARD_SLOTS; i++) {
-        unsigned char *none = NULL; /* a free slot's lost flag is 0 (gs_ds_guard_remove) */
-        if (__atomic_compare_exchange_n(&slots[i].base, &none, ds->map, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+        struct gs_devstate *none = NULL;
+        if (__atomic_compare_exchange_n(&slots[i], &none, ds, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
             ds->guard = i;
             return 0;
         }
@@ -111,40 +124,37 @@ int gs_ds_guard_add(struct gs_devstate *ds)
 void gs_ds_guard_remove(struct gs_devstate *ds)
 {
     if (ds->guard < 0 || ds->guard >= GS_DS_GUARD_SLOTS) return;
-    __atomic_store_n(&slots[ds->guard].lost, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&slots[ds->guard].base, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&slots[ds->guard], NULL, __ATOMIC_RELEASE);
     ds->guard = -1;
-}
-
-int gs_ds_guard_lost(const struct gs_devstate *ds)
-{
-    return ds->guard >= 0 && ds->guard < GS_DS_GUARD_SLOTS && __atomic_load_n(&slots[ds->guard].lost, __ATOMIC_ACQUIRE);
 }
 
 uint64_t gs_devstate_faults_caught(void) { return __atomic_load_n(&faults_caught, __ATOMIC_RELAXED); }
 
-/* Outside the handler, with the private copy in place: give the file back its size and map it again
- * at the same address (the engine's pointers into the map stay valid). Under the file's flock, like
- * creation: a file cut to nothing is initialised again (gs_ds_reinit_locked). 0 = shared again. */
-int gs_ds_guard_recover(struct gs_devstate *ds)
+/* Our own file after a fault: its size back, mapped again in place (the engine's indexes stay valid), a
+ * file cut to nothing initialised again (its records are gone: the engine joins again, own_locked). */
+static void recover_own(struct gs_devstate *ds, int slot, int64_t now)
+{
+    if (now < ds->recover_at_ns) return; /* stays on its private copy until then */
+    ds->recover_at_ns = now + GS_DS_RECOVER_EVERY_NS;
+    struct gs_ds_slot *s = &ds->slot[slot];
+    struct stat st;
+    __atomic_store_n(&s->lost, 0, __ATOMIC_RELEASE); /* cleared first: a truncation right after must set it again */
+    if (fstat(s->fd, &st) == 0 && (st.st_size >= GS_DS_FILE_SIZE || ftruncate(s->fd, GS_DS_FILE_SIZE) == 0) &&
+        gs_ds_map_slot(ds, slot, s->fd, 1) == 0) {
+        char err[200];
+        if (gs_ds_adopt_locked(ds, slot, err, sizeof err) == 0) return;
+        gs_ds_private_pages(ds, slot); /* a header we do not know: stay private rather than write into it */
+    }
+    /* still ours (an engine's launch threads write its records without the lock): private until the next try */
+    __atomic_store_n(&s->lost, 1, __ATOMIC_RELEASE);
+}
+
+void gs_ds_guard_recover(struct gs_devstate *ds)
 {
     int64_t now = mono_ns();
-    if (now < __atomic_load_n(&ds->recover_at_ns, __ATOMIC_RELAXED)) return -1;
-    __atomic_store_n(&ds->recover_at_ns, now + GS_DS_RECOVER_EVERY_NS, __ATOMIC_RELAXED);
-    if (gs_ds_flock_bounded(ds->fd) != 0) return -1;
-    int rc = -1;
-    struct stat st;
-    if (fstat(ds->fd, &st) == 0 && (st.st_size >= GS_DS_FILE_SIZE || ftruncate(ds->fd, GS_DS_FILE_SIZE) == 0)) {
-        /* cleared first: a truncation right after the map below must leave it set */
-        __atomic_store_n(&slots[ds->guard].lost, 0, __ATOMIC_RELEASE);
-        if (mmap(ds->map, GS_DS_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED, ds->fd, 0) != MAP_FAILED)
-            rc = gs_ds_adopt_locked(ds, NULL, 0);
-        if (rc != 0) {
-            /* a header we do not know (or no map): stay on a private copy rather than write into it */
-            mmap(ds->map, GS_DS_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            __atomic_store_n(&slots[ds->guard].lost, 1, __ATOMIC_RELEASE);
-        }
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+        if (!__atomic_load_n(&ds->slot[i].lost, __ATOMIC_ACQUIRE)) continue;
+        if (ds->slot[i].state == GS_DS_SLOT_OWN) recover_own(ds, i, now);
+        else gs_ds_clear_slot(ds, i); /* a neighbour's: the scan maps it again once whole */
     }
-    flock(ds->fd, LOCK_UN);
-    return rc;
 }

@@ -42,7 +42,7 @@ static struct gs_pol own(const struct gs_engine *e)
  * record may change under us, and every decision about it must see the same name). */
 static struct gs_pol resolve_named(struct gs_engine *e, int i, const char *grant)
 {
-    struct gs_pol rec = from_record(&e->ds->slices[i]);
+    struct gs_pol rec = from_record(gs_ds_slice(e->ds, i));
     const struct gs_policy_set *set = &e->pol[__atomic_load_n(&e->pol_cur, __ATOMIC_ACQUIRE)];
     if (!set->present) return rec;
     const struct gs_pol *listed = gs_policy_find(set, grant);
@@ -59,9 +59,12 @@ static struct gs_pol resolve_named(struct gs_engine *e, int i, const char *grant
     return p;
 }
 
+/* A slice's grant is its file's name, which the node's manager chose; the grant in its record is what its
+ * own processes wrote (a tenant naming a listed grant there would take that grant's policy). */
 static void grant_of(const struct gs_engine *e, int i, char *out)
 {
-    memcpy(out, e->ds->slices[i].grant, GS_POL_GRANT_LEN);
+    const char *name = e->ds->slot[i].name;
+    memcpy(out, name[0] ? name : gs_ds_slice(e->ds, i)->grant, GS_POL_GRANT_LEN);
     out[GS_POL_GRANT_LEN - 1] = '\0';
 }
 
@@ -160,7 +163,7 @@ void gs_eng_policy_locked(struct gs_engine *e, struct gs_ds_slice *s)
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
         uint64_t w = 0;
         e->pol_canon[i] = (int8_t)i;
-        uint32_t flags = __atomic_load_n(&e->ds->slices[i].flags, __ATOMIC_RELAXED);
+        uint32_t flags = __atomic_load_n(&gs_ds_slice(e->ds, i)->flags, __ATOMIC_RELAXED);
         if (i != e->slice && (flags & GS_DS_SLICE_IN_USE)) {
             grant_of(e, i, seen[i]);
             struct gs_pol q = resolve_named(e, i, seen[i]);

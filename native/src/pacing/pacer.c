@@ -3,9 +3,9 @@
  * by the controller (controller.c). Design and constants: native/README-compute.md. Started by
  * start-up (gs_pacer_init), called by the launch hooks; calls only down (base, config).
  *
- * Per device ordinal, lazily on the first launch: open the per-device state file
- * <device_state_dir>/<GPU-uuid>.dev, create GS_ENG_RING event pairs in the current context, join
- * the slice. A background poller harvests completed events every GS_CTL_POLL_NS while work is
+ * Per device ordinal, lazily on the first launch: open the device's folder
+ * <device_state_dir>/<GPU-uuid>.slices (devstate.h), create GS_ENG_RING event pairs in the current
+ * context, join the slice (its own file there). A background poller harvests completed events every GS_CTL_POLL_NS while work is
  * outstanding, so neighbours see an accurate "busy" flag even while this program sits in a
  * synchronize. Launch hooks sleep here (nanosleep) when the engine says wait. */
 #define _GNU_SOURCE
@@ -17,7 +17,6 @@
 #include <sys/prctl.h>
 #include <linux/futex.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -288,7 +287,7 @@ static void after_fork_child(void)
     g.pid = getpid();
     for (int i = 0; i < GS_MAX_DEVICES; i++) {
         g.dev[i].state = 0;
-        g.dev[i].ds.map = NULL;
+        g.dev[i].ds.dfd = -1; /* the parent's: its mappings stay, unused (the child joins anew) */
     }
 }
 GS_ON_FORK_CHILD(after_fork_child);
@@ -325,14 +324,12 @@ int gs_pacer_init(const struct gs_config *cfg)
     }
     /* Refuse at start, not at the first launch, when the coordination directory is unusable. */
     if (mkdir(g.dir, 01777) == 0) chmod(g.dir, 01777);
-    /* A read-only mount is usable when the files are mounted read-write on top (Kubernetes: a pod must write no
-     * host folder, whose bytes no ephemeral-storage limit counts); a missing file then fails at that device.
-     * Asked by the mount's flag, not by access()'s errno: the kernel checks the folder's mode first, so a
-     * non-root process gets EACCES from a root-owned 0755 folder and never sees EROFS. */
-    struct statvfs vfs;
-    int ro_mount = statvfs(g.dir, &vfs) == 0 && (vfs.f_flag & ST_RDONLY) && access(g.dir, X_OK) == 0;
-    if (!ro_mount && access(g.dir, W_OK | X_OK) != 0) {
-        GS_ERROR("compute: device_state_dir %s is not writable: %s", g.dir, strerror(errno));
+    /* The folder must be searchable; it need not be writable: a slice writes only its own file in its
+     * device's folder (devstate.h), which the node's manager makes (Kubernetes mounts the folder read-only
+     * and the file read-write on top: a pod must write no host folder, whose bytes no ephemeral-storage
+     * limit counts). A device whose file is missing and cannot be made fails at that device, said then. */
+    if (access(g.dir, X_OK) != 0) {
+        GS_ERROR("compute: device_state_dir %s cannot be searched: %s", g.dir, strerror(errno));
         return -1;
     }
     g.enabled = 1;
@@ -396,7 +393,8 @@ static void setup_device(int dev, struct gs_pdev *d)
     int pct = g.share_pct[dev];
     if (gs_engine_init(&d->eng, &d->ds, g.grant, (uint32_t)pct * 100u, g.mode, g.weight, g.priority, (int32_t)getpid(),
                        (uint32_t)dev, &CUDA_OPS, d, mono_ns()) != 0) {
-        GS_ERROR("compute: device state %s/%s.dev is full or locked; device %d not paced", g.dir, uuid, dev);
+        GS_ERROR("compute: device state %s/%s%s: %s; device %d not paced", g.dir, uuid, GS_DS_FOLDER_SUFFIX,
+                 d->ds.why[0] ? d->ds.why : "locked", dev);
         gs_devstate_close(&d->ds);
         return;
     }
@@ -409,7 +407,7 @@ static void setup_device(int dev, struct gs_pdev *d)
     d->eng.tidal_hour = utc_hour();
     if (gs_engine_set_colocation(&d->eng, g.colocation, &g.tidal, pct) != 0)
         GS_WARN("compute: device %d: could not record colocation=%s in the device state", dev, gs_coloc_name(g.colocation));
-    GS_INFO("compute: device %d (%s) share %d%% mode %s weight %d priority %d colocation %s, state %s/%s.dev", dev,
+    GS_INFO("compute: device %d (%s) share %d%% mode %s weight %d priority %d colocation %s, state %s/%s" GS_DS_FOLDER_SUFFIX, dev,
             uuid, pct, g.mode == GS_CTL_SOFT ? "soft" : "hard", g.weight, g.priority, gs_coloc_name(g.colocation),
             g.dir, uuid);
     if (!g.poller_running) {

@@ -39,12 +39,12 @@ static void add(int64_t *x, int64_t d) { __atomic_fetch_add(x, d, __ATOMIC_RELAX
 
 int64_t *gs_eng_credit(struct gs_engine *e)
 {
-    return e->credit_home ? &e->credit_home[0] : &e->ds->slices[e->slice].credit_ns;
+    return e->credit_home ? &e->credit_home[0] : &gs_ds_slice(e->ds, e->slice)->credit_ns;
 }
 
 int64_t *gs_eng_credit_last(struct gs_engine *e)
 {
-    return e->credit_home ? &e->credit_home[1] : &e->ds->slices[e->slice].credit_last_ns;
+    return e->credit_home ? &e->credit_home[1] : &gs_ds_slice(e->ds, e->slice)->credit_last_ns;
 }
 
 struct gs_ctl_bucket gs_eng_bucket(struct gs_engine *e)
@@ -73,9 +73,9 @@ int gs_engine_set_credit_home(struct gs_engine *e, int64_t *home)
 {
     if (gs_devstate_lock(e->ds) != 0) return -1;
     int others = 0;
-    for (int i = 0; e->slice >= 0 && i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
-        others += i != e->proc && (p->flags & GS_DS_PROC_IN_USE) && p->slice == e->slice;
+    for (int i = 0; e->slice >= 0 && i < gs_ds_nprocs(e->ds); i++) {
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
+        others += i != e->proc && (p->flags & GS_DS_PROC_IN_USE) && gs_ds_proc_slice(i) == e->slice;
     }
     if (!others) { /* the slice starts here: no debt or clock left from an earlier life of its region */
         __atomic_store_n(&home[0], 0, __ATOMIC_RELAXED);
@@ -95,7 +95,7 @@ static void set_flag(struct gs_ds_proc *p, uint32_t f, int on)
 /* Under the lock: what the slice record says about co-location (join_locked does not know it). */
 static void stamp_slice(struct gs_engine *e)
 {
-    struct gs_ds_slice *s = &e->ds->slices[e->slice];
+    struct gs_ds_slice *s = gs_ds_slice(e->ds, e->slice);
     s->colocation = (uint8_t)e->colocation;
     if (e->paced) s->paced = 1;
 }
@@ -143,10 +143,10 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
     }
     int rc = gs_devstate_join_locked(ds, grant, share_bp, mode, weight, priority, paced, pid, id, &e->slice, &e->proc);
     if (rc == 0) {
-        ds->slices[e->slice].updated_ns = now;
-        gs_eng_policy_locked(e, &ds->slices[e->slice]);
-        e->joined_ns = ds->procs[e->proc].joined_ns;
-        mark_identity(e, &ds->procs[e->proc], now);
+        gs_ds_slice(ds, e->slice)->updated_ns = now;
+        gs_eng_policy_locked(e, gs_ds_slice(ds, e->slice));
+        e->joined_ns = gs_ds_proc(ds, e->proc)->joined_ns;
+        mark_identity(e, gs_ds_proc(ds, e->proc), now);
     }
     gs_devstate_unlock(ds);
     if (rc != 0) gs_cost_free(&e->cm);
@@ -172,7 +172,7 @@ int gs_engine_set_colocation(struct gs_engine *e, int colocation, const struct g
     if (gs_devstate_lock(e->ds) != 0) return -1;
     if (e->slice >= 0 && e->proc >= 0) {
         stamp_slice(e);
-        mark_identity(e, &e->ds->procs[e->proc], e->beat_ns);
+        mark_identity(e, gs_ds_proc(e->ds, e->proc), e->beat_ns);
     }
     e->path_check_ns = 0; /* decide the path at the first launch */
     gs_devstate_unlock(e->ds);
@@ -185,13 +185,13 @@ int gs_engine_set_colocation(struct gs_engine *e, int colocation, const struct g
  * 0 = we hold a record; -1 = none could be had (the caller publishes nothing). */
 static int own_locked(struct gs_engine *e, int64_t now)
 {
-    const struct gs_ds_proc *p = &e->ds->procs[e->proc];
+    const struct gs_ds_proc *p = gs_ds_proc(e->ds, e->proc);
     if ((p->flags & GS_DS_PROC_IN_USE) && p->pid == e->pid && p->id == e->id && p->joined_ns == e->joined_ns) return 0;
     int s, q;
     if (gs_devstate_join_locked(e->ds, e->grant, e->share_bp, e->mode, e->weight, e->priority, e->paced, e->pid, e->id,
                                 &s, &q) != 0)
         return -1;
-    struct gs_ds_proc *me = &e->ds->procs[q];
+    struct gs_ds_proc *me = gs_ds_proc(e->ds, q);
     e->slice = s;
     e->proc = q;
     e->joined_ns = me->joined_ns;
@@ -213,16 +213,17 @@ uint32_t gs_engine_rate(struct gs_engine *e, int64_t now)
      * read once, there. One entry per grant, however many records name it (enginepolicy.c canonical); a
      * grant is active when any of its records launched lately. A launch time ahead of now is forged (the
      * clock is the system's monotonic one in every process) and counts for nothing. */
-    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+    int nsl = gs_ds_nslices(e->ds);
+    for (int i = 0; i < nsl; i++) {
         if (i != e->slice && !__atomic_load_n(&e->pol_pack[i], __ATOMIC_RELAXED)) continue;
         int c = i == e->slice ? i : e->pol_canon[i];
         if (c < 0 || c >= GS_DS_MAX_SLICES) continue;
         use[i] = c == i;
-        int64_t la = __atomic_load_n(&e->ds->slices[i].last_active_ns, __ATOMIC_RELAXED);
+        int64_t la = __atomic_load_n(&gs_ds_slice(e->ds, i)->last_active_ns, __ATOMIC_RELAXED);
         if (la > now) la = 0;
         if (la > last[c]) last[c] = la;
     }
-    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+    for (int i = 0; i < nsl; i++) {
         if (!use[i]) continue;
         if (i == e->slice) map = n;
         struct gs_pol p; /* ours: the engine's own; another: its pack (non-zero, or the first loop skipped it) */
@@ -319,8 +320,8 @@ static void classify(struct gs_engine *e, struct gs_ds_proc *me, int64_t now)
 static int poll_locked(struct gs_engine *e, int64_t now)
 {
     if (own_locked(e, now) != 0) return -1;
-    struct gs_ds_proc *me = &e->ds->procs[e->proc];
-    struct gs_ds_slice *s = &e->ds->slices[e->slice];
+    struct gs_ds_proc *me = gs_ds_proc(e->ds, e->proc);
+    struct gs_ds_slice *s = gs_ds_slice(e->ds, e->slice);
     me->last_seen_ns = now;
     me->heartbeat_ns = now;
     e->beat_ns = now;
@@ -344,7 +345,7 @@ static int poll_locked(struct gs_engine *e, int64_t now)
         e->rate_bp = gs_engine_rate(e, now);
         e->rate_at_ns = now;
         int n = 0;
-        for (int i = 0; i < GS_DS_MAX_PROCS; i++) n += i != e->proc && (e->ds->procs[i].flags & GS_DS_PROC_IN_USE);
+        for (int i = 0; i < gs_ds_nprocs(e->ds); i++) n += i != e->proc && (gs_ds_proc(e->ds, i)->flags & GS_DS_PROC_IN_USE);
         e->others = n;
     }
     uint32_t rate = e->rate_bp;
@@ -354,9 +355,9 @@ static int poll_locked(struct gs_engine *e, int64_t now)
     int wanting = 0;
     if (e->path == GS_DS_PATH_TURNS) {
         wanting = gs_eng_want_live(me, now);
-        for (int i = 0; e->others && i < GS_DS_MAX_PROCS && !wanting; i++) {
-            const struct gs_ds_proc *p = &e->ds->procs[i];
-            wanting = (p->flags & GS_DS_PROC_IN_USE) && p->slice == e->slice && gs_eng_want_live(p, now);
+        for (int i = 0; e->others && i < gs_ds_nprocs(e->ds) && !wanting; i++) {
+            const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
+            wanting = (p->flags & GS_DS_PROC_IN_USE) && gs_ds_proc_slice(i) == e->slice && gs_eng_want_live(p, now);
         }
     }
     int64_t *credit = gs_eng_credit(e);
@@ -383,7 +384,7 @@ static void beat(struct gs_engine *e, int64_t now)
 {
     if (now - e->beat_ns < GS_ENG_BEAT_NS && now >= e->beat_ns) return;
     if (gs_devstate_lock(e->ds) != 0) return;
-    if (own_locked(e, now) == 0) e->ds->procs[e->proc].heartbeat_ns = now;
+    if (own_locked(e, now) == 0) gs_ds_proc(e->ds, e->proc)->heartbeat_ns = now;
     e->beat_ns = now;
     gs_devstate_unlock(e->ds);
 }
@@ -406,7 +407,7 @@ void gs_engine_poll(struct gs_engine *e, int64_t now)
 int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now)
 {
     int path = __atomic_load_n(&e->path, __ATOMIC_RELAXED);
-    int64_t last = __atomic_load_n(&e->ds->procs[e->proc].last_launch_ns, __ATOMIC_RELAXED);
+    int64_t last = __atomic_load_n(&gs_ds_proc(e->ds, e->proc)->last_launch_ns, __ATOMIC_RELAXED);
     int active = last && now - last < GS_CTL_POLL_ACTIVE_NS;
     if (__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return gs_coloc_drain_delay(e, now);
     /* the free path needs no fresh busy flag (nobody takes turns with it, and a stale flag only makes a
@@ -482,7 +483,7 @@ static void launch_locked(struct gs_engine *e, struct gs_ds_slice *s, struct gs_
 /* The free path without the lock: charge, and go if the credit covers it. 1 = launched. */
 static int free_fast(struct gs_engine *e, int64_t now, int64_t charge, struct gs_ticket *t)
 {
-    struct gs_ds_slice *s = &e->ds->slices[e->slice];
+    struct gs_ds_slice *s = gs_ds_slice(e->ds, e->slice);
     /* the launch may go while the credit before it (everything queued already charged) plus
      * LOOKAHEAD is not negative: the same gate as gs_ctl_gate with nothing more needed */
     int64_t *credit = gs_eng_credit(e);
@@ -493,7 +494,7 @@ static int free_fast(struct gs_engine *e, int64_t now, int64_t charge, struct gs
     }
     add(&e->pub_charged, charge);
     count_launch(e, now, charge, t);
-    __atomic_store_n(&e->ds->procs[e->proc].last_launch_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&gs_ds_proc(e->ds, e->proc)->last_launch_ns, now, __ATOMIC_RELAXED);
     __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED);
     return 1;
 }
@@ -509,8 +510,8 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     int path = gs_eng_path(e, now);
     if (path == GS_DS_PATH_LIGHT) {
         /* no lock: two aligned stores that readers treat as hints */
-        __atomic_store_n(&e->ds->procs[e->proc].last_launch_ns, now, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&gs_ds_proc(e->ds, e->proc)->last_launch_ns, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&gs_ds_slice(e->ds, e->slice)->last_active_ns, now, __ATOMIC_RELAXED);
         if (now - e->beat_ns >= GS_ENG_BEAT_NS) beat(e, now); /* also without a poller thread */
         return 0;
     }
@@ -522,7 +523,7 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
         /* lock-free: a preemptive high-priority neighbour queued, or our own queue at its bound */
         int64_t w = gs_coloc_yield_gate(e, now);
         if (w > 0) {
-            __atomic_store_n(&e->ds->slices[e->slice].last_active_ns, now, __ATOMIC_RELAXED); /* wanting is activity */
+            __atomic_store_n(&gs_ds_slice(e->ds, e->slice)->last_active_ns, now, __ATOMIC_RELAXED); /* wanting is activity */
             t->yield_held = 1;
             return w;
         }
@@ -545,8 +546,8 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
         gs_devstate_unlock(e->ds); /* no record to publish in (state file full): unpaced */
         return 0;
     }
-    struct gs_ds_slice *s = &e->ds->slices[e->slice]; /* a re-join may have moved us */
-    struct gs_ds_proc *me = &e->ds->procs[e->proc];
+    struct gs_ds_slice *s = gs_ds_slice(e->ds, e->slice); /* a re-join may have moved us */
+    struct gs_ds_proc *me = gs_ds_proc(e->ds, e->proc);
     int measure = !credit_gate || sample || first;
     int64_t wait;
     if (credit_gate) {
@@ -620,7 +621,7 @@ void gs_engine_fini(struct gs_engine *e)
 {
     if (!e->ds) return;
     if (gs_devstate_lock(e->ds) == 0) {
-        const struct gs_ds_proc *p = &e->ds->procs[e->proc];
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, e->proc);
         /* leave only a record that is still ours (a reaper may have given it to someone else) */
         if ((p->flags & GS_DS_PROC_IN_USE) && p->pid == e->pid && p->id == e->id && p->joined_ns == e->joined_ns)
             gs_devstate_leave_locked(e->ds, e->proc);

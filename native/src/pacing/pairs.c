@@ -10,8 +10,8 @@ static void look_at_others(struct gs_engine *e, struct gs_eng_others *o)
     o->known = 1;
     o->busy = 0;
     o->last_launch = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
+    for (int i = 0; i < gs_ds_nprocs(e->ds); i++) {
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
         uint32_t f = __atomic_load_n(&p->flags, __ATOMIC_RELAXED);
         if (i == e->proc || !(f & GS_DS_PROC_IN_USE)) continue;
         int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED);

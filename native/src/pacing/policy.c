@@ -44,8 +44,7 @@ static int on_fuse(int fd)
  * descriptors or memory): keep the set read before rather than drop grants from it. */
 static int transient(int err) { return err == EMFILE || err == ENFILE || err == ENOMEM || err == EINTR || err == EAGAIN; }
 
-/* A grant id as a file name: what the writers allow (gpuslice.enforcer.policy.grant_file_name). */
-static int valid_name(const char *s)
+int gs_pol_valid_name(const char *s)
 {
     size_t n = strlen(s);
     if (n == 0 || n >= GS_POL_GRANT_LEN || s[0] == '.') return 0;
@@ -77,7 +76,7 @@ static int read_entry(int dfd, int readonly, const char *name, struct gs_config 
     char err[256];
     if (gs_config_parse_text(buf, (size_t)n, c, err, sizeof err) != 0) return -1;
     if (strcmp(c->grant, name) != 0) return -1; /* a file must speak for the grant it is named after */
-    memcpy(e->grant, name, strlen(name) + 1); /* valid_name: shorter than the field */
+    memcpy(e->grant, name, strlen(name) + 1); /* gs_pol_valid_name: shorter than the field */
     e->pol.share_bp = (uint32_t)(c->compute < 0 ? 0 : c->compute > 100 ? 100 : c->compute) * 100u;
     e->pol.mode = (uint8_t)to_ctl_mode(c->mode);
     e->pol.weight = (uint8_t)(c->weight < 1 ? 1 : c->weight > 16 ? 16 : c->weight);
@@ -114,7 +113,7 @@ static int read_folder(int dfd, int readonly, struct gs_policy_set *out)
         if (de->d_name[0] == '.') continue; /* ., .. and the writers' temporary files */
         struct gs_pol_entry e;
         memset(&e, 0, sizeof e);
-        int r = !valid_name(de->d_name) || out->n >= GS_POL_MAX ? -1 : read_entry(dirfd(d), readonly, de->d_name, c, &e);
+        int r = !gs_pol_valid_name(de->d_name) || out->n >= GS_POL_MAX ? -1 : read_entry(dirfd(d), readonly, de->d_name, c, &e);
         if (r == -2) rc = -1;
         if (r != 0) {
             out->refused += r == -1;

@@ -22,11 +22,10 @@ int gs_eng_want_live(const struct gs_ds_proc *p, int64_t now)
     return p->want_since_ns && now - p->want_seen_ns <= 4 * GS_CTL_WAIT_MAX_NS;
 }
 
-static int valid_slice(int s) { return s >= 0 && s < GS_DS_MAX_SLICES; }
 
 static void publish_path(struct gs_engine *e, int path)
 {
-    struct gs_ds_proc *me = &e->ds->procs[e->proc];
+    struct gs_ds_proc *me = gs_ds_proc(e->ds, e->proc);
     __atomic_store_n(&me->path, (uint8_t)path, __ATOMIC_RELAXED);
     if (path == GS_DS_PATH_TURNS) __atomic_fetch_or(&me->flags, GS_DS_PROC_TURNS, __ATOMIC_RELAXED);
     else __atomic_fetch_and(&me->flags, ~GS_DS_PROC_TURNS, __ATOMIC_RELAXED);
@@ -61,17 +60,17 @@ int gs_eng_path(struct gs_engine *e, int64_t now)
 /* Does process i take turns with us? A turn-taking process of the same or higher priority. */
 static int rival(struct gs_engine *e, int i, int myprio)
 {
-    const struct gs_ds_proc *p = &e->ds->procs[i];
-    if (i == e->proc || !(p->flags & GS_DS_PROC_IN_USE) || !(p->flags & GS_DS_PROC_TURNS) || !valid_slice(p->slice))
+    const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
+    if (i == e->proc || !(p->flags & GS_DS_PROC_IN_USE) || !(p->flags & GS_DS_PROC_TURNS))
         return 0;
-    return gs_eng_pol(e, p->slice).priority <= myprio; /* the roster's word, not the record's */
+    return gs_eng_pol(e, gs_ds_proc_slice(i)).priority <= myprio; /* the roster's word, not the record's */
 }
 
 /* Is another turn-taking process busy or waiting for a turn (someone to switch with)? */
 static int rivals_present(struct gs_engine *e, int64_t now)
 {
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
+    for (int i = 0; i < gs_ds_nprocs(e->ds); i++) {
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
         if (i == e->proc || !(p->flags & GS_DS_PROC_IN_USE) || !(p->flags & GS_DS_PROC_TURNS)) continue;
         if ((p->flags & GS_DS_PROC_BUSY) || gs_eng_want_live(p, now)) return 1;
     }
@@ -83,8 +82,8 @@ static int64_t turn_wait(struct gs_engine *e, int64_t now)
 {
     int myprio = e->priority;
     int64_t w = 0;
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
+    for (int i = 0; i < gs_ds_nprocs(e->ds); i++) {
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
         if (!rival(e, i, myprio) || !(p->flags & GS_DS_PROC_BUSY)) continue;
         int64_t left = p->expect_idle_ns ? p->expect_idle_ns - now - GS_CTL_TURN_EARLY_NS : GS_CTL_WAIT_MIN_NS;
         /* a busy flag not refreshed for a while belongs to a process stuck outside the driver's
@@ -93,9 +92,9 @@ static int64_t turn_wait(struct gs_engine *e, int64_t now)
         if (left > w) w = left;
     }
     /* first come, first served: a neighbour that has waited longer goes first */
-    int64_t mine = e->ds->procs[e->proc].want_since_ns;
-    for (int i = 0; w == 0 && i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
+    int64_t mine = gs_ds_proc(e->ds, e->proc)->want_since_ns;
+    for (int i = 0; w == 0 && i < gs_ds_nprocs(e->ds); i++) {
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
         if (!rival(e, i, myprio) || !gs_eng_want_live(p, now)) continue;
         if (!mine || p->want_since_ns < mine || (p->want_since_ns == mine && i < e->proc)) w = GS_CTL_WAIT_MIN_NS;
     }
@@ -112,8 +111,8 @@ static int64_t turn_wait(struct gs_engine *e, int64_t now)
 static int should_yield(struct gs_engine *e, int64_t now)
 {
     int myprio = e->priority;
-    for (int i = 0; i < GS_DS_MAX_PROCS; i++) {
-        const struct gs_ds_proc *p = &e->ds->procs[i];
+    for (int i = 0; i < gs_ds_nprocs(e->ds); i++) {
+        const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
         if (!rival(e, i, myprio) || now - p->last_seen_ns > GS_CTL_TURN_MAX_NS) continue;
         if ((p->flags & GS_DS_PROC_BUSY) && (p->expect_idle_ns == 0 || p->expect_idle_ns > now)) return 1;
         if (gs_eng_want_live(p, now) && now - p->want_since_ns > GS_CTL_TURN_MAX_NS) return 1;

@@ -5,11 +5,12 @@ Contract (the reader and why: ``native/include/gpuslice/policy.h``): ``<device_s
 one file per grant on the device, named by the grant id, in the slice-file syntax (:mod:`gpuslice.enforcer.
 slicefile`; only ``grant``, ``compute``, ``mode``, ``weight``, ``priority`` and ``colocation`` are read). The
 folder (0755) and its files (0644) are written by whoever keeps the grants — the local agent, the device plugin,
-the DRA driver — and by nobody else: the pacing file beside it is written by every tenant on the device, so a
-policy read from it was whatever any tenant claimed (a low-priority tenant said it was high priority, and its
-neighbours yielded to it). A pacer trusts a folder and file owned by root or by its own user and writable by no
-one else (or on a read-only mount). With no folder it falls back to the pacing file's records (a node without a
-root manager); a folder it does not trust is a roster that lists nobody. A slice the roster does not list counts
+the DRA driver — and by nobody else: each slice's record file beside it (``<name>.slices/<grant>``,
+:mod:`gpuslice.enforcer.devstate`) is written by that slice's tenant, so a policy read from it is whatever that
+tenant claims (before the roster, a low-priority tenant said it was high priority, and its neighbours yielded to
+it). A pacer trusts a folder and file owned by root or by its own user and writable by no one else (or on a
+read-only mount). With no folder it falls back to the slices' own records (a node without a root manager); a
+folder it does not trust is a roster that lists nobody. A slice the roster does not list counts
 as low priority with no share in its neighbours' allocation, so whoever keeps the grants reconciles the rosters
 with its books at start and periodically.
 
@@ -23,10 +24,8 @@ change within ``GS_POL_RECHECK_NS`` (100 ms).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass, field
@@ -34,18 +33,18 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from gpuslice import spec
-from gpuslice.enforcer.devstate import state_file_name
+from gpuslice.enforcer.devfolders import (FOLDER_MODE, ensure_device_folder, is_grant_id, is_ours, prune_entries,
+                                          remove_entry)
+from gpuslice.enforcer.devstate import RECORDS_SUFFIX, device_stem
 from gpuslice.enforcer.slicefile import SliceConfig, format_slice, read_slice_file, write_slice_file
 from gpuslice.spec.errors import GpusliceError
 
 SUFFIX = ".policy"
-FOLDER_MODE = 0o755
 FILE_MODE = 0o644
 # Every pacer lists at most this many grants of a device (GS_POL_MAX, native/include/gpuslice/policy.h); a grant
 # past it reads as unlisted to its neighbours (no share in their allocation, low priority). So no node side may
 # put more slices on one device (kube: --split-count; local placement keeps HAMi's 10).
 MAX_GRANTS_PER_DEVICE = 64
-_GRANT_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,126}")  # as native/src/pacing/policy.c's valid_name
 
 
 class PolicyError(GpusliceError, ValueError):
@@ -53,13 +52,13 @@ class PolicyError(GpusliceError, ValueError):
 
 
 def folder_name(uuid: str) -> str:
-    """The roster folder of ``uuid``, beside its pacing file: ``GPU-….policy`` (a MIG instance's as its pacing
-    file's, :func:`gpuslice.enforcer.devstate.state_file_name`)."""
-    return state_file_name(uuid)[:-len(".dev")] + SUFFIX
+    """The roster folder of ``uuid``, beside its slice records folder: ``GPU-….policy`` (a MIG instance's named
+    as the pacer names it, :func:`gpuslice.enforcer.devstate.device_stem`)."""
+    return device_stem(uuid) + SUFFIX
 
 
 def check_grant_id(grant_id: str) -> str:
-    if not isinstance(grant_id, str) or not _GRANT_RE.fullmatch(grant_id):
+    if not is_grant_id(grant_id):
         raise PolicyError(f"grant_id: {grant_id!r} is not allowed; expected 1-127 of A-Z a-z 0-9 _ - . "
                           "(not starting with '.')")
     return grant_id
@@ -71,55 +70,12 @@ def policy_config(grant_id: str, item: spec.Slice) -> SliceConfig:
                        weight=item.weight, priority=int(item.priority), colocation=item.colocation.value)
 
 
-def _ours(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _our_folders(device_state: Path | str) -> list[Path]:
-    """The roster folders in ``device_state`` that are real folders of ours (never a link or a tenant's)."""
-    root = Path(device_state)
-    try:
-        names = [n for n in os.listdir(root) if n.endswith(SUFFIX) and not n.startswith(".")]
-    except FileNotFoundError:
-        return []
-    out = []
-    for name in names:
-        try:
-            st = os.lstat(root / name)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISDIR(st.st_mode) and _ours(st):
-            out.append(root / name)
-    return out
-
-
 def ensure_folder(device_state: Path | str, uuid: str) -> Path:
     """``uuid``'s roster folder, made if missing: a real folder of ours that only we write. Whatever else has the
     name (in the sticky device-state folder a tenant may have made it first: a link, a file, a folder of theirs)
-    is never followed or written into; it is moved aside to ``.<name>.refused-<ns>`` and the folder made anew."""
-    folder = Path(device_state) / folder_name(uuid)
-    for _ in range(3):
-        try:
-            os.mkdir(folder, FOLDER_MODE)
-            os.chmod(folder, FOLDER_MODE, follow_symlinks=False)  # umask must not narrow it: every pacer reads it
-            return folder
-        except FileExistsError:
-            pass
-        try:
-            st = os.lstat(folder)
-        except FileNotFoundError:
-            continue  # gone meanwhile: make it again
-        # A mount there (a tenant's FUSE file system can claim any owner) is never ours either.
-        if stat.S_ISDIR(st.st_mode) and _ours(st) and st.st_dev == os.lstat(folder.parent).st_dev:
-            return folder
-        try:
-            os.rename(folder, folder.with_name(f".{folder.name}.refused-{time.time_ns()}"))
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise
-            raise OSError(errno.EBUSY, "something is mounted at the device's roster folder (a tenant's file system?); "
-                          "pacers read it as a roster that lists nobody: unmount it", str(folder)) from None
-    raise OSError(errno.EEXIST, "the roster folder keeps being taken", str(folder))
+    is never followed or written into; it is moved aside to ``.<name>.refused-<ns>`` and the folder made anew
+    (:func:`gpuslice.enforcer.devfolders.ensure_device_folder`)."""
+    return ensure_device_folder(device_state, folder_name(uuid), "the device's roster folder")
 
 
 def write_policies(device_state: Path | str, grant_id: str, slices: Iterable[spec.Slice]) -> tuple[str, ...]:
@@ -135,12 +91,13 @@ def write_policies(device_state: Path | str, grant_id: str, slices: Iterable[spe
 
 
 def set_share(device_state: Path | str, config: SliceConfig, percent: int) -> tuple[str, ...]:
-    """A live share for the slice that runs with ``config`` (its slice file) on every device that has a pacing file
-    in ``device_state``: its roster entry says ``compute=percent`` and the rest of ``config``'s policy. For one
-    user's own state folder (the benchmarks change shares between phases); the node side writes whole grants with
-    :func:`write_policies`. The roster folders written."""
+    """A live share for the slice that runs with ``config`` (its slice file) on every device that has a slice
+    records folder (``<stem>.slices``) in ``device_state``: its roster entry says ``compute=percent`` and the rest
+    of ``config``'s policy. For one user's own state folder (the benchmarks change shares between phases); the
+    node side writes whole grants with :func:`write_policies`. The roster folders written."""
     grant = check_grant_id(config.grant)
-    names = sorted(p.name[:-len(".dev")] for p in Path(device_state).glob("*.dev"))
+    names = sorted(p.name[:-len(RECORDS_SUFFIX)] for p in Path(device_state).glob(f"*{RECORDS_SUFFIX}")
+                   if p.is_dir() and not p.is_symlink())
     entry = SliceConfig(grant=grant, compute=percent, mode=config.mode, weight=config.weight, priority=config.priority,
                         colocation=config.colocation)
     done = []
@@ -153,13 +110,9 @@ def set_share(device_state: Path | str, config: SliceConfig, percent: int) -> tu
 
 def remove_policies(device_state: Path | str, grant_id: str) -> None:
     """Take ``grant_id`` off every roster in ``device_state`` (folders of ours only; a missing one is fine)."""
-    if not isinstance(grant_id, str) or not _GRANT_RE.fullmatch(grant_id):
+    if not is_grant_id(grant_id):
         return  # never written
-    for folder in _our_folders(device_state):
-        try:
-            os.unlink(folder / grant_id)
-        except FileNotFoundError:
-            continue
+    remove_entry(device_state, SUFFIX, grant_id)
 
 
 def prune_policies(device_state: Path | str, keep: Iterable[str], *, prefix: str = "", older_than: float = 0.0,
@@ -170,21 +123,8 @@ def prune_policies(device_state: Path | str, keep: Iterable[str], *, prefix: str
     plugin: pods end without telling it). The grants taken off, sorted."""
     keep = set(keep)
     now = time.time() if now is None else now
-    gone = set()
-    for folder in _our_folders(device_state):
-        try:
-            entries = os.listdir(folder)
-        except OSError:
-            continue
-        for grant in entries:
-            if grant.startswith(".") or not grant.startswith(prefix) or grant in keep:
-                continue
-            try:
-                if now - os.lstat(folder / grant).st_mtime >= older_than:
-                    os.unlink(folder / grant)
-                    gone.add(grant)
-            except FileNotFoundError:
-                continue
+    gone = prune_entries(device_state, SUFFIX, lambda grant: grant.startswith(prefix) and grant not in keep,
+                         older_than, now)
     return tuple(sorted(gone))
 
 
@@ -214,7 +154,7 @@ def _entry_is(path: Path, text: str) -> bool | None:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    if not stat.S_ISREG(st.st_mode) or not _ours(st) or st.st_nlink != 1 or st.st_size != len(text.encode()):
+    if not stat.S_ISREG(st.st_mode) or not is_ours(st) or st.st_nlink != 1 or st.st_size != len(text.encode()):
         return False
     try:
         return path.read_text() == text
@@ -228,8 +168,8 @@ def reconcile_policies(device_state: Path | str, wanted: Mapping[str, Iterable[s
     id -> its slices) written where its file is missing (a grant from before the roster existed, a file a crash or
     a hand removed) or differs from the books and is older than ``older_than`` seconds (a newer one may be a live
     resize the books read here do not hold yet); then the grants starting with ``prefix`` that are in neither
-    ``wanted`` nor ``keep`` taken off (:func:`prune_policies`). Run at start and periodically by whoever keeps the grants: a
-    grant missing from a roster counts for nothing in its neighbours' allocation."""
+    ``wanted`` nor ``keep`` taken off (:func:`prune_policies`). Run at start and periodically by whoever keeps the
+    grants: a grant missing from a roster counts for nothing in its neighbours' allocation."""
     now = time.time() if now is None else now
     written, problems = [], {}
     for grant_id, slices in wanted.items():
@@ -260,7 +200,7 @@ def read_policies(device_state: Path | str, uuid: str) -> dict[str, SliceConfig]
     except (FileNotFoundError, NotADirectoryError):
         return out
     for name in names:
-        if name.startswith(".") or not _GRANT_RE.fullmatch(name):
+        if not is_grant_id(name):
             continue
         try:
             st = os.lstat(folder / name)

@@ -4,7 +4,7 @@
 module         owns
 =============  ==============================================================================================
 ``devices``    device discovery through NVML, device snapshots (``snapshots/``, ``devices --json``)
-``monitor``    the node view: watched grants + regions + pacing files → per-slice and per-device usage
+``monitor``    the node view: watched grants + regions + slice records → per-slice and per-device usage
 ``usage``      a watched grant's live usage from its region file
 ``metrics``    the Prometheus exposition of a node view
 ``history``    a bounded history of node views (the dashboard's plots)

@@ -1,7 +1,8 @@
 """The node view: devices, grants and live usage joined into one plain structure, sampled over time.
 
-``Monitor.sample()`` reads the ledger's grants, every grant's region (memory) and the per-device compute
-state the pacer keeps in ``<state>/devices/<uuid>.dev`` (:mod:`gpuslice.enforcer.devstate`). Compute
+``Monitor.sample()`` reads the ledger's grants, every grant's region (memory) and the compute state each slice's
+pacers keep in its record file, ``<state>/devices/<stem>.slices/<grant>`` (:mod:`gpuslice.enforcer.devstate`; a
+file its tenant spoiled is named among the view's errors and skipped). Compute
 *achieved* is the pacer's own measurement over its last 1-s window when it has one; otherwise the
 slice's busy time over wall time across the samples of the last ``RATE_WINDOW_S`` seconds (at least
 two samples; none on a slice's first sample) — a window, not the last interval, so that fast sampling
@@ -206,20 +207,22 @@ class Monitor:
                 for i, w in enumerate(waiters, 1)]
 
     def _compute(self, errors: list[str]) -> dict[tuple[str, str], compute_state.SliceCompute]:
-        """The pacer's per-slice compute state, keyed (grant, device UUID); empty without state files."""
+        """The pacer's per-slice compute state, keyed (grant, device or MIG instance UUID); empty without record
+        folders. A file that cannot be read (each slice's tenant writes its own) is named in ``errors``."""
         if self.device_state_dir is None:
             return {}
         found = {}
-        for d in self.devices:
-            path = self.device_state_dir / f"{d.uuid}.dev"
-            if not path.exists() or not path.lstat().st_size:  # none yet, or made empty by the agent: no pacer ran
+        for uuid in self._index:
+            folder = self.device_state_dir / compute_state.records_folder_name(uuid)
+            if not folder.is_dir():  # none yet (or not a folder: the reader would refuse it)
                 continue
             try:
-                state = compute_state.read_device_state(path)
+                state = compute_state.read_device_state(folder)
             except compute_state.DeviceStateError as exc:
                 errors.append(str(exc))
                 continue
-            found.update({(s.grant, d.uuid): s for s in state.slices})
+            errors.extend(state.problems)
+            found.update({(s.grant, uuid): s for s in state.slices})
         return found
 
     def _rate(self, key: tuple[str, str], now: float, busy_ns: int) -> float | None:

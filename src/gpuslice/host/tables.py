@@ -195,7 +195,7 @@ def view_renderable(view: NodeView, wide: bool = False) -> Fitted:
             parts.append(queue_table(view, width, wide))
         if (view.backstop or {}).get("overruns") or (view.backstop or {}).get("unattributed"):
             parts.append(backstop_table(view, width, wide))
-        if view.errors:  # what the node could not read (a region, a pacing file, a ledger row): never hidden
+        if view.errors:  # what the node could not read (a region, a slice record file, a ledger row): never hidden
             parts.append(Text("\n".join(f"problem: {e}" for e in view.errors), style="yellow"))
         return Group(*parts)
     return Fitted(build)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from gpuslice.enforcer.devstate import state_file_name
+from gpuslice.enforcer.devstate import RECORDS_SUFFIX, device_stem
 from gpuslice.enforcer.region import create_region
 from gpuslice.enforcer.slicefile import SliceConfig, slice_config, write_slice_file
 from gpuslice.host.mps import MpsError, client_env
@@ -45,7 +45,8 @@ from gpuslice.kube.api import Conflict, KubeAPI, KubeError, update_node_annotati
 from gpuslice.spec import Device, Engine, GpusliceError, Slice, SpecError
 from gpuslice.enforcer.policy import (MAX_GRANTS_PER_DEVICE, SUFFIX as POLICY_SUFFIX, RosterChanges, reconcile_policies,
                                       write_policies)
-from gpuslice.spec.files import ensure_shared_file, write_atomic
+from gpuslice.enforcer.slicerecords import SHARED_MODE, prune_records, write_records
+from gpuslice.spec.files import write_atomic
 
 log = logging.getLogger("gpuslice.deviceplugin")
 
@@ -276,12 +277,12 @@ class Allocator:
                 "preload": root / "ld.so.preload"}
 
     @staticmethod
-    def state_files(grant: formats.ContainerGrant) -> list[str]:
-        """Names of the pacing files (``<name>.dev`` in the device-state folder) the enforcer opens for the
-        grant's devices (:func:`gpuslice.enforcer.devstate.state_file_name`)."""
+    def device_stems(grant: formats.ContainerGrant) -> list[str]:
+        """The enforcer's names of the grant's devices (:func:`gpuslice.enforcer.devstate.device_stem`): its
+        records folder is ``<stem>.slices``, its roster ``<stem>.policy``."""
         out = []
         for uuid in grant.uuids:
-            name = state_file_name(uuid)[:-len(".dev")]
+            name = device_stem(uuid)
             if name not in out and "/" not in name:
                 out.append(name)
         return out
@@ -290,7 +291,8 @@ class Allocator:
         """The host files of a container's slice, laid out by the trust model (``native/README.md``): the host's
         users can reach none of them (``kube/regions`` and the node-wide ``devices`` folder are root's, 0700; the
         kubelet bind-mounts from them whatever the folders' modes); a container reaches only its own, through its
-        mounts. Nothing is followed or chmod'ed that this call did not create (:func:`ensure_shared_file`)."""
+        mounts. No link is followed; in the node-wide ``devices`` folder, which only root writes, a record file that
+        is not root's regular file is replaced (:func:`gpuslice.spec.files.ensure_owned_file`)."""
         local = self.paths(grant.grant_id, local=True)
         local["slice"].parent.mkdir(parents=True, exist_ok=True)
         write_slice_file(local["slice"], self.slice_config(grant))
@@ -303,16 +305,22 @@ class Allocator:
         # The region, made before the kubelet starts the container, writable by every process of that one
         # container (they may run as any user); no one else can reach its folder.
         create_region(local["region"] / "region", mode=0o666)
-        for name in self.state_files(grant):
-            # The pacing file of each granted device, shared by every slice on the device (0666: the containers'
-            # processes may run as any user). It must exist before the kubelet bind-mounts it, and is never
-            # replaced (the mount holds the inode).
-            ensure_shared_file(local["devices"], f"{name}.dev", 0o666)
-        # Each device's roster (root's, mounted read-only): the policy every pacer there takes for this slice.
-        write_policies(local["devices"], grant.grant_id, grant.grant.slices)
+        self._write_device_files(grant, local)
         text = CONTAINER_LIB + "\n"
         if not local["preload"].exists() or local["preload"].read_text() != text:
             write_atomic(local["preload"], text, 0o644)
+
+    def _write_device_files(self, grant: formats.ContainerGrant, local: Mapping[str, Path]) -> None:
+        """Per granted device: the slice's record file (root's, 0666, empty: the container's processes may run as
+        any uid, and only this container mounts it read-write; it must exist before the kubelet bind-mounts it and
+        is never replaced, the mount holds the inode), the slice's roster entry (root's, mounted read-only: the
+        policy every pacer there takes for it), and in the grant's own device-state folder the mount points of
+        the device's records folder and roster (the runtime cannot make them inside that read-only mount)."""
+        write_records(local["devices"], grant.grant_id, grant.uuids, mode=SHARED_MODE)
+        write_policies(local["devices"], grant.grant_id, grant.grant.slices)
+        for name in self.device_stems(grant):
+            for suffix in (RECORDS_SUFFIX, POLICY_SUFFIX):
+                (local["devstate"] / f"{name}{suffix}").mkdir(mode=0o755, exist_ok=True)
 
     def reconcile_policies(self, wanted: Mapping[str, Iterable[Slice]], older_than: float) -> RosterChanges:
         """The node's rosters brought in line with the device plugin's grants ``wanted`` (grant id -> slices): each
@@ -322,13 +330,21 @@ class Allocator:
 
     def prune_grant_folders(self, keep_prefixes: Iterable[str], older_than: float,
                             now: float | None = None) -> tuple[str, ...]:
-        """Remove the host folders of the device plugin's grants (``kube/grants/k-…``, ``kube/regions/k-…``) whose
-        id starts with none of ``keep_prefixes`` (the ledger's grants, and ``k-<uid>-`` of every pod the node still
-        has: a folder is mounted into its container while the pod exists) and that are older than ``older_than``
-        seconds. Pods end without telling the device plugin, so nothing else removes them. Only real folders of
-        ours are removed, never through a link; the grant ids removed, sorted."""
+        """Remove the host files of the device plugin's grants — their folders (``kube/grants/k-…``,
+        ``kube/regions/k-…``) and their slice record files (``devices/<stem>.slices/k-…``) — whose id starts with
+        none of ``keep_prefixes`` (the ledger's grants, and ``k-<uid>-`` of every pod the node still has: they are
+        mounted into its containers while the pod exists) and that are older than ``older_than`` seconds. Pods end
+        without telling the device plugin, so nothing else removes them. Only real folders and files of ours are
+        removed, never through a link; the grant ids removed, sorted."""
         keep = tuple(keep_prefixes)
         now = time.time() if now is None else now
+        gone = self._prune_folders(keep, older_than, now)
+        gone.update(prune_records(self.paths("-", local=True)["devices"],
+                                  lambda g: g.startswith("k-") and not g.startswith(keep), older_than=older_than,
+                                  now=now))
+        return tuple(sorted(gone))
+
+    def _prune_folders(self, keep: tuple[str, ...], older_than: float, now: float) -> set[str]:
         root = self.paths("-", local=True)["region"].parent.parent
         gone = set()
         for sub in ("grants", "regions"):
@@ -351,7 +367,7 @@ class Allocator:
                 except RecursionError:  # a tree too deep for Python 3.11's rmtree: the next ones still go
                     continue
                 gone.add(name)
-        return tuple(sorted(gone))
+        return gone
 
     def response(self, grant: formats.ContainerGrant, mps: DaemonKey | None = None) -> dict[str, Any]:
         """The ContainerAllocateResponse as plain data (envs, mounts, devices). Mounts, in order (the
@@ -360,9 +376,11 @@ class Allocator:
         * the slice file, read-only — what configures the enforcer;
         * this grant's region folder, read-only, and in it the region file, read-write — the enforcer's shared
           memory accounting of this slice;
-        * this grant's own device-state folder, read-only (empty), and in it the node-wide pacing file of each
-          granted device, read-write, and that device's policy roster (``<name>.policy``), read-only — not the
-          node's whole folder, so a container sees no other device's pacing state.
+        * this grant's own device-state folder, read-only (only mount points in it), and in it, per granted
+          device (:meth:`device_mounts`): the device's slice records folder (``<stem>.slices``), read-only — every
+          slice's records on the device, which the pacer reads — and in that the grant's own record file,
+          read-write; then the device's policy roster (``<stem>.policy``), read-only. Not the node's whole
+          folder, so a container sees no other device's pacing state, and writes no other slice's records.
           No host folder is mounted read-write: the kubelet's ephemeral-storage limits do not count a device
           plugin's bind mounts, so a pod wrote into them until the node's disk was full (attacker's review,
           stop 28); only files whose size the enforcer fixes are writable;
@@ -374,10 +392,8 @@ class Allocator:
             (CONTAINER_REGION_DIR, str(host["region"]), True),
             (f"{CONTAINER_REGION_DIR}/region", str(host["region"] / "region"), False),
             (CONTAINER_DEVICE_STATE, str(host["devstate"]), True),
-            *[(f"{CONTAINER_DEVICE_STATE}/{name}.dev", str(host["devices"] / f"{name}.dev"), False)
-              for name in self.state_files(grant)],
-            *[(f"{CONTAINER_DEVICE_STATE}/{name}{POLICY_SUFFIX}", str(host["devices"] / f"{name}{POLICY_SUFFIX}"), True)
-              for name in self.state_files(grant)],
+            *[m for stem in self.device_stems(grant)
+              for m in self.device_mounts(grant.grant_id, stem, host["devices"])],
             (CONTAINER_LIB, str(self.cfg.host_library), True),
             (CONTAINER_PRELOAD, str(host["preload"]), True),
         ]
@@ -391,6 +407,15 @@ class Allocator:
             for item in grant.slices:
                 envs.update(client_env(item, CONTAINER_MPS_PIPE))
         return {"envs": envs, "mounts": mounts, "devices": self.device_nodes(grant)}
+
+    @staticmethod
+    def device_mounts(grant_id: str, stem: str, devices: Path) -> list[tuple[str, str, bool]]:
+        """One granted device's mounts (container path, host path, read-only), parents first: its records folder
+        (read-only), the grant's own record file in it (read-write), its roster (read-only)."""
+        records, roster = f"{stem}{RECORDS_SUFFIX}", f"{stem}{POLICY_SUFFIX}"
+        return [(f"{CONTAINER_DEVICE_STATE}/{records}", str(devices / records), True),
+                (f"{CONTAINER_DEVICE_STATE}/{records}/{grant_id}", str(devices / records / grant_id), False),
+                (f"{CONTAINER_DEVICE_STATE}/{roster}", str(devices / roster), True)]
 
     def device_nodes(self, grant: formats.ContainerGrant) -> list[str]:
         if self.cfg.device_nodes == "none":

@@ -2,7 +2,7 @@
 
 The device plugin gives every GPU container the enforcer through a read-only ``/etc/ld.so.preload``, the
 library at its fixed path, the slice file read-only at ``/etc/gpuslice/slice`` and the slice's region and
-pacing files under ``/var/run/gpuslice``. A container that mounts a volume of its own over any of these
+slice records under ``/var/run/gpuslice``. A container that mounts a volume of its own over any of these
 paths, or sets ``LD_PRELOAD``/``LD_AUDIT`` (loaded before ``/etc/ld.so.preload``: a library there can
 answer the driver calls first) or a ``GPUSLICE_*`` variable that is the device plugin's to set
 (``GPUSLICE_SLICE``, ``GPUSLICE_GRANT``, …) in its spec, is trying to leave or to loosen its slice; its pod is

@@ -96,8 +96,8 @@ class MpsNode:
         return done
 
     def prune_grant_folders(self, ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> tuple[str, ...]:
-        """Remove the host folders (slice file, region, pacing-file folder) of the device plugin's grants whose pod
-        is gone: in neither the node's ledger nor its pod list, and older than ``grace``."""
+        """Remove the host files (slice file, region, device-state folder, slice record files) of the device plugin's
+        grants whose pod is gone: in neither the node's ledger nor its pod list, and older than ``grace``."""
         keep = set(_grants(ledger))
         keep |= {formats.grant_id_for(uid, "") for uid in
                  ((p.get("metadata") or {}).get("uid") for p in pods) if uid}

@@ -5,14 +5,16 @@
   (:class:`NvmlHealth` on real nodes: critical XID events and devices that stop answering NVML).
 * ``GetPreferredAllocation`` steers the kubelet towards IDs on the UUIDs the scheduler granted.
 * ``Allocate`` finds the container's grant (see :meth:`Allocator.find`), writes its slice file and returns:
-  the slice file mounted read-only at ``/etc/gpuslice/slice``, this grant's region folder (read-write: the
-  enforcer's shared memory accounting), a per-grant device-state folder with the node-wide pacing files of
-  the granted devices only (``<uuid>.dev``, read-write: the pacer coordinates through them), the enforcer
-  library and an ``/etc/ld.so.preload`` naming it (both read-only), ``NVIDIA_VISIBLE_DEVICES`` with the
-  granted UUIDs, ``GPUSLICE_SLICE``/``GPUSLICE_GRANT``, and the device nodes. No process of the container
-  can pass its limits: the enforcer holds every process to the read-only slice file's limit whatever the
-  region says, and environment variables may only lower it. What a container can still disturb (its own region, the pacing files of its devices) is listed
-  under "Known limits" in ``src/gpuslice/kube/README.md``.
+  the slice file mounted read-only at ``/etc/gpuslice/slice``, this grant's region (its folder read-only, the
+  region file read-write: the enforcer's shared memory accounting), a per-grant device-state folder
+  (read-only) with, for the granted devices only, each device's slice records folder (``<stem>.slices``,
+  read-only: the pacer reads its neighbours' records there) with the grant's own record file in it read-write,
+  and the device's policy roster (read-only), the enforcer library and an ``/etc/ld.so.preload`` naming it (both
+  read-only), ``NVIDIA_VISIBLE_DEVICES`` with the granted UUIDs, ``GPUSLICE_SLICE``/``GPUSLICE_GRANT``, and the
+  device nodes. No process of the container can pass its limits: the enforcer holds every process to the
+  read-only slice file's limit whatever the region says, and environment variables may only lower it. What a
+  container can still disturb (its own region, its own slice's records) is listed under "Known limits" in
+  ``src/gpuslice/kube/README.md``.
 * ``PreStartContainer`` is not used: the plugin registers with ``pre_start_required: false`` (everything a
   container needs is in the Allocate answer), so the kubelet never calls it; it answers empty if called.
 * Registers with the kubelet (``kubelet.sock``) and registers again when the kubelet restarts (it deletes

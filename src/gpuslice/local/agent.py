@@ -88,8 +88,10 @@ class Agent:
         self._lock = threading.Lock()
 
     def reconcile_rosters(self) -> None:
-        """The devices' policy rosters brought in line with the ledger; what changed is logged."""
+        """The devices' policy rosters and slice record files brought in line with the ledger; what changed is
+        logged."""
         self.ledger.reconcile_rosters().log(log)
+        self.ledger.reconcile_records().log(log)
 
     def locked(self, fn, *args, **kwargs):
         with self._lock:

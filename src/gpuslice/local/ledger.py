@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 from gpuslice.enforcer.policy import RosterChanges, reconcile_policies
+from gpuslice.enforcer.slicerecords import RecordChanges
 from gpuslice.host import procs
 from gpuslice.host.mps import MpsError
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons, Reconciled
@@ -51,7 +52,7 @@ from gpuslice.local import ledgerdb
 from gpuslice.local.ledgercheck import BadRow, LostGrant, decode_rows, lost_grants, refusal as lost_refusal
 from gpuslice.local.admission import candidate_devices, check_queue_room, holds_back, never_fits, restrict
 from gpuslice.local.errors import Forbidden, LedgerError, UnknownGrant
-from gpuslice.local.grantfiles import remove_grant_files, write_grant_files
+from gpuslice.local.grantfiles import reconcile_grant_records, remove_grant_files, write_grant_files
 from gpuslice.local.paths import StateDir
 from gpuslice.local import nofit
 from gpuslice.local.nofit import device_names, local_words
@@ -65,7 +66,8 @@ from gpuslice.spec import (
 )
 
 # A roster file newer than this that differs from the ledger is left alone by the reconcile: it may be a resize
-# another process (a CLI holding the ledger) wrote after the ledger was read here.
+# another process (a CLI holding the ledger) wrote after the ledger was read here. Record files of grants the
+# ledger does not hold go only once this old too (a grant made after the ledger was read here).
 ROSTER_GRACE = 60.0
 SETTLE_S = 0.5  # how long a reclaim pass waits for signalled processes to go before leaving it to the next
 
@@ -308,12 +310,25 @@ class Ledger:
         meanwhile is undone: grants whose row was lost but whose processes still run keep their entries, and so
         do rows that no longer decode (written again where their slices still read)."""
         with self._tx() as db:
-            grants = self._grants(db)
-            self._find_lost(db)
+            grants, keep = self._books(db)
             wanted = {g.grant_id: g.slices for g in grants}
             wanted.update({b.grant_id: b.grant.slices for b in self._bad if b.grant is not None})
-            keep = [g.grant_id for g in self._live_lost] + [b.grant_id for b in self._bad]
             return reconcile_policies(self.state.device_state, wanted, older_than=older_than, keep=keep)
+
+    def reconcile_records(self, older_than: float = ROSTER_GRACE) -> RecordChanges:
+        """Make the slice record files follow the ledger (:func:`reconcile_grant_records`): each grant's made where
+        missing, those of grants the ledger no longer holds removed; lost grants whose processes still run and rows
+        that no longer decode keep theirs. In one transaction with the search for lost grants, as the rosters'."""
+        with self._tx() as db:
+            grants, keep = self._books(db)
+            return reconcile_grant_records(self.state, grants, keep, older_than)
+
+    def _books(self, db: sqlite3.Connection) -> tuple[list[GrantRecord], list[str]]:
+        """The grants that decode, and the ids whose files stay whatever the books say (lost grants still carried
+        by processes, rows that no longer decode)."""
+        grants = self._grants(db)
+        self._find_lost(db)
+        return grants, [g.grant_id for g in self._live_lost] + [b.grant_id for b in self._bad]
 
     def reclaim(self) -> list[str]:
         """Release grants (and forget waiters) whose processes are all gone; the ids released."""

@@ -8,7 +8,9 @@
     <state>/agent.json           the agent's pid and dashboard address
     <state>/grants/<id>/slice    the slice file of a grant (GPUSLICE_SLICE points here)
     <state>/grants/<id>/region   the slice's region (created by the enforcer, read by the monitor)
-    <state>/devices/             per-device state shared by the enforcers (compute pacing)
+    <state>/devices/             per-device state of the enforcers (compute pacing), a sticky folder:
+    <state>/devices/<stem>.slices/<grant>   each slice's records on the device (its user's, 0644; root's folder)
+    <state>/devices/<stem>.policy/<grant>   each slice's policy, root's roster (0644; root's folder)
     <state>/mps/                 the MPS control daemons of spatial slices (gpuslice.host.mpsfleet)
 """
 
@@ -95,25 +97,22 @@ class StateDir:
 
 
     def prepare_device_state(self, uuids: Iterable[str]) -> None:
-        """Create the pacing file of each device (and MIG instance) as root, before any tenant can name it
-        (0666 in the sticky devices folder: every slice's processes coordinate through it, none can replace
-        it). A name a tenant took first is left alone and never followed (the enforcer refuses it). The
-        device's policy roster folder too (root's, 0755): a tenant's folder in its place is moved aside."""
-        from gpuslice.enforcer.devstate import state_file_name
+        """Make each device's (and MIG instance's) folders as root, before any tenant can name them: the slice
+        records folder ``<stem>.slices`` (root's, 0755: each slice's file in it is made at grant time) and the
+        policy roster ``<stem>.policy`` (root's, 0755). A name a tenant took first in the sticky devices folder
+        is moved aside, never followed (:mod:`gpuslice.enforcer.devfolders`). Nothing to do for a user's own
+        state dir: nobody else writes it."""
         from gpuslice.enforcer.policy import ensure_folder
-        from gpuslice.spec.files import ensure_shared_file
+        from gpuslice.enforcer.slicerecords import ensure_records_folder
 
         if os.geteuid() != 0:
             return
         for uuid in uuids:
-            try:
-                ensure_shared_file(self.device_state, state_file_name(uuid), 0o666)
-            except OSError:
-                pass  # the enforcer refuses a name that is not a plain file; the monitor reports it
-            try:
-                ensure_folder(self.device_state, uuid)  # the roster's, before a tenant can take its name
-            except OSError:
-                pass  # a name taken again and again: pacers read it as a roster that lists nobody
+            for ensure in (ensure_records_folder, ensure_folder):
+                try:
+                    ensure(self.device_state, uuid)
+                except OSError:
+                    pass  # a name taken again and again (a mount): grants on that device fail, naming it
 
 
 def _check_roots(root: Path) -> None:

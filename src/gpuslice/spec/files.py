@@ -1,10 +1,16 @@
-"""Write a whole file so that readers see the old text or the new one, never a part (temporary file in
-the same directory, then rename). Shared by the slice files the enforcer reads, the agent's
-``agent.json`` that clients and tests poll for, and the device plugin's ``ld.so.preload``."""
+"""File operations root does in folders others may reach.
+
+``write_atomic``: a whole file, so that readers see the old text or the new one, never a part (temporary file in
+the same directory, then rename): the slice files the enforcer reads, ``agent.json``, ``ld.so.preload``.
+``open_regular``: a plain file only, never a link, FIFO or device (a tenant's planted name cannot steer or hang
+root). ``ensure_owned_file``: an empty file made ``O_EXCL`` and handed to its owner, or the owner's existing one
+kept (the per-slice record files, :mod:`gpuslice.enforcer.slicerecords`)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 
 
@@ -26,21 +32,21 @@ class NotRegularFile(OSError):
     """A path that must name a plain file names something else (a FIFO, a device, a directory, a link)."""
 
 
-def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, follow: bool = False) -> int:
-    """Open ``path`` as a plain file and return the descriptor: a symbolic link as the last component is not
-    followed (``O_NOFOLLOW``; ``follow=True`` for a path the caller chose itself), and a FIFO or device is
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, follow: bool = False,
+                 dir_fd: int | None = None) -> int:
+    """Open ``path`` (relative to ``dir_fd`` when given) as a plain file and return the descriptor: a symbolic
+    link as the last component is not followed (``O_NOFOLLOW``; ``follow=True`` for a path the caller chose
+    itself), and a FIFO or device is
     refused (opened with ``O_NONBLOCK`` so the open itself cannot hang; the flag is cleared again for a
     regular file). Raises :class:`OSError` (ELOOP for a link, :class:`NotRegularFile` for anything else that is
     not a regular file).
 
-    Root reads and writes files in folders tenants can write to (regions, pacing files, slice files); a
+    Root reads and writes files in folders tenants can write to (regions, slice record files, slice files); a
     tenant could put a link there to make root read or change another file, or a FIFO to hang it."""
-    import errno
     import fcntl
-    import stat
 
     path = os.fspath(path)
-    fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -52,37 +58,70 @@ def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, foll
     return fd
 
 
-def ensure_shared_file(folder: str | os.PathLike[str], name: str, mode: int = 0o666) -> bool:
-    """Make sure ``folder/name`` is a regular file, creating it with ``mode`` if it is missing; True if this
-    call created it. A name that exists is never followed (a link there is an error: ELOOP), never chmod'ed
-    and never truncated, and must be a regular file with a single link (:class:`NotRegularFile` otherwise):
-    root creates the files every slice shares in folders tenants may have written to first (issue 15)."""
-    import errno
-    import stat
-
+def ensure_owned_file(folder: str | os.PathLike[str], name: str, uid: int = -1, mode: int = 0o644) -> bool:
+    """Make sure ``folder/name`` is a regular file owned by ``uid`` (-1: by this process) with ``mode``; True if
+    this call made it. A new file is made empty, ``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to the folder (opened
+    ``O_NOFOLLOW``), then ``fchown``ed and ``fchmod``ed through its descriptor. An existing regular file of that
+    owner is kept, never truncated (running processes map it); only its mode is put back if it changed.
+    Anything else at the name (a link, a FIFO, another owner's file) is removed, never followed, and the file
+    made anew; a folder there raises IsADirectoryError. For folders only this process writes (the per-device
+    slice record folders, issue 15): what is in them is ours to replace."""
+    owner = os.geteuid() if uid < 0 else uid
     dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for _ in range(3):
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-            except FileNotFoundError:
-                try:
-                    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                                 dir_fd=dfd)
-                except FileExistsError:
-                    continue  # someone made it just now: look at theirs
-                try:
-                    os.fchmod(fd, mode)  # ours, just made: the one file we may widen
-                finally:
-                    os.close(fd)
-                return True
-            try:
-                st = os.fstat(fd)
-            finally:
-                os.close(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                raise NotRegularFile(errno.EINVAL, "not a regular file with a single link", os.path.join(folder, name))
-            return False
-        raise FileExistsError(errno.EEXIST, "kept changing while being created", os.path.join(folder, name))
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=dfd)
+            except FileExistsError:
+                if _keep_owned(dfd, name, owner, mode):
+                    return False
+                continue  # not ours: removed; made again
+            _own(fd, dfd, name, owner, mode)
+            return True
+        raise FileExistsError(errno.EEXIST, "kept changing while being made", os.path.join(folder, name))
     finally:
         os.close(dfd)
+
+
+def _own(fd: int, dfd: int, name: str, owner: int, mode: int) -> None:
+    """Hand the file just made to ``owner`` with ``mode``; on failure it is removed again (nothing half made)."""
+    try:
+        if owner != os.geteuid():
+            os.fchown(fd, owner, -1)
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.unlink(name, dir_fd=dfd)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _keep_owned(dfd: int, name: str, owner: int, mode: int) -> bool:
+    """True when ``name`` is a regular file of ``owner`` (its mode put back to ``mode``); else it is removed."""
+    try:
+        fd = open_regular(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return False
+    except BlockingIOError:  # its owner holds a lease on it (an open would wait for the lease's break)
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return stat.S_ISREG(st.st_mode) and st.st_uid == owner or _remove(dfd, name)
+    except OSError as exc:  # a link (ELOOP), a FIFO or device (NotRegularFile), a folder (NotRegularFile)
+        if not isinstance(exc, NotRegularFile) and exc.errno != errno.ELOOP:
+            raise
+        return _remove(dfd, name)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == owner:
+            if stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(fd, mode)
+            return True
+    finally:
+        os.close(fd)
+    return _remove(dfd, name)
+
+
+def _remove(dfd: int, name: str) -> bool:
+    """Unlink ``name`` (never followed; a folder raises IsADirectoryError); False, for :func:`_keep_owned`."""
+    os.unlink(name, dir_fd=dfd)
+    return False

@@ -10,10 +10,12 @@ two so that nothing is applied twice:
 * the spec's own ``containerEdits`` — applied once to a container that gets any device of the spec, however
   many of them it gets: ``env`` ``NVIDIA_VISIBLE_DEVICES=<UUIDs>`` (the NVIDIA runtime hook gives the container
   those GPUs and the driver's libraries), ``GPUSLICE_SLICE``, ``GPUSLICE_GRANT``; mounts of the slice file, the
-  enforcer library and ``/etc/ld.so.preload`` read-only (``ro``), the slice's region folder and device-state
-  folder read-write (the enforcer writes them), all ``nosuid,nodev``; ``/dev/nvidiactl`` and ``/dev/nvidia-uvm*``;
-* each device's ``containerEdits``: its pacing file (read-write, inside the device-state folder, so it comes
-  after it) and its ``/dev/nvidia<minor>``.
+  enforcer library and ``/etc/ld.so.preload`` read-only (``ro``), the slice's region folder read-only and its
+  region file in it read-write, the slice's device-state folder read-only, all ``nosuid,nodev``;
+  ``/dev/nvidiactl`` and ``/dev/nvidia-uvm*``;
+* each device's ``containerEdits``, inside the device-state folder (so they come after it): the device's slice
+  records folder (``<stem>.slices``, read-only) and in it the claim's own record file (read-write), the device's
+  policy roster (``<stem>.policy``, read-only), and its ``/dev/nvidia<minor>``.
 
 Spec version 0.5.0: the oldest with every field used here, so older runtimes read it.
 """

@@ -9,12 +9,13 @@ failure is its own error string, the others are prepared):
    (:func:`~.claims.claim_grant`);
 3. the grant's files are written exactly as the device plugin writes them for a container
    (:class:`gpuslice.kube.allocator.Allocator`: the slice file through ``gpuslice.enforcer.slicefile.slice_config``,
-   the region and device-state folders, the pacing files, ``ld.so.preload``), then its CDI spec (:mod:`.cdi`);
+   the region and device-state folders, the slice's record file and roster entry on each device,
+   ``ld.so.preload``), then its CDI spec (:mod:`.cdi`);
 4. the claim is recorded in the checkpoint; the answer names, per allocated device, its request, pool, device,
    share ID and CDI device.
 
-Unprepare removes the claim's CDI spec, its slice folder (``<state>/kube/grants/dra-<uid>``) and region folder,
-then its checkpoint record — everything is named by the claim UID, so it works for claims the checkpoint does not
+Unprepare removes the claim's CDI spec, its roster entries and slice record files, its slice folder
+(``<state>/kube/grants/dra-<uid>``) and region folder, then its checkpoint record — everything is named by the claim UID, so it works for claims the checkpoint does not
 know (an unknown claim is already unprepared: success). Both are idempotent; calls for one claim are serialised.
 """
 
@@ -29,10 +30,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gpuslice.enforcer.policy import SUFFIX as POLICY_SUFFIX, remove_policies
+from gpuslice.enforcer.policy import remove_policies
+from gpuslice.enforcer.slicerecords import remove_records
 from gpuslice.enforcer.slicefile import SliceFileError
 from gpuslice.kube import escapes, formats
-from gpuslice.kube.allocator import CONTAINER_DEVICE_STATE, CONTROL_DEVICES, Allocator, PluginConfig
+from gpuslice.kube.allocator import CONTROL_DEVICES, Allocator, PluginConfig
 from gpuslice.kube.api import KubeError, NotFound
 from gpuslice.kube.dra import cdi
 from gpuslice.kube.dra.api import DraAPI
@@ -215,14 +217,16 @@ class DraDriver:
         uuids = {device_name(u): u for u in grant.uuids}  # DRA names derive from UUIDs (a lost GPU too)
         per_device: dict[str, dict[str, Any]] = {}
         moved: set[tuple[str, str, bool]] = set()
+        host_devices = self.files.paths(grant.grant_id, local=False)["devices"]
         for name in dict.fromkeys(devices):  # a device allocated twice to the claim is one CDI device
             uuid = uuids.get(name)
             if uuid is None:
                 raise SpecError("device", name, f"a device of grant {grant.grant_id} ({', '.join(grant.uuids)})")
             one = formats.ContainerGrant(container=cg.container,
                                          grant=Grant(grant.grant_id, tuple(s for s in grant.slices if s.device_uuid == uuid)))
-            pacing = {f"{CONTAINER_DEVICE_STATE}/{n}{ext}" for n in self.files.state_files(one) for ext in (".dev", POLICY_SUFFIX)}
-            mounts = [m for m in answer["mounts"] if m[0] in pacing]
+            pacing = {m for stem in self.files.device_stems(one)
+                      for m in self.files.device_mounts(grant.grant_id, stem, host_devices)}
+            mounts = [m for m in answer["mounts"] if m in pacing]  # in the answer's order: parents first
             moved.update(mounts)
             nodes = [n for n in self.files.device_nodes(one) if n not in CONTROL_DEVICES]
             per_device[cdi.device_name(uid, name)] = {"mounts": mounts, "devices": nodes}
@@ -239,6 +243,7 @@ class DraDriver:
             cdi.remove_spec(self.cfg.cdi_dir, ref.uid)
             paths = self.files.paths(grant_id(ref.uid), local=True)
             remove_policies(paths["devices"], grant_id(ref.uid))
+            remove_records(paths["devices"], grant_id(ref.uid))
             for folder in (paths["slice"].parent, paths["region"]):
                 # rmtree does not follow links (fd-based on Linux): what a container put in its region folder
                 # cannot point it elsewhere.

@@ -1,0 +1,260 @@
+/* gpuslice per-device shared state: our own slice's file and its records — joining, leaving, freeing
+ * the records of slice-mates that died (layout, trust and liveness: gpuslice/devstate.h). */
+#define _GNU_SOURCE
+#include "gpuslice/devstate.h"
+#include "gpuslice/policy.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int gs_ds_header_ok(const struct gs_ds_header *h)
+{
+    return h->magic == GS_DS_MAGIC && h->version == GS_DS_VERSION && h->size == GS_DS_FILE_SIZE &&
+                   h->max_procs == GS_DS_SLOT_PROCS && h->slice_off == GS_DS_SLICE_OFF &&
+                   h->slice_size == GS_DS_SLICE_SIZE && h->proc_off == GS_DS_PROC_OFF && h->proc_size == GS_DS_PROC_SIZE
+               ? 0
+               : -1;
+}
+
+static int alive_kill(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+/* Same PID namespace: the pid is ours to ask about. Another (or unknown) namespace: only the
+ * heartbeat can tell; kill() there would ask about an unrelated process or nobody. */
+int gs_ds_record_alive(const struct gs_ds_proc *p, uint64_t my_ns, int64_t now, int (*is_alive)(int32_t))
+{
+    if (my_ns && p->pidns == my_ns) return (is_alive ? is_alive : alive_kill)(p->pid);
+    return p->heartbeat_ns > 0 && now - p->heartbeat_ns < GS_DS_STALE_NS;
+}
+
+/* Under the lock, with the slot mapped read-write: a file of zeros (just sized, or cut to nothing by a
+ * slice-mate) is initialised; anything else must be a header we know. */
+int gs_ds_adopt_locked(struct gs_devstate *ds, int slot, char *err, size_t errlen)
+{
+    struct gs_ds_header *h = gs_ds_hdr(ds, slot);
+    if (h->magic != 0) {
+        if (gs_ds_header_ok(h) == 0) return 0;
+        snprintf(err, errlen,
+                 "device state: slice file %s has version %u size %u (this build: version %u size %u): processes of "
+                 "different gpuslice versions cannot coordinate",
+                 ds->slot[slot].name, h->version, h->size, GS_DS_VERSION, (unsigned)GS_DS_FILE_SIZE);
+        return -1;
+    }
+    memset(gs_ds_hdr(ds, slot), 0, GS_DS_HEADER_SIZE + GS_DS_SLICE_SIZE);
+    memset(gs_ds_proc(ds, slot * GS_DS_SLOT_PROCS), 0, GS_DS_SLOT_PROCS * GS_DS_PROC_SIZE);
+    h->version = GS_DS_VERSION;
+    h->size = GS_DS_FILE_SIZE;
+    h->max_procs = GS_DS_SLOT_PROCS;
+    h->slice_off = GS_DS_SLICE_OFF;
+    h->slice_size = GS_DS_SLICE_SIZE;
+    h->proc_off = GS_DS_PROC_OFF;
+    h->proc_size = GS_DS_PROC_SIZE;
+    h->created_ns = mono_ns();
+    snprintf(h->uuid, sizeof h->uuid, "%s", ds->uuid);
+    __atomic_store_n(&h->magic, GS_DS_MAGIC, __ATOMIC_RELEASE); /* last: a reader that sees it sees the rest */
+    return 0;
+}
+
+/* The uid a user namespace shows for an owner it does not map (root's files in a pod's user namespace). */
+static uid_t overflow_uid(void)
+{
+    static uid_t cached = (uid_t)-1;
+    if (cached != (uid_t)-1) return cached;
+    uid_t u = 65534;
+    FILE *f = fopen("/proc/sys/kernel/overflowuid", "re");
+    if (f) {
+        unsigned v;
+        if (fscanf(f, "%u", &v) == 1) u = (uid_t)v;
+        fclose(f);
+    }
+    return cached = u;
+}
+
+/* Our slice's file, read-write: the one its manager made, else (a folder that lets us: no manager) made
+ * now, O_EXCL, 0644. Never followed; a regular file with one link, owned by us or by root (a user who
+ * made it first in a sticky folder would read and write our records: refused). The fd, or -1. */
+static int open_own(struct gs_devstate *ds, const char *grant)
+{
+    int fd = -1;
+    for (int attempt = 0; attempt < 3 && fd < 0; attempt++) {
+        fd = openat(ds->dfd, grant, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0 || errno != ENOENT) break;
+        fd = openat(ds->dfd, grant, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd >= 0) fchmod(fd, 0644); /* made by this call: neighbours of any user read it, whatever the umask */
+        else if (errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        int e = errno;
+        snprintf(ds->why, sizeof ds->why, "slice file %s%s/%s: %s", ds->uuid, GS_DS_FOLDER_SUFFIX, grant,
+                 e == ELOOP        ? "a symbolic link (not followed)"
+                 : e == EACCES || e == EROFS ? "missing or not writable, and not ours to make (the node's manager makes it at grant)"
+                                   : strerror(e));
+        return -1;
+    }
+    struct stat st;
+    const char *bad = NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) bad = "not a regular file with a single link";
+    else if (st.st_uid != geteuid() && st.st_uid != 0 && st.st_uid != overflow_uid()) bad = "owned by another user";
+    else if (st.st_size != 0 && st.st_size != GS_DS_FILE_SIZE) bad = "of another gpuslice version's size";
+    else if (st.st_size == 0 && ftruncate(fd, GS_DS_FILE_SIZE) != 0) bad = strerror(errno);
+    if (bad) {
+        snprintf(ds->why, sizeof ds->why, "slice file %s%s/%s: %s; not used", ds->uuid, GS_DS_FOLDER_SUFFIX, grant, bad);
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+static int own_slot(const struct gs_devstate *ds, const char *grant)
+{
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++)
+        if (ds->slot[i].state == GS_DS_SLOT_OWN && strcmp(ds->slot[i].name, grant) == 0) return i;
+    return -1;
+}
+
+/* Map our slice's file read-write: where the scan mapped it read-only (same slot: records indexes stay),
+ * else in a free slot. The slot, or -1 with ds->why set. */
+static int map_own(struct gs_devstate *ds, const char *grant)
+{
+    int fd = open_own(ds, grant);
+    if (fd < 0) return -1;
+    struct stat st;
+    fstat(fd, &st);
+    int slot = gs_ds_find_slot(ds, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+    if (slot < 0) slot = gs_ds_free_slot(ds);
+    if (slot < 0 || gs_ds_map_slot(ds, slot, fd, 1) != 0) {
+        snprintf(ds->why, sizeof ds->why, "slice file %s: %s", grant,
+                 slot < 0 ? "the device has more slice files than a process maps (32)" : strerror(errno));
+        if (slot >= 0) gs_ds_clear_slot(ds, slot); /* was free, or a neighbour's view: looked at again by a scan */
+        close(fd);
+        return -1;
+    }
+    struct gs_ds_slot *s = &ds->slot[slot];
+    s->state = GS_DS_SLOT_OWN;
+    s->fd = fd;
+    s->dev = (uint64_t)st.st_dev;
+    s->ino = (uint64_t)st.st_ino;
+    snprintf(s->name, sizeof s->name, "%s", grant);
+    if (gs_ds_adopt_locked(ds, slot, ds->why, sizeof ds->why) != 0) {
+        gs_ds_clear_slot(ds, slot);
+        return -1;
+    }
+    return slot;
+}
+
+/* Our slice has no process left on this handle's device: its record is freed and its slot given back
+ * (the file stays: its manager removes it with the grant). */
+static void release_slot(struct gs_devstate *ds, int slot)
+{
+    memset(gs_ds_slice(ds, slot), 0, sizeof(struct gs_ds_slice));
+    gs_ds_clear_slot(ds, slot);
+}
+
+static int reap_slot(struct gs_devstate *ds, int slot, uint64_t my_ns, int64_t now, int (*is_alive)(int32_t))
+{
+    int freed = 0, refs = 0;
+    for (int k = 0; k < GS_DS_SLOT_PROCS; k++) {
+        struct gs_ds_proc *p = gs_ds_proc(ds, slot * GS_DS_SLOT_PROCS + k);
+        if (!(p->flags & GS_DS_PROC_IN_USE)) continue;
+        if (gs_ds_record_alive(p, my_ns, now, is_alive)) {
+            refs++;
+            continue;
+        }
+        memset(p, 0, sizeof *p);
+        freed++;
+    }
+    if (refs == 0) release_slot(ds, slot);
+    return freed;
+}
+
+int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid))
+{
+    int freed = 0;
+    uint64_t my_ns = gs_devstate_pidns();
+    int64_t now = mono_ns();
+    for (int s = 0; s < GS_DS_MAX_SLICES; s++)
+        if (gs_ds_own(ds, s)) freed += reap_slot(ds, s, my_ns, now, is_alive);
+    return freed;
+}
+
+static int free_record(const struct gs_devstate *ds, int slot)
+{
+    for (int k = 0; k < GS_DS_SLOT_PROCS; k++)
+        if (!(gs_ds_proc(ds, slot * GS_DS_SLOT_PROCS + k)->flags & GS_DS_PROC_IN_USE)) return slot * GS_DS_SLOT_PROCS + k;
+    return -1;
+}
+
+int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t share_bp, int mode,
+                            int weight, int priority, int paced, int32_t pid, uint32_t id,
+                            int *slice_idx, int *proc_idx)
+{
+    if (!grant || !gs_pol_valid_name(grant)) {
+        snprintf(ds->why, sizeof ds->why, "grant id '%.64s' cannot name a slice file (letters, digits, '-', '_', '.')",
+                 grant ? grant : "");
+        return -1;
+    }
+    int s = own_slot(ds, grant);
+    if (s < 0) s = map_own(ds, grant);
+    if (s < 0) return -1;
+    int p = free_record(ds, s);
+    if (p < 0 && reap_slot(ds, s, gs_devstate_pidns(), mono_ns(), NULL) > 0) {
+        if (!gs_ds_own(ds, s)) s = map_own(ds, grant); /* every record was dead: the slot was given back */
+        if (s < 0) return -1;
+        p = free_record(ds, s);
+    }
+    if (p < 0) {
+        snprintf(ds->why, sizeof ds->why, "slice file %s: all %d process records are in use", grant, GS_DS_SLOT_PROCS);
+        return -1;
+    }
+    struct gs_ds_slice *r = gs_ds_slice(ds, s);
+    if (!(r->flags & GS_DS_SLICE_IN_USE)) {
+        memset(r, 0, sizeof *r);
+        snprintf(r->grant, sizeof r->grant, "%s", grant);
+        r->achieved_bp = -1;
+        r->flags = GS_DS_SLICE_IN_USE;
+    }
+    /* the latest joiner's configuration wins: all processes of a grant read the same slice file */
+    r->share_bp = share_bp;
+    r->mode = (uint8_t)mode;
+    r->weight = (uint8_t)weight;
+    r->priority = (uint8_t)priority;
+    r->paced = (uint8_t)(paced != 0);
+    r->rate_bp = share_bp;
+    struct gs_ds_proc *q = gs_ds_proc(ds, p);
+    memset(q, 0, sizeof *q);
+    q->pid = pid;
+    q->id = id;
+    q->slice = 0; /* the file's one slice: a slot number is the handle's own and means nothing to others */
+    q->last_seen_ns = mono_ns();
+    q->heartbeat_ns = q->last_seen_ns;
+    q->joined_ns = q->last_seen_ns;
+    q->pidns = gs_devstate_pidns();
+    q->flags = GS_DS_PROC_IN_USE | (paced ? 0u : GS_DS_PROC_LIGHT);
+    *slice_idx = s;
+    *proc_idx = p;
+    return 0;
+}
+
+void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx)
+{
+    if (proc_idx < 0 || proc_idx >= GS_DS_MAX_PROCS) return;
+    int s = gs_ds_proc_slice(proc_idx);
+    if (!gs_ds_own(ds, s)) return;
+    memset(gs_ds_proc(ds, proc_idx), 0, sizeof(struct gs_ds_proc));
+    for (int k = 0; k < GS_DS_SLOT_PROCS; k++)
+        if (gs_ds_proc(ds, s * GS_DS_SLOT_PROCS + k)->flags & GS_DS_PROC_IN_USE) return;
+    release_slot(ds, s);
+}

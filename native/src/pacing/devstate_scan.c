@@ -1,0 +1,124 @@
+/* gpuslice per-device shared state: finding the neighbours' slice files and mapping them read-only
+ * (layout, trust and liveness: gpuslice/devstate.h). */
+#define _GNU_SOURCE
+#include "gpuslice/devstate.h"
+#include "gpuslice/policy.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int64_t ts_ns(const struct timespec *t) { return (int64_t)t->tv_sec * 1000000000LL + t->tv_nsec; }
+
+/* 1: a record in use is alive; 0: records in use, all dead; -1: none in use. */
+static int records_live(const struct gs_ds_proc *p, int n, uint64_t my_ns, int64_t now)
+{
+    int in_use = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(p[i].flags & GS_DS_PROC_IN_USE)) continue;
+        in_use = 1;
+        if (gs_ds_record_alive(&p[i], my_ns, now, NULL)) return 1;
+    }
+    return in_use ? 0 : -1;
+}
+
+/* A neighbour's file, by its name: opened read-only, never followed; its header read and checked, and
+ * its records for liveness. The fd (the caller closes it), or -1 when it is not a whole file of ours. */
+static int open_peer(struct gs_devstate *ds, const char *name, const struct stat *seen, int *live, int64_t now)
+{
+    int fd = openat(ds->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat st;
+    struct gs_ds_header h;
+    struct gs_ds_proc recs[GS_DS_SLOT_PROCS];
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != seen->st_dev || st.st_ino != seen->st_ino ||
+        st.st_size != GS_DS_FILE_SIZE || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || gs_ds_header_ok(&h) != 0 ||
+        pread(fd, recs, sizeof recs, GS_DS_PROC_OFF) != (ssize_t)sizeof recs) {
+        close(fd);
+        return -1;
+    }
+    *live = records_live(recs, GS_DS_SLOT_PROCS, gs_devstate_pidns(), now);
+    return fd;
+}
+
+/* A file the folder lists that no slot holds: mapped read-only when it has a live record. A slice with no
+ * process on the device takes no slot (a manager makes a file per grant, long before and after its
+ * processes run); it is looked at again by every scan. */
+static void look_at(struct gs_devstate *ds, const char *name, const struct stat *st, int64_t now)
+{
+    int live = 0;
+    int fd = open_peer(ds, name, st, &live, now);
+    if (fd < 0) {
+        ds->unseen++;
+        return;
+    }
+    int slot = live == 1 ? gs_ds_free_slot(ds) : -1;
+    if (live == 1 && slot < 0) ds->unseen++;
+    if (slot >= 0 && gs_ds_map_slot(ds, slot, fd, 0) == 0) {
+        struct gs_ds_slot *s = &ds->slot[slot];
+        s->state = GS_DS_SLOT_PEER;
+        s->dev = (uint64_t)st->st_dev;
+        s->ino = (uint64_t)st->st_ino;
+        memcpy(s->name, name, strlen(name) + 1); /* gs_pol_valid_name: shorter than the field */
+    }
+    close(fd);
+}
+
+/* A neighbour with no live process left (they left, or were killed without freeing their records: only
+ * their own slice may free them) gives its slot back; a scan maps it again when one comes. */
+static void drop_if_gone(struct gs_devstate *ds, int slot, int64_t now)
+{
+    const struct gs_ds_proc *p = gs_ds_proc(ds, slot * GS_DS_SLOT_PROCS);
+    if (records_live(p, GS_DS_SLOT_PROCS, gs_devstate_pidns(), now) != 1) gs_ds_clear_slot(ds, slot);
+}
+
+static int due(struct gs_devstate *ds, int64_t now, int force)
+{
+    if (force) return 1;
+    if (now - ds->mtime_checked_ns < GS_DS_MTIME_NS) return 0;
+    ds->mtime_checked_ns = now;
+    struct stat st;
+    int moved = fstat(ds->dfd, &st) == 0 && ts_ns(&st.st_mtim) != ds->folder_mtime_ns;
+    return moved || now - ds->scanned_ns >= GS_DS_SCAN_NS;
+}
+
+void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force)
+{
+    if (ds->dfd < 0 || !due(ds, now, force)) return;
+    struct stat fst;
+    if (fstat(ds->dfd, &fst) == 0) ds->folder_mtime_ns = ts_ns(&fst.st_mtim);
+    ds->scanned_ns = ds->mtime_checked_ns = now;
+    int dup_fd = dup(ds->dfd);
+    DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+    if (!d) {
+        if (dup_fd >= 0) close(dup_fd);
+        return; /* out of descriptors: keep what is mapped */
+    }
+    rewinddir(d);
+    uint8_t seen[GS_DS_MAX_SLICES] = {0};
+    ds->unseen = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (de->d_name[0] == '.' || !gs_pol_valid_name(de->d_name)) continue;
+        struct stat st;
+        if (fstatat(ds->dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+        int slot = gs_ds_find_slot(ds, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+        if (slot >= 0) {
+            seen[slot] = 1;
+            continue;
+        }
+        if (st.st_size == 0) continue; /* made by the node's manager; no process has joined it yet */
+        look_at(ds, de->d_name, &st, now);
+        slot = gs_ds_find_slot(ds, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+        if (slot >= 0) seen[slot] = 1;
+    }
+    closedir(d);
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
+        if (ds->slot[i].state != GS_DS_SLOT_PEER) continue; /* our own file stays ours, listed or not */
+        if (!seen[i]) gs_ds_clear_slot(ds, i);
+        else drop_if_gone(ds, i, now);
+    }
+}
