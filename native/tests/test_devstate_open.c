@@ -31,13 +31,17 @@ static off_t size_of(const char *p)
     return stat(p, &st) == 0 ? st.st_size : -1;
 }
 
-/* Join `grant` on the test device: 0, or -1 with the reason in ds->why. */
+/* Join `grant` on the test device: 0 (its file used), 1 (the file refused: paced on a private copy, the reason
+ * in ds->why), -1 (failed). */
 static int join(struct gs_devstate *ds, const char *grant)
 {
     int s, p, rc = -1;
     if (gs_devstate_lock(ds) == 0) {
         rc = gs_devstate_join_locked(ds, grant, 5000, GS_CTL_HARD, 1, 1, 1, getpid(), 0, &s, &p);
-        if (rc == 0) gs_devstate_leave_locked(ds, p);
+        if (rc == 0) {
+            rc = ds->slot[s].private_copy;
+            gs_devstate_leave_locked(ds, p);
+        }
         gs_devstate_unlock(ds);
     }
     return rc;
@@ -60,7 +64,7 @@ int main(void)
     /* a link in place of the file: refused, its target untouched */
     snprintf(path, sizeof path, "%s/link", folder);
     CHECK(symlink(victim, path) == 0, "symlink");
-    CHECK(join(&ds, "link") != 0, "a link must be refused");
+    CHECK(join(&ds, "link") == 1, "a link must be refused (a private copy)");
     CHECK(strstr(ds.why, "symbolic link") != NULL, "the reason names the link: %s", ds.why);
     CHECK(mode_of(victim) == 0600 && size_of(victim) == 0, "the link's target stays 0600 and empty (mode %o)",
           (unsigned)mode_of(victim));
@@ -68,12 +72,12 @@ int main(void)
     /* a FIFO: refused at once (no hang), untouched */
     snprintf(path, sizeof path, "%s/fifo", folder);
     CHECK(mkfifo(path, 0600) == 0, "mkfifo");
-    CHECK(join(&ds, "fifo") != 0, "a FIFO must be refused");
+    CHECK(join(&ds, "fifo") == 1, "a FIFO must be refused (a private copy)");
 
     /* another hard link to a file: refused (it would write through to the other name) */
     snprintf(path, sizeof path, "%s/hard", folder);
     CHECK(link(victim, path) == 0, "link");
-    CHECK(join(&ds, "hard") != 0, "a file with two links must be refused");
+    CHECK(join(&ds, "hard") == 1, "a file with two links must be refused (a private copy)");
     CHECK(mode_of(victim) == 0600 && size_of(victim) == 0, "the hard-linked file stays 0600 and empty");
 
     /* a missing file: made 0644 whatever the umask, sized */
@@ -95,11 +99,34 @@ int main(void)
         CHECK(t >= 0 && fchown(t, 65533, 65533) == 0 && fchmod(t, 0666) == 0, "a file of uid 65533, writable by all");
         if (t >= 0) close(t);
         if (seteuid(65532) == 0) {
-            CHECK(join(&ds, "theirs") != 0 && strstr(ds.why, "another user"), "refused: %s", ds.why);
+            CHECK(join(&ds, "theirs") == 1 && strstr(ds.why, "another user"), "refused: %s", ds.why);
+            /* the overflow uid's too: in a folder no manager keeps, any user's file may show as that */
+            CHECK(seteuid(0) == 0, "back to root");
+            snprintf(path, sizeof path, "%s/overflow", folder);
+            int o = open(path, O_CREAT | O_WRONLY, 0666);
+            CHECK(o >= 0 && fchown(o, 65534, 65534) == 0 && fchmod(o, 0666) == 0, "a file of the overflow uid");
+            if (o >= 0) close(o);
+            CHECK(seteuid(65532) == 0, "as another user");
+            CHECK(join(&ds, "overflow") == 1, "the overflow uid's file in an open folder is refused: %s", ds.why);
             if (seteuid(0) != 0) return 2;
         }
     }
     gs_devstate_close(&ds);
+
+    /* a manager's folder (root's, 0755): any file in it is the one made for its grant, whoever owns it (a
+     * process of the grant running as root uses its user's file) */
+    if (geteuid() == 0) {
+        char managed[128];
+        snprintf(managed, sizeof managed, "%s/GPU-managed%s", dir, GS_DS_FOLDER_SUFFIX);
+        CHECK(mkdir(managed, 0755) == 0 && chmod(managed, 0755) == 0, "a manager's folder");
+        snprintf(path, sizeof path, "%s/users-grant", managed);
+        int m = open(path, O_CREAT | O_WRONLY, 0644);
+        CHECK(m >= 0 && fchown(m, 65533, 65533) == 0, "the grant's file, its user's");
+        if (m >= 0) close(m);
+        CHECK(gs_devstate_open(&ds, dir, "GPU-managed", err, sizeof err) == 0 && ds.managed, "open: managed");
+        CHECK(join(&ds, "users-grant") == 0, "used, not a private copy: %s", ds.why);
+        gs_devstate_close(&ds);
+    }
 
     /* the folders themselves links: refused */
     char linkdir[128];

@@ -160,6 +160,8 @@ struct gs_ds_slot {
     int fd;                    /* OWN: the file, kept for recovery after a truncation; else -1 */
     uint64_t dev, ino;         /* the file's identity (a name made again is another file) */
     int lost;                  /* set by the SIGBUS guard: the slot's pages are private zeros now (atomic) */
+    int pins;                  /* OWN: engines of this handle whose records live here; never given back while > 0 */
+    int private_copy;          /* OWN without a file: our slice's own file was unusable (neighbours do not see it) */
     char name[128];            /* the grant the file is named after */
 };
 
@@ -175,7 +177,9 @@ struct gs_devstate {
     int64_t mtime_checked_ns;  /* last look at the folder's mtime */
     int64_t folder_mtime_ns;   /* the folder's mtime at the last scan */
     uint64_t unseen;           /* files the last scan could not map (slots full, not whole, unknown version) */
-    char why[200];             /* why the last join failed (for the enforcer's log) */
+    char why[240];             /* why the last join failed, or went to a private copy (for the enforcer's log) */
+    int managed;               /* the folder is a manager's (root's or the overflow uid's, writable by nobody else,
+                                  or a read-only mount): any file in it is one the manager made for its grant */
     char uuid[64];
     char dir[1024];            /* the device-state folder (the policy roster is beside this device's folder: policy.h) */
     pthread_mutex_t local;     /* this handle's threads take the folder's lock in turn (a flock is the open file's) */
@@ -227,23 +231,42 @@ void gs_devstate_close(struct gs_devstate *ds);
 int gs_devstate_lock(struct gs_devstate *ds);
 void gs_devstate_unlock(struct gs_devstate *ds);
 /* Join (under lock): map grant's own file read-write (made O_EXCL 0644 when missing and the folder lets us),
- * set up its slice record, take a process record. 0 or -1 (no file of ours, slots or records full). */
+ * set up its slice record, take a process record, and pin the slot (it is not given back while pinned). Our
+ * own file unusable (missing and not ours to make, cut or scribbled by the slice's own processes, its
+ * records all taken): the slice paces on a private copy, which neighbours do not see, rather than not at
+ * all (ds->why says so) — a tenant must not escape its pacing by spoiling its own file. 0, or -1 (a grant
+ * that cannot name a file). */
 int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t share_bp, int mode,
                             int weight, int priority, int paced, int32_t pid, uint32_t id,
                             int *slice_idx, int *proc_idx);
-void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx);
+void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx); /* frees the record, unpins its slot */
+/* An engine whose record was taken from it joined again (maybe in another slot): its old slot's pin goes. */
+void gs_devstate_unpin_locked(struct gs_devstate *ds, int slot);
 /* Free the records of our own slices' processes that no longer exist (and a slice record left without
  * processes). Returns how many process records were freed. A record of our own PID namespace is alive
  * while is_alive(pid) (NULL = kill(pid, 0)); any other record while its heartbeat is younger than
  * GS_DS_STALE_NS. Neighbours' records are never written: gs_devstate_scan_locked hides a dead one. */
 int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid));
-/* Under the lock: look at the folder again (files with a live record mapped, removed ones and ones
- * without a live record dropped), every GS_DS_SCAN_NS, and at once when the folder's mtime moved (looked
- * at every GS_DS_MTIME_NS). force: now. 50 ms: a process joining a file its manager made earlier moves
- * no mtime, so this is how soon neighbours see it; a scan of ten files takes ~30 us under the lock. */
+/* With the handle's mutex held (gs_devstate_lock takes it before the device's flock, and scans before that:
+ * a scan holds up no other process): look at the folder again (files with a live record mapped, removed
+ * ones and ones without a live record dropped), every GS_DS_SCAN_NS, and at once when the folder's mtime
+ * moved (looked at every GS_DS_MTIME_NS). force: now. 50 ms: a process joining a file its manager made
+ * earlier moves no mtime, so this is how soon neighbours see it. A scan looks at no more than
+ * GS_DS_SCAN_MAX_ENTRIES entries and opens no more than GS_DS_SCAN_MAX_OPENS files it has not mapped (a
+ * folder someone filled costs each scan a bounded time; files past the bound are not seen). */
 void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force);
 #define GS_DS_SCAN_NS   50000000LL
 #define GS_DS_MTIME_NS  10000000LL
+#define GS_DS_SCAN_MAX_ENTRIES 256
+#define GS_DS_SCAN_MAX_OPENS   24
+/* In the child of a fork: the parent's handle let go of without touching the parent's records (its
+ * descriptors closed — a child must not keep the parent's flock alive —, its ranges unmapped, its guard
+ * entry removed); the handle is then closed and may be opened again. */
+void gs_devstate_after_fork(struct gs_devstate *ds);
+/* Once per thread, before it reads neighbours' files: SIGBUS unblocked in this thread (a synchronous SIGBUS
+ * on a thread that blocks it kills the process whatever its handler: the guard could not catch a
+ * neighbour's truncation there). Cheap after the first call (a thread-local flag). */
+void gs_devstate_thread_ready(void);
 /* SIGBUS caught on a truncated slice file since start (the slot went private; devstate_guard.c). */
 uint64_t gs_devstate_faults_caught(void);
 /* Internal to devstate*.c. */

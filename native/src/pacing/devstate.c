@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -124,6 +125,33 @@ static int open_folder(const char *dir, const char *uuid, char *err, size_t errl
     return fd;
 }
 
+/* The uid a user namespace shows for an owner it does not map (root's files in a pod's user namespace). */
+static uid_t overflow_uid(void)
+{
+    static uid_t cached = (uid_t)-1;
+    if (cached != (uid_t)-1) return cached;
+    uid_t u = 65534;
+    FILE *f = fopen("/proc/sys/kernel/overflowuid", "re");
+    if (f) {
+        unsigned v;
+        if (fscanf(f, "%u", &v) == 1) u = (uid_t)v;
+        fclose(f);
+    }
+    return cached = u;
+}
+
+/* A manager's folder: on a read-only mount (Kubernetes), or root's (a pod's user namespace shows it as the
+ * overflow uid) and writable by nobody else. Only its manager makes files in it, so a file there is the one
+ * made for the grant it is named after, whoever owns it. Anything else (no manager: the first enforcer's
+ * 01777 folder) holds files any user may have made first: there only a file of our own is ours. */
+static int managed_folder(int fd)
+{
+    struct statvfs v;
+    if (fstatvfs(fd, &v) == 0 && (v.f_flag & ST_RDONLY)) return 1;
+    struct stat st;
+    return fstat(fd, &st) == 0 && (st.st_uid == 0 || st.st_uid == overflow_uid()) && !(st.st_mode & (S_IWGRP | S_IWOTH));
+}
+
 static void *reserve(size_t len)
 {
     void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -166,6 +194,7 @@ int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, 
         goto fail;
     }
     ds->dfd = fd;
+    ds->managed = managed_folder(fd);
     gs_devstate_scan_locked(ds, mono_ns(), 1); /* nobody else has the handle yet: no lock needed for its slots */
     return 0;
 fail:
@@ -190,6 +219,22 @@ void gs_devstate_close(struct gs_devstate *ds)
     ds->guard = -1;
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) ds->slot[i].fd = -1;
     pthread_mutex_init(&ds->local, NULL); /* a closed handle may be closed again */
+}
+
+void gs_devstate_after_fork(struct gs_devstate *ds)
+{
+    if (!ds->sbase) return;
+    gs_ds_guard_remove(ds);
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++)
+        if (ds->slot[i].fd >= 0) close(ds->slot[i].fd);
+    munmap(ds->sbase, GS_DS_MAX_SLICES * ds->page);
+    munmap(ds->pbase, GS_DS_MAX_SLICES * ds->page);
+    if (ds->dfd >= 0) close(ds->dfd);
+    memset(ds, 0, sizeof *ds); /* the mutex too: another thread of the parent may have held it */
+    ds->dfd = -1;
+    ds->guard = -1;
+    for (int i = 0; i < GS_DS_MAX_SLICES; i++) ds->slot[i].fd = -1;
+    pthread_mutex_init(&ds->local, NULL);
 }
 
 uint64_t gs_devstate_pidns(void)

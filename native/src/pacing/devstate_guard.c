@@ -13,9 +13,14 @@
  * anywhere else goes on to the handler that was there before ours, or to the default action (the process
  * dies as it would have).
  *
- * The guard holds while the program leaves SIGBUS to the handler chain gpuslice installed into (a
- * program that installs its own SIGBUS handler later and does not chain to the previous one takes it
- * away; Python's faulthandler chains after printing its report). */
+ * A synchronous SIGBUS on a thread that blocks it kills the process whatever the handler, so the threads
+ * that read neighbours' files unblock it once (gs_devstate_thread_ready: the launching threads and the
+ * poller; a program that blocks SIGBUS could not have survived a bus error in that thread anyway). The
+ * guard holds while the program leaves SIGBUS to the handler chain gpuslice installed into (a program
+ * that installs its own SIGBUS handler later and does not chain to the previous one takes it away).
+ * Python's faulthandler, enabled after gpuslice, reports the fault and re-raises it without its address:
+ * that re-raise reaches the default action, and the process dies (README-compute.md "Hostile
+ * neighbours"). */
 #define _GNU_SOURCE
 #include "gpuslice/devstate.h"
 #include <errno.h>
@@ -126,6 +131,17 @@ void gs_ds_guard_remove(struct gs_devstate *ds)
     if (ds->guard < 0 || ds->guard >= GS_DS_GUARD_SLOTS) return;
     __atomic_store_n(&slots[ds->guard], NULL, __ATOMIC_RELEASE);
     ds->guard = -1;
+}
+
+void gs_devstate_thread_ready(void)
+{
+    static _Thread_local int ready;
+    if (ready) return;
+    ready = 1;
+    sigset_t bus;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
 }
 
 uint64_t gs_devstate_faults_caught(void) { return __atomic_load_n(&faults_caught, __ATOMIC_RELAXED); }

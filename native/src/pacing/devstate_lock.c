@@ -10,8 +10,8 @@
  * waiting): a holder that stops (SIGSTOP) costs a locker at most one wait per back-off period, and the
  * locker goes on without the shared state.
  *
- * Each lock also: maps again what the SIGBUS guard made private (devstate_guard.c), looks at the folder
- * when due (devstate_scan.c), counts the update in our own files' headers and brings our own records back
+ * Each lock also: looks at the folder when due (devstate_scan.c; before the flock, with only the handle's
+ * mutex held), maps again what the SIGBUS guard made private (devstate_guard.c), counts the update in our own files' headers and brings our own records back
  * into range (a slice-mate may have scribbled on them). */
 #define _GNU_SOURCE
 #include "gpuslice/controller.h"
@@ -81,6 +81,7 @@ int gs_devstate_lock(struct gs_devstate *ds)
     int64_t until = now < __atomic_load_n(&ds->backoff_until_ns, __ATOMIC_RELAXED) ? now : now + GS_DS_LOCK_WAIT_NS;
     struct timespec abs = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
     int rc = ds->dfd < 0 ? EBADF : pthread_mutex_clocklock(&ds->local, CLOCK_MONOTONIC, &abs);
+    if (rc == 0) gs_devstate_scan_locked(ds, now, 0); /* before the flock: a scan holds up no other process */
     if (rc == 0 && take_file_lock(ds->dfd, until) != 0) {
         rc = errno;
         pthread_mutex_unlock(&ds->local);
@@ -95,7 +96,6 @@ int gs_devstate_lock(struct gs_devstate *ds)
     }
     __atomic_store_n(&ds->backoff_until_ns, 0, __ATOMIC_RELAXED);
     gs_ds_guard_recover(ds);
-    gs_devstate_scan_locked(ds, now, 0);
     for (int i = 0; i < GS_DS_MAX_SLICES; i++)
         if (gs_ds_own(ds, i)) sanitize_slot(ds, i);
     return 0;

@@ -67,24 +67,9 @@ int gs_ds_adopt_locked(struct gs_devstate *ds, int slot, char *err, size_t errle
     return 0;
 }
 
-/* The uid a user namespace shows for an owner it does not map (root's files in a pod's user namespace). */
-static uid_t overflow_uid(void)
-{
-    static uid_t cached = (uid_t)-1;
-    if (cached != (uid_t)-1) return cached;
-    uid_t u = 65534;
-    FILE *f = fopen("/proc/sys/kernel/overflowuid", "re");
-    if (f) {
-        unsigned v;
-        if (fscanf(f, "%u", &v) == 1) u = (uid_t)v;
-        fclose(f);
-    }
-    return cached = u;
-}
-
 /* Our slice's file, read-write: the one its manager made, else (a folder that lets us: no manager) made
- * now, O_EXCL, 0644. Never followed; a regular file with one link, owned by us or by root (a user who
- * made it first in a sticky folder would read and write our records: refused). The fd, or -1. */
+ * now, O_EXCL, 0644. Never followed; a regular file with one link; in a folder no manager keeps, our own
+ * (a user who made it first in the sticky folder would read and write our records: refused). The fd, or -1. */
 static int open_own(struct gs_devstate *ds, const char *grant)
 {
     int fd = -1;
@@ -106,7 +91,7 @@ static int open_own(struct gs_devstate *ds, const char *grant)
     struct stat st;
     const char *bad = NULL;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) bad = "not a regular file with a single link";
-    else if (st.st_uid != geteuid() && st.st_uid != 0 && st.st_uid != overflow_uid()) bad = "owned by another user";
+    else if (!ds->managed && st.st_uid != geteuid()) bad = "owned by another user, in a folder no manager keeps";
     else if (st.st_size != 0 && st.st_size != GS_DS_FILE_SIZE) bad = "of another gpuslice version's size";
     else if (st.st_size == 0 && ftruncate(fd, GS_DS_FILE_SIZE) != 0) bad = strerror(errno);
     if (bad) {
@@ -125,6 +110,38 @@ static int own_slot(const struct gs_devstate *ds, const char *grant)
     return -1;
 }
 
+/* A slot for our own slice: a free one, else the last neighbour's (a neighbour less seen costs less than our
+ * slice unpaced); -1 when every slot is our own. */
+static int own_room(struct gs_devstate *ds)
+{
+    int slot = gs_ds_free_slot(ds);
+    for (int i = GS_DS_MAX_SLICES - 1; slot < 0 && i >= 0; i--)
+        if (ds->slot[i].state == GS_DS_SLOT_PEER) {
+            gs_ds_clear_slot(ds, i);
+            slot = i;
+        }
+    return slot;
+}
+
+/* Our own file unusable: the slice paces on private pages in a slot of its own, which neighbours do not
+ * see (they neither yield to it nor count it), rather than unpaced. The slot, or -1 (no room). */
+static int private_slot(struct gs_devstate *ds, const char *grant)
+{
+    int slot = own_room(ds);
+    if (slot < 0) return -1;
+    gs_ds_private_pages(ds, slot);
+    struct gs_ds_slot *s = &ds->slot[slot];
+    s->state = GS_DS_SLOT_OWN;
+    s->private_copy = 1;
+    memcpy(s->name, grant, strlen(grant) + 1); /* gs_pol_valid_name: shorter than the field */
+    if (slot + 1 > ds->nslots) __atomic_store_n(&ds->nslots, slot + 1, __ATOMIC_RELEASE);
+    char unused[8];
+    gs_ds_adopt_locked(ds, slot, unused, sizeof unused); /* zeros: initialised */
+    size_t n = strlen(ds->why);
+    snprintf(ds->why + n, sizeof ds->why - n, "; paced on a private copy (neighbours do not see this slice)");
+    return slot;
+}
+
 /* Map our slice's file read-write: where the scan mapped it read-only (same slot: records indexes stay),
  * else in a free slot. The slot, or -1 with ds->why set. */
 static int map_own(struct gs_devstate *ds, const char *grant)
@@ -134,7 +151,7 @@ static int map_own(struct gs_devstate *ds, const char *grant)
     struct stat st;
     fstat(fd, &st);
     int slot = gs_ds_find_slot(ds, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
-    if (slot < 0) slot = gs_ds_free_slot(ds);
+    if (slot < 0) slot = own_room(ds);
     if (slot < 0 || gs_ds_map_slot(ds, slot, fd, 1) != 0) {
         snprintf(ds->why, sizeof ds->why, "slice file %s: %s", grant,
                  slot < 0 ? "the device has more slice files than a process maps (32)" : strerror(errno));
@@ -155,10 +172,15 @@ static int map_own(struct gs_devstate *ds, const char *grant)
     return slot;
 }
 
-/* Our slice has no process left on this handle's device: its record is freed and its slot given back
- * (the file stays: its manager removes it with the grant). */
+/* Our slice has no process left on this handle's device and no engine here uses the slot: its record is
+ * freed and its slot given back (the file stays: its manager removes it with the grant). An engine's
+ * launch threads write its records by slot without the lock, so a pinned slot is never given back (it could
+ * be mapped to a neighbour's read-only file next). */
 static void release_slot(struct gs_devstate *ds, int slot)
 {
+    if (ds->slot[slot].pins > 0) return;
+    for (int k = 0; k < GS_DS_SLOT_PROCS; k++)
+        if (gs_ds_proc(ds, slot * GS_DS_SLOT_PROCS + k)->flags & GS_DS_PROC_IN_USE) return;
     memset(gs_ds_slice(ds, slot), 0, sizeof(struct gs_ds_slice));
     gs_ds_clear_slot(ds, slot);
 }
@@ -176,7 +198,7 @@ static int reap_slot(struct gs_devstate *ds, int slot, uint64_t my_ns, int64_t n
         memset(p, 0, sizeof *p);
         freed++;
     }
-    if (refs == 0) release_slot(ds, slot);
+    if (refs == 0) release_slot(ds, slot); /* not while pinned */
     return freed;
 }
 
@@ -206,19 +228,25 @@ int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t 
                  grant ? grant : "");
         return -1;
     }
+    ds->why[0] = '\0';
     int s = own_slot(ds, grant);
     if (s < 0) s = map_own(ds, grant);
-    if (s < 0) return -1;
-    int p = free_record(ds, s);
-    if (p < 0 && reap_slot(ds, s, gs_devstate_pidns(), mono_ns(), NULL) > 0) {
+    int p = s >= 0 ? free_record(ds, s) : -1;
+    if (s >= 0 && p < 0 && reap_slot(ds, s, gs_devstate_pidns(), mono_ns(), NULL) > 0) {
         if (!gs_ds_own(ds, s)) s = map_own(ds, grant); /* every record was dead: the slot was given back */
-        if (s < 0) return -1;
-        p = free_record(ds, s);
+        p = s >= 0 ? free_record(ds, s) : -1;
+    }
+    if (s >= 0 && p < 0)
+        snprintf(ds->why, sizeof ds->why, "slice file %s: all %d process records are in use", grant, GS_DS_SLOT_PROCS);
+    if (p < 0) {
+        s = private_slot(ds, grant);
+        p = s >= 0 ? free_record(ds, s) : -1;
     }
     if (p < 0) {
-        snprintf(ds->why, sizeof ds->why, "slice file %s: all %d process records are in use", grant, GS_DS_SLOT_PROCS);
+        snprintf(ds->why, sizeof ds->why, "slice %s: every one of the %d slots is this process's own", grant, GS_DS_MAX_SLICES);
         return -1;
     }
+    ds->slot[s].pins++;
     struct gs_ds_slice *r = gs_ds_slice(ds, s);
     if (!(r->flags & GS_DS_SLICE_IN_USE)) {
         memset(r, 0, sizeof *r);
@@ -248,13 +276,18 @@ int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t 
     return 0;
 }
 
+void gs_devstate_unpin_locked(struct gs_devstate *ds, int slot)
+{
+    if (!gs_ds_own(ds, slot)) return;
+    if (ds->slot[slot].pins > 0) ds->slot[slot].pins--;
+    release_slot(ds, slot);
+}
+
 void gs_devstate_leave_locked(struct gs_devstate *ds, int proc_idx)
 {
     if (proc_idx < 0 || proc_idx >= GS_DS_MAX_PROCS) return;
     int s = gs_ds_proc_slice(proc_idx);
     if (!gs_ds_own(ds, s)) return;
     memset(gs_ds_proc(ds, proc_idx), 0, sizeof(struct gs_ds_proc));
-    for (int k = 0; k < GS_DS_SLOT_PROCS; k++)
-        if (gs_ds_proc(ds, s * GS_DS_SLOT_PROCS + k)->flags & GS_DS_PROC_IN_USE) return;
-    release_slot(ds, s);
+    gs_devstate_unpin_locked(ds, s);
 }

@@ -58,12 +58,17 @@ static void look_at(struct gs_devstate *ds, const char *name, const struct stat 
     }
     int slot = live == 1 ? gs_ds_free_slot(ds) : -1;
     if (live == 1 && slot < 0) ds->unseen++;
-    if (slot >= 0 && gs_ds_map_slot(ds, slot, fd, 0) == 0) {
+    if (slot >= 0) {
         struct gs_ds_slot *s = &ds->slot[slot];
-        s->state = GS_DS_SLOT_PEER;
-        s->dev = (uint64_t)st->st_dev;
-        s->ino = (uint64_t)st->st_ino;
+        /* named before it is mapped: a launch thread that sees the record sees whose it is */
         memcpy(s->name, name, strlen(name) + 1); /* gs_pol_valid_name: shorter than the field */
+        if (gs_ds_map_slot(ds, slot, fd, 0) == 0) {
+            s->state = GS_DS_SLOT_PEER;
+            s->dev = (uint64_t)st->st_dev;
+            s->ino = (uint64_t)st->st_ino;
+        } else {
+            gs_ds_clear_slot(ds, slot);
+        }
     }
     close(fd);
 }
@@ -101,7 +106,8 @@ void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force)
     rewinddir(d);
     uint8_t seen[GS_DS_MAX_SLICES] = {0};
     ds->unseen = 0;
-    for (struct dirent *de; (de = readdir(d));) {
+    int entries = 0, opens = 0;
+    for (struct dirent *de; entries < GS_DS_SCAN_MAX_ENTRIES && (de = readdir(d)); entries++) {
         if (de->d_name[0] == '.' || !gs_pol_valid_name(de->d_name)) continue;
         struct stat st;
         if (fstatat(ds->dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
@@ -111,14 +117,19 @@ void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force)
             continue;
         }
         if (st.st_size == 0) continue; /* made by the node's manager; no process has joined it yet */
+        if (opens++ >= GS_DS_SCAN_MAX_OPENS) {
+            ds->unseen++;
+            continue;
+        }
         look_at(ds, de->d_name, &st, now);
         slot = gs_ds_find_slot(ds, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
         if (slot >= 0) seen[slot] = 1;
     }
+    int cut = entries >= GS_DS_SCAN_MAX_ENTRIES;
     closedir(d);
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
         if (ds->slot[i].state != GS_DS_SLOT_PEER) continue; /* our own file stays ours, listed or not */
-        if (!seen[i]) gs_ds_clear_slot(ds, i);
+        if (!seen[i] && !cut) gs_ds_clear_slot(ds, i); /* a cut scan may not have reached it */
         else drop_if_gone(ds, i, now);
     }
 }

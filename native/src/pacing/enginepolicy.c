@@ -59,12 +59,12 @@ static struct gs_pol resolve_named(struct gs_engine *e, int i, const char *grant
     return p;
 }
 
-/* A slice's grant is its file's name, which the node's manager chose; the grant in its record is what its
- * own processes wrote (a tenant naming a listed grant there would take that grant's policy). */
+/* A slice's grant is its file's name, which the node's manager chose, never the grant in its record, which is
+ * what its own processes wrote (a tenant naming a listed grant there would take that grant's policy). */
 static void grant_of(const struct gs_engine *e, int i, char *out)
 {
-    const char *name = e->ds->slot[i].name;
-    memcpy(out, name[0] ? name : gs_ds_slice(e->ds, i)->grant, GS_POL_GRANT_LEN);
+    /* a slot without a name (a test's bare records) is nobody the roster lists */
+    memcpy(out, e->ds->slot[i].name, GS_POL_GRANT_LEN);
     out[GS_POL_GRANT_LEN - 1] = '\0';
 }
 

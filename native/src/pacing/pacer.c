@@ -235,6 +235,7 @@ static void format_uuid(const CUuuid *u, char *out, size_t n)
 static void *poller_main(void *arg)
 {
     (void)arg;
+    gs_devstate_thread_ready(); /* it reads neighbours' files: a truncated one's SIGBUS must reach the guard */
     int64_t hour_at = 0;
     while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {
         int64_t next = GS_CTL_IDLE_POLL_NS;
@@ -287,7 +288,7 @@ static void after_fork_child(void)
     g.pid = getpid();
     for (int i = 0; i < GS_MAX_DEVICES; i++) {
         g.dev[i].state = 0;
-        g.dev[i].ds.dfd = -1; /* the parent's: its mappings stay, unused (the child joins anew) */
+        gs_devstate_after_fork(&g.dev[i].ds); /* the parent's descriptors closed: the child joins anew */
     }
 }
 GS_ON_FORK_CHILD(after_fork_child);
@@ -398,6 +399,7 @@ static void setup_device(int dev, struct gs_pdev *d)
         gs_devstate_close(&d->ds);
         return;
     }
+    if (d->ds.why[0]) GS_WARN("compute: device %d: %s", dev, d->ds.why); /* a private copy: paced, not seen */
     /* The slice's credit goes into its own region (two of the device record's compute_spare words), which
      * only the slice's processes can write: in the pacing file any tenant on the device could keep it at
      * maximum debt (issue 15). A slice without a region of its own keeps it in its record, as before. */
@@ -481,6 +483,7 @@ void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
     if (!g.enabled) return;
     struct gs_pdev *d = device(dev);
     if (!d) return;
+    gs_devstate_thread_ready();
     /* the credit's waits and the yield gate's are bounded apart: each by what could legitimately cause it */
     int64_t slept = 0, held = 0, held_yield = 0, cap = hold_cap_ns(dev);
     for (;;) {

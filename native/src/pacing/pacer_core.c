@@ -186,11 +186,14 @@ int gs_engine_set_colocation(struct gs_engine *e, int colocation, const struct g
 static int own_locked(struct gs_engine *e, int64_t now)
 {
     const struct gs_ds_proc *p = gs_ds_proc(e->ds, e->proc);
-    if ((p->flags & GS_DS_PROC_IN_USE) && p->pid == e->pid && p->id == e->id && p->joined_ns == e->joined_ns) return 0;
-    int s, q;
+    if ((p->flags & GS_DS_PROC_IN_USE) && p->pid == e->pid && p->id == e->id && p->joined_ns == e->joined_ns &&
+        p->pidns == gs_devstate_pidns())
+        return 0;
+    int s, q, old = e->slice;
     if (gs_devstate_join_locked(e->ds, e->grant, e->share_bp, e->mode, e->weight, e->priority, e->paced, e->pid, e->id,
                                 &s, &q) != 0)
         return -1;
+    gs_devstate_unpin_locked(e->ds, old); /* the join pinned the slot it used; the old pin goes (same slot: kept once) */
     struct gs_ds_proc *me = gs_ds_proc(e->ds, q);
     e->slice = s;
     e->proc = q;
@@ -625,6 +628,8 @@ void gs_engine_fini(struct gs_engine *e)
         /* leave only a record that is still ours (a reaper may have given it to someone else) */
         if ((p->flags & GS_DS_PROC_IN_USE) && p->pid == e->pid && p->id == e->id && p->joined_ns == e->joined_ns)
             gs_devstate_leave_locked(e->ds, e->proc);
+        else
+            gs_devstate_unpin_locked(e->ds, e->slice); /* our record was taken: only our pin is left to give back */
         gs_devstate_unlock(e->ds);
     }
     gs_cost_free(&e->cm);
