@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from squatter import KINDS, take_name
 
 from gpuslice.enforcer.devstate import records_folder_name
 from gpuslice.enforcer.policy import PolicyError
@@ -72,7 +73,7 @@ def test_kubernetes_files_are_the_makers_0666(tmp_path: Path) -> None:
     assert stat.S_IMODE(os.stat(tmp_path / records_folder_name(GPU0) / "k-pod-main").st_mode) == 0o666
 
 
-@pytest.mark.parametrize("taken", ["link", "open folder", "file"])
+@pytest.mark.parametrize("taken", KINDS)
 def test_a_name_a_tenant_took_first_is_moved_aside_never_written_into(tmp_path: Path, taken: str) -> None:
     """In the sticky device-state folder a tenant may make ``<stem>.slices`` before root: a link, a folder others
     may write, a file. It is moved aside to ``.<name>.refused-<ns>`` and the folder made anew; nothing is written
@@ -80,13 +81,7 @@ def test_a_name_a_tenant_took_first_is_moved_aside_never_written_into(tmp_path: 
     theirs = tmp_path / "elsewhere"
     theirs.mkdir()
     name = tmp_path / records_folder_name(GPU0)
-    if taken == "link":
-        name.symlink_to(theirs)
-    elif taken == "open folder":
-        name.mkdir()
-        os.chmod(name, 0o777)
-    else:
-        name.write_text("not a folder")
+    take_name(name, theirs, taken)
     write_records(tmp_path, "g-1", (GPU0,))
     st = os.lstat(name)
     assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755 and (name / "g-1").is_file()

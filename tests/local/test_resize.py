@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstatekit import write_record
 from nodekit import gpuslice
 from regionfile import DeviceRecord, ProcRecord, write_region
+from squatter import KINDS, take_name
 
 from gpuslice.enforcer.policy import folder_name, read_policies
 from gpuslice.enforcer.slicefile import read_slice_file
@@ -285,20 +286,14 @@ def test_a_resize_never_writes_the_slices_record_file(ledger):
     assert (dev.read_bytes(), os.stat(dev).st_ino) == before
 
 
-@pytest.mark.parametrize("taken", ["link", "open folder", "file"])
+@pytest.mark.parametrize("taken", KINDS)
 def test_a_name_taken_in_place_of_the_roster_is_moved_aside_never_followed(ledger, tmp_path, taken):
     """The device-state folder is sticky and world-writable: a tenant may take the roster's name first. Root never
     follows or writes into what it finds there; it moves it aside and makes its own folder."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     name = ledger.state.device_state / folder_name(GPU0)
-    if taken == "link":
-        name.symlink_to(elsewhere)
-    elif taken == "open folder":
-        name.mkdir()
-        os.chmod(name, 0o777)
-    else:
-        name.write_text("not a folder")
+    take_name(name, elsewhere, taken)
     g = grant(ledger, "4GiB", compute=30)
     assert name.is_dir() and not name.is_symlink() and stat.S_IMODE(name.stat().st_mode) == 0o755
     assert list(elsewhere.iterdir()) == []

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from squatter import KINDS, take_name
 
 from gpuslice.enforcer.devstate import records_folder_name
 from gpuslice.enforcer.policy import folder_name
@@ -88,7 +89,7 @@ def test_a_resize_keeps_the_file_its_processes_map(ledger):
     assert (os.stat(path).st_ino, path.read_bytes()) == before
 
 
-@pytest.mark.parametrize("taken", ["link", "open folder", "file"])
+@pytest.mark.parametrize("taken", KINDS)
 def test_a_name_a_tenant_took_first_is_moved_aside_at_grant(ledger, tmp_path, taken):
     """The devices folder is sticky and world-writable: a tenant may make ``<stem>.slices`` first. The grant moves
     it aside (``.<name>.refused-<ns>``), never follows it or writes into it, and makes the agent's own."""
@@ -96,13 +97,7 @@ def test_a_name_a_tenant_took_first_is_moved_aside_at_grant(ledger, tmp_path, ta
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     name = ledger.state.device_state / records_folder_name(GPU0)
-    if taken == "link":
-        name.symlink_to(elsewhere)
-    elif taken == "open folder":
-        name.mkdir()
-        os.chmod(name, 0o777)
-    else:
-        name.write_text("not a folder")
+    take_name(name, elsewhere, taken)
     g = grant(ledger)
     st = os.lstat(name)
     assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755 and (name / g.grant_id).is_file()
