@@ -128,6 +128,16 @@ int main(void)
         gs_devstate_close(&ds);
     }
 
+    /* a folder of the overflow uid on the host (no user namespace): nobody's, not a manager's */
+    if (geteuid() == 0) {
+        char nob[128];
+        snprintf(nob, sizeof nob, "%s/GPU-nobody%s", dir, GS_DS_FOLDER_SUFFIX);
+        CHECK(mkdir(nob, 0755) == 0 && chown(nob, 65534, 65534) == 0, "a folder of uid 65534");
+        CHECK(gs_devstate_open(&ds, dir, "GPU-nobody", err, sizeof err) == 0 && !ds.managed,
+              "the overflow uid's folder is a manager's only inside a user namespace");
+        gs_devstate_close(&ds);
+    }
+
     /* the folders themselves links: refused */
     char linkdir[128];
     snprintf(linkdir, sizeof linkdir, "%s/dirlink", dir);

@@ -176,7 +176,8 @@ struct gs_devstate {
     int64_t scanned_ns;        /* last scan of the folder (gs_devstate_scan_locked) */
     int64_t mtime_checked_ns;  /* last look at the folder's mtime */
     int64_t folder_mtime_ns;   /* the folder's mtime at the last scan */
-    uint64_t unseen;           /* files the last scan could not map (slots full, not whole, unknown version) */
+    uint64_t unseen;           /* files the last scan could not map (slots full, not whole, unknown version, not reached) */
+    int scan_from;             /* where among the unmapped files the next scan starts looking (round robin) */
     char why[240];             /* why the last join failed, or went to a private copy (for the enforcer's log) */
     int managed;               /* the folder is a manager's (root's or the overflow uid's, writable by nobody else,
                                   or a read-only mount): any file in it is one the manager made for its grant */
@@ -232,10 +233,10 @@ int gs_devstate_lock(struct gs_devstate *ds);
 void gs_devstate_unlock(struct gs_devstate *ds);
 /* Join (under lock): map grant's own file read-write (made O_EXCL 0644 when missing and the folder lets us),
  * set up its slice record, take a process record, and pin the slot (it is not given back while pinned). Our
- * own file unusable (missing and not ours to make, cut or scribbled by the slice's own processes, its
- * records all taken): the slice paces on a private copy, which neighbours do not see, rather than not at
- * all (ds->why says so) — a tenant must not escape its pacing by spoiling its own file. 0, or -1 (a grant
- * that cannot name a file). */
+ * own file cut or scribbled by the slice's own processes is made whole and initialised again (ds->why says
+ * so); one that cannot be used (missing and not ours to make, a link, another user's, its records all taken)
+ * leaves the slice on a private copy, which neighbours do not see, rather than unpaced (ds->why says so) — a
+ * tenant must not escape its pacing by spoiling its own file. 0, or -1 (a grant that cannot name a file). */
 int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t share_bp, int mode,
                             int weight, int priority, int paced, int32_t pid, uint32_t id,
                             int *slice_idx, int *proc_idx);
@@ -251,9 +252,10 @@ int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid)
  * a scan holds up no other process): look at the folder again (files with a live record mapped, removed
  * ones and ones without a live record dropped), every GS_DS_SCAN_NS, and at once when the folder's mtime
  * moved (looked at every GS_DS_MTIME_NS). force: now. 50 ms: a process joining a file its manager made
- * earlier moves no mtime, so this is how soon neighbours see it. A scan looks at no more than
- * GS_DS_SCAN_MAX_ENTRIES entries and opens no more than GS_DS_SCAN_MAX_OPENS files it has not mapped (a
- * folder someone filled costs each scan a bounded time; files past the bound are not seen). */
+ * earlier moves no mtime, so this is how soon neighbours see it. A scan reads no more than
+ * GS_DS_SCAN_MAX_ENTRIES entries and opens no more than GS_DS_SCAN_MAX_OPENS files it has not mapped, each
+ * scan starting where the last one stopped (a folder someone filled costs each scan a bounded time; with n
+ * idle files a joiner is seen within n / 24 scans; entries past the first 256 are not seen). */
 void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force);
 #define GS_DS_SCAN_NS   50000000LL
 #define GS_DS_MTIME_NS  10000000LL

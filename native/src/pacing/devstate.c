@@ -140,16 +140,33 @@ static uid_t overflow_uid(void)
     return cached = u;
 }
 
-/* A manager's folder: on a read-only mount (Kubernetes), or root's (a pod's user namespace shows it as the
- * overflow uid) and writable by nobody else. Only its manager makes files in it, so a file there is the one
+/* A manager's folder: on a read-only mount (Kubernetes), or root's (inside a user namespace: the overflow
+ * uid's) and writable by nobody else. Only its manager makes files in it, so a file there is the one
  * made for the grant it is named after, whoever owns it. Anything else (no manager: the first enforcer's
  * 01777 folder) holds files any user may have made first: there only a file of our own is ours. */
+/* In a user namespace (a uid map other than the identity): then root's files show as the overflow uid. On
+ * the host that uid is a real account (nobody), whose folder is no manager's. */
+static int in_user_namespace(void)
+{
+    FILE *f = fopen("/proc/self/uid_map", "re");
+    if (!f) return 0;
+    unsigned long inside, outside, count;
+    int lines = 0, identity = 1;
+    while (fscanf(f, "%lu %lu %lu", &inside, &outside, &count) == 3) {
+        lines++;
+        identity = identity && inside == 0 && outside == 0 && count == 4294967295UL;
+    }
+    fclose(f);
+    return lines > 0 && !(lines == 1 && identity);
+}
+
 static int managed_folder(int fd)
 {
     struct statvfs v;
     if (fstatvfs(fd, &v) == 0 && (v.f_flag & ST_RDONLY)) return 1;
     struct stat st;
-    return fstat(fd, &st) == 0 && (st.st_uid == 0 || st.st_uid == overflow_uid()) && !(st.st_mode & (S_IWGRP | S_IWOTH));
+    return fstat(fd, &st) == 0 && (st.st_uid == 0 || (st.st_uid == overflow_uid() && in_user_namespace())) &&
+           !(st.st_mode & (S_IWGRP | S_IWOTH));
 }
 
 static void *reserve(size_t len)

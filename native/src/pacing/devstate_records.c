@@ -40,18 +40,15 @@ int gs_ds_record_alive(const struct gs_ds_proc *p, uint64_t my_ns, int64_t now, 
 }
 
 /* Under the lock, with the slot mapped read-write: a file of zeros (just sized, or cut to nothing by a
- * slice-mate) is initialised; anything else must be a header we know. */
+ * slice-mate) or with a header we do not know (scribbled by the slice's own processes: a slice must not
+ * escape its pacing by spoiling its own file) is initialised. 0; err says when a header was replaced. */
 int gs_ds_adopt_locked(struct gs_devstate *ds, int slot, char *err, size_t errlen)
 {
     struct gs_ds_header *h = gs_ds_hdr(ds, slot);
-    if (h->magic != 0) {
-        if (gs_ds_header_ok(h) == 0) return 0;
-        snprintf(err, errlen,
-                 "device state: slice file %s has version %u size %u (this build: version %u size %u): processes of "
-                 "different gpuslice versions cannot coordinate",
-                 ds->slot[slot].name, h->version, h->size, GS_DS_VERSION, (unsigned)GS_DS_FILE_SIZE);
-        return -1;
-    }
+    if (h->magic != 0 && gs_ds_header_ok(h) == 0) return 0;
+    if (h->magic != 0) /* scribbled by the slice's own processes (only they can write it): initialised again */
+        snprintf(err, errlen, "slice file %s had a header of version %u size %u (this build: version %u size %u): "
+                 "initialised again", ds->slot[slot].name, h->version, h->size, GS_DS_VERSION, (unsigned)GS_DS_FILE_SIZE);
     memset(gs_ds_hdr(ds, slot), 0, GS_DS_HEADER_SIZE + GS_DS_SLICE_SIZE);
     memset(gs_ds_proc(ds, slot * GS_DS_SLOT_PROCS), 0, GS_DS_SLOT_PROCS * GS_DS_PROC_SIZE);
     h->version = GS_DS_VERSION;
@@ -92,8 +89,10 @@ static int open_own(struct gs_devstate *ds, const char *grant)
     const char *bad = NULL;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) bad = "not a regular file with a single link";
     else if (!ds->managed && st.st_uid != geteuid()) bad = "owned by another user, in a folder no manager keeps";
-    else if (st.st_size != 0 && st.st_size != GS_DS_FILE_SIZE) bad = "of another gpuslice version's size";
-    else if (st.st_size == 0 && ftruncate(fd, GS_DS_FILE_SIZE) != 0) bad = strerror(errno);
+    /* cut or grown by the slice's own processes (only they can write it): made whole again, zeros, which the
+     * join initialises (a slice-mate's engine finds its record gone and joins again) */
+    else if (st.st_size != GS_DS_FILE_SIZE && ((st.st_size != 0 && ftruncate(fd, 0) != 0) || ftruncate(fd, GS_DS_FILE_SIZE) != 0))
+        bad = strerror(errno);
     if (bad) {
         snprintf(ds->why, sizeof ds->why, "slice file %s%s/%s: %s; not used", ds->uuid, GS_DS_FOLDER_SUFFIX, grant, bad);
         close(fd);

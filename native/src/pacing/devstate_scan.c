@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -91,6 +92,29 @@ static int due(struct gs_devstate *ds, int64_t now, int force)
     return moved || now - ds->scanned_ns >= GS_DS_SCAN_NS;
 }
 
+/* A file the folder lists that no slot holds (sized: some process joined it once). */
+struct candidate {
+    struct stat st;
+    char name[GS_POL_GRANT_LEN];
+};
+
+/* Look at up to GS_DS_SCAN_MAX_OPENS of the n candidates, starting where the last scan stopped: with more
+ * idle files than that, every one is looked at within a few scans (a fixed start would look at the same
+ * first ones every time and never see a neighbour past them: review of issue 15). */
+static void look_at_some(struct gs_devstate *ds, const struct candidate *c, int n, uint8_t *seen, int64_t now)
+{
+    int k = n < GS_DS_SCAN_MAX_OPENS ? n : GS_DS_SCAN_MAX_OPENS;
+    int from = ds->scan_from < n ? ds->scan_from : 0;
+    for (int j = 0; j < k; j++) {
+        const struct candidate *x = &c[(from + j) % n];
+        look_at(ds, x->name, &x->st, now);
+        int slot = gs_ds_find_slot(ds, (uint64_t)x->st.st_dev, (uint64_t)x->st.st_ino);
+        if (slot >= 0) seen[slot] = 1;
+    }
+    ds->unseen += (uint64_t)(n - k);
+    ds->scan_from = n ? (from + k) % n : 0;
+}
+
 void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force)
 {
     if (ds->dfd < 0 || !due(ds, now, force)) return;
@@ -99,15 +123,18 @@ void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force)
     ds->scanned_ns = ds->mtime_checked_ns = now;
     int dup_fd = dup(ds->dfd);
     DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
-    if (!d) {
-        if (dup_fd >= 0) close(dup_fd);
-        return; /* out of descriptors: keep what is mapped */
+    struct candidate *c = d ? malloc(GS_DS_SCAN_MAX_ENTRIES * sizeof *c) : NULL;
+    if (!c) {
+        if (d) closedir(d);
+        else if (dup_fd >= 0) close(dup_fd);
+        return; /* out of descriptors or memory: keep what is mapped */
     }
     rewinddir(d);
     uint8_t seen[GS_DS_MAX_SLICES] = {0};
     ds->unseen = 0;
-    int entries = 0, opens = 0;
-    for (struct dirent *de; entries < GS_DS_SCAN_MAX_ENTRIES && (de = readdir(d)); entries++) {
+    int entries = 0, n = 0;
+    struct dirent *de = NULL;
+    for (; entries < GS_DS_SCAN_MAX_ENTRIES && (de = readdir(d)); entries++) {
         if (de->d_name[0] == '.' || !gs_pol_valid_name(de->d_name)) continue;
         struct stat st;
         if (fstatat(ds->dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
@@ -117,16 +144,14 @@ void gs_devstate_scan_locked(struct gs_devstate *ds, int64_t now, int force)
             continue;
         }
         if (st.st_size == 0) continue; /* made by the node's manager; no process has joined it yet */
-        if (opens++ >= GS_DS_SCAN_MAX_OPENS) {
-            ds->unseen++;
-            continue;
-        }
-        look_at(ds, de->d_name, &st, now);
-        slot = gs_ds_find_slot(ds, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
-        if (slot >= 0) seen[slot] = 1;
+        c[n].st = st;
+        memcpy(c[n].name, de->d_name, strlen(de->d_name) + 1); /* gs_pol_valid_name: shorter than the field */
+        n++;
     }
-    int cut = entries >= GS_DS_SCAN_MAX_ENTRIES;
+    int cut = entries >= GS_DS_SCAN_MAX_ENTRIES && readdir(d) != NULL; /* entries left unread */
     closedir(d);
+    look_at_some(ds, c, n, seen, now);
+    free(c);
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
         if (ds->slot[i].state != GS_DS_SLOT_PEER) continue; /* our own file stays ours, listed or not */
         if (!seen[i] && !cut) gs_ds_clear_slot(ds, i); /* a cut scan may not have reached it */

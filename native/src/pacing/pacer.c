@@ -481,9 +481,9 @@ void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
     tl_ticket.charged = 0;
     tl_ticket.yield = 0;
     if (!g.enabled) return;
+    gs_devstate_thread_ready(); /* before device(): its set-up already reads neighbours' files */
     struct gs_pdev *d = device(dev);
     if (!d) return;
-    gs_devstate_thread_ready();
     /* the credit's waits and the yield gate's are bounded apart: each by what could legitimately cause it */
     int64_t slept = 0, held = 0, held_yield = 0, cap = hold_cap_ns(dev);
     for (;;) {

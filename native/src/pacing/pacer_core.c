@@ -77,7 +77,9 @@ int gs_engine_set_credit_home(struct gs_engine *e, int64_t *home)
         const struct gs_ds_proc *p = gs_ds_proc(e->ds, i);
         others += i != e->proc && (p->flags & GS_DS_PROC_IN_USE) && gs_ds_proc_slice(i) == e->slice;
     }
-    if (!others) { /* the slice starts here: no debt or clock left from an earlier life of its region */
+    /* the slice starts here: no debt or clock left from an earlier life of its region. Not on a private copy,
+     * which sees none of its slice-mates: each new process would wipe the slice's debt (review of issue 15) */
+    if (!others && !(e->slice >= 0 && e->ds->slot[e->slice].private_copy)) {
         __atomic_store_n(&home[0], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&home[1], 0, __ATOMIC_RELAXED);
     }
