@@ -96,6 +96,16 @@ static void forge(const char *file, const char *claim, uint32_t share_bp, int mo
     forged[nforged++].map = m;
 }
 
+/* n slices named <prefix>-0 .. <prefix>-(n-1), each claiming `claim` (NULL: its own name) */
+static void forge_many(int n, const char *prefix, const char *claim, uint32_t share_bp, int mode, int priority)
+{
+    for (int k = 0; k < n; k++) {
+        char g[48];
+        snprintf(g, sizeof g, "%s-%d", prefix, k);
+        forge(g, claim ? claim : g, share_bp, mode, priority, now_ns());
+    }
+}
+
 static struct gs_ds_slice *forged_slice(int k) { return (struct gs_ds_slice *)(forged[k].map + GS_DS_SLICE_OFF); }
 
 static int flipper_mode, flipper_stop;
@@ -169,33 +179,21 @@ int main(void)
     snprintf(slices, sizeof slices, "%s/%s%s", dir, uuid, GS_DS_FOLDER_SUFFIX);
 
     /* 1. unlisted slices */
-    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) {
-        char g[32];
-        snprintf(g, sizeof g, "mine-%d", k);
-        forge(g, g, GS_BP_FULL - 1, GS_CTL_SOFT, 1, now_ns()); /* 100 % would be unpaced: no claim */
-    }
+    forge_many(GS_DS_MAX_SLICES - 1, "mine", NULL, GS_BP_FULL - 1, GS_CTL_SOFT, 1); /* 100 % would be unpaced: no claim */
     uint32_t r = rate_now(&e);
     printf("  31 unlisted slices claiming 99.99 %% soft: the listed 30 %% slice's rate %.1f %%\n", r / 100.0);
     CHECK(r == 3000, "31 unlisted slices: rate %u bp, expected 3000", r);
 
     /* 2. files claiming a listed high-priority grant */
     clear_others();
-    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) {
-        char g[32];
-        snprintf(g, sizeof g, "claims-big-%d", k);
-        forge(g, "big", 9000, GS_CTL_HARD, 0, now_ns());
-    }
+    forge_many(GS_DS_MAX_SLICES - 1, "claims-big", "big", 9000, GS_CTL_HARD, 0);
     r = rate_now(&e);
     printf("  31 files claiming a listed 90 %% high-priority grant: rate %.1f %%\n", r / 100.0);
     CHECK(r == 3000, "31 files claiming big: rate %u bp, expected 3000 (each is the grant it is named after: unlisted)", r);
 
     /* 3. files claiming the victim's own grant */
     clear_others();
-    for (int k = 0; k < GS_DS_MAX_SLICES - 1; k++) {
-        char g[32];
-        snprintf(g, sizeof g, "claims-victim-%d", k);
-        forge(g, "victim", GS_BP_FULL, GS_CTL_SOFT, 0, now_ns());
-    }
+    forge_many(GS_DS_MAX_SLICES - 1, "claims-victim", "victim", GS_BP_FULL, GS_CTL_SOFT, 0);
     r = rate_now(&e);
     CHECK(r == 3000, "31 files claiming its own grant: rate %u bp, expected 3000", r);
 
@@ -221,11 +219,7 @@ int main(void)
     for (int m = 0; m < 2; m++) {
         clear_others();
         forge("hp", "hp", 4000, GS_CTL_HARD, 0, now_ns());
-        for (int k = 0; k < GS_DS_MAX_SLICES - 2; k++) {
-            char g[32];
-            snprintf(g, sizeof g, "flip-%d", k);
-            forge(g, "hp", 4000, GS_CTL_HARD, 0, now_ns());
-        }
+        forge_many(GS_DS_MAX_SLICES - 2, "flip", "hp", 4000, GS_CTL_HARD, 0);
         flipper_mode = m;
         __atomic_store_n(&flipper_stop, 0, __ATOMIC_RELAXED);
         pthread_t th;
