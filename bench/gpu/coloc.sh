@@ -14,11 +14,15 @@
 #        GS_COLOC_STEPS=1,2,3 GS_COLOC_MODES=alone,trainer,plain,preemptive GS_COLOC_BUDGET=420 bash bench/gpu/coloc.sh
 #            all three kinds, the modes that judge preemptive (24 phases, 2 ABBA repeats): ~7.5 minutes, one call
 #   GS_COLOC_MODES (all but tidal): a comma list of alone,trainer,plain,mps,preemptive,shared,spatial,tidal
+#   (opt-in: solo-mps, solo-spatial: the server alone as under mps / spatial; solo-trainer: the trainer alone as
+#   under spatial, with GS_COLOC_SPATIAL_TRAINER_COMPUTE: what that SM cap costs it without a server)
 #   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
 #   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in every other slot of this many seconds of
 #   one phase and each co-located server is also judged against itself in the slots between (a table of its own).
-#   GS_COLOC_SPATIAL_TRAINER_COMPUTE (unset): under spatial, the trainer's --compute (its MPS active threads %).
+#   GS_COLOC_SPATIAL_TRAINER_COMPUTE (unset): under spatial, the trainer's --compute (its MPS active threads %;
+#   unset, a low-priority spatial trainer started beside the high-priority server gets gpuslice's yield cap, 60;
+#   100: every SM). GS_COLOC_TRAIN_BATCH (16): the trainer's batch (64: one whose kernels fill the SMs).
 #   GS_COLOC_REPS (2), GS_COLOC_WINDOW (3 s per phase), GS_COLOC_TIDAL (0; 1 adds a tidal-trainer phase),
 #   GS_COLOC_BUDGET (450 s of phases; every phase that would pass it is skipped and listed), OUT (default a new
 #   temp dir). --dry-run: no GPU: sleeping workers, no MPS unless nvidia-cuda-mps-control is on PATH.
@@ -137,7 +141,7 @@ RES="$OUT/$NAME.md"
   echo
   echo "- device: $GPU; $($PY -c 'import sys, torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {sys.version.split()[0]}")' 2>/dev/null || echo 'no torch')"
   echo "- code: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')"
-  echo "- command: $([ -n "${GS_COLOC_STEPS:-}" ] && echo "GS_COLOC_STEPS=$GS_COLOC_STEPS ")bash bench/gpu/coloc.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); reps ${GS_COLOC_REPS:-2}, window ${GS_COLOC_WINDOW:-3} s$([ -n "${GS_COLOC_SLOT:-}" ] && echo ", slot ${GS_COLOC_SLOT} s")$([ -n "${GS_COLOC_SPATIAL_TRAINER_COMPUTE:-}" ] && echo ", spatial trainer --compute ${GS_COLOC_SPATIAL_TRAINER_COMPUTE}"); $(( $(date +%s) - T0 )) s wall; rc=$RC; $MPS_NOTE"
+  echo "- command: $([ -n "${GS_COLOC_STEPS:-}" ] && echo "GS_COLOC_STEPS=$GS_COLOC_STEPS ")bash bench/gpu/coloc.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); reps ${GS_COLOC_REPS:-2}, window ${GS_COLOC_WINDOW:-3} s$([ -n "${GS_COLOC_SLOT:-}" ] && echo ", slot ${GS_COLOC_SLOT} s")$([ -n "${GS_COLOC_SPATIAL_TRAINER_COMPUTE:-}" ] && echo ", spatial trainer --compute ${GS_COLOC_SPATIAL_TRAINER_COMPUTE}")$([ -n "${GS_COLOC_TRAIN_BATCH:-}" ] && echo ", trainer batch ${GS_COLOC_TRAIN_BATCH}"); $(( $(date +%s) - T0 )) s wall; rc=$RC; $MPS_NOTE"
   echo "- raw: $NAME-raw.tgz (coloc-run/coloc-raw.json: every phase; coloc-run/logs/: every process; bench.log; mps-log/)"
   echo "- method: bench/gpu/coloc_bench.py (docstring). Server idle fraction = 1 - request rate x GPU time per request (CUDA graph of a request replayed back to back). Misses below carry their measured cause where the bench can measure one; the pacer path of each gpuslice process, read from the device state mid-window, is in the table."
   echo
@@ -146,7 +150,7 @@ RES="$OUT/$NAME.md"
 log "results: $RES"
 echo
 echo "== co-location on $GPU ($(( $(date +%s) - T0 )) s)"
-grep -E '^(###|\| (alone|solo-mps|solo-spatial|trainer|plain|mps|preemptive|shared|spatial|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
+grep -E '^(###|\| (alone|solo-mps|solo-spatial|trainer|solo-trainer|plain|mps|preemptive|shared|spatial|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
 grep -E 'MISSED|: met' "$W/coloc.md" 2>/dev/null | sed 's/^- /  /' | cut -c1-200
 if [ "${GS_COLOC_TAR:-1}" = 1 ] && tar czf "$OUT/$NAME-raw.tgz" -C "$OUT" coloc-run; then rm -rf "$W"; fi
 exit "$RC"

@@ -18,6 +18,9 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   solo-mps    (only when named in --modes) the server alone as a client of the private MPS daemon
   solo-spatial (only when named in --modes) the server alone under gpuslice run --engine spatial --priority high:
               with solo-mps, what the spatial engine costs the server without a neighbour (its daemon, the enforcer)
+  solo-trainer (only when named in --modes) the trainer alone, set up as under spatial (gpuslice run --engine
+              spatial --priority low, --compute of --spatial-trainer-compute): what an SM cap costs a trainer
+              that has no server beside it, against 'trainer'
 --slot S (the paired protocol): the trainer works only in every other S-s slot of a phase (a step is started
 only when its mean ends inside the slot), and each co-located server is also judged against itself in the
 slots between (a table of its own, and goals "paired"): the server kinds are CPU-bound inside a request, so
@@ -63,9 +66,10 @@ KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-b
 STARTUP_S = 11.5
 
 
-ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "plain", "mps", "preemptive", "shared", "spatial", "tidal")
-OPT_IN = ("solo-mps", "solo-spatial", "tidal")  # run only when named (tidal also by --tidal)
+ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive", "shared", "spatial", "tidal")
+OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "tidal")  # run only when named (tidal also by --tidal)
 SOLO = {"solo-mps": "mps", "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode
+SOLO_TRAINER = {"solo-trainer": "spatial"}  # the trainer alone, set up as in the co-located mode
 
 
 def modes(tidal: bool, only: str = "") -> list[str]:
@@ -90,7 +94,7 @@ def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
                 order.remove("alone")
                 order.insert(0, "alone")
             # mps needs the private daemon; spatial needs the MPS binaries (gpuslice starts a daemon of its own)
-            out.extend((kind, m, rep) for m in order if runnable(SOLO.get(m, m), args))
+            out.extend((kind, m, rep) for m in order if runnable(SOLO.get(m, SOLO_TRAINER.get(m, m)), args))
     return out
 
 
@@ -163,7 +167,7 @@ class Bench:
         """The process of one role (server or trainer) in one mode: its command and environment."""
         w = self.worker(kind if role == "server" else "train", folder, role)
         env = dict(self.env)
-        mode = SOLO.get(mode, mode)
+        mode = SOLO.get(mode, SOLO_TRAINER.get(mode, mode))
         if mode == "mps":
             env.update(CUDA_MPS_PIPE_DIRECTORY=self.args.mps_pipe or str(self.tmp / "no-mps"),
                        CUDA_MPS_CLIENT_PRIORITY="0" if role == "server" else "1")
@@ -209,7 +213,8 @@ class Bench:
             return
         folder = self.tmp / "phase" / f"{kind}-{mode}-{rep}"
         folder.mkdir(parents=True, exist_ok=True)
-        roles = ["server"] if mode == "alone" or mode in SOLO else ["trainer"] if mode == "trainer" else ["server", "trainer"]
+        roles = (["server"] if mode == "alone" or mode in SOLO else ["trainer"] if mode in ("trainer", *SOLO_TRAINER)
+                 else ["server", "trainer"])
         procs = {}
         for role in roles:
             cmd, env = self.command(mode, role, kind, folder)
@@ -284,7 +289,7 @@ def paired(phs: list[dict], kind: str) -> list[str]:
     rows = []
     for mode in ALL_MODES:
         ph = [p for p in phs if p["kind"] == kind and p["mode"] == mode and "on" in p.get("server", {})
-              and mode not in ("alone", "trainer") and mode not in SOLO]
+              and mode not in ("alone", "trainer") and mode not in SOLO and mode not in SOLO_TRAINER]
         if not ph:
             continue
         cells = []
@@ -360,7 +365,7 @@ def report(raw: dict) -> str:
             paths = sorted({v for p in phs if p["kind"] == kind and p["mode"] == mode for v in p.get("paths", {}).values()})
             lines.append(f"| {mode} | {_fmt(p50, p50a if mode != 'alone' else None, main=_pooled(phs, kind, mode, 0.5))} | "
                          f"{_fmt(p99, p99a if mode != 'alone' else None, main=_pooled(phs, kind, mode, 0.99))} | {_fmt(tr, talone if mode != 'trainer' else None)} | "
-                         f"{f'{_mean(tr) / bound:.2f}' if tr and bound and mode != 'trainer' else '-'} | "
+                         f"{f'{_mean(tr) / bound:.2f}' if tr and bound and mode not in ('trainer', *SOLO_TRAINER) else '-'} | "
                          f"{_clock(phs, kind, mode)} | {', '.join(paths) or '-'} |")
         lines.append("")
         lines += paired(phs, kind)

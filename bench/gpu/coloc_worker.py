@@ -9,7 +9,9 @@ is from its first launch to the end of its last synchronize):
   decode   a decoder's loop of many tiny kernels: 32 tokens at batch 1, each a 6-block MLP stack of width
            1024 (~40 kernels of a few us) and an argmax read back to the CPU (a sync per token), 5 ms think
 Trainer (``--kind train``): a 6-layer transformer encoder (d 1024, 16 heads, ff 4096), batch 16 x 256 tokens,
-AdamW under autocast, ``loss.item()`` each step: alone it keeps an H100 busy (~97 %).
+AdamW under autocast, ``loss.item()`` each step: alone it keeps an H100 busy (~97 %), but not its SMs: on the H200
+capping it at 60 % of the SMs cost it 0-3 % (2026-11-29-h200-coloc-trainer-cap.md). ``GS_COLOC_TRAIN_BATCH``
+(16) sets its batch: 64 makes a trainer whose kernels fill the SMs, to measure what an SM cap costs one.
 
 Protocol with bench/gpu/coloc_bench.py (as spatial_worker.py's): build, warm up, calibrate (a server's GPU time
 per request: CUDA graphs replayed back to back, packing_worker.calibrate), write ``--ready``; wait for ``--go``
@@ -108,7 +110,10 @@ def build_trainer():
     layer = nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True, dropout=0.0)
     net = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    x = torch.randn(16, 256, 1024, device=dev)
+    batch = int(os.environ.get("GS_COLOC_TRAIN_BATCH", "16"))
+    if not 1 <= batch <= 512:
+        raise ValueError(f"GS_COLOC_TRAIN_BATCH={batch}: allowed 1..512")
+    x = torch.randn(batch, 256, 1024, device=dev)
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.float16):

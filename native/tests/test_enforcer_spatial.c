@@ -1,6 +1,8 @@
 /* The spatial engine in the process: before the driver starts, a spatial slice's MPS client settings
  * are the slice's (pipe directory, compute share as active-thread percentage, memory limit as pinned
- * limit, a low-priority preemptive slice as a below-normal client), the environment may only lower the
+ * limit, a low-priority preemptive slice as a below-normal client, and such a slice with no share of its
+ * own capped at GS_MPS_YIELD_THREADS when the device's roster lists a high-priority preemptive slice at
+ * its start), the environment may only lower the
  * threads, the limit and the priority, launches are not paced (no pacing file is ever
  * opened), and memory is accounted and refused exactly as for a time-sliced slice. A time-sliced
  * slice with the same share does open its pacing file (the control case) and touches no MPS variable.
@@ -8,12 +10,15 @@
 #include "enforcer_api.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include "gpuslice/devstate.h"
+#include "gpuslice/mps.h"
 
 static char devdir[300];
 
-/* A slice of device 0 alone, its pacing files under devdir, with extra key=value lines. */
-static void slice1(const char *extra)
+/* A slice of device 0 alone with this compute share, its pacing files under devdir, with extra key=value
+ * lines. */
+static void slice_c(int compute, const char *extra)
 {
     char path[320], u0[64];
     t_uuid(0, u0);
@@ -22,9 +27,30 @@ static void slice1(const char *extra)
     FILE *f = fopen(path, "w");
     if (!f) { perror(path); exit(2); }
     fprintf(f, "version=1\ngrant=sp\ndevices=%s\nregion=%s\ndevice_state_dir=%s\nmemory_limit=1g\n"
-               "context_overhead=%llu\ncompute=25\nmode=hard\n%s", u0, t_region, devdir, CTX, extra);
+               "context_overhead=%llu\ncompute=%d\nmode=hard\n%s", u0, t_region, devdir, CTX, compute, extra);
     fclose(f);
     setenv("GPUSLICE_SLICE", path, 1);
+}
+
+static void slice1(const char *extra) { slice_c(25, extra); }
+
+/* A grant in device 0's roster under devdir, as the node side writes it (root's or ours, 0644, in a
+ * folder only its owner may write: policy.h's trust rules). */
+static void roster(const char *grant, int priority, const char *coloc)
+{
+    char u0[64], path[512];
+    t_uuid(0, u0);
+    mkdir(devdir, 0755);
+    snprintf(path, sizeof path, "%s/%s.policy", devdir, u0);
+    mkdir(path, 0755);
+    chmod(path, 0755);
+    size_t n = strlen(path);
+    snprintf(path + n, sizeof path - n, "/%s", grant);
+    FILE *f = fopen(path, "w");
+    if (!f) { perror(path); exit(2); }
+    fprintf(f, "version=1\ngrant=%s\ncompute=0\npriority=%d\ncolocation=%s\n", grant, priority, coloc);
+    fclose(f);
+    chmod(path, 0644);
 }
 
 static int pacing_files(void)
@@ -105,24 +131,145 @@ static void s_env_cannot_raise_the_mps_limits(void)
     CHECK(!strcmp(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=300M"), "pinned %s", env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
 }
 
+/* One case of a scenario in a process of its own: the enforcer reads its configuration once per process,
+ * so a second up() in the same process would check nothing. */
+#define CASE(fn) CHECK(t_fork(fn) == 0, "case %s", #fn)
+
+/* MPS client priority, starting from `have` in the environment ("" = unset) */
+static const char *prio_of(const char *have, const char *extra)
+{
+    if (*have) setenv("CUDA_MPS_CLIENT_PRIORITY", have, 1);
+    else unsetenv("CUDA_MPS_CLIENT_PRIORITY");
+    slice1(extra);
+    up(0);
+    return env("CUDA_MPS_CLIENT_PRIORITY");
+}
+
+static void p_low_asking_normal(void) /* a low-priority tenant asking to be normal */
+{
+    CHECK(!strcmp(prio_of("0", "engine=spatial\npriority=1\n"), "1"), "low, preemptive");
+}
+static void p_high(void) { CHECK(!strcmp(prio_of("", "engine=spatial\npriority=0\n"), "(unset)"), "high"); }
+static void p_high_lowered(void) /* a high-priority slice may lower itself */
+{
+    CHECK(!strcmp(prio_of("1", "engine=spatial\npriority=0\n"), "1"), "high, lowered by its env");
+}
+static void p_low_shared(void) /* shared: nobody yields */
+{
+    CHECK(!strcmp(prio_of("", "engine=spatial\npriority=1\ncolocation=shared\n"), "(unset)"), "low, shared");
+}
+
 static void s_low_priority_is_a_below_normal_client(void)
 {
-    setenv("CUDA_MPS_CLIENT_PRIORITY", "0", 1); /* a low-priority tenant asking to be normal */
-    slice1("engine=spatial\npriority=1\n");
+    CASE(p_low_asking_normal);
+    CASE(p_high);
+    CASE(p_high_lowered);
+    CASE(p_low_shared);
+}
+
+/* The active-thread percentage the slice starts with, from `have` in the environment ("" = unset); the
+ * roster is what the case wrote. */
+static const char *threads_of(const char *have)
+{
+    if (*have) setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", have, 1);
+    else unsetenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
     up(0);
-    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "1"), "low, preemptive: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
-    unsetenv("CUDA_MPS_CLIENT_PRIORITY");
-    slice1("engine=spatial\npriority=0\n");
-    up(0);
-    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "(unset)"), "high: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
-    setenv("CUDA_MPS_CLIENT_PRIORITY", "1", 1); /* a high-priority slice may lower itself */
-    slice1("engine=spatial\npriority=0\n");
-    up(0);
-    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "1"), "high, lowered by its env: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
-    unsetenv("CUDA_MPS_CLIENT_PRIORITY");
-    slice1("engine=spatial\npriority=1\ncolocation=shared\n"); /* shared: nobody yields */
-    up(0);
-    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "(unset)"), "low, shared: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
+    return env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+}
+
+/* A spatial slice of this share and extra lines, and an empty roster (the cases run one after another) */
+static void spatial_slice(int compute, const char *extra)
+{
+    char lines[200];
+    snprintf(lines, sizeof lines, "engine=spatial\n%s", extra);
+    slice_c(compute, lines);
+    cleanup_devdir();
+}
+
+static char yield_cap[8];
+
+static void y_low_beside_high(void) /* the trainer started after the server: capped */
+{
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    roster("sp", 1, "preemptive");
+    CHECK(!strcmp(threads_of(""), yield_cap), "low beside high: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_env_cannot_raise_it(void)
+{
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    CHECK(!strcmp(threads_of("100"), yield_cap), "env 100: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_env_may_lower_it(void)
+{
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    CHECK(!strcmp(threads_of("20"), "20"), "env 20: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_alone(void) /* no high-priority neighbour: every SM */
+{
+    spatial_slice(0, "priority=1\n");
+    roster("sp", 1, "preemptive");
+    roster("other-low", 1, "preemptive");
+    CHECK(!strcmp(threads_of(""), "(unset)"), "alone: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_high_shared(void) /* a high-priority slice that asks nobody to yield */
+{
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "shared");
+    CHECK(!strcmp(threads_of(""), "(unset)"), "beside a shared high: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_low_shared(void) /* a low-priority slice that does not yield */
+{
+    spatial_slice(0, "priority=1\ncolocation=shared\n");
+    roster("srv", 0, "preemptive");
+    CHECK(!strcmp(threads_of(""), "(unset)"), "low shared: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_own_share(void) /* a share of its own is its cap, beside a server or not */
+{
+    spatial_slice(80, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    CHECK(!strcmp(threads_of(""), "80"), "compute 80: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_every_sm(void) /* compute 100: every SM, asked for */
+{
+    spatial_slice(100, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    CHECK(!strcmp(threads_of(""), "(unset)"), "compute 100: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_high_itself(void) /* the server is never capped by its own entry or another server's */
+{
+    spatial_slice(0, "priority=0\n");
+    roster("sp", 0, "preemptive");
+    roster("srv", 0, "preemptive");
+    CHECK(!strcmp(threads_of(""), "(unset)"), "high: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_roster_others_may_write(void) /* a roster folder a tenant could write lists nobody */
+{
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    char u0[64], path[512];
+    t_uuid(0, u0);
+    snprintf(path, sizeof path, "%s/%s.policy", devdir, u0);
+    chmod(path, 0777);
+    CHECK(!strcmp(threads_of(""), "(unset)"), "untrusted roster: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+
+static void s_yielding_client_is_capped_beside_a_high_priority_slice(void)
+{
+    snprintf(yield_cap, sizeof yield_cap, "%d", GS_MPS_YIELD_THREADS);
+    CASE(y_low_beside_high);
+    CASE(y_env_cannot_raise_it);
+    CASE(y_env_may_lower_it);
+    CASE(y_alone);
+    CASE(y_high_shared);
+    CASE(y_low_shared);
+    CASE(y_own_share);
+    CASE(y_every_sm);
+    CASE(y_high_itself);
+    CASE(y_roster_others_may_write);
+    cleanup_devdir();
 }
 
 static void s_timeslice_is_paced_and_leaves_mps_alone(void)
@@ -152,6 +299,7 @@ int main(void)
     SCENARIO(s_env_may_only_lower_the_mps_limits);
     SCENARIO(s_env_cannot_raise_the_mps_limits);
     SCENARIO(s_low_priority_is_a_below_normal_client);
+    SCENARIO(s_yielding_client_is_capped_beside_a_high_priority_slice);
     SCENARIO(s_timeslice_is_paced_and_leaves_mps_alone);
     SCENARIO(s_spatial_of_two_devices_refuses);
     fprintf(stderr, "test_enforcer_spatial%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",

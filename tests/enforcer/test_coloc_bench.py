@@ -118,6 +118,27 @@ def test_coloc_solo_modes_run_only_when_named() -> None:
     assert spatial[spatial.index("--engine") + 1] == "spatial" and spatial[spatial.index("--priority") + 1] == "high"
 
 
+def test_coloc_solo_trainer_is_the_spatial_trainer_alone() -> None:
+    """solo-trainer (what an SM cap costs a trainer with no server) runs only when named, starts the trainer
+    alone with the co-located spatial trainer's command (its --compute cap included), and is not judged
+    against the idle bound."""
+    mod = _bench_module()
+    ns = mod.argparse.Namespace(steps="1", reps=2, tidal=False, modes="", mps_pipe="/p", dry=False)
+    assert "solo-trainer" not in {m for _, m, _ in mod.phases(ns)}
+    ns.modes = "trainer,solo-trainer"
+    assert [m for _, m, _ in mod.phases(ns)] == ["trainer", "solo-trainer", "solo-trainer", "trainer"]
+    bench = mod.Bench.__new__(mod.Bench)
+    bench.args = mod.argparse.Namespace(window=1, dry=False, mps_pipe="/p", spatial_trainer_compute=60)
+    bench.env, bench.busy = {}, {}
+    solo, _ = bench.command("solo-trainer", "trainer", "launch", Path("/f"))
+    co, _ = bench.command("spatial", "trainer", "launch", Path("/f"))
+    assert solo == co and solo[solo.index("--compute") + 1] == "60" and "train" in solo
+    phs = [{"kind": "launch", "mode": m, "rep": 0, "trainer": {"it_per_s": v}}
+           for m, v in (("trainer", 10.0), ("solo-trainer", 9.0))]
+    row = next(line for line in mod.report({"phases": phs}).splitlines() if line.startswith("| solo-trainer "))
+    assert "9.00 (0.900x)" in row and row.split("|")[5].strip() == "-"
+
+
 def _worker_module():
     import importlib.util
     import sys

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from gpuslice.host import procs
-from gpuslice.host.mps import MpsControl, MpsError, client_env, find_control
+from gpuslice.host.mps import YIELD_THREADS, MpsControl, MpsError, client_env, find_control, yields
 from gpuslice.spec import Engine, GiB, MiB, Priority, Slice
 from gpuslice.spec.model import Colocation
 from mpskit import failing_control, install_standin, mps_processes, short_root
@@ -143,6 +144,16 @@ def test_a_low_priority_spatial_slice_that_yields_is_a_below_normal_client() -> 
     assert "CUDA_MPS_CLIENT_PRIORITY" not in shared
     high = client_env(Slice(DEV, GiB, engine=Engine.SPATIAL, priority=Priority.HIGH), "/p")
     assert "CUDA_MPS_CLIENT_PRIORITY" not in high
+
+
+
+def test_the_yield_cap_named_here_is_the_enforcers() -> None:
+    """`gpuslice run` says what the enforcer will do (mps.YIELD_THREADS); the enforcer's constant decides."""
+    header = (Path(__file__).resolve().parents[2] / "native/include/gpuslice/mps.h").read_text()
+    assert re.search(r"#define GS_MPS_YIELD_THREADS (\d+)", header).group(1) == str(YIELD_THREADS)
+    assert yields(Slice(DEV, GiB, engine=Engine.SPATIAL))
+    assert not yields(Slice(DEV, GiB, engine=Engine.SPATIAL, colocation=Colocation.SHARED))
+    assert not yields(Slice(DEV, GiB, engine=Engine.SPATIAL, priority=Priority.HIGH))
 
 
 @pytest.mark.gpu

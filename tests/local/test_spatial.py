@@ -16,6 +16,7 @@ import pytest
 
 from gpuslice.host import procs
 from gpuslice.host.devices import load_snapshot
+from gpuslice.host.mps import YIELD_THREADS
 from gpuslice.host.mpsfleet import MpsDaemons
 from gpuslice.local.ledger import Ledger
 from gpuslice.local.paths import StateDir
@@ -24,6 +25,9 @@ from gpuslice.placement import NoFit
 from gpuslice.spec import Engine, GpusliceError, Request, SpecError, parse_memory
 from mpskit import failing_control, install_standin, mps_processes, short_root
 from nodekit import AgentProcess, gpuslice
+from tenantkit import write_double_snapshot
+
+REPO = Path(__file__).resolve().parents[2]
 
 DEVICES = load_snapshot("h100-80gb")
 GPU0, GPU1 = DEVICES[0].uuid, DEVICES[1].uuid
@@ -210,14 +214,53 @@ def test_run_refuses_a_spatial_request_of_two_devices(env: dict[str, str]) -> No
     assert proc.returncode == 2 and "'--engine'" in err and "more than one device" in " ".join(err.split())
 
 
-def _spatial_run(env: dict[str, str], marker: Path) -> subprocess.Popen:
+def _spatial_run(env: dict[str, str], marker: Path, *opts: str) -> subprocess.Popen:
     """A spatial `gpuslice run` whose command says it started (``<marker>.started``: the grant was answered),
     then waits until ``marker`` exists."""
-    run = gpuslice("run", "--engine", "spatial", "--memory", "2GiB", "--compute", "30", "--", "sh", "-c",
+    run = gpuslice("run", "--engine", "spatial", "--memory", "2GiB", *(opts or ("--compute", "30")), "--", "sh", "-c",
                    f'touch "{marker}.started"; while [ ! -e "{marker}" ]; do sleep 0.05; done', env=env)
     wait_for(lambda: Path(f"{marker}.started").exists() or run.poll() is not None, what="the command started")
     assert run.poll() is None, run.communicate()[1]
     return run
+
+
+@pytest.fixture(scope="module")
+def probe() -> Path:
+    """native/tests/helpers/slice_probe (built with ``make -C native all``; a failed build fails the test)."""
+    done = subprocess.run(["make", "-C", str(REPO / "native"), "all"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return REPO / "native" / "build" / "helpers" / "slice_probe"
+
+
+def test_a_yielding_spatial_process_started_beside_a_high_priority_slice_gets_the_yield_cap(
+        env: dict[str, str], root: Path, probe: Path) -> None:
+    """A low-priority spatial process with no compute share of its own keeps every SM when it starts alone, and
+    gets GS_MPS_YIELD_THREADS (60 % of the SMs) as its MPS active-thread percentage when it starts while a
+    high-priority preemptive spatial slice holds the device: the node side's roster says so, the enforcer reads it
+    before the driver starts (issue 13: MPS's priority preempts no running block). An explicit --compute 100 asks
+    for every SM and gets it."""
+    env = dict(env, GPUSLICE_DEVICE_SNAPSHOT=str(write_double_snapshot(root / "double.json")),
+               LD_LIBRARY_PATH=str(probe.parents[1] / "double"), GSDOUBLE_NOBACK="1")
+
+    def threads(*opts: str) -> str:
+        proc = gpuslice("run", "--engine", "spatial", "--memory", "1GiB", *opts, "--", str(probe), env=env,
+                        stdin=subprocess.PIPE)
+        out, err = proc.communicate("init\nenv CUDA_MPS_ACTIVE_THREAD_PERCENTAGE\n", timeout=60)
+        assert proc.returncode == 0, err
+        return next(line for line in out.splitlines() if line.startswith("env ")).split(" ", 1)[1]
+
+    assert threads() == "(unset)"  # alone
+    server = _spatial_run(env, root / "done", "--priority", "high")
+    try:
+        assert threads() == str(YIELD_THREADS) == "60"
+        assert threads("--compute", "100") == "(unset)"
+        assert threads("--compute", "80") == "80"
+        assert threads("--colocation", "shared") == "(unset)"  # a low slice that does not yield
+    finally:
+        (root / "done").touch()
+        _, err = server.communicate(timeout=60)
+    assert server.returncode == 0, err
+    assert threads() == "(unset)"  # the server gone: every SM again
 
 
 def test_a_killed_agent_leaves_no_daemon_once_the_slice_ends(env: dict[str, str], root: Path) -> None:

@@ -13,6 +13,18 @@
 #define GPUSLICE_MPS_H
 #include "gpuslice/config.h"
 
+/* The SMs a yielding client may take beside a high-priority neighbour. A low-priority preemptive spatial
+ * slice with no compute share of its own (compute=0; 100 says "every SM") that starts while the device's
+ * roster lists a high-priority preemptive slice gets this active-thread percentage. Why: MPS's client
+ * priority orders only waiting work, and a running trainer's blocks still hold the SMs a server's next
+ * kernel needs: on the H200 a decoder of ~1,300 tiny kernels a request kept p50 1.08x its rest slots beside
+ * an uncapped below-normal trainer, 1.03x at 80 % and 1.00-1.02x at 60 % (3 repeats: launch-bound 1.03x,
+ * GPU-bound 1.03x; bench/results/2026-11-29-h200-coloc-paired-*-cap60*.md). MPS fixes the percentage when
+ * the client starts, so it is decided then, from the roster as it is then: a trainer started before the
+ * server is not capped, and a capped one stays capped after the server leaves. Alone, the benchmark's
+ * trainer lost 0-3 % at 60 (2026-11-29-h200-coloc-trainer-cap.md). */
+#define GS_MPS_YIELD_THREADS 60
+
 /* What to set: an empty string leaves that variable as the environment has it. */
 struct gs_mps_env {
     char pipe_dir[GS_PATH_LEN];   /* CUDA_MPS_PIPE_DIRECTORY */
@@ -22,10 +34,16 @@ struct gs_mps_env {
                                      that yields (colocation=preemptive); the environment cannot raise it */
 };
 
-/* The client settings of a spatial slice given the current environment (read through get). Pure:
- * the unit tests drive it with a table. Returns the number of variables to set (0 for a time-sliced
- * slice). */
-int gs_mps_client_env(const struct gs_config *c, gs_env_fn get, void *arg, struct gs_mps_env *out);
+/* The client settings of a spatial slice given the current environment (read through get) and whether a
+ * high-priority preemptive slice shares its device (beside_high: gs_mps_high_neighbour). Pure: the unit
+ * tests drive it with a table. Returns the number of variables to set (0 for a time-sliced slice). */
+int gs_mps_client_env(const struct gs_config *c, int beside_high, gs_env_fn get, void *arg, struct gs_mps_env *out);
+
+/* Whether a spatial slice that yields (low priority, not colocation=shared, no compute share of its own)
+ * starts beside a high-priority preemptive slice, as its device's roster (policy.h: root's, never a
+ * tenant's record) lists the device now: 1 and that slice's grant in `grant`, else 0 (and no roster is
+ * read). */
+int gs_mps_high_neighbour(const struct gs_config *c, char *grant, size_t len);
 
 /* gs_mps_client_env on the real environment, then setenv what differs; logs what the client runs with. */
 void gs_mps_apply(const struct gs_config *c);

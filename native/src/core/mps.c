@@ -10,8 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <strings.h>
+
 #include "gpuslice/log.h"
 #include "gpuslice/mps.h"
+#include "gpuslice/policy.h"
 
 static const char *env_or_null(gs_env_fn get, void *arg, const char *name)
 {
@@ -48,7 +51,19 @@ static uint64_t one_device_limit(const char *s)
     return 0;
 }
 
-int gs_mps_client_env(const struct gs_config *c, gs_env_fn get, void *arg, struct gs_mps_env *out)
+/* A low-priority slice that yields (colocation preemptive or tidal; tidal is refused for spatial slices
+ * by the node side): a below-normal client, capped beside a high-priority neighbour. */
+static int yields(const struct gs_config *c) { return c->priority != 0 && c->colocation != GS_COLOC_SHARED; }
+
+/* The active-thread percentage the slice's clients may use: its compute share; with none of its own
+ * (compute 0), GS_MPS_YIELD_THREADS beside a high-priority neighbour; 0 = every SM. */
+static int thread_cap(const struct gs_config *c, int beside_high)
+{
+    if (c->compute > 0 && c->compute < 100) return c->compute;
+    return c->compute == 0 && beside_high && yields(c) ? GS_MPS_YIELD_THREADS : 0;
+}
+
+int gs_mps_client_env(const struct gs_config *c, int beside_high, gs_env_fn get, void *arg, struct gs_mps_env *out)
 {
     memset(out, 0, sizeof *out);
     if (c->engine != GS_ENGINE_SPATIAL) return 0;
@@ -58,18 +73,20 @@ int gs_mps_client_env(const struct gs_config *c, gs_env_fn get, void *arg, struc
         snprintf(out->pipe_dir, sizeof out->pipe_dir, "%s", c->mps_pipe_dir);
         n++;
     }
-    /* compute 0 or 100: no share reserved, the client may use every SM (as a time-sliced slice is unpaced) */
-    if (c->compute > 0 && c->compute < 100) {
+    /* no share reserved and no high-priority neighbour (or 100): the client may use every SM, as a
+     * time-sliced slice is unpaced */
+    int cap = thread_cap(c, beside_high);
+    if (cap) {
         int have = percent(env_or_null(get, arg, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
-        if (have < 0 || have > c->compute) {
-            snprintf(out->threads, sizeof out->threads, "%d", c->compute);
+        if (have < 0 || have > cap) {
+            snprintf(out->threads, sizeof out->threads, "%d", cap);
             n++;
         }
     }
     /* A low-priority slice that yields is a below-normal client; "0" or anything else in the environment
      * would make it the equal of the high-priority slices it must yield to. A high-priority slice may
      * lower itself. */
-    if (c->priority != 0 && c->colocation != GS_COLOC_SHARED) {
+    if (yields(c)) {
         const char *have = env_or_null(get, arg, "CUDA_MPS_CLIENT_PRIORITY");
         if (!have || strcmp(have, "1")) {
             snprintf(out->priority, sizeof out->priority, "1");
@@ -90,6 +107,30 @@ int gs_mps_client_env(const struct gs_config *c, gs_env_fn get, void *arg, struc
     return n;
 }
 
+int gs_mps_high_neighbour(const struct gs_config *c, char *grant, size_t len)
+{
+    if (grant && len) grant[0] = 0;
+    if (c->engine != GS_ENGINE_SPATIAL || c->compute != 0 || !yields(c) || c->device_count != 1 ||
+        !c->device_state_dir[0])
+        return 0;
+    /* the roster folder's stem is the pacer's name for the device: GPU-<hex>, a MIG instance's too */
+    const char *hex = c->devices[0];
+    if (!strncasecmp(hex, "GPU-", 4) || !strncasecmp(hex, "MIG-", 4)) hex += 4;
+    char stem[GS_UUID_LEN + 8];
+    snprintf(stem, sizeof stem, "GPU-%s", hex);
+    struct gs_policy_set *set = malloc(sizeof *set); /* ~9 KB: once per process, before the driver starts */
+    if (!set) return 0;
+    gs_policy_read(c->device_state_dir, stem, NULL, set);
+    int found = 0;
+    for (int i = 0; i < set->n && !found; i++) {
+        const struct gs_pol_entry *e = &set->e[i];
+        found = e->pol.priority == 0 && e->pol.colocation == GS_COLOC_PREEMPTIVE && strcmp(e->grant, c->grant);
+        if (found && grant && len) snprintf(grant, len, "%s", e->grant);
+    }
+    free(set);
+    return found;
+}
+
 static const char *real_getenv(const char *name, void *arg)
 {
     (void)arg;
@@ -100,9 +141,11 @@ void gs_mps_apply(const struct gs_config *c)
 {
     struct gs_mps_env e;
     if (c->engine != GS_ENGINE_SPATIAL) return;
+    char high[GS_POL_GRANT_LEN];
+    int beside_high = gs_mps_high_neighbour(c, high, sizeof high);
     /* Only what differs is set: in the usual case the node side already put these values in the
      * environment, and setenv racing another thread's getenv is best avoided. */
-    if (gs_mps_client_env(c, real_getenv, NULL, &e)) {
+    if (gs_mps_client_env(c, beside_high, real_getenv, NULL, &e)) {
         if (e.pipe_dir[0]) setenv("CUDA_MPS_PIPE_DIRECTORY", e.pipe_dir, 1);
         if (e.threads[0]) setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", e.threads, 1);
         if (e.pinned[0]) setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", e.pinned, 1);
@@ -112,7 +155,8 @@ void gs_mps_apply(const struct gs_config *c)
     const char *threads = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
     const char *pinned = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
     const char *prio = getenv("CUDA_MPS_CLIENT_PRIORITY");
-    GS_INFO("spatial slice: MPS client of %s, active threads %s%%, pinned memory %s, client priority %s; launches "
-            "not paced", pipe ? pipe : "/tmp/nvidia-mps (the default)", threads ? threads : "100",
+    GS_INFO("spatial slice: MPS client of %s, active threads %s%%%s%s%s, pinned memory %s, client priority %s; "
+            "launches not paced", pipe ? pipe : "/tmp/nvidia-mps (the default)", threads ? threads : "100",
+            beside_high ? " (yielding beside high-priority slice " : "", beside_high ? high : "", beside_high ? ")" : "",
             pinned ? pinned : "unlimited", prio && !strcmp(prio, "1") ? "below normal" : "normal");
 }

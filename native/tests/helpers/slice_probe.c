@@ -5,6 +5,8 @@
  *   launch          -> "launch <CUresult>"      one cuLaunchKernel (the compute pacer opens its
  *                                               device state file on the first launch)
  *   pid             -> "pid <pid>"
+ *   env <NAME>      -> "env <value>"            getenv (after init: what the enforcer set, e.g. MPS's
+ *                                               variables of a spatial slice); "(unset)" when unset
  * and exits 0 at end of input. Usage: slice_probe (no arguments). */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -38,6 +40,9 @@ int main(void)
             printf("alloc %d\n", (int)cuMemAlloc_v2(&p, (size_t)strtoull(line + 6, NULL, 10)));
         } else if (!strcmp(line, "launch")) {
             printf("launch %d\n", (int)cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+        } else if (!strncmp(line, "env ", 4)) {
+            const char *v = getenv(line + 4);
+            printf("env %s\n", v ? v : "(unset)");
         } else if (!strcmp(line, "pid")) {
             printf("pid %d\n", (int)getpid());
         } else {

@@ -82,20 +82,35 @@ def find_control(env: Mapping[str, str] | None = None) -> Path | None:
     return Path(found) if found else None
 
 
+# The active-thread percentage of a yielding spatial slice (low priority, not co-location shared, no compute share
+# of its own) whose process starts while a high-priority preemptive slice holds the device. The enforcer applies it,
+# from the device's roster at the process's start (native/include/gpuslice/mps.h GS_MPS_YIELD_THREADS says why
+# and what it measured); this copy only says so in `gpuslice run`'s grant line.
+YIELD_THREADS = 60
+
+
+def yields(item: Slice) -> bool:
+    """Whether a spatial slice yields to high-priority ones: a below-normal MPS client, and with no compute share
+    of its own capped at :data:`YIELD_THREADS` beside them."""
+    return item.priority == Priority.LOW and item.colocation is not Colocation.SHARED
+
+
 def client_env(item: Slice, pipe_dir: str) -> dict[str, str]:
     """The MPS variables of a spatial slice's processes (the launcher's and Allocate's): the daemon's pipe
     directory, the compute share as the active-thread percentage (1..99; 0 and 100 leave every SM), the
     memory limit as the pinned device-memory limit of ordinal 0 in whole MiB (rounded down), and a low-priority
     slice that yields (co-location ``preemptive``) as a below-normal client (``CUDA_MPS_CLIENT_PRIORITY=1``: the
     server runs normal clients' work first). The enforcer applies the same rules from the slice file before the
-    driver starts (``native/src/core/mps.c``)."""
+    driver starts (``native/src/core/mps.c``), and one more that only a process's start can decide: a yielding
+    slice with no compute share gets :data:`YIELD_THREADS` when the device's roster lists a high-priority
+    preemptive slice then."""
     if item.engine is not Engine.SPATIAL:
         return {}
     env = {"CUDA_MPS_PIPE_DIRECTORY": pipe_dir}
     if 0 < item.compute < 100:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(item.compute)
     env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, item.memory_limit >> 20)}M"
-    if item.priority == Priority.LOW and item.colocation is not Colocation.SHARED:
+    if yields(item):
         env["CUDA_MPS_CLIENT_PRIORITY"] = "1"
     return env
 
@@ -433,4 +448,5 @@ def _read_tenant_file(path: Path, limit: int, tail: bool = False) -> bytes:
         return f.read(limit)
 
 
-__all__ = ["CONTROL_ENV", "DaemonRecord", "FAULT_RE", "MpsControl", "MpsError", "client_env", "find_control"]
+__all__ = ["CONTROL_ENV", "DaemonRecord", "FAULT_RE", "MpsControl", "MpsError", "YIELD_THREADS", "client_env",
+           "find_control", "yields"]

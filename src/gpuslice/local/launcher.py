@@ -369,9 +369,13 @@ def describe_grant(grant: GrantRecord) -> str:
         if grant.exclusive and not s.compute:
             return f"{s.device_uuid} whole device: memory {human_bytes(s.memory_limit)}, all of its compute"
         if s.engine.value == "spatial":
-            client = "spatial, MPS" + (", below-normal client" if "CUDA_MPS_CLIENT_PRIORITY" in mps.client_env(s, "") else "")
-            compute = (f"compute {s.compute}% of the SMs ({client})" if 0 < s.compute < 100
-                       else f"compute: every SM ({client})")
+            client = "spatial, MPS" + (", below-normal client" if mps.yields(s) else "")
+            if 0 < s.compute < 100:
+                compute = f"compute {s.compute}% of the SMs ({client})"
+            elif s.compute == 0 and mps.yields(s):  # the enforcer decides at each process's start
+                compute = f"compute: every SM, {mps.YIELD_THREADS}% beside a high-priority slice ({client})"
+            else:
+                compute = f"compute: every SM ({client})"
         else:
             compute = f"compute {s.compute}% ({s.mode.value})" if s.compute else "compute unpaced"
         held = " whole device:" if grant.exclusive else ""
