@@ -15,7 +15,8 @@
 #            all three kinds, the modes that judge preemptive (24 phases, 2 ABBA repeats): ~7.5 minutes, one call
 #   GS_COLOC_MODES (all but tidal): a comma list of alone,trainer,plain,mps,preemptive,shared,spatial,tidal
 #   (opt-in: solo-mps, solo-spatial: the server alone as under mps / spatial; solo-trainer: the trainer alone as
-#   under spatial, with GS_COLOC_SPATIAL_TRAINER_COMPUTE: what that SM cap costs it without a server)
+#   under spatial, with GS_COLOC_SPATIAL_TRAINER_COMPUTE: what that SM cap costs it without a server; spatial-full:
+#   spatial with the trainer on every SM, --compute 100, to judge the yield cap within one run)
 #   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
 #   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in every other slot of this many seconds of
@@ -150,7 +151,7 @@ RES="$OUT/$NAME.md"
 log "results: $RES"
 echo
 echo "== co-location on $GPU ($(( $(date +%s) - T0 )) s)"
-grep -E '^(###|\| (alone|solo-mps|solo-spatial|trainer|solo-trainer|plain|mps|preemptive|shared|spatial|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
+grep -E '^(###|\| (alone|solo-mps|solo-spatial|trainer|solo-trainer|plain|mps|preemptive|shared|spatial|spatial-full|tidal) )' "$W/coloc.md" 2>/dev/null | cut -c1-150
 grep -E 'MISSED|: met' "$W/coloc.md" 2>/dev/null | sed 's/^- /  /' | cut -c1-200
 if [ "${GS_COLOC_TAR:-1}" = 1 ] && tar czf "$OUT/$NAME-raw.tgz" -C "$OUT" coloc-run; then rm -rf "$W"; fi
 exit "$RC"

@@ -14,6 +14,9 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   spatial     gpuslice run --engine spatial --priority high / low: both clients of the MPS daemon gpuslice starts for
               the device, the low-priority trainer below normal (CUDA_MPS_CLIENT_PRIORITY=1, set by gpuslice); only
               where the MPS binaries are (coloc.sh's private daemon started)
+  spatial-full (only when named in --modes) spatial with the trainer's --compute 100: every SM, still a
+              below-normal client (what gpuslice's yield cap, 60 % of the SMs for a yielding trainer started beside
+              a high-priority slice, changes: spatial against spatial-full in the same ABBA run)
   tidal       (only with --tidal) the trainer colocation tidal, following the server's idle time
   solo-mps    (only when named in --modes) the server alone as a client of the private MPS daemon
   solo-spatial (only when named in --modes) the server alone under gpuslice run --engine spatial --priority high:
@@ -66,10 +69,11 @@ KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-b
 STARTUP_S = 11.5
 
 
-ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive", "shared", "spatial", "tidal")
-OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "tidal")  # run only when named (tidal also by --tidal)
+ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive", "shared", "spatial", "spatial-full", "tidal")
+OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "spatial-full", "tidal")  # run only when named (tidal also by --tidal)
 SOLO = {"solo-mps": "mps", "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode
 SOLO_TRAINER = {"solo-trainer": "spatial"}  # the trainer alone, set up as in the co-located mode
+VARIANT = {"spatial-full": "spatial"}  # a co-located mode with one setting changed (Bench.command says which)
 
 
 def modes(tidal: bool, only: str = "") -> list[str]:
@@ -94,8 +98,13 @@ def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
                 order.remove("alone")
                 order.insert(0, "alone")
             # mps needs the private daemon; spatial needs the MPS binaries (gpuslice starts a daemon of its own)
-            out.extend((kind, m, rep) for m in order if runnable(SOLO.get(m, SOLO_TRAINER.get(m, m)), args))
+            out.extend((kind, m, rep) for m in order if runnable(base_mode(m), args))
     return out
+
+
+def base_mode(mode: str) -> str:
+    """The co-located mode a solo or variant mode is set up as (itself for the others)."""
+    return SOLO.get(mode) or SOLO_TRAINER.get(mode) or VARIANT.get(mode) or mode
 
 
 def runnable(mode: str, args: argparse.Namespace) -> bool:
@@ -167,7 +176,7 @@ class Bench:
         """The process of one role (server or trainer) in one mode: its command and environment."""
         w = self.worker(kind if role == "server" else "train", folder, role)
         env = dict(self.env)
-        mode = SOLO.get(mode, SOLO_TRAINER.get(mode, mode))
+        variant, mode = mode, base_mode(mode)
         if mode == "mps":
             env.update(CUDA_MPS_PIPE_DIRECTORY=self.args.mps_pipe or str(self.tmp / "no-mps"),
                        CUDA_MPS_CLIENT_PRIORITY="0" if role == "server" else "1")
@@ -177,7 +186,7 @@ class Bench:
         opts = ["run", "--device", "0", "--memory", "16GiB", "--priority", "high" if role == "server" else "low"]
         if mode == "spatial":  # gpuslice's MPS engine: the low-priority trainer a below-normal client of its daemon
             opts += ["--engine", "spatial"]
-            cap = getattr(self.args, "spatial_trainer_compute", 0)
+            cap = 100 if variant == "spatial-full" else getattr(self.args, "spatial_trainer_compute", 0)
             if cap and role == "trainer":  # its MPS active-thread percentage: SMs the server's kernels find free
                 opts += ["--compute", str(cap)]
         if mode == "shared":
@@ -382,9 +391,10 @@ def report(raw: dict) -> str:
 
 def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> list[str]:
     out = _mode_goals(kind, "preemptive", phs, p50a, p99a, bound, talone, between)
-    if _pooled(phs, kind, "spatial", 0.5) is not None:  # the spatial engine's co-location, judged alike
-        out += _mode_goals(kind, "spatial", phs, p50a, p99a, bound, talone, between)
-    for mode in ("preemptive", "spatial"):  # paired: against the same server in the trainer's rest slots
+    for mode in ("spatial", "spatial-full"):  # the spatial engine's co-location, judged alike
+        if _pooled(phs, kind, mode, 0.5) is not None:
+            out += _mode_goals(kind, mode, phs, p50a, p99a, bound, talone, between)
+    for mode in ("preemptive", "spatial", "spatial-full"):  # paired: against the same server in its rest slots
         for q, lim in ((0.5, 1.03), (0.99, 1.10)):
             on, off = _pooled(phs, kind, mode, q, "on"), _pooled(phs, kind, mode, q, "off")
             if on and off and any("on" in p.get("server", {}) for p in phs if p["kind"] == kind and p["mode"] == mode):

@@ -139,6 +139,22 @@ def test_coloc_solo_trainer_is_the_spatial_trainer_alone() -> None:
     assert "9.00 (0.900x)" in row and row.split("|")[5].strip() == "-"
 
 
+def test_coloc_spatial_full_is_spatial_with_the_trainer_on_every_sm() -> None:
+    """spatial-full (opt-in) differs from spatial only by the trainer's --compute 100, so one ABBA run judges
+    gpuslice's yield cap; the server's command is the same."""
+    mod = _bench_module()
+    bench = mod.Bench.__new__(mod.Bench)
+    bench.args = mod.argparse.Namespace(window=1, dry=False, mps_pipe="/p", spatial_trainer_compute=0)
+    bench.env, bench.busy = {}, {}
+    full, _ = bench.command("spatial-full", "trainer", "decode", Path("/f"))
+    plain, _ = bench.command("spatial", "trainer", "decode", Path("/f"))
+    assert full[full.index("--compute") + 1] == "100" and "--compute" not in plain
+    assert [a for a in full if a not in ("--compute", "100")] == plain
+    assert bench.command("spatial-full", "server", "decode", Path("/f")) == bench.command("spatial", "server", "decode", Path("/f"))
+    ns = mod.argparse.Namespace(steps="3", reps=2, tidal=False, modes="spatial,spatial-full", mps_pipe="/p", dry=False)
+    assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial-full", "spatial-full", "spatial"]
+
+
 def _worker_module():
     import importlib.util
     import sys
