@@ -247,6 +247,8 @@ def test_a_yielding_spatial_process_started_beside_a_high_priority_slice_gets_th
                         stdin=subprocess.PIPE)
         out, err = proc.communicate("init\nenv CUDA_MPS_ACTIVE_THREAD_PERCENTAGE\n", timeout=60)
         assert proc.returncode == 0, err
+        if not opts:  # the grant line says what the enforcer decides at each process's start
+            assert "compute: every SM, 60% beside a high-priority slice (spatial, MPS, below-normal client)" in err
         return next(line for line in out.splitlines() if line.startswith("env ")).split(" ", 1)[1]
 
     assert threads() == "(unset)"  # alone

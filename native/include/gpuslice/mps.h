@@ -17,12 +17,14 @@
  * slice with no compute share of its own (compute=0; 100 says "every SM") that starts while the device's
  * roster lists a high-priority preemptive slice gets this active-thread percentage. Why: MPS's client
  * priority orders only waiting work, and a running trainer's blocks still hold the SMs a server's next
- * kernel needs: on the H200 a decoder of ~1,300 tiny kernels a request kept p50 1.08x its rest slots beside
- * an uncapped below-normal trainer, 1.03x at 80 % and 1.00-1.02x at 60 % (3 repeats: launch-bound 1.03x,
- * GPU-bound 1.03x; bench/results/2026-11-29-h200-coloc-paired-*-cap60*.md). MPS fixes the percentage when
- * the client starts, so it is decided then, from the roster as it is then: a trainer started before the
- * server is not capped, and a capped one stays capped after the server leaves. Alone, the benchmark's
- * trainer lost 0-3 % at 60 (2026-11-29-h200-coloc-trainer-cap.md). */
+ * kernel needs. On the H200 a decoder of ~1,300 tiny kernels a request kept paired p50 1.04x (median of 6
+ * repeats) beside a trainer capped at 60, against 1.11x beside one on every SM in the same ABBA run
+ * (bench/results/2026-11-29-h200-coloc-yieldcap-decode.md); launch-bound and GPU-bound servers met their
+ * goals either way. The price: MPS fixes the percentage when the client starts, so it holds while the
+ * server idles. The co-location bench's trainer (CPU-paced) lost nothing measurable alone at 60; one that
+ * fills the SMs (batch 64) kept 0.71 of its speed (2026-11-29-h200-coloc-trainer-cap.md). It is decided at
+ * each process's start from the roster as it is then: a trainer started before the server is not capped,
+ * and a capped one stays capped after the server leaves. A slice opts out with compute=100. */
 #define GS_MPS_YIELD_THREADS 60
 
 /* What to set: an empty string leaves that variable as the environment has it. */

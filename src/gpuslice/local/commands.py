@@ -119,7 +119,9 @@ def run(
                                "random, or node=<policy>,gpu=<policy>."),
     engine: str = typer.Option("timeslice", "--engine", help="How the device's compute is shared: timeslice "
                                "(launches paced, exact shares) or spatial (an MPS client: kernels of the device's "
-                               "spatial slices run at once, the share is its fraction of the SMs; one device)."),
+                               "spatial slices run at once, the share is its fraction of the SMs; one device; a low "
+                               "priority one with no share gets 60 % of the SMs if it starts beside a high priority "
+                               "one, --compute 100 keeps every SM)."),
     oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill|wait",
                                    help="When memory runs out: return the error (default); kill the process at "
                                    "the limit; or wait: an allocation that fits the slice but not the device (the "
