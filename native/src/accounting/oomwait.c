@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <time.h>
 
+#include "gpuslice/clock.h"
 #include "gpuslice/log.h"
 #include "gpuslice/memory.h"
 #include "gpuslice/real.h"
@@ -24,13 +25,6 @@
 #define MAX_SLEEP_NS 50000000ll
 
 enum { W_NOW = 0, W_TOTAL = 1, W_TIMEOUTS = 2, W_BYTES = 3 }; /* gs_region_proc.spare[] */
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
-}
 
 static void count(struct gs_oom_wait *w, int field, int64_t delta)
 {
@@ -49,7 +43,7 @@ static uint64_t device_free(void)
 int gs_mem_device_full_wait(int ordinal, uint64_t bytes, struct gs_oom_wait *w)
 {
     if (__atomic_load_n(&gs_cfg.oom_policy, __ATOMIC_RELAXED) != GS_OOM_WAIT) return 0;
-    int64_t now = mono_ns();
+    int64_t now = gs_mono_ns();
     if (!w->started) {
         w->started = 1;
         w->bytes = bytes;
@@ -74,7 +68,7 @@ int gs_mem_device_full_wait(int ordinal, uint64_t bytes, struct gs_oom_wait *w)
         nanosleep(&ts, NULL);
         w->sleep_ns = w->sleep_ns * 2 < MAX_SLEEP_NS ? w->sleep_ns * 2 : MAX_SLEEP_NS;
         if (device_free() >= bytes) return 1; /* worth another try */
-        now = mono_ns();
+        now = gs_mono_ns();
     }
 }
 

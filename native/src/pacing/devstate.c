@@ -1,6 +1,7 @@
 /* gpuslice per-device shared state: the device's folder and the slots its slice files are mapped at
  * (layout, trust and liveness: gpuslice/devstate.h; joining and reaping: devstate_records.c). */
 #define _GNU_SOURCE
+#include "gpuslice/clock.h"
 #include "gpuslice/devstate.h"
 #include "gpuslice/policy.h"
 #include <dirent.h>
@@ -35,13 +36,6 @@ _Static_assert(offsetof(struct gs_ds_proc, path) == 92, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, drain_seen_ns) == 96, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, drain_done_ns) == 104, "proc layout");
 _Static_assert(offsetof(struct gs_ds_proc, drain_backlog_ns) == 112, "proc layout");
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 /* A slot's two pages become private zero pages (empty to every loop). Writable: a launch thread of ours
  * still holding the slot's index when its last record left (a shutdown racing a launch) writes into
@@ -212,7 +206,7 @@ int gs_devstate_open(struct gs_devstate *ds, const char *dir, const char *uuid, 
     }
     ds->dfd = fd;
     ds->managed = managed_folder(fd);
-    gs_devstate_scan_locked(ds, mono_ns(), 1); /* nobody else has the handle yet: no lock needed for its slots */
+    gs_devstate_scan_locked(ds, gs_mono_ns(), 1); /* nobody else has the handle yet: no lock needed for its slots */
     return 0;
 fail:
     if (ds->sbase) munmap(ds->sbase, GS_DS_MAX_SLICES * ds->page);

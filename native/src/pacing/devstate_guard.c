@@ -22,6 +22,7 @@
  * that re-raise reaches the default action, and the process dies (README-compute.md "Hostile
  * neighbours"). */
 #define _GNU_SOURCE
+#include "gpuslice/clock.h"
 #include "gpuslice/devstate.h"
 #include <errno.h>
 #include <pthread.h>
@@ -41,13 +42,6 @@ static struct sigaction prev_bus;
 static pthread_once_t install_once = PTHREAD_ONCE_INIT;
 static int installed;
 static uint64_t faults_caught;
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 /* Not ours: what would have happened without us. SIG_DFL/SIG_IGN: reset to the default and return,
  * so the retried access faults again and the process dies of SIGBUS as before (ignoring a fault
@@ -167,7 +161,7 @@ static void recover_own(struct gs_devstate *ds, int slot, int64_t now)
 
 void gs_ds_guard_recover(struct gs_devstate *ds)
 {
-    int64_t now = mono_ns();
+    int64_t now = gs_mono_ns();
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
         if (!__atomic_load_n(&ds->slot[i].lost, __ATOMIC_ACQUIRE)) continue;
         if (ds->slot[i].state == GS_DS_SLOT_OWN) recover_own(ds, i, now);

@@ -14,6 +14,7 @@
  * mutex held), maps again what the SIGBUS guard made private (devstate_guard.c), counts the update in our own files' headers and brings our own records back
  * into range (a slice-mate may have scribbled on them). */
 #define _GNU_SOURCE
+#include "gpuslice/clock.h"
 #include "gpuslice/controller.h"
 #include "gpuslice/devstate.h"
 #include <errno.h>
@@ -24,13 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* The kernel's lock, polled until `until`: a legitimate holder keeps it for microseconds, so a few
  * yields usually see it free; then sleeps from 10 us doubling to 1 ms. */
 static int take_file_lock(int fd, int64_t until)
@@ -38,7 +32,7 @@ static int take_file_lock(int fd, int64_t until)
     for (int attempt = 0;; attempt++) {
         if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
         if (errno != EWOULDBLOCK && errno != EINTR) return -1;
-        if (mono_ns() >= until) {
+        if (gs_mono_ns() >= until) {
             errno = ETIMEDOUT;
             return -1;
         }
@@ -77,7 +71,7 @@ static void sanitize_slot(struct gs_devstate *ds, int slot)
 
 int gs_devstate_lock(struct gs_devstate *ds)
 {
-    int64_t now = mono_ns();
+    int64_t now = gs_mono_ns();
     int64_t until = now < __atomic_load_n(&ds->backoff_until_ns, __ATOMIC_RELAXED) ? now : now + GS_DS_LOCK_WAIT_NS;
     struct timespec abs = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
     int rc = ds->dfd < 0 ? EBADF : pthread_mutex_clocklock(&ds->local, CLOCK_MONOTONIC, &abs);

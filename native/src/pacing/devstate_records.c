@@ -1,6 +1,7 @@
 /* gpuslice per-device shared state: our own slice's file and its records — joining, leaving, freeing
  * the records of slice-mates that died (layout, trust and liveness: gpuslice/devstate.h). */
 #define _GNU_SOURCE
+#include "gpuslice/clock.h"
 #include "gpuslice/devstate.h"
 #include "gpuslice/policy.h"
 #include <errno.h>
@@ -12,13 +13,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 int gs_ds_header_ok(const struct gs_ds_header *h)
 {
@@ -58,7 +52,7 @@ int gs_ds_adopt_locked(struct gs_devstate *ds, int slot, char *err, size_t errle
     h->slice_size = GS_DS_SLICE_SIZE;
     h->proc_off = GS_DS_PROC_OFF;
     h->proc_size = GS_DS_PROC_SIZE;
-    h->created_ns = mono_ns();
+    h->created_ns = gs_mono_ns();
     snprintf(h->uuid, sizeof h->uuid, "%s", ds->uuid);
     __atomic_store_n(&h->magic, GS_DS_MAGIC, __ATOMIC_RELEASE); /* last: a reader that sees it sees the rest */
     return 0;
@@ -205,7 +199,7 @@ int gs_devstate_reap_locked(struct gs_devstate *ds, int (*is_alive)(int32_t pid)
 {
     int freed = 0;
     uint64_t my_ns = gs_devstate_pidns();
-    int64_t now = mono_ns();
+    int64_t now = gs_mono_ns();
     for (int s = 0; s < GS_DS_MAX_SLICES; s++)
         if (gs_ds_own(ds, s)) freed += reap_slot(ds, s, my_ns, now, is_alive);
     return freed;
@@ -231,7 +225,7 @@ int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t 
     int s = own_slot(ds, grant);
     if (s < 0) s = map_own(ds, grant);
     int p = s >= 0 ? free_record(ds, s) : -1;
-    if (s >= 0 && p < 0 && reap_slot(ds, s, gs_devstate_pidns(), mono_ns(), NULL) > 0) {
+    if (s >= 0 && p < 0 && reap_slot(ds, s, gs_devstate_pidns(), gs_mono_ns(), NULL) > 0) {
         if (!gs_ds_own(ds, s)) s = map_own(ds, grant); /* every record was dead: the slot was given back */
         p = s >= 0 ? free_record(ds, s) : -1;
     }
@@ -265,7 +259,7 @@ int gs_devstate_join_locked(struct gs_devstate *ds, const char *grant, uint32_t 
     q->pid = pid;
     q->id = id;
     q->slice = 0; /* the file's one slice: a slot number is the handle's own and means nothing to others */
-    q->last_seen_ns = mono_ns();
+    q->last_seen_ns = gs_mono_ns();
     q->heartbeat_ns = q->last_seen_ns;
     q->joined_ns = q->last_seen_ns;
     q->pidns = gs_devstate_pidns();

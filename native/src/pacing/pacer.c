@@ -9,6 +9,7 @@
  * outstanding, so neighbours see an accurate "busy" flag even while this program sits in a
  * synchronize. Launch hooks sleep here (nanosleep) when the engine says wait. */
 #define _GNU_SOURCE
+#include "gpuslice/clock.h"
 #include "gpuslice/pacer.h"
 #include <errno.h>
 #include <pthread.h>
@@ -85,13 +86,6 @@ static struct {
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local struct gs_ticket tl_ticket = {-1, 0, 0, 0, 0};
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 /* The current UTC hour, for tidal schedules (README-compute.md: hours are UTC on every node). */
 static int utc_hour(void)
@@ -176,7 +170,7 @@ static int op_query_start(void *c, int i)
 static int64_t op_now(void *c)
 {
     (void)c;
-    return mono_ns();
+    return gs_mono_ns();
 }
 static int op_capturing(void *c, void *stream)
 {
@@ -240,7 +234,7 @@ static void *poller_main(void *arg)
     while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {
         int64_t next = GS_CTL_IDLE_POLL_NS;
         uint32_t seq = __atomic_load_n(&g.wake_seq, __ATOMIC_ACQUIRE); /* a wake after this cuts the sleep */
-        int64_t t0 = mono_ns();
+        int64_t t0 = gs_mono_ns();
         int hour = -1;
         if (t0 - hour_at > 1000000000LL) { /* a tidal schedule's hour, looked up once a second */
             hour = utc_hour();
@@ -255,7 +249,7 @@ static void *poller_main(void *arg)
                 __atomic_load_n(&d->eng.drain_pending, __ATOMIC_ACQUIRE) || __atomic_load_n(&d->eng.mcount, __ATOMIC_RELAXED))
                 cu.ctx_set(d->ctx);
             if (hour >= 0) d->eng.tidal_hour = hour;
-            int64_t now = mono_ns();
+            int64_t now = gs_mono_ns();
             gs_engine_poll(&d->eng, now);
             /* fast while work is queued or was just launched beside neighbours (their hand-overs
              * and priority read our busy flag, which only a poll clears), slow otherwise */
@@ -393,7 +387,7 @@ static void setup_device(int dev, struct gs_pdev *d)
     }
     int pct = g.share_pct[dev];
     if (gs_engine_init(&d->eng, &d->ds, g.grant, (uint32_t)pct * 100u, g.mode, g.weight, g.priority, (int32_t)getpid(),
-                       (uint32_t)dev, &CUDA_OPS, d, mono_ns()) != 0) {
+                       (uint32_t)dev, &CUDA_OPS, d, gs_mono_ns()) != 0) {
         GS_ERROR("compute: device state %s/%s%s: %s; device %d not paced", g.dir, uuid, GS_DS_FOLDER_SUFFIX,
                  d->ds.why[0] ? d->ds.why : "locked", dev);
         gs_devstate_close(&d->ds);
@@ -487,7 +481,7 @@ void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
     /* the credit's waits and the yield gate's are bounded apart: each by what could legitimately cause it */
     int64_t slept = 0, held = 0, held_yield = 0, cap = hold_cap_ns(dev);
     for (;;) {
-        int64_t t0 = mono_ns();
+        int64_t t0 = gs_mono_ns();
         int64_t w = gs_engine_before(&d->eng, t0, stream, key, slept, &tl_ticket);
         if (w <= 0) return;
         int gate = tl_ticket.yield_held;
@@ -496,7 +490,7 @@ void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
             return;
         }
         sleep_ns(w);
-        slept = mono_ns() - t0;
+        slept = gs_mono_ns() - t0;
         if (gate) held_yield += slept;
         else held += slept;
     }
@@ -513,7 +507,7 @@ void gs_pacer_after_launch(int dev, void *stream, int cu_result)
     if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) return;
     /* a paced engine leaves the time blocked in the driver's launch call out of its offered load;
      * the light path reads no clock after the launch */
-    gs_engine_after(&d->eng, d->eng.paced ? mono_ns() : 0, stream, &t, cu_result == CU_OK);
+    gs_engine_after(&d->eng, d->eng.paced ? gs_mono_ns() : 0, stream, &t, cu_result == CU_OK);
 }
 
 /* A benchmark's (or a debugger's) look at where this process's charge on device `dev` came from: one
