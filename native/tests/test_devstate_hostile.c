@@ -190,6 +190,42 @@ static void truncate_once(off_t size)
     unlink(path);
 }
 
+/* Our own file cut again within GS_DS_RECOVER_EVERY_NS of its last repair: the slot stays on its private
+ * copy for that long, and a later lock, with no new fault, makes the file whole again (the guard's "something
+ * was lost" flag must outlive a lock that defers the repair). */
+static void test_own_file_cut_again_is_repaired_later(void)
+{
+    struct gs_devstate ds;
+    char err[256], path[128];
+    int s = -1, p = -1;
+    CHECK(gs_devstate_open(&ds, dir, "GPU-recut", err, sizeof err) == 0, "open: %s", err);
+    CHECK(gs_devstate_lock(&ds) == 0, "lock");
+    CHECK(gs_devstate_join_locked(&ds, "victim", 5000, GS_CTL_HARD, 1, 0, 1, getpid(), 7, &s, &p) == 0, "join");
+    gs_devstate_unlock(&ds);
+    snprintf(path, sizeof path, "%s/GPU-recut%s/victim", dir, GS_DS_FOLDER_SUFFIX);
+    for (int k = 0; k < 2; k++) {
+        CHECK(truncate(path, 0) == 0, "cut %d", k);
+        gs_ds_proc(&ds, p)->last_launch_ns = now_ns(); /* faults: the slot goes private */
+        CHECK(__atomic_load_n(&ds.slot[s].lost, __ATOMIC_ACQUIRE), "cut %d: private", k);
+        CHECK(gs_devstate_lock(&ds) == 0, "lock after cut %d", k);
+        gs_devstate_unlock(&ds);
+    }
+    CHECK(ds.slot[s].lost, "cut again within the interval: still private after a lock");
+    int64_t deadline = now_ns() + 5000000000LL;
+    int whole = 0;
+    while (!whole && now_ns() < deadline) {
+        CHECK(gs_devstate_lock(&ds) == 0, "lock");
+        whole = !ds.slot[s].lost && gs_ds_own(&ds, s);
+        gs_devstate_unlock(&ds);
+        if (!whole) usleep(10000);
+    }
+    CHECK(whole, "a later lock repaired it");
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && st.st_size == GS_DS_FILE_SIZE, "the file has its size back");
+    gs_devstate_close(&ds);
+    unlink(path);
+}
+
 /* A neighbour cuts its own file short: our read-only view of it faults on the next read (a launch path's
  * scan of its records); the fault is caught, the slot reads as empty, and the scan maps the file again
  * once its owner has made it whole. */
@@ -353,6 +389,7 @@ int main(void)
     test_stopped_flock_holder();
     truncate_once(0);
     truncate_once(100);
+    test_own_file_cut_again_is_repaired_later();
     test_neighbour_truncates_its_file();
     test_scribbled_records_are_brought_into_range();
     test_thread_blocking_sigbus();

@@ -172,6 +172,8 @@ struct gs_devstate {
     unsigned char *pbase;      /* GS_DS_MAX_SLICES pages: slot i's process records at pbase + i * page */
     size_t page;
     int nslots;                /* loops stop here: one past the highest slot used since open (atomic) */
+    int lost_any;              /* some slot's `lost` may be set: the SIGBUS guard sets it after the slot's, the
+                                  next lock clears it and looks (atomic; without it every lock read 32 flags) */
     struct gs_ds_slot slot[GS_DS_MAX_SLICES];
     int64_t scanned_ns;        /* last scan of the folder (gs_devstate_scan_locked) */
     int64_t mtime_checked_ns;  /* last look at the folder's mtime */

@@ -74,6 +74,7 @@ static int catch_in(struct gs_devstate *ds, unsigned char *a)
                        MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) return 0;
         __atomic_store_n(&ds->slot[slot].lost, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&ds->lost_any, 1, __ATOMIC_RELEASE); /* after the slot's: whoever clears it sees the slot's */
         __atomic_add_fetch(&faults_caught, 1, __ATOMIC_RELAXED);
         return 1;
     }
@@ -144,7 +145,10 @@ uint64_t gs_devstate_faults_caught(void) { return __atomic_load_n(&faults_caught
  * file cut to nothing initialised again (its records are gone: the engine joins again, own_locked). */
 static void recover_own(struct gs_devstate *ds, int slot, int64_t now)
 {
-    if (now < ds->recover_at_ns) return; /* stays on its private copy until then */
+    if (now < ds->recover_at_ns) { /* stays on its private copy until then: look again at the next lock */
+        __atomic_store_n(&ds->lost_any, 1, __ATOMIC_RELEASE);
+        return;
+    }
     ds->recover_at_ns = now + GS_DS_RECOVER_EVERY_NS;
     struct gs_ds_slot *s = &ds->slot[slot];
     struct stat st;
@@ -157,10 +161,14 @@ static void recover_own(struct gs_devstate *ds, int slot, int64_t now)
     }
     /* still ours (an engine's launch threads write its records without the lock): private until the next try */
     __atomic_store_n(&s->lost, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&ds->lost_any, 1, __ATOMIC_RELEASE);
 }
 
 void gs_ds_guard_recover(struct gs_devstate *ds)
 {
+    /* nothing lost since the last lock: the usual case, one load (a fault after this exchange sets it again
+     * for the next lock) */
+    if (!__atomic_exchange_n(&ds->lost_any, 0, __ATOMIC_ACQ_REL)) return;
     int64_t now = gs_mono_ns();
     for (int i = 0; i < GS_DS_MAX_SLICES; i++) {
         if (!__atomic_load_n(&ds->slot[i].lost, __ATOMIC_ACQUIRE)) continue;
