@@ -256,6 +256,57 @@ static void y_roster_others_may_write(void) /* a roster folder a tenant could wr
     CHECK(!strcmp(threads_of(""), "(unset)"), "untrusted roster: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
 }
 
+static void y_env_compute_cannot_raise_it(void) /* GPUSLICE_COMPUTE may lower a share; 99 is no share of its own */
+{
+    setenv("GPUSLICE_COMPUTE", "99", 1);
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    CHECK(!strcmp(threads_of(""), yield_cap), "GPUSLICE_COMPUTE=99: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_env_compute_lowers_it(void)
+{
+    setenv("GPUSLICE_COMPUTE", "30", 1);
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    CHECK(!strcmp(threads_of(""), "30"), "GPUSLICE_COMPUTE=30: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_only_its_own_entry_is_high(void) /* its own grant is no neighbour, whatever its entry says */
+{
+    spatial_slice(0, "priority=1\n");
+    roster("sp", 0, "preemptive");
+    CHECK(!strcmp(threads_of(""), "(unset)"), "own entry high: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_mig_instance(void) /* a MIG instance's roster is named GPU-<hex>, as the pacer names the device */
+{
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "preemptive"); /* GPU-<device 0's hex>.policy */
+    char path[320], u0[64];
+    t_uuid(0, u0);
+    snprintf(path, sizeof path, "%s/slice.conf", t_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) { perror(path); exit(2); }
+    fprintf(f, "version=1\ngrant=sp\ndevices=MIG-%s\nregion=%s\ndevice_state_dir=%s\nmemory_limit=1g\n"
+               "engine=spatial\npriority=1\n", u0 + 4, t_region, devdir);
+    fclose(f);
+    unsetenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    (void)cuInit(0); /* the double has no such MIG instance: only the settings made before it matter here */
+    CHECK(!strcmp(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), yield_cap), "MIG: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_set_back_before_cuinit(void) /* changed after the first hooked call, before cuInit */
+{
+    spatial_slice(0, "priority=1\n");
+    roster("srv", 0, "preemptive");
+    unsetenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    size_t total;
+    (void)cuDeviceTotalMem_v2(&total, 0); /* the enforcer starts here: settings made */
+    CHECK(!strcmp(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), yield_cap), "after the first call: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+    setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100", 1);
+    unsetenv("CUDA_MPS_CLIENT_PRIORITY");
+    CHECK_EQ(cuInit(0), CUDA_SUCCESS);
+    CHECK(!strcmp(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), yield_cap), "at cuInit: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+    CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "1"), "at cuInit: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
+}
+
 static void s_yielding_client_is_capped_beside_a_high_priority_slice(void)
 {
     snprintf(yield_cap, sizeof yield_cap, "%d", GS_MPS_YIELD_THREADS);
@@ -269,6 +320,11 @@ static void s_yielding_client_is_capped_beside_a_high_priority_slice(void)
     CASE(y_every_sm);
     CASE(y_high_itself);
     CASE(y_roster_others_may_write);
+    CASE(y_env_compute_cannot_raise_it);
+    CASE(y_env_compute_lowers_it);
+    CASE(y_only_its_own_entry_is_high);
+    CASE(y_mig_instance);
+    CASE(y_set_back_before_cuinit);
     cleanup_devdir();
 }
 

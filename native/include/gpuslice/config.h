@@ -73,6 +73,10 @@ struct gs_config {
     int oom_wait_ms;                         /* oom_policy=wait: how long a device-full allocation waits */
     int colocation;                          /* enum gs_colocation */
     struct gs_tidal tidal;                   /* colocation=tidal: its schedule (n = 0: follow idle time) */
+    /* The compute share the slice file (or HAMi's environment) granted, before GPUSLICE_COMPUTE lowered
+     * `compute`: whether the slice has a share of its own. The spatial yield cap (mps.h) is for slices
+     * without one, and an environment that "lowers" 0 to 99 must not take a slice out of it. */
+    int granted_compute;
 };
 
 /* Parse slice-file text into *out (defaults first). Returns 0, or -1 with a one-line reason in err

@@ -24,7 +24,11 @@
  * server idles. The co-location bench's trainer (CPU-paced) lost nothing measurable alone at 60; one that
  * fills the SMs (batch 64) kept 0.71 of its speed (2026-11-29-h200-coloc-trainer-cap.md). It is decided at
  * each process's start from the roster as it is then: a trainer started before the server is not capped,
- * and a capped one stays capped after the server leaves. A slice opts out with compute=100. */
+ * and a capped one stays capped after the server leaves (so do the children it starts later: they inherit
+ * the lowered variable, which the environment may keep). A slice opts out with compute=100; GPUSLICE_COMPUTE
+ * may lower the cap, never raise it (config.h granted_compute). The roster lists every user's slices, and
+ * MPS serves each user from a daemon of its own (gpuslice.host.mps), so a trainer beside another user's
+ * server is capped too, though its kernels are time-sliced against the server's: not measured. */
 #define GS_MPS_YIELD_THREADS 60
 
 /* What to set: an empty string leaves that variable as the environment has it. */
@@ -49,5 +53,11 @@ int gs_mps_high_neighbour(const struct gs_config *c, char *grant, size_t len);
 
 /* gs_mps_client_env on the real environment, then setenv what differs; logs what the client runs with. */
 void gs_mps_apply(const struct gs_config *c);
+
+/* Again just before the real cuInit (the driver reads the MPS variables then): a process that changed
+ * them after gs_mps_apply (its first hooked call may come before cuInit) gets the slice's values back,
+ * with gs_mps_apply's decision on the yield cap. A program that reaches the driver without the enforcer
+ * is outside every rule of the slice contract (native/README.md). */
+void gs_mps_hold(const struct gs_config *c);
 
 #endif

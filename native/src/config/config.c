@@ -573,6 +573,7 @@ int gs_config_load_pinned(gs_env_fn get, void *arg, const char *pinned, struct g
     if (ignored)
         add_warning(&c, "GPUSLICE_SLICE=%.100s ignored: the mounted slice file %.60s governs this process", ignored,
                     path);
+    c.granted_compute = c.compute;
     if (apply_gpuslice_env(get, arg, &c, err, errlen)) return -1;
     *out = c;
     return 0;

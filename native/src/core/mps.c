@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <strings.h>
-
 #include "gpuslice/log.h"
 #include "gpuslice/mps.h"
 #include "gpuslice/policy.h"
@@ -55,12 +53,18 @@ static uint64_t one_device_limit(const char *s)
  * by the node side): a below-normal client, capped beside a high-priority neighbour. */
 static int yields(const struct gs_config *c) { return c->priority != 0 && c->colocation != GS_COLOC_SHARED; }
 
-/* The active-thread percentage the slice's clients may use: its compute share; with none of its own
- * (compute 0), GS_MPS_YIELD_THREADS beside a high-priority neighbour; 0 = every SM. */
+/* Whether the yield cap is this slice's to take: it yields and was granted no share of its own. */
+static int capped_beside_high(const struct gs_config *c) { return c->granted_compute == 0 && yields(c); }
+
+/* The active-thread percentage the slice's clients may use: its compute share (as the environment may have
+ * lowered it), and with no share granted, at most GS_MPS_YIELD_THREADS beside a high-priority neighbour;
+ * 0 = every SM. */
 static int thread_cap(const struct gs_config *c, int beside_high)
 {
-    if (c->compute > 0 && c->compute < 100) return c->compute;
-    return c->compute == 0 && beside_high && yields(c) ? GS_MPS_YIELD_THREADS : 0;
+    int share = c->compute > 0 && c->compute < 100 ? c->compute : 0;
+    int yield = beside_high && capped_beside_high(c) ? GS_MPS_YIELD_THREADS : 0;
+    if (share && yield) return share < yield ? share : yield;
+    return share ? share : yield;
 }
 
 int gs_mps_client_env(const struct gs_config *c, int beside_high, gs_env_fn get, void *arg, struct gs_mps_env *out)
@@ -110,12 +114,12 @@ int gs_mps_client_env(const struct gs_config *c, int beside_high, gs_env_fn get,
 int gs_mps_high_neighbour(const struct gs_config *c, char *grant, size_t len)
 {
     if (grant && len) grant[0] = 0;
-    if (c->engine != GS_ENGINE_SPATIAL || c->compute != 0 || !yields(c) || c->device_count != 1 ||
-        !c->device_state_dir[0])
+    if (c->engine != GS_ENGINE_SPATIAL || !capped_beside_high(c) || c->device_count != 1 || !c->device_state_dir[0])
         return 0;
-    /* the roster folder's stem is the pacer's name for the device: GPU-<hex>, a MIG instance's too */
+    /* the roster folder's stem is the pacer's name for the device: GPU-<hex>, a MIG instance's too (the
+     * config parser takes a device as GPU-<hex> or MIG-<hex>; gpuslice.enforcer.devstate.device_stem) */
     const char *hex = c->devices[0];
-    if (!strncasecmp(hex, "GPU-", 4) || !strncasecmp(hex, "MIG-", 4)) hex += 4;
+    if (!strncmp(hex, "GPU-", 4) || !strncmp(hex, "MIG-", 4)) hex += 4;
     char stem[GS_UUID_LEN + 8];
     snprintf(stem, sizeof stem, "GPU-%s", hex);
     struct gs_policy_set *set = malloc(sizeof *set); /* ~9 KB: once per process, before the driver starts */
@@ -137,20 +141,41 @@ static const char *real_getenv(const char *name, void *arg)
     return getenv(name);
 }
 
-void gs_mps_apply(const struct gs_config *c)
+/* Whether this process starts beside a high-priority neighbour, as gs_mps_apply found it (-1: not yet):
+ * gs_mps_hold sets the same values again, never a different decision. */
+static int g_beside_high = -1;
+
+/* Set what differs from the slice's settings; the number of variables set. Only what differs: in the usual
+ * case the node side already put these values in the environment, and setenv racing another thread's
+ * getenv is best avoided. */
+static int set_client_env(const struct gs_config *c, int beside_high)
 {
     struct gs_mps_env e;
-    if (c->engine != GS_ENGINE_SPATIAL) return;
-    char high[GS_POL_GRANT_LEN];
-    int beside_high = gs_mps_high_neighbour(c, high, sizeof high);
-    /* Only what differs is set: in the usual case the node side already put these values in the
-     * environment, and setenv racing another thread's getenv is best avoided. */
-    if (gs_mps_client_env(c, beside_high, real_getenv, NULL, &e)) {
+    int n = gs_mps_client_env(c, beside_high, real_getenv, NULL, &e);
+    if (n) {
         if (e.pipe_dir[0]) setenv("CUDA_MPS_PIPE_DIRECTORY", e.pipe_dir, 1);
         if (e.threads[0]) setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", e.threads, 1);
         if (e.pinned[0]) setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", e.pinned, 1);
         if (e.priority[0]) setenv("CUDA_MPS_CLIENT_PRIORITY", e.priority, 1);
     }
+    return n;
+}
+
+void gs_mps_hold(const struct gs_config *c)
+{
+    if (c->engine != GS_ENGINE_SPATIAL || g_beside_high < 0) return;
+    if (set_client_env(c, g_beside_high))
+        GS_WARN("spatial slice: the process changed its MPS settings after the enforcer set them; set back "
+                "before the driver starts");
+}
+
+void gs_mps_apply(const struct gs_config *c)
+{
+    if (c->engine != GS_ENGINE_SPATIAL) return;
+    char high[GS_POL_GRANT_LEN];
+    int beside_high = gs_mps_high_neighbour(c, high, sizeof high);
+    g_beside_high = beside_high;
+    set_client_env(c, beside_high);
     const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
     const char *threads = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
     const char *pinned = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");

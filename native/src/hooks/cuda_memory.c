@@ -7,6 +7,7 @@
 
 #include "gpuslice/hooks_common.h"
 #include "gpuslice/log.h"
+#include "gpuslice/mps.h"
 
 /* The linear-memory entry points come in two generations that mean the same: the _v2 functions
  * (64-bit pointers and sizes) and the legacy pre-CUDA-3.2 ones libcuda still exports under the plain
@@ -27,6 +28,7 @@ GS_EXPORT CUresult cuInit(unsigned int flags)
 {
     __typeof__(&cuInit) real = GS_REAL(cuInit);
     GS_PROLOGUE(real(flags));
+    gs_mps_hold(&gs_cfg); /* the MPS variables as the slice says, whatever the process set since */
     return real(flags);
 }
 
