@@ -36,7 +36,12 @@ static void slice1(const char *extra) { slice_c(25, extra); }
 
 /* A grant in device 0's roster under devdir, as the node side writes it (root's or ours, 0644, in a
  * folder only its owner may write: policy.h's trust rules). */
-static void roster(const char *grant, int priority, const char *coloc)
+static void roster_of(const char *grant, int priority, const char *coloc, const char *daemon);
+static void roster(const char *grant, int priority, const char *coloc) { roster_of(grant, priority, coloc, NULL); }
+
+/* ... naming the MPS daemon the slice is a client of (its pipe directory), as the node side writes a spatial
+ * slice's entry; NULL: none named */
+static void roster_of(const char *grant, int priority, const char *coloc, const char *daemon)
 {
     char u0[64], path[512];
     t_uuid(0, u0);
@@ -49,6 +54,7 @@ static void roster(const char *grant, int priority, const char *coloc)
     FILE *f = fopen(path, "w");
     if (!f) { perror(path); exit(2); }
     fprintf(f, "version=1\ngrant=%s\ncompute=0\npriority=%d\ncolocation=%s\n", grant, priority, coloc);
+    if (daemon) fprintf(f, "engine=spatial\nmps_pipe_dir=%s\n", daemon);
     fclose(f);
     chmod(path, 0644);
 }
@@ -307,6 +313,28 @@ static void y_set_back_before_cuinit(void) /* changed after the first hooked cal
     CHECK(!strcmp(env("CUDA_MPS_CLIENT_PRIORITY"), "1"), "at cuInit: priority %s", env("CUDA_MPS_CLIENT_PRIORITY"));
 }
 
+static void y_same_daemon(void) /* the server a client of our own daemon: capped */
+{
+    spatial_slice(0, "priority=1\n");
+    roster_of("sp", 1, "preemptive", "/state/mps/dev-1000/pipe");
+    roster_of("srv", 0, "preemptive", "/state/mps/dev-1000/pipe");
+    CHECK(!strcmp(threads_of(""), yield_cap), "same daemon: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_other_daemon(void) /* another user's server: its own daemon, time-sliced against ours anyway */
+{
+    spatial_slice(0, "priority=1\n");
+    roster_of("sp", 1, "preemptive", "/state/mps/dev-1000/pipe");
+    roster_of("srv", 0, "preemptive", "/state/mps/dev-1001/pipe");
+    CHECK(!strcmp(threads_of(""), "(unset)"), "other daemon: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+static void y_daemon_not_named(void) /* a writer that names no daemon: counted, as before daemons were named */
+{
+    spatial_slice(0, "priority=1\n");
+    roster_of("sp", 1, "preemptive", "/state/mps/dev-1000/pipe");
+    roster_of("srv", 0, "preemptive", NULL);
+    CHECK(!strcmp(threads_of(""), yield_cap), "neighbour names none: threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
+
 static void s_yielding_client_is_capped_beside_a_high_priority_slice(void)
 {
     snprintf(yield_cap, sizeof yield_cap, "%d", GS_MPS_YIELD_THREADS);
@@ -325,6 +353,9 @@ static void s_yielding_client_is_capped_beside_a_high_priority_slice(void)
     CASE(y_only_its_own_entry_is_high);
     CASE(y_mig_instance);
     CASE(y_set_back_before_cuinit);
+    CASE(y_same_daemon);
+    CASE(y_other_daemon);
+    CASE(y_daemon_not_named);
     cleanup_devdir();
 }
 

@@ -68,6 +68,28 @@ def test_allocate_starts_the_daemon_and_mounts_it(root: Path) -> None:
     alloc.mps.stop_all()
 
 
+def test_the_roster_names_a_spatial_containers_daemon_and_the_node_loop_keeps_it(root: Path) -> None:
+    """The device's roster entry of a spatial container names its MPS daemon (the host pipe directory), so the
+    enforcer caps a yielding process only beside a high-priority slice of its own daemon; the node loop's
+    reconcile writes the same entry (nothing to rewrite), and writes it again, daemon and all, when it is lost."""
+    api = cluster(pod("svc", LIMITS, annotations=SPATIAL))
+    alloc = allocator(api, root, install_standin(root / "bin"))
+    g = grant_of(api, "svc")
+    alloc.allocate([device_id(g.uuids[0], 0)])
+    pipe = str(root / "st" / "kube" / "mps" / DaemonKey(g.uuids[0], tenant="default").name / "pipe")
+    devices_dir = alloc.paths(g.grant_id, local=True)["devices"]
+    entry = read_policies(devices_dir, g.uuids[0])[g.grant_id]
+    assert entry.engine == "spatial" and entry.mps_pipe_dir == pipe
+    loop = MpsNode(api, "n0", alloc, grace=0)
+    pods = api.list_pods()
+    assert loop.reconcile_rosters(formats.decode_ledger(
+        api.get_node("n0")["metadata"]["annotations"][formats.NODE_LEDGER], "n0"), pods).written == ()
+    (devices_dir / folder_name(g.uuids[0]) / g.grant_id).unlink()
+    loop.reconcile_once()
+    assert read_policies(devices_dir, g.uuids[0])[g.grant_id].mps_pipe_dir == pipe
+    alloc.mps.stop_all()
+
+
 def test_a_time_sliced_container_gets_no_daemon(root: Path) -> None:
     api = cluster(pod("ts", LIMITS))
     alloc = allocator(api, root, install_standin(root / "bin"))

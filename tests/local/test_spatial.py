@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuslice.enforcer.policy import folder_name, read_policies
 from gpuslice.host import procs
 from gpuslice.host.devices import load_snapshot
 from gpuslice.host.mps import YIELD_THREADS
@@ -81,6 +82,21 @@ def test_first_spatial_grant_starts_the_daemon_and_the_last_release_stops_it(led
     assert daemon_devices(ledger) == [GPU0]  # the second slice still uses it
     ledger.release(second.grant_id)
     assert daemon_devices(ledger) == [] and mps_processes(root) == [] and not pipe.exists()
+
+
+def test_the_roster_names_a_spatial_grants_daemon(ledger: Ledger, root: Path) -> None:
+    """A spatial grant's roster entry names its MPS daemon (its pipe directory): the enforcer caps a yielding
+    process only beside a high-priority slice of the same daemon (another user's daemon is time-sliced against
+    its own anyway). The ledger's periodic reconcile writes the same entry, and writes it again when lost."""
+    grant = ledger.acquire(ask())
+    uuid = grant.slices[0].device_uuid
+    entry = read_policies(ledger.state.device_state, uuid)[grant.grant_id]
+    assert entry.engine == "spatial" and entry.mps_pipe_dir == grant.mps_pipe_dir != ""
+    assert ledger.reconcile_rosters(older_than=0).written == ()
+    (ledger.state.device_state / folder_name(uuid) / grant.grant_id).unlink()
+    assert ledger.reconcile_rosters(older_than=0).written == (grant.grant_id,)
+    assert read_policies(ledger.state.device_state, uuid)[grant.grant_id].mps_pipe_dir == grant.mps_pipe_dir
+    ledger.release(grant.grant_id)
 
 
 def test_engines_keep_to_their_devices(ledger: Ledger) -> None:

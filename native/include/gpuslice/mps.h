@@ -26,9 +26,11 @@
  * each process's start from the roster as it is then: a trainer started before the server is not capped,
  * and a capped one stays capped after the server leaves (so do the children it starts later: they inherit
  * the lowered variable, which the environment may keep). A slice opts out with compute=100; GPUSLICE_COMPUTE
- * may lower the cap, never raise it (config.h granted_compute). The roster lists every user's slices, and
- * MPS serves each user from a daemon of its own (gpuslice.host.mps), so a trainer beside another user's
- * server is capped too, though its kernels are time-sliced against the server's: not measured. */
+ * may lower the cap, never raise it (config.h granted_compute). Only a high-priority slice of the same MPS
+ * daemon counts: MPS serves each user (in Kubernetes each user and namespace) from a daemon of its own, and
+ * the daemons on one device are time-sliced, so another daemon's server never waits for our blocks' SMs.
+ * The roster entry names a spatial slice's daemon (policy.h mps_id; the local agent and the device plugin
+ * write it); an entry that names none (the DRA driver's) counts. */
 #define GS_MPS_YIELD_THREADS 60
 
 /* What to set: an empty string leaves that variable as the environment has it. */

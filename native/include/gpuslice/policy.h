@@ -10,7 +10,8 @@
  *
  * Layout: a folder <device_state_dir>/<uuid>.policy/ with one file per grant, named by the grant id and
  * written in the slice-file syntax (config.c parses it: version=1, grant=, compute=, mode=, weight=,
- * priority=, colocation=; other keys are allowed and ignored here). The local agent writes it at grant,
+ * priority=, colocation=, and for a spatial slice engine=spatial and mps_pipe_dir=, its MPS daemon; other
+ * keys are allowed and ignored here). The local agent writes it at grant,
  * resize and release (gpuslice.enforcer.policy); in Kubernetes the device plugin and the DRA driver
  * write it on the host and mount the folder read-only into the container.
  *
@@ -47,6 +48,10 @@ struct gs_pol {
 struct gs_pol_entry {
     char grant[GS_POL_GRANT_LEN];
     struct gs_pol pol;
+    /* A spatial slice's MPS daemon: a hash of the entry's mps_pipe_dir= (the daemon's pipe directory on the
+     * node; nonzero), or 0 when the entry names none (a time-sliced slice, or a writer that does not say).
+     * The yield cap (mps.h) is for a high-priority neighbour of the same daemon. */
+    uint64_t mps_id;
 };
 
 struct gs_policy_set {
@@ -71,6 +76,8 @@ int gs_pol_valid_name(const char *s);
  * has not changed since, `out` is a copy of it and nothing is opened. 1 if what was read differs from
  * prev, else 0. */
 int gs_policy_read(const char *dir, const char *uuid, const struct gs_policy_set *prev, struct gs_policy_set *out);
+/* gs_pol_entry.mps_id of a daemon's pipe directory (nonzero). */
+uint64_t gs_pol_mps_id(const char *pipe_dir);
 /* The entry of `grant`, or NULL (not listed). */
 const struct gs_pol *gs_policy_find(const struct gs_policy_set *set, const char *grant);
 /* Packed into one word, so that launch paths read a neighbour's policy with one atomic load

@@ -125,10 +125,18 @@ int gs_mps_high_neighbour(const struct gs_config *c, char *grant, size_t len)
     struct gs_policy_set *set = malloc(sizeof *set); /* ~9 KB: once per process, before the driver starts */
     if (!set) return 0;
     gs_policy_read(c->device_state_dir, stem, NULL, set);
+    /* Only a neighbour of our own MPS daemon: MPS serves each user (in Kubernetes each user and tenant) from
+     * a daemon of its own, and the daemons on one device are time-sliced, so another daemon's server does
+     * not wait for our blocks' SMs. An entry that names no daemon (ours or the neighbour's) counts. */
+    const struct gs_pol_entry *own = NULL;
+    for (int i = 0; i < set->n && !own; i++)
+        if (!strcmp(set->e[i].grant, c->grant)) own = &set->e[i];
+    uint64_t daemon = own ? own->mps_id : 0;
     int found = 0;
     for (int i = 0; i < set->n && !found; i++) {
         const struct gs_pol_entry *e = &set->e[i];
-        found = e->pol.priority == 0 && e->pol.colocation == GS_COLOC_PREEMPTIVE && strcmp(e->grant, c->grant);
+        found = e->pol.priority == 0 && e->pol.colocation == GS_COLOC_PREEMPTIVE && e != own &&
+                (!daemon || !e->mps_id || e->mps_id == daemon);
         if (found && grant && len) snprintf(grant, len, "%s", e->grant);
     }
     free(set);

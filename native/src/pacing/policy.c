@@ -82,7 +82,15 @@ static int read_entry(int dfd, int readonly, const char *name, struct gs_config 
     e->pol.weight = (uint8_t)(c->weight < 1 ? 1 : c->weight > 16 ? 16 : c->weight);
     e->pol.priority = c->priority ? 1 : 0;
     e->pol.colocation = (uint8_t)c->colocation;
+    e->mps_id = c->mps_pipe_dir[0] ? gs_pol_mps_id(c->mps_pipe_dir) : 0;
     return 0;
+}
+
+uint64_t gs_pol_mps_id(const char *pipe_dir)
+{
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a: an identity, not a secret (root wrote every entry) */
+    for (const unsigned char *p = (const unsigned char *)pipe_dir; *p; p++) h = (h ^ *p) * 0x100000001b3ULL;
+    return h | 1; /* never 0, which says "no daemon named" */
 }
 
 static int same_stamp(const struct gs_policy_set *p, const struct stat *st)

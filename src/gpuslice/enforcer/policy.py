@@ -64,10 +64,14 @@ def check_grant_id(grant_id: str) -> str:
     return grant_id
 
 
-def policy_config(grant_id: str, item: spec.Slice) -> SliceConfig:
-    """What the roster says of ``grant_id``'s slice ``item`` on its device."""
+def policy_config(grant_id: str, item: spec.Slice, mps_pipe_dir: str = "") -> SliceConfig:
+    """What the roster says of ``grant_id``'s slice ``item`` on its device; for a spatial slice also its MPS daemon
+    (the daemon's pipe directory as the node sees it, when the writer knows it): the enforcer caps a yielding
+    spatial process only beside a high-priority slice of its own daemon (native/include/gpuslice/mps.h)."""
+    spatial = mps_pipe_dir and item.engine is spec.Engine.SPATIAL
+    daemon = {"engine": "spatial", "mps_pipe_dir": mps_pipe_dir} if spatial else {}
     return SliceConfig(grant=check_grant_id(grant_id), compute=item.compute, mode=item.mode.value,
-                       weight=item.weight, priority=int(item.priority), colocation=item.colocation.value)
+                       weight=item.weight, priority=int(item.priority), colocation=item.colocation.value, **daemon)
 
 
 def ensure_folder(device_state: Path | str, uuid: str) -> Path:
@@ -78,14 +82,15 @@ def ensure_folder(device_state: Path | str, uuid: str) -> Path:
     return ensure_device_folder(device_state, folder_name(uuid), "the device's roster folder")
 
 
-def write_policies(device_state: Path | str, grant_id: str, slices: Iterable[spec.Slice]) -> tuple[str, ...]:
-    """Write ``grant_id``'s policy on each device of ``slices`` (a new file renamed over the old); the folder
-    names written, in order."""
+def write_policies(device_state: Path | str, grant_id: str, slices: Iterable[spec.Slice],
+                   mps_pipe_dir: str = "") -> tuple[str, ...]:
+    """Write ``grant_id``'s policy on each device of ``slices`` (a new file renamed over the old), naming a
+    spatial slice's MPS daemon ``mps_pipe_dir`` ("" = not known here); the folder names written, in order."""
     check_grant_id(grant_id)  # before anything is made: nothing half-applied
     done = []
     for item in slices:
         folder = ensure_folder(device_state, item.device_uuid)
-        write_slice_file(folder / grant_id, policy_config(grant_id, item))
+        write_slice_file(folder / grant_id, policy_config(grant_id, item, mps_pipe_dir))
         done.append(folder.name)
     return tuple(done)
 
@@ -163,13 +168,15 @@ def _entry_is(path: Path, text: str) -> bool | None:
 
 
 def reconcile_policies(device_state: Path | str, wanted: Mapping[str, Iterable[spec.Slice]], *, prefix: str = "",
-                       older_than: float = 0.0, keep: Iterable[str] = (), now: float | None = None) -> RosterChanges:
+                       older_than: float = 0.0, keep: Iterable[str] = (), now: float | None = None,
+                       daemons: Mapping[str, str] | None = None) -> RosterChanges:
     """Make the rosters in ``device_state`` say what the grant keeper's books say: each grant of ``wanted`` (grant
     id -> its slices) written where its file is missing (a grant from before the roster existed, a file a crash or
     a hand removed) or differs from the books and is older than ``older_than`` seconds (a newer one may be a live
     resize the books read here do not hold yet); then the grants starting with ``prefix`` that are in neither
     ``wanted`` nor ``keep`` taken off (:func:`prune_policies`). Run at start and periodically by whoever keeps the
-    grants: a grant missing from a roster counts for nothing in its neighbours' allocation."""
+    grants: a grant missing from a roster counts for nothing in its neighbours' allocation. ``daemons``: grant id
+    -> its spatial slices' MPS daemon (pipe directory), as :func:`write_policies` names it."""
     now = time.time() if now is None else now
     written, problems = [], {}
     for grant_id, slices in wanted.items():
@@ -178,7 +185,7 @@ def reconcile_policies(device_state: Path | str, wanted: Mapping[str, Iterable[s
             for item in slices:
                 folder = ensure_folder(device_state, item.device_uuid)
                 path = folder / grant_id
-                config = policy_config(grant_id, item)
+                config = policy_config(grant_id, item, (daemons or {}).get(grant_id, ""))
                 same = _entry_is(path, format_slice(config))
                 if same or (same is False and now - os.lstat(path).st_mtime < older_than):
                     continue

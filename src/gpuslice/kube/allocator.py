@@ -264,6 +264,13 @@ class Allocator:
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
         return DaemonKey.for_client(spatial[0].device_uuid, run_as_user(pod, grant.container), namespace)
 
+    def roster_daemon(self, grant: formats.ContainerGrant, pod: Mapping[str, Any]) -> str:
+        """What the device's roster names as a spatial container's MPS daemon: its pipe directory as the host sees
+        it ("" for a time-sliced one). The enforcer caps a yielding spatial process only beside a high-priority
+        slice of the same daemon (native/include/gpuslice/mps.h)."""
+        key = self.daemon_key(grant, pod)
+        return str(self.mps_paths(key)[0]) if key is not None else ""
+
     def mps_paths(self, key: DaemonKey) -> tuple[Path, Path]:
         """The daemon's pipe and shared-memory folders as the host (the kubelet) sees them."""
         folder = self.cfg.host_state_dir / "kube" / "mps" / key.name
@@ -287,12 +294,13 @@ class Allocator:
                 out.append(name)
         return out
 
-    def write_files(self, grant: formats.ContainerGrant) -> None:
+    def write_files(self, grant: formats.ContainerGrant, daemon: str = "") -> None:
         """The host files of a container's slice, laid out by the trust model (``native/README.md``): the host's
         users can reach none of them (``kube/regions`` and the node-wide ``devices`` folder are root's, 0700; the
         kubelet bind-mounts from them whatever the folders' modes); a container reaches only its own, through its
         mounts. No link is followed; in the node-wide ``devices`` folder, which only root writes, a record file that
-        is not root's regular file is replaced (:func:`gpuslice.spec.files.ensure_owned_file`)."""
+        is not root's regular file is replaced (:func:`gpuslice.spec.files.ensure_owned_file`). ``daemon``: the
+        roster's name for a spatial container's MPS daemon (:meth:`roster_daemon`; "" = not known here)."""
         local = self.paths(grant.grant_id, local=True)
         local["slice"].parent.mkdir(parents=True, exist_ok=True)
         write_slice_file(local["slice"], self.slice_config(grant))
@@ -305,28 +313,30 @@ class Allocator:
         # The region, made before the kubelet starts the container, writable by every process of that one
         # container (they may run as any user); no one else can reach its folder.
         create_region(local["region"] / "region", mode=0o666)
-        self._write_device_files(grant, local)
+        self._write_device_files(grant, local, daemon)
         text = CONTAINER_LIB + "\n"
         if not local["preload"].exists() or local["preload"].read_text() != text:
             write_atomic(local["preload"], text, 0o644)
 
-    def _write_device_files(self, grant: formats.ContainerGrant, local: Mapping[str, Path]) -> None:
+    def _write_device_files(self, grant: formats.ContainerGrant, local: Mapping[str, Path], daemon: str = "") -> None:
         """Per granted device: the slice's record file (root's, 0666, empty: the container's processes may run as
         any uid, and only this container mounts it read-write; it must exist before the kubelet bind-mounts it and
         is never replaced, the mount holds the inode), the slice's roster entry (root's, mounted read-only: the
         policy every pacer there takes for it), and in the grant's own device-state folder the mount points of
         the device's records folder and roster (the runtime cannot make them inside that read-only mount)."""
         write_records(local["devices"], grant.grant_id, grant.uuids, mode=SHARED_MODE)
-        write_policies(local["devices"], grant.grant_id, grant.grant.slices)
+        write_policies(local["devices"], grant.grant_id, grant.grant.slices, daemon)
         for name in self.device_stems(grant):
             for suffix in (RECORDS_SUFFIX, POLICY_SUFFIX):
                 (local["devstate"] / f"{name}{suffix}").mkdir(mode=0o755, exist_ok=True)
 
-    def reconcile_policies(self, wanted: Mapping[str, Iterable[Slice]], older_than: float) -> RosterChanges:
+    def reconcile_policies(self, wanted: Mapping[str, Iterable[Slice]], older_than: float,
+                           daemons: Mapping[str, str] | None = None) -> RosterChanges:
         """The node's rosters brought in line with the device plugin's grants ``wanted`` (grant id -> slices): each
         written where missing or out of date, and the plugin's grants (``k-…``) not in it taken off (files older
         than ``older_than`` seconds only: a newer one may be a grant or resize the ledger read here predates)."""
-        return reconcile_policies(self.paths("-", local=True)["devices"], wanted, prefix="k-", older_than=older_than)
+        return reconcile_policies(self.paths("-", local=True)["devices"], wanted, prefix="k-", older_than=older_than,
+                                  daemons=daemons)
 
     def prune_grant_folders(self, keep_prefixes: Iterable[str], older_than: float,
                             now: float | None = None) -> tuple[str, ...]:
@@ -445,7 +455,7 @@ class Allocator:
                 or escapes.device_env_problem(match.pod)
             if problem:
                 raise AllocateError(f"container {match.grant.container}: {problem}")
-            self.write_files(match.grant)
+            self.write_files(match.grant, self.roster_daemon(match.grant, match.pod))
             key = self.daemon_key(match.grant, match.pod)
             if key is not None:  # first use of the device's daemon starts it
                 try:

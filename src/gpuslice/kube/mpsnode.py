@@ -51,6 +51,20 @@ def _grants(ledger: formats.Ledger) -> dict[str, tuple]:
     return {c.grant_id: c.grant.slices for entry in ledger.entries.values() for c in entry.containers}
 
 
+def _daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]], allocator: Allocator) -> dict[str, str]:
+    """The spatial grants of ``ledger`` whose pod is in ``pods``: grant id -> the roster's name for its MPS daemon
+    (:meth:`Allocator.roster_daemon`, as Allocate wrote it)."""
+    by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
+    out = {}
+    for entry in ledger.entries.values():
+        pod = by_uid.get(entry.pod_uid)
+        for c in entry.containers if pod is not None else ():
+            daemon = allocator.roster_daemon(c, pod)
+            if daemon:
+                out[c.grant_id] = daemon
+    return out
+
+
 class MpsNode:
     def __init__(self, api: KubeAPI, node: str, allocator: Allocator, interval: float = 10.0, grace: float = 120.0):
         self.api = api
@@ -69,7 +83,7 @@ class MpsNode:
         except (KubeError, SpecError) as exc:
             log.warning("MPS daemons: cannot read node %s: %s; left as they are", self.node, exc)
             return None
-        self.reconcile_rosters(ledger)
+        self.reconcile_rosters(ledger, pods)
         self.prune_grant_folders(ledger, pods)
         now = time.monotonic()
         recent = {k for k, t in self.allocator.mps_started.items() if now - t < self.grace}
@@ -85,13 +99,13 @@ class MpsNode:
             log.warning("MPS daemon of %s (uid %s): %s", key.device, key.uid, why)
         return done
 
-    def reconcile_rosters(self, ledger: formats.Ledger) -> RosterChanges:
+    def reconcile_rosters(self, ledger: formats.Ledger, pods: list[Mapping[str, Any]] = ()) -> RosterChanges:
         """The devices' policy rosters brought in line with the node's ledger: a grant of the device plugin's
         that is missing from them (written before the roster existed, removed by hand) is written again, and
         the grants of pods that ended are taken off (the pacers' lists are bounded: ``GS_POL_MAX``); a file
         written within ``grace`` stays as it is (a ledger read a moment old may not hold it yet). The DRA
         driver's grants are its own (written at prepare, removed at unprepare)."""
-        done = self.allocator.reconcile_policies(_grants(ledger), self.grace)
+        done = self.allocator.reconcile_policies(_grants(ledger), self.grace, _daemons(ledger, list(pods), self.allocator))
         done.log(log)
         return done
 

@@ -189,7 +189,7 @@ class NodeResizer(PodFollower):
             grant = container_of(entry, name)
             if state == GRANTED:
                 return answer(self.api, pod, text, DONE, "resized; the container's processes follow within a second",
-                              self._rewrite(grant))
+                              self._rewrite(grant, pod))
             self._check(grant, change)
             return answer(self.api, pod, text, CHECKED, "fits what the container holds now; waiting for the scheduler")
         except (SpecError, GpusliceError) as exc:
@@ -214,7 +214,7 @@ class NodeResizer(PodFollower):
         if over:
             raise GpusliceError(f"memory: {over}; free memory in the program first")
 
-    def _rewrite(self, grant: formats.ContainerGrant) -> int:
+    def _rewrite(self, grant: formats.ContainerGrant, pod: Mapping[str, Any]) -> int:
         """Rewrite the container's slice file (if Allocate wrote one) one generation up; the generation."""
         path = self.allocator.paths(grant.grant_id, local=True)["slice"]
         if not path.exists():
@@ -222,6 +222,7 @@ class NodeResizer(PodFollower):
         generation = read_slice_file(path).generation + 1
         write_slice_file(path, replace(self.allocator.slice_config(grant), generation=generation))
         # the running pacers take a new share, mode and priority from the device's roster within 100 ms
-        write_policies(self.allocator.paths(grant.grant_id, local=True)["devices"], grant.grant_id, grant.grant.slices)
+        write_policies(self.allocator.paths(grant.grant_id, local=True)["devices"], grant.grant_id, grant.grant.slices,
+                       self.allocator.roster_daemon(grant, pod))
         return generation
 

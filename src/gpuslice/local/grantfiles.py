@@ -48,7 +48,7 @@ def write_grant_files(grant: GrantRecord, state: StateDir) -> None:
     create_region(state.region_file(grant.grant_id), mode=REGION_MODE, uid=owner_uid(grant))  # kept if it exists
     # The policy every pacer of each device takes for this slice (its own included): root's roster, never the
     # slice's own record file. A resize writes it again; running pacers take it within 100 ms.
-    write_policies(state.device_state, grant.grant_id, grant.slices)
+    write_policies(state.device_state, grant.grant_id, grant.slices, grant.mps_pipe_dir)
     # The slice's record file on each device, its user's: kept as it is when it exists (running processes map it).
     write_records(state.device_state, grant.grant_id, grant.grant.uuids, uid=owner_uid(grant))
 

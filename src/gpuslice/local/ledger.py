@@ -313,7 +313,8 @@ class Ledger:
             grants, keep = self._books(db)
             wanted = {g.grant_id: g.slices for g in grants}
             wanted.update({b.grant_id: b.grant.slices for b in self._bad if b.grant is not None})
-            return reconcile_policies(self.state.device_state, wanted, older_than=older_than, keep=keep)
+            daemons = {g.grant_id: g.mps_pipe_dir for g in grants if g.mps_pipe_dir}
+            return reconcile_policies(self.state.device_state, wanted, older_than=older_than, keep=keep, daemons=daemons)
 
     def reconcile_records(self, older_than: float = ROSTER_GRACE) -> RecordChanges:
         """Make the slice record files follow the ledger (:func:`reconcile_grant_records`): each grant's made where
