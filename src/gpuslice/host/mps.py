@@ -83,9 +83,9 @@ def find_control(env: Mapping[str, str] | None = None) -> Path | None:
 
 
 # The active-thread percentage of a yielding spatial slice (low priority, not co-location shared, no compute share
-# of its own) whose process starts while a high-priority preemptive slice holds the device. The enforcer applies it,
-# from the device's roster at the process's start (native/include/gpuslice/mps.h GS_MPS_YIELD_THREADS says why
-# and what it measured); this copy only says so in `gpuslice run`'s grant line.
+# of its own) whose process starts while a high-priority preemptive slice of the same MPS daemon holds the device.
+# The enforcer applies it, from the device's roster at the process's start (native/include/gpuslice/mps.h
+# GS_MPS_YIELD_THREADS says why and what it measured); this copy only says so in `gpuslice run`'s grant line.
 YIELD_THREADS = 60
 
 
@@ -103,7 +103,7 @@ def client_env(item: Slice, pipe_dir: str) -> dict[str, str]:
     server runs normal clients' work first). The enforcer applies the same rules from the slice file before the
     driver starts (``native/src/core/mps.c``), and one more that only a process's start can decide: a yielding
     slice with no compute share gets :data:`YIELD_THREADS` when the device's roster lists a high-priority
-    preemptive slice then."""
+    preemptive slice of the same daemon then."""
     if item.engine is not Engine.SPATIAL:
         return {}
     env = {"CUDA_MPS_PIPE_DIRECTORY": pipe_dir}
