@@ -17,6 +17,9 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   spatial-full (only when named in --modes) spatial with the trainer's --compute 100: every SM, still a
               below-normal client (what gpuslice's yield cap, 60 % of the SMs for a yielding trainer started beside
               a high-priority slice, changes: spatial against spatial-full in the same ABBA run)
+  spatial-ungated (only when named in --modes, with --ungated-lib) spatial with both processes on an enforcer
+              built -DGS_SPATIAL_YIELD_OFF: no yield gate, the spatial engine as it was before it took part in
+              the yield (the trainer still capped): what the gate changes, in the same ABBA run
   tidal       (only with --tidal) the trainer colocation tidal, following the server's idle time
   solo-mps    (only when named in --modes) the server alone as a client of the private MPS daemon
   solo-spatial (only when named in --modes) the server alone under gpuslice run --engine spatial --priority high:
@@ -69,11 +72,13 @@ KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-b
 STARTUP_S = 11.5
 
 
-ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive", "shared", "spatial", "spatial-full", "tidal")
-OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "spatial-full", "tidal")  # run only when named (tidal also by --tidal)
+ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive", "shared", "spatial",
+             "spatial-full", "spatial-ungated", "tidal")
+OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "spatial-full", "spatial-ungated", "tidal")  # run only when named
+SPATIAL_MODES = ("spatial", "spatial-full", "spatial-ungated")  # the spatial engine's co-located modes, judged alike
 SOLO = {"solo-mps": "mps", "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode
 SOLO_TRAINER = {"solo-trainer": "spatial"}  # the trainer alone, set up as in the co-located mode
-VARIANT = {"spatial-full": "spatial"}  # a co-located mode with one setting changed (Bench.command says which)
+VARIANT = {"spatial-full": "spatial", "spatial-ungated": "spatial"}  # one setting changed (Bench.command says which)
 
 
 def modes(tidal: bool, only: str = "") -> list[str]:
@@ -98,7 +103,8 @@ def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
                 order.remove("alone")
                 order.insert(0, "alone")
             # mps needs the private daemon; spatial needs the MPS binaries (gpuslice starts a daemon of its own)
-            out.extend((kind, m, rep) for m in order if runnable(base_mode(m), args))
+            out.extend((kind, m, rep) for m in order
+                       if runnable(base_mode(m), args) and (m != "spatial-ungated" or getattr(args, "ungated_lib", "")))
     return out
 
 
@@ -186,6 +192,8 @@ class Bench:
         opts = ["run", "--device", "0", "--memory", "16GiB", "--priority", "high" if role == "server" else "low"]
         if mode == "spatial":  # gpuslice's MPS engine: the low-priority trainer a below-normal client of its daemon
             opts += ["--engine", "spatial"]
+            if variant == "spatial-ungated":  # both processes on the build without the spatial yield gate
+                env["GPUSLICE_ENFORCER_LIB"] = self.args.ungated_lib
             cap = 100 if variant == "spatial-full" else getattr(self.args, "spatial_trainer_compute", 0)
             if cap and role == "trainer":  # its MPS active-thread percentage: SMs the server's kernels find free
                 opts += ["--compute", str(cap)]
@@ -391,10 +399,10 @@ def report(raw: dict) -> str:
 
 def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> list[str]:
     out = _mode_goals(kind, "preemptive", phs, p50a, p99a, bound, talone, between)
-    for mode in ("spatial", "spatial-full"):  # the spatial engine's co-location, judged alike
+    for mode in SPATIAL_MODES:  # the spatial engine's co-location, judged alike
         if _pooled(phs, kind, mode, 0.5) is not None:
             out += _mode_goals(kind, mode, phs, p50a, p99a, bound, talone, between)
-    for mode in ("preemptive", "spatial", "spatial-full"):  # paired: against the same server in its rest slots
+    for mode in ("preemptive", *SPATIAL_MODES):  # paired: against the same server in its rest slots
         for q, lim in ((0.5, 1.03), (0.99, 1.10)):
             on, off = _pooled(phs, kind, mode, q, "on"), _pooled(phs, kind, mode, q, "off")
             if on and off and any("on" in p.get("server", {}) for p in phs if p["kind"] == kind and p["mode"] == mode):
@@ -447,6 +455,8 @@ def main() -> int:
     ap.add_argument("--mps-pipe", default="")
     ap.add_argument("--spatial-trainer-compute", type=int, default=0,
                     help="under spatial, the trainer's compute share (its MPS active-thread percentage); 0: none")
+    ap.add_argument("--ungated-lib", default="",
+                    help="the enforcer built -DGS_SPATIAL_YIELD_OFF, for the spatial-ungated mode (coloc.sh builds it)")
     ap.add_argument("--slot", type=float, default=0.0,
                     help="paired protocol: the trainer works in every other slot of this many s (0: the whole window)")
     ap.add_argument("--tidal", action="store_true")

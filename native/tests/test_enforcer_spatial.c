@@ -3,34 +3,42 @@
  * limit, a low-priority preemptive slice as a below-normal client, and such a slice with no share of its
  * own capped at GS_MPS_YIELD_THREADS when the device's roster lists a high-priority preemptive slice at
  * its start), the environment may only lower the
- * threads, the limit and the priority, launches are not paced (no pacing file is ever
- * opened), and memory is accounted and refused exactly as for a time-sliced slice. A time-sliced
- * slice with the same share does open its pacing file (the control case) and touches no MPS variable.
+ * threads, the limit and the priority, launches are never paced to the share (a preemptive slice runs
+ * the pacer for the yield only: a low-priority one holds its launches while a high-priority preemptive
+ * neighbour's queue has a backlog; a shared one opens no pacing file), and memory is accounted and
+ * refused exactly as for a time-sliced slice. A time-sliced slice with the same share is paced to it
+ * (the control case) and touches no MPS variable.
  * Also run with the enforcer LD_PRELOADed (GS_TEST_PRELOAD=1). */
 #include "enforcer_api.h"
 
 #include <dirent.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include "gpuslice/devstate.h"
 #include "gpuslice/mps.h"
 
 static char devdir[300];
 
-/* A slice of device 0 alone with this compute share, its pacing files under devdir, with extra key=value
- * lines. */
-static void slice_c(int compute, const char *extra)
+/* Grant `grant`'s slice of device 0 alone with this compute share, its pacing files under devdir, with extra
+ * key=value lines; "sp" is the case's own (slice.conf, t_region), another grant a neighbour of its own. */
+static void slice_of(const char *grant, int compute, const char *extra)
 {
-    char path[320], u0[64];
+    char path[320], region[320], u0[64];
     t_uuid(0, u0);
+    int own = !strcmp(grant, "sp");
     snprintf(devdir, sizeof devdir, "%s/dev", t_dir);
-    snprintf(path, sizeof path, "%s/slice.conf", t_dir);
+    snprintf(path, sizeof path, "%s/%s.conf", t_dir, own ? "slice" : grant);
+    snprintf(region, sizeof region, "%s", t_region);
+    if (!own) snprintf(region, sizeof region, "%s/%s.region", t_dir, grant);
     FILE *f = fopen(path, "w");
     if (!f) { perror(path); exit(2); }
-    fprintf(f, "version=1\ngrant=sp\ndevices=%s\nregion=%s\ndevice_state_dir=%s\nmemory_limit=1g\n"
-               "context_overhead=%llu\ncompute=%d\nmode=hard\n%s", u0, t_region, devdir, CTX, compute, extra);
+    fprintf(f, "version=1\ngrant=%s\ndevices=%s\nregion=%s\ndevice_state_dir=%s\nmemory_limit=1g\n"
+               "context_overhead=%llu\ncompute=%d\nmode=hard\n%s", grant, u0, region, devdir, CTX, compute, extra);
     fclose(f);
     setenv("GPUSLICE_SLICE", path, 1);
 }
+
+static void slice_c(int compute, const char *extra) { slice_of("sp", compute, extra); }
 
 static void slice1(const char *extra) { slice_c(25, extra); }
 
@@ -88,6 +96,17 @@ static void launch_some(void)
     CHECK_EQ(cuStreamSynchronize(NULL), CUDA_SUCCESS);
 }
 
+/* The pacer path of this process on device 0 as its stats say (GS_DS_PATH_*), -1 when it paces nothing
+ * there. Weak: the sanitized build links the enforcer, the LD_PRELOAD build finds it in the preloaded one. */
+extern int gpuslice_pacer_stats(int dev, char *buf, size_t len) __attribute__((weak));
+static int pacer_path(void)
+{
+    char buf[1024];
+    if (!gpuslice_pacer_stats || gpuslice_pacer_stats(0, buf, sizeof buf) < 0) return -1;
+    const char *p = strstr(buf, "\"path\": ");
+    return p ? atoi(p + 8) : -1;
+}
+
 static void s_spatial_sets_the_client_and_is_not_paced(void)
 {
     unsetenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
@@ -103,7 +122,9 @@ static void s_spatial_sets_the_client_and_is_not_paced(void)
     CHECK(!strcmp(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "25"), "threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
     CHECK(!strcmp(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=1024M"), "pinned %s", env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
     launch_some();
-    CHECK_EQ(pacing_files(), 0); /* the pacer never joined the device */
+    /* a preemptive slice (the default) joins the device for the yield, but its 25 % is MPS's: never paced */
+    CHECK_EQ(pacing_files(), 1);
+    CHECK(pacer_path() == GS_DS_PATH_LIGHT, "path %d, expected light (unpaced)", pacer_path());
     cleanup_devdir();
     /* memory: the same books and the same refusal as a time-sliced slice */
     CUdeviceptr p;
@@ -367,9 +388,85 @@ static void s_timeslice_is_paced_and_leaves_mps_alone(void)
     up(0);
     launch_some();
     CHECK_EQ(pacing_files(), 1);
+    CHECK(pacer_path() == GS_DS_PATH_FREE, "path %d, expected free (paced to its 25 %%)", pacer_path());
     cleanup_devdir();
     CHECK(!strcmp(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "(unset)"), "threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
     CHECK(!strcmp(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "(unset)"), "pinned %s", env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
+}
+
+/* A high-priority spatial server whose queue never drains (the double's events stay pending), launching
+ * every millisecond until told to stop on `stop` (a pipe: readable = stop); says "up" on `ready` once it
+ * has launched. */
+extern int gsdouble_events_pending;
+static void serve_a_backlog(int ready, int stop)
+{
+    slice_of("srv", 0, "engine=spatial\npriority=0\n");
+    up(0);
+    gsdouble_events_pending = 1;
+    CHECK_EQ(cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+    if (write(ready, "u", 1) != 1) exit(2);
+    struct pollfd pf = {.fd = stop, .events = POLLIN};
+    while (poll(&pf, 1, 1) == 0) CHECK_EQ(cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+    fflush(NULL);
+    _exit(t_failures ? 1 : 0);
+}
+
+/* The longest of this case's launches, in seconds, over `n` launches (or until one is held 1 s) made while a
+ * high-priority spatial server beside it has a backlog; our slice as `extra` says. The yield holds a launch
+ * at most GS_CTL_YIELD_HOLD_MAX (2 s): a launch of 1 s or more was held by the yield, never by a loaded box. */
+static double longest_beside_a_backlog(const char *extra, int n, int *path)
+{
+    int ready[2], stop[2];
+    if (pipe(ready) || pipe(stop)) exit(2);
+    snprintf(devdir, sizeof devdir, "%s/dev", t_dir);
+    cleanup_devdir();
+    roster("srv", 0, "preemptive");
+    roster("sp", 1, strstr(extra, "colocation=shared") ? "shared" : "preemptive");
+    fflush(NULL);
+    pid_t srv = fork();
+    if (srv == 0) serve_a_backlog(ready[1], stop[0]);
+    char c;
+    CHECK(read(ready[0], &c, 1) == 1, "the server came up");
+    slice_c(0, extra);
+    up(0);
+    double longest = 0;
+    for (int i = 0; i < n && longest < 1.0; i++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        CHECK_EQ(cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double t = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+        if (t > longest) longest = t;
+        usleep(2000);
+    }
+    *path = pacer_path();
+    if (write(stop[1], "s", 1) != 1) exit(2);
+    int st = 0;
+    waitpid(srv, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server's checks (status 0x%x)", st);
+    return longest;
+}
+
+static void h_low_holds_for_the_server(void) /* preemptive, the default: held while the server is queued */
+{
+    int path;
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 2000, &path);
+    CHECK(t >= 1.0, "a launch beside the server's backlog was held %.3f s, expected up to the 2 s cap", t);
+    CHECK(path == GS_DS_PATH_YIELD, "path %d, expected yield", path);
+}
+static void h_low_shared_does_not(void) /* shared: nobody yields, and no pacer at all */
+{
+    int path;
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\ncolocation=shared\n", 100, &path);
+    CHECK(t < 1.0, "a shared slice's launch was held %.3f s", t);
+    CHECK(path == -1, "path %d, expected no pacer", path);
+}
+
+static void s_yielding_client_holds_while_the_server_is_queued(void)
+{
+    CASE(h_low_holds_for_the_server);
+    CASE(h_low_shared_does_not);
+    cleanup_devdir();
 }
 
 static void s_spatial_of_two_devices_refuses(void)
@@ -387,6 +484,7 @@ int main(void)
     SCENARIO(s_env_cannot_raise_the_mps_limits);
     SCENARIO(s_low_priority_is_a_below_normal_client);
     SCENARIO(s_yielding_client_is_capped_beside_a_high_priority_slice);
+    SCENARIO(s_yielding_client_holds_while_the_server_is_queued);
     SCENARIO(s_timeslice_is_paced_and_leaves_mps_alone);
     SCENARIO(s_spatial_of_two_devices_refuses);
     fprintf(stderr, "test_enforcer_spatial%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",

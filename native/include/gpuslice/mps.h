@@ -33,6 +33,18 @@
  * write it); an entry that names none (the DRA driver's) counts. */
 #define GS_MPS_YIELD_THREADS 60
 
+/* Whether a spatial slice's processes run the pacer, for the yield only: a preemptive slice (the default
+ * colocation). Such a process is never paced to a share (MPS's active-thread percentage is a spatial
+ * slice's share: pacer.c gives it none), but a high-priority one records its queue's drains for its
+ * yielding neighbours, and a low-priority one holds its launches while a high-priority preemptive
+ * neighbour's queue has a backlog and keeps at most YIELD_QUEUE of its own work queued in front of the
+ * next request (the time-sliced engine's yield path, README-compute.md "Co-location"). Under MPS the
+ * server's kernels then wait for no context switch, only for the trainer's blocks already running, and
+ * whenever the server has nothing queued the trainer runs on every SM it was given. A `shared` slice
+ * yields to nobody and is asked by nobody: no pacer, as before. A build with GS_SPATIAL_YIELD_OFF keeps
+ * spatial slices unpaced (the co-location bench's A/B of this). */
+int gs_mps_yield_paced(const struct gs_config *c);
+
 /* What to set: an empty string leaves that variable as the environment has it. */
 struct gs_mps_env {
     char pipe_dir[GS_PATH_LEN];   /* CUDA_MPS_PIPE_DIRECTORY */

@@ -69,8 +69,10 @@ static void do_init(void)
         own_failure(err);
         return;
     }
-    /* Spatial slices are not paced: MPS runs their kernels at once on their share of the SMs. */
-    if (gs_cfg.engine != GS_ENGINE_SPATIAL && gs_pacer_init(&gs_cfg) != 0) {
+    /* Spatial slices are not paced to a share (MPS runs their kernels at once on their share of the SMs);
+     * a preemptive one takes part in the yield (mps.h gs_mps_yield_paced) */
+    int pace = gs_cfg.engine != GS_ENGINE_SPATIAL || gs_mps_yield_paced(&gs_cfg);
+    if (pace && gs_pacer_init(&gs_cfg) != 0) {
         if (!gs_cfg.fail_open) {
             own_failure("compute pacer failed to start");
             return;

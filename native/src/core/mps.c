@@ -111,6 +111,16 @@ int gs_mps_client_env(const struct gs_config *c, int beside_high, gs_env_fn get,
     return n;
 }
 
+int gs_mps_yield_paced(const struct gs_config *c)
+{
+#ifdef GS_SPATIAL_YIELD_OFF
+    (void)c;
+    return 0;
+#else
+    return c->engine == GS_ENGINE_SPATIAL && c->colocation == GS_COLOC_PREEMPTIVE && c->mode != GS_MODE_OFF;
+#endif
+}
+
 int gs_mps_high_neighbour(const struct gs_config *c, char *grant, size_t len)
 {
     if (grant && len) grant[0] = 0;
@@ -189,7 +199,8 @@ void gs_mps_apply(const struct gs_config *c)
     const char *pinned = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
     const char *prio = getenv("CUDA_MPS_CLIENT_PRIORITY");
     GS_INFO("spatial slice: MPS client of %s, active threads %s%%%s%s%s, pinned memory %s, client priority %s; "
-            "launches not paced", pipe ? pipe : "/tmp/nvidia-mps (the default)", threads ? threads : "100",
+            "launches %s", pipe ? pipe : "/tmp/nvidia-mps (the default)", threads ? threads : "100",
             beside_high ? " (yielding beside high-priority slice " : "", beside_high ? high : "", beside_high ? ")" : "",
-            pinned ? pinned : "unlimited", prio && !strcmp(prio, "1") ? "below normal" : "normal");
+            pinned ? pinned : "unlimited", prio && !strcmp(prio, "1") ? "below normal" : "normal",
+            gs_mps_yield_paced(c) ? "not paced to a share (yield only)" : "not paced");
 }

@@ -302,8 +302,11 @@ int gs_pacer_init(const struct gs_config *cfg)
     g.fail_open = cfg->fail_open;
     g.region = cfg->region[0] != '\0';
     int any = 0;
+    /* a spatial slice's share is its MPS active-thread percentage: here it is paced to none, it only takes
+     * part in the yield (mps.h gs_mps_yield_paced) */
+    int spatial = cfg->engine == GS_ENGINE_SPATIAL;
     for (int i = 0; i < GS_MAX_DEVICES; i++) {
-        int pct = cfg->compute_per_ordinal[i] >= 0 ? cfg->compute_per_ordinal[i] : cfg->compute;
+        int pct = spatial ? 0 : cfg->compute_per_ordinal[i] >= 0 ? cfg->compute_per_ordinal[i] : cfg->compute;
         g.share_pct[i] = pct < 0 ? 0 : pct > 100 ? 100 : pct;
         any |= g.share_pct[i] > 0 && g.share_pct[i] < 100;
     }

@@ -723,7 +723,14 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s ? s : (CUstream)0x2, status); }
-EXPORT CUresult cuEventQuery(void *e) { (void)e; return CUDA_SUCCESS; }
+/* nonzero: every event stays pending (CUDA_ERROR_NOT_READY), as behind a long queue: a process's drain
+ * record then says "backlog" to its yielding neighbours (test_enforcer_spatial) */
+EXPORT int gsdouble_events_pending;
+EXPORT CUresult cuEventQuery(void *e)
+{
+    (void)e;
+    return __atomic_load_n(&gsdouble_events_pending, __ATOMIC_RELAXED) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
 EXPORT CUresult cuEventSynchronize(void *e) { (void)e; return CUDA_SUCCESS; }
 EXPORT CUresult cuEventElapsedTime(float *ms, void *a, void *b)
 {
