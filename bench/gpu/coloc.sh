@@ -18,7 +18,8 @@
 #   under spatial, with GS_COLOC_SPATIAL_TRAINER_COMPUTE: what that SM cap costs it without a server; spatial-full:
 #   spatial with the trainer on every SM, --compute 100, to judge the yield cap within one run; spatial-ungated:
 #   spatial on the enforcer built -DGS_SPATIAL_YIELD_OFF, which this script builds in native/build-ungated: the
-#   spatial engine without its yield gate, to judge the gate within one run)
+#   spatial engine without its yield gate, to judge the gate within one run; GS_COLOC_UNGATED_CFLAGS builds that
+#   library with other flags instead, e.g. -DGS_DRAIN_OFF: the gate without the server's drain records)
 #   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
 #   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in every other slot of this many seconds of
@@ -111,7 +112,7 @@ log "build"
 make -s -C native $([ "$DRY" = 1 ] || echo build/libgpuslice.so) >"$W/build.log" 2>&1 || { log "build failed, see $W/build.log"; exit 1; }
 export GPUSLICE_ENFORCER_LIB=$ROOT/native/build/libgpuslice.so
 if [ "$UNGATED" = 1 ]; then  # the A/B build: no spatial yield gate
-  make -s -C native B=build-ungated build-ungated/libgpuslice.so CFLAGS="-O2 -g -DGS_SPATIAL_YIELD_OFF" \
+  make -s -C native B=build-ungated build-ungated/libgpuslice.so CFLAGS="-O2 -g ${GS_COLOC_UNGATED_CFLAGS:--DGS_SPATIAL_YIELD_OFF}" \
     >>"$W/build.log" 2>&1 || { log "the ungated build failed, see $W/build.log"; exit 1; }
 fi
 if [ "$DRY" = 1 ]; then  # the CPU driver and NVML doubles: the workers launch through the real enforcer

@@ -249,7 +249,7 @@ class Bench:
         clock = ClockSampler(t0, self.args.window)
         clock.start()
         time.sleep(0.5 + self.args.window / 2)
-        rec["paths"] = self.pacer_paths() if mode in ("preemptive", "shared", "tidal") else {}
+        rec["paths"] = self.pacer_paths() if base_mode(mode) in ("preemptive", "shared", "tidal", "spatial") else {}
         for role, p in procs.items():
             try:
                 p.wait(timeout=self.args.window + 60)

@@ -592,7 +592,11 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
         /* record, then bump the generation, then arm: see drain_poll for the other side */
         if (e->ops->record_drain(e->ops_ctx, stream) == 0) {
             __atomic_fetch_add(&e->drain_gen, 1, __ATOMIC_RELEASE);
+#ifdef GS_DRAIN_NO_WAKE /* measurement switch: what the poller's wake per armed record costs */
+            __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
+#else
             if (!__atomic_exchange_n(&e->drain_pending, 1, __ATOMIC_ACQ_REL) && e->ops->wake) e->ops->wake(e->ops_ctx);
+#endif
         }
     }
     if (t->yield && ok) gs_coloc_after(e, stream);
