@@ -16,10 +16,10 @@
 #   GS_COLOC_MODES (all but tidal): a comma list of alone,trainer,plain,mps,preemptive,shared,spatial,tidal
 #   (opt-in: solo-mps, solo-spatial: the server alone as under mps / spatial; solo-trainer: the trainer alone as
 #   under spatial, with GS_COLOC_SPATIAL_TRAINER_COMPUTE: what that SM cap costs it without a server; spatial-full:
-#   spatial with the trainer on every SM, --compute 100, to judge the yield cap within one run; spatial-ungated:
-#   spatial on the enforcer built -DGS_SPATIAL_YIELD_OFF, which this script builds in native/build-ungated: the
-#   spatial engine without its yield gate, to judge the gate within one run; GS_COLOC_UNGATED_CFLAGS builds that
-#   library with other flags instead, e.g. -DGS_DRAIN_OFF: the gate without the server's drain records)
+#   spatial with the trainer on every SM, --compute 100, to judge the yield cap within one run; spatial-gate:
+#   spatial with both processes asking for the yield gate, GPUSLICE_SPATIAL_YIELD=1; spatial-gate-variant:
+#   spatial-gate on the enforcer built with GS_COLOC_VARIANT_CFLAGS in native/build-variant, e.g. -DGS_DRAIN_OFF
+#   (no drain records) or -DGS_CTL_DRAIN_SPIN_NS=50000LL -DGS_CTL_DRAIN_POLL_NS=200000LL (fewer drain looks))
 #   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
 #   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in every other slot of this many seconds of
@@ -103,17 +103,18 @@ ARGS=(--out "$W" --tmp "$RUN" --reps "${GS_COLOC_REPS:-2}" --window "${GS_COLOC_
 [ -n "${GS_COLOC_SLOT:-}" ] && ARGS+=(--slot "$GS_COLOC_SLOT")
 [ -n "${GS_COLOC_SPATIAL_TRAINER_COMPUTE:-}" ] && ARGS+=(--spatial-trainer-compute "$GS_COLOC_SPATIAL_TRAINER_COMPUTE")
 [ "$DRY" = 1 ] && ARGS+=(--dry)
-UNGATED=0
-[[ ",${GS_COLOC_MODES:-}," == *,spatial-ungated,* ]] && UNGATED=1 && ARGS+=(--ungated-lib "$ROOT/native/build-ungated/libgpuslice.so")
+VARIANT=0
+[[ ",${GS_COLOC_MODES:-}," == *,spatial-gate-variant,* ]] && VARIANT=1 && ARGS+=(--variant-lib "$ROOT/native/build-variant/libgpuslice.so")
 log "$($PY bench/gpu/coloc_bench.py "${ARGS[@]}" --plan-only)"
 log "$MPS_NOTE"
 
 log "build"
 make -s -C native $([ "$DRY" = 1 ] || echo build/libgpuslice.so) >"$W/build.log" 2>&1 || { log "build failed, see $W/build.log"; exit 1; }
 export GPUSLICE_ENFORCER_LIB=$ROOT/native/build/libgpuslice.so
-if [ "$UNGATED" = 1 ]; then  # the A/B build: no spatial yield gate
-  make -s -C native B=build-ungated build-ungated/libgpuslice.so CFLAGS="-O2 -g ${GS_COLOC_UNGATED_CFLAGS:--DGS_SPATIAL_YIELD_OFF}" \
-    >>"$W/build.log" 2>&1 || { log "the ungated build failed, see $W/build.log"; exit 1; }
+if [ "$VARIANT" = 1 ]; then  # the A/B build: measurement switches (a fresh folder: make does not track CFLAGS)
+  rm -rf native/build-variant
+  make -s -C native B=build-variant build-variant/libgpuslice.so CFLAGS="-O2 -g ${GS_COLOC_VARIANT_CFLAGS:-}" \
+    >>"$W/build.log" 2>&1 || { log "the variant build failed, see $W/build.log"; exit 1; }
 fi
 if [ "$DRY" = 1 ]; then  # the CPU driver and NVML doubles: the workers launch through the real enforcer
   export LD_LIBRARY_PATH=$ROOT/native/build/double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} GS_COLOC_DOUBLE=1

@@ -17,9 +17,12 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   spatial-full (only when named in --modes) spatial with the trainer's --compute 100: every SM, still a
               below-normal client (what gpuslice's yield cap, 60 % of the SMs for a yielding trainer started beside
               a high-priority slice, changes: spatial against spatial-full in the same ABBA run)
-  spatial-ungated (only when named in --modes, with --ungated-lib) spatial with both processes on an enforcer
-              built -DGS_SPATIAL_YIELD_OFF: no yield gate, the spatial engine as it was before it took part in
-              the yield (the trainer still capped): what the gate changes, in the same ABBA run
+  spatial-gate (only when named in --modes) spatial with both processes asking for the spatial yield gate
+              (GPUSLICE_SPATIAL_YIELD=1, native/include/gpuslice/mps.h): the trainer also holds its launches while
+              the server has a backlog (what the gate changes: spatial against spatial-gate in one ABBA run)
+  spatial-gate-variant (only when named in --modes, with --variant-lib) spatial-gate with both processes on an
+              enforcer built with measurement switches (coloc.sh GS_COLOC_VARIANT_CFLAGS: e.g. -DGS_DRAIN_OFF, no
+              drain records; -DGS_CTL_DRAIN_SPIN_NS=50000LL, fewer drain looks): what each part of the gate costs
   tidal       (only with --tidal) the trainer colocation tidal, following the server's idle time
   solo-mps    (only when named in --modes) the server alone as a client of the private MPS daemon
   solo-spatial (only when named in --modes) the server alone under gpuslice run --engine spatial --priority high:
@@ -73,12 +76,14 @@ STARTUP_S = 11.5
 
 
 ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive", "shared", "spatial",
-             "spatial-full", "spatial-ungated", "tidal")
-OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "spatial-full", "spatial-ungated", "tidal")  # run only when named
-SPATIAL_MODES = ("spatial", "spatial-full", "spatial-ungated")  # the spatial engine's co-located modes, judged alike
+             "spatial-full", "spatial-gate", "spatial-gate-variant", "tidal")
+OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "spatial-full", "spatial-gate", "spatial-gate-variant",
+          "tidal")  # run only when named (tidal also by --tidal)
+SPATIAL_MODES = ("spatial", "spatial-full", "spatial-gate", "spatial-gate-variant")  # co-located spatial, judged alike
 SOLO = {"solo-mps": "mps", "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode
 SOLO_TRAINER = {"solo-trainer": "spatial"}  # the trainer alone, set up as in the co-located mode
-VARIANT = {"spatial-full": "spatial", "spatial-ungated": "spatial"}  # one setting changed (Bench.command says which)
+VARIANT = {"spatial-full": "spatial", "spatial-gate": "spatial", "spatial-gate-variant": "spatial"}  # one setting
+# changed (Bench.command says which)
 
 
 def modes(tidal: bool, only: str = "") -> list[str]:
@@ -104,7 +109,7 @@ def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
                 order.insert(0, "alone")
             # mps needs the private daemon; spatial needs the MPS binaries (gpuslice starts a daemon of its own)
             out.extend((kind, m, rep) for m in order
-                       if runnable(base_mode(m), args) and (m != "spatial-ungated" or getattr(args, "ungated_lib", "")))
+                       if runnable(base_mode(m), args) and (m != "spatial-gate-variant" or getattr(args, "variant_lib", "")))
     return out
 
 
@@ -192,8 +197,10 @@ class Bench:
         opts = ["run", "--device", "0", "--memory", "16GiB", "--priority", "high" if role == "server" else "low"]
         if mode == "spatial":  # gpuslice's MPS engine: the low-priority trainer a below-normal client of its daemon
             opts += ["--engine", "spatial"]
-            if variant == "spatial-ungated":  # both processes on the build without the spatial yield gate
-                env["GPUSLICE_ENFORCER_LIB"] = self.args.ungated_lib
+            if variant in ("spatial-gate", "spatial-gate-variant"):  # both processes ask for the yield gate
+                env["GPUSLICE_SPATIAL_YIELD"] = "1"
+            if variant == "spatial-gate-variant":  # on the build with measurement switches
+                env["GPUSLICE_ENFORCER_LIB"] = self.args.variant_lib
             cap = 100 if variant == "spatial-full" else getattr(self.args, "spatial_trainer_compute", 0)
             if cap and role == "trainer":  # its MPS active-thread percentage: SMs the server's kernels find free
                 opts += ["--compute", str(cap)]
@@ -455,8 +462,8 @@ def main() -> int:
     ap.add_argument("--mps-pipe", default="")
     ap.add_argument("--spatial-trainer-compute", type=int, default=0,
                     help="under spatial, the trainer's compute share (its MPS active-thread percentage); 0: none")
-    ap.add_argument("--ungated-lib", default="",
-                    help="the enforcer built -DGS_SPATIAL_YIELD_OFF, for the spatial-ungated mode (coloc.sh builds it)")
+    ap.add_argument("--variant-lib", default="",
+                    help="the enforcer built with measurement switches, for spatial-gate-variant (coloc.sh builds it)")
     ap.add_argument("--slot", type=float, default=0.0,
                     help="paired protocol: the trainer works in every other slot of this many s (0: the whole window)")
     ap.add_argument("--tidal", action="store_true")

@@ -3,9 +3,9 @@
  * limit, a low-priority preemptive slice as a below-normal client, and such a slice with no share of its
  * own capped at GS_MPS_YIELD_THREADS when the device's roster lists a high-priority preemptive slice at
  * its start), the environment may only lower the
- * threads, the limit and the priority, launches are never paced to the share (a preemptive slice runs
- * the pacer for the yield only: a low-priority one holds its launches while a high-priority preemptive
- * neighbour's queue has a backlog; a shared one opens no pacing file), and memory is accounted and
+ * threads, the limit and the priority, launches are never paced to the share (no pacing file is opened;
+ * with GPUSLICE_SPATIAL_YIELD=1 a preemptive slice runs the pacer for the yield gate only: a low-priority one
+ * holds its launches while a high-priority neighbour that asked too has a backlog), and memory is accounted and
  * refused exactly as for a time-sliced slice. A time-sliced slice with the same share is paced to it
  * (the control case) and touches no MPS variable.
  * Also run with the enforcer LD_PRELOADed (GS_TEST_PRELOAD=1). */
@@ -122,9 +122,8 @@ static void s_spatial_sets_the_client_and_is_not_paced(void)
     CHECK(!strcmp(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "25"), "threads %s", env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
     CHECK(!strcmp(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=1024M"), "pinned %s", env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
     launch_some();
-    /* a preemptive slice (the default) joins the device for the yield, but its 25 % is MPS's: never paced */
-    CHECK_EQ(pacing_files(), 1);
-    CHECK(pacer_path() == GS_DS_PATH_LIGHT, "path %d, expected light (unpaced)", pacer_path());
+    CHECK_EQ(pacing_files(), 0); /* the pacer never joined the device: the yield gate was not asked for */
+    CHECK(pacer_path() == -1, "path %d, expected no pacer", pacer_path());
     cleanup_devdir();
     /* memory: the same books and the same refusal as a time-sliced slice */
     CUdeviceptr p;
@@ -134,6 +133,18 @@ static void s_spatial_sets_the_client_and_is_not_paced(void)
     size_t f, t;
     CHECK_EQ(cuMemGetInfo_v2(&f, &t), CUDA_SUCCESS);
     CHECK_EQ(t, 1024 * MiB);
+}
+
+/* Asked for, the yield gate joins the device, but the slice's 25 % is MPS's: never paced to it */
+static void s_spatial_yield_gate_is_not_paced_to_the_share(void)
+{
+    setenv("GPUSLICE_SPATIAL_YIELD", "1", 1);
+    slice1("engine=spatial\n");
+    up(0);
+    launch_some();
+    CHECK_EQ(pacing_files(), 1);
+    CHECK(pacer_path() == GS_DS_PATH_LIGHT, "path %d, expected light (unpaced)", pacer_path());
+    cleanup_devdir();
 }
 
 static void s_env_may_only_lower_the_mps_limits(void)
@@ -400,6 +411,7 @@ static void s_timeslice_is_paced_and_leaves_mps_alone(void)
 extern int gsdouble_events_pending;
 static void serve_a_backlog(int ready, int stop)
 {
+    setenv("GPUSLICE_SPATIAL_YIELD", "1", 1); /* the server asks for the gate */
     slice_of("srv", 0, "engine=spatial\npriority=0\n");
     up(0);
     gsdouble_events_pending = 1;
@@ -412,9 +424,10 @@ static void serve_a_backlog(int ready, int stop)
 }
 
 /* The longest of this case's launches, in seconds, over `n` launches (or until one is held 1 s) made while a
- * high-priority spatial server beside it has a backlog; our slice as `extra` says. The yield holds a launch
- * at most GS_CTL_YIELD_HOLD_MAX (2 s): a launch of 1 s or more was held by the yield, never by a loaded box. */
-static double longest_beside_a_backlog(const char *extra, int n, int *path)
+ * high-priority spatial server beside it (which asked for the gate) has a backlog; our slice as `extra`
+ * says, and `ask` whether we ask for the gate too. The yield holds a launch at most GS_CTL_YIELD_HOLD_MAX
+ * (2 s): a launch of 1 s or more was held by the yield, never by a loaded box. */
+static double longest_beside_a_backlog(const char *extra, int ask, int n, int *path)
 {
     int ready[2], stop[2];
     if (pipe(ready) || pipe(stop)) exit(2);
@@ -427,6 +440,8 @@ static double longest_beside_a_backlog(const char *extra, int n, int *path)
     if (srv == 0) serve_a_backlog(ready[1], stop[0]);
     char c;
     CHECK(read(ready[0], &c, 1) == 1, "the server came up");
+    if (ask) setenv("GPUSLICE_SPATIAL_YIELD", "1", 1);
+    else unsetenv("GPUSLICE_SPATIAL_YIELD");
     slice_c(0, extra);
     up(0);
     double longest = 0;
@@ -447,18 +462,25 @@ static double longest_beside_a_backlog(const char *extra, int n, int *path)
     return longest;
 }
 
-static void h_low_holds_for_the_server(void) /* preemptive, the default: held while the server is queued */
+static void h_low_holds_for_the_server(void) /* both asked: held while the server is queued */
 {
     int path;
-    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 2000, &path);
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 1, 2000, &path);
     CHECK(t >= 1.0, "a launch beside the server's backlog was held %.3f s, expected up to the 2 s cap", t);
     CHECK(path == GS_DS_PATH_YIELD, "path %d, expected yield", path);
 }
-static void h_low_shared_does_not(void) /* shared: nobody yields, and no pacer at all */
+static void h_low_shared_does_not(void) /* shared: nobody yields, and no pacer at all, asked or not */
 {
     int path;
-    double t = longest_beside_a_backlog("engine=spatial\npriority=1\ncolocation=shared\n", 100, &path);
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\ncolocation=shared\n", 1, 100, &path);
     CHECK(t < 1.0, "a shared slice's launch was held %.3f s", t);
+    CHECK(path == -1, "path %d, expected no pacer", path);
+}
+static void h_low_not_asking_does_not(void) /* the server cannot turn the gate on for a trainer */
+{
+    int path;
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 0, 100, &path);
+    CHECK(t < 1.0, "a trainer that did not ask was held %.3f s", t);
     CHECK(path == -1, "path %d, expected no pacer", path);
 }
 
@@ -466,6 +488,7 @@ static void s_yielding_client_holds_while_the_server_is_queued(void)
 {
     CASE(h_low_holds_for_the_server);
     CASE(h_low_shared_does_not);
+    CASE(h_low_not_asking_does_not);
     cleanup_devdir();
 }
 
@@ -480,6 +503,7 @@ int main(void)
     setvbuf(stderr, NULL, _IOLBF, 0);
     setenv("GPUSLICE_LOG_LEVEL", "error", 1);
     SCENARIO(s_spatial_sets_the_client_and_is_not_paced);
+    SCENARIO(s_spatial_yield_gate_is_not_paced_to_the_share);
     SCENARIO(s_env_may_only_lower_the_mps_limits);
     SCENARIO(s_env_cannot_raise_the_mps_limits);
     SCENARIO(s_low_priority_is_a_below_normal_client);

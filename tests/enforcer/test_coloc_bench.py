@@ -155,25 +155,28 @@ def test_coloc_spatial_full_is_spatial_with_the_trainer_on_every_sm() -> None:
     assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial-full", "spatial-full", "spatial"]
 
 
-def test_coloc_spatial_ungated_is_spatial_on_the_build_without_the_gate() -> None:
-    """spatial-ungated (opt-in) runs both processes of spatial on the enforcer built without the spatial yield
-    gate (--ungated-lib), with the same commands, so one ABBA run judges the gate; without that build it is
-    not run."""
+def test_coloc_spatial_gate_modes_ask_for_the_gate() -> None:
+    """spatial-gate (opt-in) is spatial with both processes asking for the spatial yield gate
+    (GPUSLICE_SPATIAL_YIELD=1) and the same commands, so one ABBA run judges the gate; spatial-gate-variant is
+    that on the build with measurement switches (--variant-lib), and is not run without it."""
     mod = _bench_module()
     bench = mod.Bench.__new__(mod.Bench)
     bench.args = mod.argparse.Namespace(window=1, dry=False, mps_pipe="/p", spatial_trainer_compute=0,
-                                        ungated_lib="/b/libgpuslice.so")
+                                        variant_lib="/b/libgpuslice.so")
     bench.env, bench.busy = {"GPUSLICE_ENFORCER_LIB": "/a/libgpuslice.so"}, {}
     for role in ("server", "trainer"):
-        cmd, env = bench.command("spatial-ungated", role, "decode", Path("/f"))
         same, env0 = bench.command("spatial", role, "decode", Path("/f"))
-        assert cmd == same and env0["GPUSLICE_ENFORCER_LIB"] == "/a/libgpuslice.so"
-        assert env == {**env0, "GPUSLICE_ENFORCER_LIB": "/b/libgpuslice.so"}
-    ns = mod.argparse.Namespace(steps="3", reps=2, tidal=False, modes="spatial,spatial-ungated", mps_pipe="/p",
-                                dry=False, ungated_lib="/b/libgpuslice.so")
-    assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial-ungated", "spatial-ungated", "spatial"]
-    ns.ungated_lib = ""
-    assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial"]
+        assert "GPUSLICE_SPATIAL_YIELD" not in env0
+        cmd, env = bench.command("spatial-gate", role, "decode", Path("/f"))
+        assert cmd == same and env == {**env0, "GPUSLICE_SPATIAL_YIELD": "1"}
+        cmd, env = bench.command("spatial-gate-variant", role, "decode", Path("/f"))
+        assert cmd == same and env == {**env0, "GPUSLICE_SPATIAL_YIELD": "1", "GPUSLICE_ENFORCER_LIB": "/b/libgpuslice.so"}
+    ns = mod.argparse.Namespace(steps="3", reps=2, tidal=False, modes="spatial,spatial-gate,spatial-gate-variant",
+                                mps_pipe="/p", dry=False, variant_lib="/b/libgpuslice.so")
+    order = ["spatial", "spatial-gate", "spatial-gate-variant"]
+    assert [m for _, m, _ in mod.phases(ns)] == order + order[::-1]
+    ns.variant_lib = ""
+    assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial-gate", "spatial-gate", "spatial"]
 
 
 def _worker_module():

@@ -33,16 +33,22 @@
  * write it); an entry that names none (the DRA driver's) counts. */
 #define GS_MPS_YIELD_THREADS 60
 
-/* Whether a spatial slice's processes run the pacer, for the yield only: a preemptive slice (the default
- * colocation). Such a process is never paced to a share (MPS's active-thread percentage is a spatial
- * slice's share: pacer.c gives it none), but a high-priority one records its queue's drains for its
- * yielding neighbours, and a low-priority one holds its launches while a high-priority preemptive
- * neighbour's queue has a backlog and keeps at most YIELD_QUEUE of its own work queued in front of the
- * next request (the time-sliced engine's yield path, README-compute.md "Co-location"). Under MPS the
- * server's kernels then wait for no context switch, only for the trainer's blocks already running, and
- * whenever the server has nothing queued the trainer runs on every SM it was given. A `shared` slice
- * yields to nobody and is asked by nobody: no pacer, as before. A build with GS_SPATIAL_YIELD_OFF keeps
- * spatial slices unpaced (the co-location bench's A/B of this). */
+/* Whether a spatial slice's processes run the pacer, for the yield only (the spatial yield gate): a
+ * preemptive slice (the default colocation) whose process asks for it with GPUSLICE_SPATIAL_YIELD=1 in its
+ * environment. Such a process is never paced to a share (MPS's active-thread percentage is a spatial
+ * slice's share: pacer.c gives it none), but a high-priority one records its queue's drains for yielding
+ * neighbours that also asked, and a low-priority one holds its launches while such a neighbour's queue has a
+ * backlog, keeping at most YIELD_QUEUE of its own work queued in front of the next request (the time-sliced
+ * engine's yield path, README-compute.md "Co-location"). Under MPS a server's kernels then wait for no
+ * context switch, only for the trainer's blocks already running.
+ * Why opt-in, measured on the H200 (bench/results/2026-11-29-h200-coloc-spatialgate-*.md): beside the capped
+ * trainer a decoder of ~1,300 tiny kernels a request kept paired p50 0.96x / p99 0.98x with the gate against
+ * 1.06x / 1.01x without it (p99 against alone 1.14x against 1.58x), but the server's drain records cost
+ * ResNet-50 servers (batch 1 and 32) 1-2 ms a request whether the trainer ran or not, most of it the poller's
+ * event queries (fewer queries took about half of it off; no drain records at all took it all off and left
+ * the trainer held after every server launch). The environment may turn it on, never off: a low-priority
+ * process only holds itself, and a high-priority one makes only neighbours that asked too hold. A `shared`
+ * slice yields to nobody and is asked by nobody: never. */
 int gs_mps_yield_paced(const struct gs_config *c);
 
 /* What to set: an empty string leaves that variable as the environment has it. */

@@ -70,7 +70,7 @@ static void do_init(void)
         return;
     }
     /* Spatial slices are not paced to a share (MPS runs their kernels at once on their share of the SMs);
-     * a preemptive one takes part in the yield (mps.h gs_mps_yield_paced) */
+     * a preemptive one that asks takes part in the yield (mps.h gs_mps_yield_paced) */
     int pace = gs_cfg.engine != GS_ENGINE_SPATIAL || gs_mps_yield_paced(&gs_cfg);
     if (pace && gs_pacer_init(&gs_cfg) != 0) {
         if (!gs_cfg.fail_open) {

@@ -113,12 +113,9 @@ int gs_mps_client_env(const struct gs_config *c, int beside_high, gs_env_fn get,
 
 int gs_mps_yield_paced(const struct gs_config *c)
 {
-#ifdef GS_SPATIAL_YIELD_OFF
-    (void)c;
-    return 0;
-#else
-    return c->engine == GS_ENGINE_SPATIAL && c->colocation == GS_COLOC_PREEMPTIVE && c->mode != GS_MODE_OFF;
-#endif
+    const char *ask = getenv("GPUSLICE_SPATIAL_YIELD");
+    return c->engine == GS_ENGINE_SPATIAL && c->colocation == GS_COLOC_PREEMPTIVE && c->mode != GS_MODE_OFF && ask &&
+           !strcmp(ask, "1");
 }
 
 int gs_mps_high_neighbour(const struct gs_config *c, char *grant, size_t len)
@@ -202,5 +199,5 @@ void gs_mps_apply(const struct gs_config *c)
             "launches %s", pipe ? pipe : "/tmp/nvidia-mps (the default)", threads ? threads : "100",
             beside_high ? " (yielding beside high-priority slice " : "", beside_high ? high : "", beside_high ? ")" : "",
             pinned ? pinned : "unlimited", prio && !strcmp(prio, "1") ? "below normal" : "normal",
-            gs_mps_yield_paced(c) ? "not paced to a share (yield only)" : "not paced");
+            gs_mps_yield_paced(c) ? "not paced to a share (the yield gate: GPUSLICE_SPATIAL_YIELD=1)" : "not paced");
 }

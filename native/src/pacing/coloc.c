@@ -81,7 +81,7 @@ int gs_coloc_recheck(struct gs_engine *e, int64_t now)
     __atomic_store_n(&e->nwatch, n, __ATOMIC_RELEASE);
     /* a high-priority process tells its queue's drain to whoever yields to it or follows its idle time */
     int drain = me_high && !me_off && ((me_pre && pre_followers) || tidal_followers);
-#ifdef GS_DRAIN_OFF /* measurement switch (bench/gpu/coloc.sh GS_COLOC_UNGATED_CFLAGS): what the drain records cost */
+#ifdef GS_DRAIN_OFF /* measurement switch (bench/gpu/coloc.sh GS_COLOC_VARIANT_CFLAGS): what the drain records cost */
     drain = 0;
 #endif
     __atomic_store_n(&e->drain_wanted, drain, __ATOMIC_RELAXED);

@@ -303,7 +303,7 @@ int gs_pacer_init(const struct gs_config *cfg)
     g.region = cfg->region[0] != '\0';
     int any = 0;
     /* a spatial slice's share is its MPS active-thread percentage: here it is paced to none, it only takes
-     * part in the yield (mps.h gs_mps_yield_paced) */
+     * part in the yield (mps.h gs_mps_yield_paced: started only when it asked) */
     int spatial = cfg->engine == GS_ENGINE_SPATIAL;
     for (int i = 0; i < GS_MAX_DEVICES; i++) {
         int pct = spatial ? 0 : cfg->compute_per_ordinal[i] >= 0 ? cfg->compute_per_ordinal[i] : cfg->compute;
