@@ -281,6 +281,44 @@ def test_a_yielding_spatial_process_started_beside_a_high_priority_slice_gets_th
     assert threads() == "(unset)"  # the server gone: every SM again
 
 
+def test_the_spatial_yield_gate_runs_the_pacer_only_when_asked(env: dict[str, str], root: Path, probe: Path) -> None:
+    """A spatial process joins its device's slice records (the pacer, for the yield gate only: never paced to its
+    share) only when its environment asks with GPUSLICE_SPATIAL_YIELD=1; without it, as before, no record is
+    joined (native/include/gpuslice/mps.h: the gate's drain records cost a server 1-2 ms a request on the H200,
+    so it is opt-in). Whole path: `gpuslice run` grants the slice, the preloaded enforcer reads the slice file."""
+    from gpuslice.enforcer.devstate import read_device_state
+
+    env = dict(env, GPUSLICE_DEVICE_SNAPSHOT=str(write_double_snapshot(root / "double.json")),
+               LD_LIBRARY_PATH=str(probe.parents[1] / "double"), GSDOUBLE_NOBACK="1")
+
+    def joined(ask: str | None) -> list[tuple[str, bool, str]]:
+        e = {k: v for k, v in env.items() if k != "GPUSLICE_SPATIAL_YIELD"}
+        if ask is not None:
+            e["GPUSLICE_SPATIAL_YIELD"] = ask
+        proc = gpuslice("run", "--engine", "spatial", "--memory", "1GiB", "--compute", "30", "--", str(probe), env=e,
+                        stdin=subprocess.PIPE)
+        try:
+            proc.stdin.write("init\nlaunch\npid\n")
+            proc.stdin.flush()
+            pid = None
+            while pid is None:  # the probe answers each line in order: its pid comes after the launch
+                line = proc.stdout.readline()
+                assert line, proc.stderr.read()
+                pid = int(line.split()[1]) if line.startswith("pid ") else None
+            folders = list((root / "s").glob("**/*.slices"))
+            return [(s.grant, s.paced, p.path) for f in folders for s in read_device_state(f).slices
+                    for p in s.processes if p.pid == pid]
+        finally:
+            proc.stdin.close()  # the probe exits at the end of its input
+            proc.wait(timeout=60)
+            proc.stdout.close()
+            proc.stderr.close()
+
+    assert joined(None) == [] and joined("0") == []
+    (grant, paced, path), = joined("1")
+    assert grant.startswith("g-") and not paced and path == "light"  # alone: nobody to yield to, no share paced
+
+
 def test_a_killed_agent_leaves_no_daemon_once_the_slice_ends(env: dict[str, str], root: Path) -> None:
     """The agent dies with a spatial slice running; when the slice ends its launcher releases the grant in
     the ledger file itself, and the daemon goes with it — no new agent needed."""
