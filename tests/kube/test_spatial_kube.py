@@ -159,6 +159,22 @@ def test_each_user_gets_a_daemon_of_their_own() -> None:
     assert wanted_daemons(ledger, [p]) == {DaemonKey("GPU-x", 2000, "default")}  # the agent runs as root here
 
 
+def test_a_pod_the_list_missed_keeps_its_daemon_but_no_roster_guess(root: Path) -> None:
+    """A spatial container whose pod the node's pod list does not hold (a list read mid-change): its daemon is
+    still wanted (never stopped for a missed pod), but its roster entry is not rewritten naming a daemon guessed
+    from an empty spec (its user unknown)."""
+    p = pod("svc", LIMITS)
+    p["spec"]["securityContext"] = {"runAsUser": 1000}
+    ledger = formats.Ledger({}).with_entry(formats.PodGrant("n0", p["metadata"]["uid"], "default", "svc", (
+        formats.ContainerGrant("main", _spatial_grant()),)))
+    assert wanted_daemons(ledger, []) == {DaemonKey("GPU-x", -1, "default")}
+    alloc = allocator(FakeAPI(), root, install_standin(root / "bin"))  # the daemon's folder names only
+    from gpuslice.kube.mpsnode import _daemons
+
+    assert _daemons(ledger, [], alloc) == {}
+    assert _daemons(ledger, [p], alloc) == {"k-1-main": str(alloc.mps_paths(DaemonKey("GPU-x", 1000, "default"))[0])}
+
+
 def _spatial_grant():
     from gpuslice.spec import Engine, Grant, Slice
 

@@ -30,7 +30,7 @@
  * daemon counts: MPS serves each user (in Kubernetes each user and namespace) from a daemon of its own, and
  * the daemons on one device are time-sliced, so another daemon's server never waits for our blocks' SMs.
  * The roster entry names a spatial slice's daemon (policy.h mps_id; the local agent and the device plugin
- * write it); an entry that names none (the DRA driver's) counts. */
+ * write it); an entry that names none counts (the DRA driver grants only time-sliced slices). */
 #define GS_MPS_YIELD_THREADS 60
 
 /* Whether a spatial slice's processes run the pacer, for the yield only (the spatial yield gate): a

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from gpuslice.enforcer.policy import RosterChanges
 from gpuslice.host.mpsfleet import DaemonKey, Reconciled
@@ -32,18 +32,24 @@ from gpuslice.spec import Engine, SpecError
 log = logging.getLogger("gpuslice.mps")
 
 
-def wanted_daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> set[DaemonKey]:
-    """The daemons the spatial containers of ``ledger`` are clients of (users from their pods' specs, tenants
-    from their namespaces: :meth:`Allocator.daemon_key`)."""
+def _spatial_clients(ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> Iterator[tuple[str, DaemonKey, bool]]:
+    """Each spatial container of ``ledger``: its grant id, the MPS daemon it is a client of (its device, its user
+    from its pod's spec, its tenant from its namespace: :meth:`Allocator.daemon_key`), and whether its pod is in
+    ``pods`` (without it the user is a guess: the default of an empty spec)."""
     by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
-    wanted = set()
     for entry in ledger.entries.values():
-        pod = by_uid.get(entry.pod_uid, {})
+        pod = by_uid.get(entry.pod_uid)
         for c in entry.containers:
-            for s in c.slices:
-                if s.engine is Engine.SPATIAL:
-                    wanted.add(DaemonKey.for_client(s.device_uuid, run_as_user(pod, c.container), entry.namespace))
-    return wanted
+            spatial = [s for s in c.slices if s.engine is Engine.SPATIAL]  # a spatial slice covers one device
+            if spatial:
+                key = DaemonKey.for_client(spatial[0].device_uuid, run_as_user(pod or {}, c.container), entry.namespace)
+                yield c.grant_id, key, pod is not None
+
+
+def wanted_daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> set[DaemonKey]:
+    """The daemons the spatial containers of ``ledger`` are clients of; one whose pod is not in ``pods`` still
+    wants one (its user guessed): a daemon is never stopped because a pod list missed its pod."""
+    return {key for _, key, _ in _spatial_clients(ledger, pods)}
 
 
 def _grants(ledger: formats.Ledger) -> dict[str, tuple]:
@@ -53,16 +59,9 @@ def _grants(ledger: formats.Ledger) -> dict[str, tuple]:
 
 def _daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]], allocator: Allocator) -> dict[str, str]:
     """The spatial grants of ``ledger`` whose pod is in ``pods``: grant id -> the roster's name for its MPS daemon
-    (:meth:`Allocator.roster_daemon`, as Allocate wrote it)."""
-    by_uid = {(p.get("metadata") or {}).get("uid"): p for p in pods}
-    out = {}
-    for entry in ledger.entries.values():
-        pod = by_uid.get(entry.pod_uid)
-        for c in entry.containers if pod is not None else ():
-            daemon = allocator.roster_daemon(c, pod)
-            if daemon:
-                out[c.grant_id] = daemon
-    return out
+    (its host pipe folder, :meth:`Allocator.roster_daemon`, as Allocate wrote it). A grant whose pod is not known
+    is left out: its daemon would be a guess, and a roster entry is never rewritten with one."""
+    return {gid: str(allocator.mps_paths(key)[0]) for gid, key, known in _spatial_clients(ledger, pods) if known}
 
 
 class MpsNode:
@@ -99,13 +98,15 @@ class MpsNode:
             log.warning("MPS daemon of %s (uid %s): %s", key.device, key.uid, why)
         return done
 
-    def reconcile_rosters(self, ledger: formats.Ledger, pods: list[Mapping[str, Any]] = ()) -> RosterChanges:
+    def reconcile_rosters(self, ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> RosterChanges:
         """The devices' policy rosters brought in line with the node's ledger: a grant of the device plugin's
         that is missing from them (written before the roster existed, removed by hand) is written again, and
         the grants of pods that ended are taken off (the pacers' lists are bounded: ``GS_POL_MAX``); a file
         written within ``grace`` stays as it is (a ledger read a moment old may not hold it yet). The DRA
-        driver's grants are its own (written at prepare, removed at unprepare)."""
-        done = self.allocator.reconcile_policies(_grants(ledger), self.grace, _daemons(ledger, list(pods), self.allocator))
+        driver's grants are its own (written at prepare, removed at unprepare). ``pods``: the node's pods, whose specs
+        name each spatial container's daemon (required: without them a spatial entry would be rewritten naming
+        none)."""
+        done = self.allocator.reconcile_policies(_grants(ledger), self.grace, _daemons(ledger, pods, self.allocator))
         done.log(log)
         return done
 
