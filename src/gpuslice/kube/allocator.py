@@ -268,7 +268,10 @@ class Allocator:
         """What the device's roster names as a spatial container's MPS daemon: its pipe directory as the host sees
         it ("" for a time-sliced one). The enforcer caps a yielding spatial process only beside a high-priority
         slice of the same daemon (native/include/gpuslice/mps.h)."""
-        key = self.daemon_key(grant, pod)
+        return self.daemon_folder(self.daemon_key(grant, pod))
+
+    def daemon_folder(self, key: DaemonKey | None) -> str:
+        """The roster's name for daemon ``key``: its pipe folder as the host sees it ("" for None: time-sliced)."""
         return str(self.mps_paths(key)[0]) if key is not None else ""
 
     def mps_paths(self, key: DaemonKey) -> tuple[Path, Path]:
@@ -455,8 +458,8 @@ class Allocator:
                 or escapes.device_env_problem(match.pod)
             if problem:
                 raise AllocateError(f"container {match.grant.container}: {problem}")
-            self.write_files(match.grant, self.roster_daemon(match.grant, match.pod))
             key = self.daemon_key(match.grant, match.pod)
+            self.write_files(match.grant, self.daemon_folder(key))
             if key is not None:  # first use of the device's daemon starts it
                 try:
                     self.mps.ensure(key)

@@ -61,7 +61,7 @@ def _daemons(ledger: formats.Ledger, pods: list[Mapping[str, Any]], allocator: A
     """The spatial grants of ``ledger`` whose pod is in ``pods``: grant id -> the roster's name for its MPS daemon
     (its host pipe folder, :meth:`Allocator.roster_daemon`, as Allocate wrote it). A grant whose pod is not known
     is left out: its daemon would be a guess, and a roster entry is never rewritten with one."""
-    return {gid: str(allocator.mps_paths(key)[0]) for gid, key, known in _spatial_clients(ledger, pods) if known}
+    return {gid: allocator.daemon_folder(key) for gid, key, known in _spatial_clients(ledger, pods) if known}
 
 
 class MpsNode:
