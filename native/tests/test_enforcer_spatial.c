@@ -147,6 +147,42 @@ static void s_spatial_yield_gate_is_not_paced_to_the_share(void)
     cleanup_devdir();
 }
 
+/* Not asked for, a high-priority spatial process records no drains either: no pacer (the gate's cost to a server,
+ * 1-2 ms a request on the H200, is paid only by one that asked) */
+static void s_high_priority_not_asking_runs_no_pacer(void)
+{
+    unsetenv("GPUSLICE_SPATIAL_YIELD");
+    slice1("engine=spatial\npriority=0\n");
+    up(0);
+    launch_some();
+    CHECK_EQ(pacing_files(), 0);
+    CHECK(pacer_path() == -1, "path %d, expected no pacer", pacer_path());
+    cleanup_devdir();
+}
+
+/* Asked for where the device-state folder cannot be searched: the gate is off, the GPU work goes on (it holds no
+ * limit; before the gate a spatial slice never needed that folder), whatever fail_open says */
+static void s_spatial_yield_gate_that_cannot_start_refuses_nothing(void)
+{
+    char path[320], file[320], u0[64];
+    t_uuid(0, u0);
+    snprintf(file, sizeof file, "%s/not-a-folder", t_dir);
+    FILE *f = fopen(file, "w");
+    if (!f) { perror(file); exit(2); }
+    fclose(f);
+    snprintf(path, sizeof path, "%s/slice.conf", t_dir);
+    f = fopen(path, "w");
+    if (!f) { perror(path); exit(2); }
+    fprintf(f, "version=1\ngrant=sp\ndevices=%s\nregion=%s\ndevice_state_dir=%s/ds\nmemory_limit=1g\n"
+               "context_overhead=%llu\nengine=spatial\nfail_open=0\n", u0, t_region, file, CTX);
+    fclose(f);
+    setenv("GPUSLICE_SLICE", path, 1);
+    setenv("GPUSLICE_SPATIAL_YIELD", "1", 1);
+    up(0); /* cuInit succeeds: CHECK_EQ inside */
+    launch_some();
+    CHECK(pacer_path() == -1, "path %d, expected no pacer", pacer_path());
+}
+
 static void s_env_may_only_lower_the_mps_limits(void)
 {
     setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "10", 1);      /* lower: kept */
@@ -409,16 +445,20 @@ static void s_timeslice_is_paced_and_leaves_mps_alone(void)
  * every millisecond until told to stop on `stop` (a pipe: readable = stop); says "up" on `ready` once it
  * has launched. */
 extern int gsdouble_events_pending;
-static void serve_a_backlog(int ready, int stop)
+static void serve_a_backlog(int ready, int stop, int ask)
 {
-    setenv("GPUSLICE_SPATIAL_YIELD", "1", 1); /* the server asks for the gate */
+    if (ask) setenv("GPUSLICE_SPATIAL_YIELD", "1", 1); /* the server asks for the gate */
+    else unsetenv("GPUSLICE_SPATIAL_YIELD");
     slice_of("srv", 0, "engine=spatial\npriority=0\n");
     up(0);
     gsdouble_events_pending = 1;
     CHECK_EQ(cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
     if (write(ready, "u", 1) != 1) exit(2);
+    close(ready);
+    /* until told to stop, the case gone (EOF), or 60 s: a broken case must not leave it spinning */
     struct pollfd pf = {.fd = stop, .events = POLLIN};
-    while (poll(&pf, 1, 1) == 0) CHECK_EQ(cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+    for (int ms = 0; ms < 60000 && poll(&pf, 1, 1) == 0; ms++)
+        CHECK_EQ(cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
     fflush(NULL);
     _exit(t_failures ? 1 : 0);
 }
@@ -427,7 +467,7 @@ static void serve_a_backlog(int ready, int stop)
  * high-priority spatial server beside it (which asked for the gate) has a backlog; our slice as `extra`
  * says, and `ask` whether we ask for the gate too. The yield holds a launch at most GS_CTL_YIELD_HOLD_MAX
  * (2 s): a launch of 1 s or more was held by the yield, never by a loaded box. */
-static double longest_beside_a_backlog(const char *extra, int ask, int n, int *path)
+static double longest_beside_a_backlog(const char *extra, int ask, int server_asks, int n, int *path)
 {
     int ready[2], stop[2];
     if (pipe(ready) || pipe(stop)) exit(2);
@@ -437,9 +477,16 @@ static double longest_beside_a_backlog(const char *extra, int ask, int n, int *p
     roster("sp", 1, strstr(extra, "colocation=shared") ? "shared" : "preemptive");
     fflush(NULL);
     pid_t srv = fork();
-    if (srv == 0) serve_a_backlog(ready[1], stop[0]);
+    if (srv == 0) {
+        close(ready[0]);
+        close(stop[1]);
+        serve_a_backlog(ready[1], stop[0], server_asks);
+    }
+    close(ready[1]); /* a server that dies before it is up: EOF, not a hang */
+    close(stop[0]);
     char c;
     CHECK(read(ready[0], &c, 1) == 1, "the server came up");
+    close(ready[0]);
     if (ask) setenv("GPUSLICE_SPATIAL_YIELD", "1", 1);
     else unsetenv("GPUSLICE_SPATIAL_YIELD");
     slice_c(0, extra);
@@ -456,6 +503,7 @@ static double longest_beside_a_backlog(const char *extra, int ask, int n, int *p
     }
     *path = pacer_path();
     if (write(stop[1], "s", 1) != 1) exit(2);
+    close(stop[1]);
     int st = 0;
     waitpid(srv, &st, 0);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server's checks (status 0x%x)", st);
@@ -465,23 +513,31 @@ static double longest_beside_a_backlog(const char *extra, int ask, int n, int *p
 static void h_low_holds_for_the_server(void) /* both asked: held while the server is queued */
 {
     int path;
-    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 1, 2000, &path);
-    CHECK(t >= 1.0, "a launch beside the server's backlog was held %.3f s, expected up to the 2 s cap", t);
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 1, 1, 2000, &path);
+    /* held until the cap (GS_CTL_YIELD_HOLD_MAX, 2 s: a forged backlog holds nobody longer), then let go */
+    CHECK(t >= 1.0 && t < 6.0, "a launch beside the server's backlog was held %.3f s, expected the 2 s cap", t);
     CHECK(path == GS_DS_PATH_YIELD, "path %d, expected yield", path);
 }
 static void h_low_shared_does_not(void) /* shared: nobody yields, and no pacer at all, asked or not */
 {
     int path;
-    double t = longest_beside_a_backlog("engine=spatial\npriority=1\ncolocation=shared\n", 1, 100, &path);
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\ncolocation=shared\n", 1, 1, 100, &path);
     CHECK(t < 1.0, "a shared slice's launch was held %.3f s", t);
     CHECK(path == -1, "path %d, expected no pacer", path);
 }
 static void h_low_not_asking_does_not(void) /* the server cannot turn the gate on for a trainer */
 {
     int path;
-    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 0, 100, &path);
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 0, 1, 100, &path);
     CHECK(t < 1.0, "a trainer that did not ask was held %.3f s", t);
     CHECK(path == -1, "path %d, expected no pacer", path);
+}
+static void h_server_not_asking_holds_nobody(void) /* a trainer cannot make a server record drains */
+{
+    int path;
+    double t = longest_beside_a_backlog("engine=spatial\npriority=1\n", 1, 0, 100, &path);
+    CHECK(t < 1.0, "a trainer beside a server that did not ask was held %.3f s", t);
+    CHECK(path == GS_DS_PATH_LIGHT, "path %d, expected light (no neighbour in the records to yield to)", path);
 }
 
 static void s_yielding_client_holds_while_the_server_is_queued(void)
@@ -489,6 +545,7 @@ static void s_yielding_client_holds_while_the_server_is_queued(void)
     CASE(h_low_holds_for_the_server);
     CASE(h_low_shared_does_not);
     CASE(h_low_not_asking_does_not);
+    CASE(h_server_not_asking_holds_nobody);
     cleanup_devdir();
 }
 
@@ -504,6 +561,8 @@ int main(void)
     setenv("GPUSLICE_LOG_LEVEL", "error", 1);
     SCENARIO(s_spatial_sets_the_client_and_is_not_paced);
     SCENARIO(s_spatial_yield_gate_is_not_paced_to_the_share);
+    SCENARIO(s_high_priority_not_asking_runs_no_pacer);
+    SCENARIO(s_spatial_yield_gate_that_cannot_start_refuses_nothing);
     SCENARIO(s_env_may_only_lower_the_mps_limits);
     SCENARIO(s_env_cannot_raise_the_mps_limits);
     SCENARIO(s_low_priority_is_a_below_normal_client);

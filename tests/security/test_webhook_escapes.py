@@ -55,7 +55,8 @@ def test_env_that_escapes_is_refused(name):
 
 
 @pytest.mark.parametrize("name", ["GPUSLICE_MEMORY_LIMIT", "GPUSLICE_COMPUTE", "GPUSLICE_FAIL_OPEN",
-                                  "GPUSLICE_LOG_LEVEL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES"])
+                                  "GPUSLICE_LOG_LEVEL", "GPUSLICE_SPATIAL_YIELD", "LD_LIBRARY_PATH",
+                                  "CUDA_VISIBLE_DEVICES"])
 def test_env_that_only_lowers_or_is_unrelated_is_allowed(name):
     assert escape_problem(_gpu_pod(env=[{"name": name, "value": "1"}])) is None
 

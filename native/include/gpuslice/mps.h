@@ -48,7 +48,10 @@
  * event queries (fewer queries took about half of it off; no drain records at all took it all off and left
  * the trainer held after every server launch). The environment may turn it on, never off: a low-priority
  * process only holds itself, and a high-priority one makes only neighbours that asked too hold. A `shared`
- * slice yields to nobody and is asked by nobody: never. */
+ * slice yields to nobody and is asked by nobody: never. Unlike the yield cap the gate does not look at
+ * daemons: an asking trainer yields to an asking server of another MPS daemon too (the daemons are
+ * time-sliced against each other, where holding back is what the time-sliced engine does). A gate that cannot
+ * start (init.c) is a warning, never a refusal: it holds no limit. */
 int gs_mps_yield_paced(const struct gs_config *c);
 
 /* What to set: an empty string leaves that variable as the environment has it. */

@@ -73,12 +73,16 @@ static void do_init(void)
      * a preemptive one that asks takes part in the yield (mps.h gs_mps_yield_paced) */
     int pace = gs_cfg.engine != GS_ENGINE_SPATIAL || gs_mps_yield_paced(&gs_cfg);
     if (pace && gs_pacer_init(&gs_cfg) != 0) {
-        if (!gs_cfg.fail_open) {
+        if (gs_cfg.engine == GS_ENGINE_SPATIAL) {
+            /* the gate was asked for, it holds no limit: without it the slice runs as spatial slices always did */
+            GS_WARN("spatial slice: the yield gate (GPUSLICE_SPATIAL_YIELD=1) could not start; running without it");
+        } else if (!gs_cfg.fail_open) {
             own_failure("compute pacer failed to start");
             return;
+        } else {
+            /* fail_open covers only what failed: memory limits still hold, compute is unpaced */
+            GS_ERROR("compute pacer failed to start; fail_open=1: memory limits hold, compute is not paced");
         }
-        /* fail_open covers only what failed: memory limits still hold, compute is unpaced */
-        GS_ERROR("compute pacer failed to start; fail_open=1: memory limits hold, compute is not paced");
     }
     pthread_atfork(NULL, NULL, after_fork_child); /* the one handler: it runs the whole list */
     g_state = GS_STATE_ACTIVE;

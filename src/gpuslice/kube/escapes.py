@@ -9,7 +9,9 @@ answer the driver calls first) or a ``GPUSLICE_*`` variable that is the device p
 refused with a message naming the container and the field. Init, app and ephemeral containers (``kubectl
 debug`` adds those to a running pod; the webhook reviews that update too) are judged alike. The variables a tenant may set because they can
 only tighten its own slice (``GPUSLICE_MEMORY_LIMIT``, ``GPUSLICE_COMPUTE``, ``GPUSLICE_FAIL_OPEN``,
-``GPUSLICE_LOG_LEVEL``; ``native/README.md``) stay allowed.
+``GPUSLICE_LOG_LEVEL``; ``native/README.md``) stay allowed, and so does ``GPUSLICE_SPATIAL_YIELD`` (the spatial
+yield gate, ``native/include/gpuslice/mps.h``: a trainer that sets it holds only itself, a server that sets it
+makes only neighbours that set it too hold).
 
 Any pod that sets ``NVIDIA_VISIBLE_DEVICES`` to GPUs is refused as well (:func:`device_env_problem`), and
 the device plugin's Allocate runs both checks again for the container it gives a slice (the webhook fails
@@ -33,7 +35,9 @@ PROTECTED_PATHS = ("/etc/ld.so.preload", "/etc/gpuslice", "/usr/local/gpuslice",
                    "/run/gpuslice")
 FORBIDDEN_ENV = ("LD_PRELOAD", "LD_AUDIT")
 FORBIDDEN_ENV_PREFIX = "GPUSLICE_"
-TENANT_ENV = ("GPUSLICE_MEMORY_LIMIT", "GPUSLICE_COMPUTE", "GPUSLICE_FAIL_OPEN", "GPUSLICE_LOG_LEVEL")  # lower only
+# lower only; GPUSLICE_SPATIAL_YIELD holds only the process that sets it, or (a server) only neighbours that set it too
+TENANT_ENV = ("GPUSLICE_MEMORY_LIMIT", "GPUSLICE_COMPUTE", "GPUSLICE_FAIL_OPEN", "GPUSLICE_LOG_LEVEL",
+              "GPUSLICE_SPATIAL_YIELD")
 # ephemeralContainers: added to a running pod through the pods/ephemeralcontainers subresource (kubectl debug),
 # which the webhook reviews too (deploy/helm/gpuslice/templates/mutatingwebhook.yaml)
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
@@ -90,7 +94,7 @@ def escape_problem(pod: Mapping[str, Any], only: Callable[[Mapping[str, Any]], b
                                                                      and name not in TENANT_ENV)):
                 return (f"{where}.env[{e}].name {name!r} is not allowed in a pod asking for GPU slices: "
                         f"{', '.join(FORBIDDEN_ENV)} and {FORBIDDEN_ENV_PREFIX}* are the node agent's to set "
-                        f"(allowed, as they only lower a limit: {', '.join(TENANT_ENV)})")
+                        f"(allowed, as they only lower a limit or hold the process itself: {', '.join(TENANT_ENV)})")
     return None
 
 
