@@ -36,10 +36,13 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
     def __init__(self, folder: Path):
         self.folder = folder
         self.requests: list = []
+        self.endpoint_there: list[bool] = []
         self.event = threading.Event()
         self.server = None
 
     def Register(self, request, context):
+        # a real kubelet dials the endpoint it is given: whether it was there when the registration came
+        self.endpoint_there.append((self.folder / request.endpoint).is_socket())
         self.requests.append(request)
         self.event.set()
         return pb.Empty()
@@ -121,6 +124,9 @@ def test_registers_and_registers_again_after_kubelet_restart(folder):
         kubelet.restart()
         assert wait_for(lambda: len(kubelet.requests) >= 2), "no registration after the kubelet restarted"
         assert wait_for(lambda: plugin.cfg.socket_path.exists())
+        # every registration named a socket that was there (before, the plugin could register again on the new
+        # kubelet socket before it saw its own gone: the kubelet then dialled nothing)
+        assert all(kubelet.endpoint_there), kubelet.endpoint_there
         channel, client = stub(plugin)
         with channel:
             opts = client.GetDevicePluginOptions(pb.Empty(), timeout=5)

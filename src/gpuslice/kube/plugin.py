@@ -173,6 +173,12 @@ class DevicePlugin(DeviceTracker):
             self.serve()
             registered_with = None
             while not self._stop.is_set():
+                # our own socket first: a restarting kubelet removes it and then makes its own again, and a
+                # registration naming a socket that is gone sends the kubelet to nothing (CI, stop 31: the
+                # kubelet stand-in dialled it in that gap)
+                if self._ident(self.cfg.socket_path) is None:
+                    log.warning("plugin socket %s vanished (kubelet restart); serving again", self.cfg.socket_path)
+                    break
                 kubelet = self._ident(self.cfg.kubelet_socket)
                 if kubelet is not None and kubelet != registered_with:
                     try:
@@ -180,9 +186,6 @@ class DevicePlugin(DeviceTracker):
                         registered_with = kubelet
                     except grpc.RpcError as exc:
                         log.warning("kubelet registration failed (%s); retrying", exc.code())
-                if self._ident(self.cfg.socket_path) is None:
-                    log.warning("plugin socket %s vanished (kubelet restart); serving again", self.cfg.socket_path)
-                    break
                 self._stop.wait(self.cfg.watch_interval)
             self.shutdown()
 
