@@ -255,13 +255,16 @@ class Allocator:
                             oom_wait_ms=self.cfg.oom_wait_ms if self.cfg.oom_policy == "wait" else None)
 
     @staticmethod
-    def daemon_key(grant: formats.ContainerGrant, pod: Mapping[str, Any]) -> DaemonKey | None:
+    def daemon_key(grant: formats.ContainerGrant, pod: Mapping[str, Any],
+                   namespace: str | None = None) -> DaemonKey | None:
         """The MPS daemon a spatial container is a client of (None for a time-sliced one): its device, its
-        ``runAsUser`` and its pod's namespace, the tenant boundary (mpsfleet.DaemonKey)."""
+        ``runAsUser`` and its pod's namespace, the tenant boundary (mpsfleet.DaemonKey). ``namespace``: the
+        ledger's, for a pod not at hand (then ``pod`` is ``{}`` and the user the default of an empty spec)."""
         spatial = [s for s in grant.slices if s.engine is Engine.SPATIAL]
         if not spatial:
             return None
-        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        if namespace is None:
+            namespace = str((pod.get("metadata") or {}).get("namespace") or "")
         return DaemonKey.for_client(spatial[0].device_uuid, run_as_user(pod, grant.container), namespace)
 
     def roster_daemon(self, grant: formats.ContainerGrant, pod: Mapping[str, Any]) -> str:

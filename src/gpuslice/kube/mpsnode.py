@@ -25,9 +25,9 @@ from typing import Any, Iterator, Mapping
 from gpuslice.enforcer.policy import RosterChanges
 from gpuslice.host.mpsfleet import DaemonKey, Reconciled
 from gpuslice.kube import formats
-from gpuslice.kube.allocator import Allocator, run_as_user
+from gpuslice.kube.allocator import Allocator
 from gpuslice.kube.api import KubeAPI, KubeError
-from gpuslice.spec import Engine, SpecError
+from gpuslice.spec import SpecError
 
 log = logging.getLogger("gpuslice.mps")
 
@@ -40,9 +40,8 @@ def _spatial_clients(ledger: formats.Ledger, pods: list[Mapping[str, Any]]) -> I
     for entry in ledger.entries.values():
         pod = by_uid.get(entry.pod_uid)
         for c in entry.containers:
-            spatial = [s for s in c.slices if s.engine is Engine.SPATIAL]  # a spatial slice covers one device
-            if spatial:
-                key = DaemonKey.for_client(spatial[0].device_uuid, run_as_user(pod or {}, c.container), entry.namespace)
+            key = Allocator.daemon_key(c, pod or {}, entry.namespace)
+            if key is not None:
                 yield c.grant_id, key, pod is not None
 
 
