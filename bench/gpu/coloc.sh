@@ -19,7 +19,8 @@
 #   spatial with the trainer on every SM, --compute 100, to judge the yield cap within one run; spatial-gate:
 #   spatial with both processes asking for the yield gate, GPUSLICE_SPATIAL_YIELD=1; spatial-gate-variant:
 #   spatial-gate on the enforcer built with GS_COLOC_VARIANT_CFLAGS in native/build-variant, e.g. -DGS_DRAIN_OFF
-#   (no drain records) or -DGS_CTL_DRAIN_SPIN_NS=50000LL -DGS_CTL_DRAIN_POLL_NS=200000LL (fewer drain looks))
+#   (no drain records) or -DGS_CTL_DRAIN_SPIN_NS=50000LL -DGS_CTL_DRAIN_POLL_NS=200000LL (fewer drain looks);
+#   preemptive-variant: preemptive on that build)
 #   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
 #   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in every other slot of this many seconds of
@@ -104,7 +105,7 @@ ARGS=(--out "$W" --tmp "$RUN" --reps "${GS_COLOC_REPS:-2}" --window "${GS_COLOC_
 [ -n "${GS_COLOC_SPATIAL_TRAINER_COMPUTE:-}" ] && ARGS+=(--spatial-trainer-compute "$GS_COLOC_SPATIAL_TRAINER_COMPUTE")
 [ "$DRY" = 1 ] && ARGS+=(--dry)
 VARIANT=0
-[[ ",${GS_COLOC_MODES:-}," == *,spatial-gate-variant,* ]] && VARIANT=1 && ARGS+=(--variant-lib "$ROOT/native/build-variant/libgpuslice.so")
+[[ ",${GS_COLOC_MODES:-}," == *-variant,* ]] && VARIANT=1 && ARGS+=(--variant-lib "$ROOT/native/build-variant/libgpuslice.so")
 log "$($PY bench/gpu/coloc_bench.py "${ARGS[@]}" --plan-only)"
 log "$MPS_NOTE"
 

@@ -23,6 +23,8 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   spatial-gate-variant (only when named in --modes, with --variant-lib) spatial-gate with both processes on an
               enforcer built with measurement switches (coloc.sh GS_COLOC_VARIANT_CFLAGS: e.g. -DGS_DRAIN_OFF, no
               drain records; -DGS_CTL_DRAIN_SPIN_NS=50000LL, fewer drain looks): what each part of the gate costs
+  preemptive-variant (only when named in --modes, with --variant-lib) preemptive with both processes on that
+              build: the time-sliced engine's A/B
   tidal       (only with --tidal) the trainer colocation tidal, following the server's idle time
   solo-mps    (only when named in --modes) the server alone as a client of the private MPS daemon
   solo-spatial (only when named in --modes) the server alone under gpuslice run --engine spatial --priority high:
@@ -75,14 +77,16 @@ KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-b
 STARTUP_S = 11.5
 
 
-ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive", "shared", "spatial",
-             "spatial-full", "spatial-gate", "spatial-gate-variant", "tidal")
-OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "spatial-full", "spatial-gate", "spatial-gate-variant",
+ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive",
+             "preemptive-variant", "shared", "spatial", "spatial-full", "spatial-gate", "spatial-gate-variant", "tidal")
+OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "spatial-full", "spatial-gate", "spatial-gate-variant", "preemptive-variant",
           "tidal")  # run only when named (tidal also by --tidal)
 SPATIAL_MODES = ("spatial", "spatial-full", "spatial-gate", "spatial-gate-variant")  # co-located spatial, judged alike
 SOLO = {"solo-mps": "mps", "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode
 SOLO_TRAINER = {"solo-trainer": "spatial"}  # the trainer alone, set up as in the co-located mode
-VARIANT = {"spatial-full": "spatial", "spatial-gate": "spatial", "spatial-gate-variant": "spatial"}  # one setting
+PREEMPTIVE_MODES = ("preemptive", "preemptive-variant")  # time-sliced preemptive, judged alike
+VARIANT = {"spatial-full": "spatial", "spatial-gate": "spatial", "spatial-gate-variant": "spatial",
+           "preemptive-variant": "preemptive"}  # one setting
 # changed (Bench.command says which)
 
 
@@ -109,7 +113,7 @@ def phases(args: argparse.Namespace) -> list[tuple[str, str, int]]:
                 order.insert(0, "alone")
             # mps needs the private daemon; spatial needs the MPS binaries (gpuslice starts a daemon of its own)
             out.extend((kind, m, rep) for m in order
-                       if runnable(base_mode(m), args) and (m != "spatial-gate-variant" or getattr(args, "variant_lib", "")))
+                       if runnable(base_mode(m), args) and (not m.endswith("-variant") or getattr(args, "variant_lib", "")))
     return out
 
 
@@ -194,13 +198,13 @@ class Bench:
             return w, env
         if mode not in ("preemptive", "shared", "tidal", "spatial"):
             return w, env
+        if variant.endswith("-variant"):  # both processes on the build with measurement switches
+            env["GPUSLICE_ENFORCER_LIB"] = self.args.variant_lib
         opts = ["run", "--device", "0", "--memory", "16GiB", "--priority", "high" if role == "server" else "low"]
         if mode == "spatial":  # gpuslice's MPS engine: the low-priority trainer a below-normal client of its daemon
             opts += ["--engine", "spatial"]
             if variant in ("spatial-gate", "spatial-gate-variant"):  # both processes ask for the yield gate
                 env["GPUSLICE_SPATIAL_YIELD"] = "1"
-            if variant == "spatial-gate-variant":  # on the build with measurement switches
-                env["GPUSLICE_ENFORCER_LIB"] = self.args.variant_lib
             cap = 100 if variant == "spatial-full" else getattr(self.args, "spatial_trainer_compute", 0)
             if cap and role == "trainer":  # its MPS active-thread percentage: SMs the server's kernels find free
                 opts += ["--compute", str(cap)]
@@ -406,10 +410,10 @@ def report(raw: dict) -> str:
 
 def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> list[str]:
     out = _mode_goals(kind, "preemptive", phs, p50a, p99a, bound, talone, between)
-    for mode in SPATIAL_MODES:  # the spatial engine's co-location, judged alike
+    for mode in ("preemptive-variant", *SPATIAL_MODES):  # the variant and the spatial engine, judged alike
         if _pooled(phs, kind, mode, 0.5) is not None:
             out += _mode_goals(kind, mode, phs, p50a, p99a, bound, talone, between)
-    for mode in ("preemptive", *SPATIAL_MODES):  # paired: against the same server in its rest slots
+    for mode in (*PREEMPTIVE_MODES, *SPATIAL_MODES):  # paired: against the same server in its rest slots
         for q, lim in ((0.5, 1.03), (0.99, 1.10)):
             on, off = _pooled(phs, kind, mode, q, "on"), _pooled(phs, kind, mode, q, "off")
             if on and off and any("on" in p.get("server", {}) for p in phs if p["kind"] == kind and p["mode"] == mode):
@@ -432,7 +436,7 @@ def _mode_goals(kind: str, mode: str, phs: list[dict], p50a, p99a, bound, talone
     if tr is not None and bound:
         r = tr / bound
         note = ""
-        if r < 0.8 and between and talone and mode == "preemptive":
+        if r < 0.8 and between and talone and mode in PREEMPTIVE_MODES:
             note = (f"; between requests alone ({100 * between:.0f} % of the time) the bound is "
                     f"{talone * between:.2f} it/s, the trainer got {tr / (talone * between):.2f} of that: the rest of the "
                     "idle time is inside requests (CPU gaps, per-token syncs), which the yield path gives only where its "
@@ -441,7 +445,7 @@ def _mode_goals(kind: str, mode: str, phs: list[dict], p50a, p99a, bound, talone
                    + ("met" if r >= 0.8 else f"MISSED by {100 * (0.8 - r):.0f} points") + note)
     plain_p99 = _pooled(phs, kind, "plain", 0.99)
     plain_tr = _mean(_vals(phs, kind, "plain", "trainer", "it_per_s"))
-    if plain_p99 and plain_tr and tr is not None and mode == "preemptive":
+    if plain_p99 and plain_tr and tr is not None and mode in PREEMPTIVE_MODES:
         protected = plain_p99 <= 1.10 * p99a
         out.append(f"{kind}: plain time-slicing gives p99 {plain_p99 / p99a:.2f}x alone and the trainer "
                    f"{plain_tr:.2f} it/s vs preemptive {tr:.2f}: "
@@ -463,7 +467,7 @@ def main() -> int:
     ap.add_argument("--spatial-trainer-compute", type=int, default=0,
                     help="under spatial, the trainer's compute share (its MPS active-thread percentage); 0: none")
     ap.add_argument("--variant-lib", default="",
-                    help="the enforcer built with measurement switches, for spatial-gate-variant (coloc.sh builds it)")
+                    help="the enforcer built with measurement switches, for the -variant modes (coloc.sh builds it)")
     ap.add_argument("--slot", type=float, default=0.0,
                     help="paired protocol: the trainer works in every other slot of this many s (0: the whole window)")
     ap.add_argument("--tidal", action="store_true")

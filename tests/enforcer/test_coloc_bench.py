@@ -155,15 +155,21 @@ def test_coloc_spatial_full_is_spatial_with_the_trainer_on_every_sm() -> None:
     assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial-full", "spatial-full", "spatial"]
 
 
-def test_coloc_spatial_gate_modes_ask_for_the_gate() -> None:
-    """spatial-gate (opt-in) is spatial with both processes asking for the spatial yield gate
-    (GPUSLICE_SPATIAL_YIELD=1) and the same commands, so one ABBA run judges the gate; spatial-gate-variant is
-    that on the build with measurement switches (--variant-lib), and is not run without it."""
+def _variant_bench():
+    """The bench module and a Bench (not started) whose variant build is /b/libgpuslice.so."""
     mod = _bench_module()
     bench = mod.Bench.__new__(mod.Bench)
     bench.args = mod.argparse.Namespace(window=1, dry=False, mps_pipe="/p", spatial_trainer_compute=0,
                                         variant_lib="/b/libgpuslice.so")
     bench.env, bench.busy = {"GPUSLICE_ENFORCER_LIB": "/a/libgpuslice.so"}, {}
+    return mod, bench
+
+
+def test_coloc_spatial_gate_modes_ask_for_the_gate() -> None:
+    """spatial-gate (opt-in) is spatial with both processes asking for the spatial yield gate
+    (GPUSLICE_SPATIAL_YIELD=1) and the same commands, so one ABBA run judges the gate; spatial-gate-variant is
+    that on the build with measurement switches (--variant-lib), and is not run without it."""
+    mod, bench = _variant_bench()
     for role in ("server", "trainer"):
         same, env0 = bench.command("spatial", role, "decode", Path("/f"))
         assert "GPUSLICE_SPATIAL_YIELD" not in env0
@@ -177,6 +183,22 @@ def test_coloc_spatial_gate_modes_ask_for_the_gate() -> None:
     assert [m for _, m, _ in mod.phases(ns)] == order + order[::-1]
     ns.variant_lib = ""
     assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial-gate", "spatial-gate", "spatial"]
+
+
+def test_coloc_preemptive_variant_is_preemptive_on_the_variant_build() -> None:
+    """preemptive-variant (opt-in) runs both processes exactly as preemptive, on the enforcer built with
+    measurement switches: the time-sliced engine's A/B within one ABBA run; not run without --variant-lib."""
+    mod, bench = _variant_bench()
+    for role in ("server", "trainer"):
+        same, env0 = bench.command("preemptive", role, "launch", Path("/f"))
+        cmd, env = bench.command("preemptive-variant", role, "launch", Path("/f"))
+        assert cmd == same and env == {**env0, "GPUSLICE_ENFORCER_LIB": "/b/libgpuslice.so"}
+    ns = mod.argparse.Namespace(steps="1", reps=2, tidal=False, modes="alone,preemptive,preemptive-variant",
+                                mps_pipe="", dry=False, variant_lib="/b/libgpuslice.so")
+    assert [m for _, m, _ in mod.phases(ns)] == ["alone", "preemptive", "preemptive-variant",
+                                                  "alone", "preemptive-variant", "preemptive"]
+    ns.variant_lib = ""
+    assert "preemptive-variant" not in [m for _, m, _ in mod.phases(ns)]
 
 
 def _worker_module():
@@ -261,3 +283,22 @@ def test_coloc_clock_sampler_reads_the_window(monkeypatch) -> None:
     phs = [{"kind": "launch", "mode": "alone", "sm_clock_mhz": res}, {"kind": "launch", "mode": "plain",
                                                                       "sm_clock_mhz": {"error": "no samples"}}]
     assert mod._clock(phs, "launch", "alone").endswith(f"[min 1755]") and mod._clock(phs, "launch", "plain").startswith("n/a")
+
+
+def test_drain_cost_probe_builds_and_runs_every_scenario(native_build: Path, tmp_path: Path) -> None:
+    """bench/drain_cost.c (what each piece of the drain machinery costs a launching thread; run on the GPU by
+    hand) builds with warnings as errors and runs every scenario of both patterns to the end over the CPU driver
+    double, so the probe cannot rot between GPU runs (the double has no stream memory operations: the wv
+    scenarios say so and measure nothing)."""
+    exe = tmp_path / "drain_cost"
+    subprocess.run(["cc", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread",
+                    str(Path(__file__).resolve().parents[2] / "bench" / "drain_cost.c"), "-o", str(exe), "-ldl"],
+                   check=True)
+    r = subprocess.run([str(exe), "3", "1"], env={"LD_LIBRARY_PATH": str(native_build / "double")},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if len(line.split()) == 4]
+    scenarios = {"base", "rec", "rec_wake", "rec_poll10", "rec_poll50", "rec_age15", "poll10", "wake", "wv", "wv_poll10"}
+    assert {(p, s) for p, s, _, _ in rows} == {(p, s) for p in ("launch", "decode") for s in scenarios}
+    assert all(float(med) > 0 and float(p90) >= float(med) for _, _, med, p90 in rows)
+    assert "stream_write_value unavailable" in r.stdout

@@ -45,8 +45,11 @@
  * trainer a decoder of ~1,300 tiny kernels a request kept paired p50 0.96x / p99 0.98x with the gate against
  * 1.06x / 1.01x without it (p99 against alone 1.14x against 1.58x), but the server's drain records cost
  * ResNet-50 servers (batch 1 and 32) 1-2 ms a request whether the trainer ran or not, most of it the poller's
- * event queries (fewer queries took about half of it off; no drain records at all took it all off and left
- * the trainer held after every server launch). The environment may turn it on, never off: a low-priority
+ * wakes and event queries (no drain records at all took it all off and left the trainer held after every
+ * server launch). The poller's timing since (controller.h DRAIN_HOT, DRAIN_AGE) took the gated launch-bound
+ * server from 1.75x to 1.02-1.08x alone and the decoder from 1.18x to 1.06x
+ * (bench/results/2026-11-29-h200-coloc-drainhot-*.md, 2026-11-30-h200-coloc-drainage5-launch.md); the
+ * GPU-bound kind was not measured again, so it stays opt-in. The environment may turn it on, never off: a low-priority
  * process only holds itself, and a high-priority one makes only neighbours that asked too hold. A `shared`
  * slice yields to nobody and is asked by nobody: never. Unlike the yield cap the gate does not look at
  * daemons: an asking trainer yields to an asking server of another MPS daemon too (the daemons are

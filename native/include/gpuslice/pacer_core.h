@@ -53,8 +53,10 @@ struct gs_gpu_ops {
     int (*record_mark)(void *ctx, int idx, void *stream);
     int (*query_mark)(void *ctx, int idx);
     /* optional: wake the poller now (it may be in a 5-ms idle sleep). Called when a launch arms a
-     * drain record while none was pending: the start of a request after idle time, whose queue
-     * neighbours must see within DRAIN_POLL, not IDLE_POLL */
+     * drain record while none was pending and the poller said it sleeps longer than DRAIN_POLL
+     * (poller_cold): the start of a request after idle time, whose queue neighbours must see within
+     * DRAIN_POLL, not IDLE_POLL. Within DRAIN_HOT of a launch the poller ticks on its own timer:
+     * a wake per launch cost the launching thread more than the record (controller.h DRAIN_AGE) */
     void (*wake)(void *ctx);
     /* optional (NULL = every pair is taken as started behind queued work): whether pair idx's start
      * event has completed (1 done, 0 pending, <0 error), asked right after its kernel was launched,
@@ -97,6 +99,8 @@ struct gs_engine {
     int64_t drain_since_ns; /* the poller has seen the drain pending since (0: not), coloc.c */
     uint32_t drain_done_gen; /* drain_gen at its last "drained" look */
     int drain_backlog;      /* a backlog published (drain_backlog_ns) */
+    int poller_cold;        /* the poller is going to sleep longer than DRAIN_POLL: a launch that arms a
+                               drain record wakes it (atomic, seq_cst against drain_pending) */
     uint8_t ring[GS_ENG_RING];
     uint64_t ring_key[GS_ENG_RING];   /* kernel shape of each pair (0 = none: charge as measured) */
     int64_t ring_charged[GS_ENG_RING]; /* charged at its launch */
@@ -216,9 +220,11 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
 /* Periodic: detect completion, charge, refill, publish, heartbeat (see gs_engine_poll_delay). */
 void gs_engine_poll(struct gs_engine *e, int64_t now);
 /* How long the poller may sleep after gs_engine_poll(e, now): POLL while work is queued, or while
- * a paced process beside neighbours launched within POLL_ACTIVE; IDLE_POLL otherwise. pacer.c's
- * poller and the simulation in tests/test_controller.c both poll by this. */
-int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now);
+ * a paced process beside neighbours launched within POLL_ACTIVE; DRAIN_SPIN..DRAIN_POLL while a drain
+ * record is pending, or on the light path within DRAIN_HOT of a launch that records them; IDLE_POLL otherwise. A sleep
+ * longer than DRAIN_POLL sets poller_cold (the next armed record wakes the poller). pacer.c's poller
+ * and the plant in tests/plant.h both poll by this. */
+int64_t gs_engine_poll_delay(struct gs_engine *e, int64_t now);
 void gs_engine_fini(struct gs_engine *e);
 /* The engine's charge counters as one JSON object into buf (what gpuslice_pacer_stats hands a
  * caller; README-compute.md "Charge counters"). Returns what snprintf returns. */
@@ -274,7 +280,8 @@ void gs_coloc_yield_commit(struct gs_engine *e, int64_t now, int64_t charge_ns);
 void gs_coloc_after(struct gs_engine *e, void *stream);
 /* From the poll: a high-priority process's pending drain record, published as drain_seen_ns. */
 void gs_coloc_drain_poll(struct gs_engine *e, int64_t now);
-/* How long the poller may sleep while a drain record is pending (DRAIN_SPIN .. DRAIN_POLL). */
+/* How long the poller may sleep while a drain record is pending (DRAIN_SPIN .. DRAIN_POLL, and at least
+ * until the latest launch is DRAIN_AGE old: gs_coloc_drain_poll does not look at a younger record). */
 int64_t gs_coloc_drain_delay(const struct gs_engine *e, int64_t now);
 /* Harvest completed markers, re-anchoring the predicted queue end (launch threads and the poller). */
 void gs_coloc_harvest(struct gs_engine *e, int64_t now);

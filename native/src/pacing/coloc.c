@@ -99,9 +99,24 @@ int gs_coloc_recheck(struct gs_engine *e, int64_t now)
  * queue was empty then. The generation is read before the query and again
  * after the clear: a record armed meanwhile keeps the drain pending (and is looked at soon, see
  * gs_coloc_drain_delay) without claiming "drained" for it. */
+/* how long until the latest launch's record is DRAIN_AGE old (0: it is, or no clock to judge by). A launch
+ * stamped after our clock reading (another thread's later read) is young; one stamped more than DRAIN_AGE
+ * ahead is no launch time at all (the record is in the slice's own file): looked at as old */
+static int64_t record_young(const struct gs_engine *e, int64_t now)
+{
+    int64_t l = __atomic_load_n(&gs_ds_proc(e->ds, e->proc)->last_launch_ns, __ATOMIC_RELAXED);
+    if (l <= 0 || now <= 0 || l - now > GS_CTL_DRAIN_AGE_NS) return 0;
+    if (l >= now) return GS_CTL_DRAIN_AGE_NS;
+    return now - l < GS_CTL_DRAIN_AGE_NS ? GS_CTL_DRAIN_AGE_NS - (now - l) : 0;
+}
+
 void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
 {
     if (!__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return;
+    /* a record younger than DRAIN_AGE is not looked at (controller.h). Launches closer together than that
+     * are not looked at until they pause; neighbours count such a stream queued (gs_eng_high_queued:
+     * DRAIN_LATE) */
+    if (record_young(e, now)) return;
     uint32_t g0 = __atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE);
     int q = e->ops->query_drain ? e->ops->query_drain(e->ops_ctx) : -1;
     struct gs_ds_proc *me = gs_ds_proc(e->ds, e->proc);
@@ -120,8 +135,11 @@ void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
     e->drain_done_gen = g0;
     e->drain_backlog = 0;
     __atomic_store_n(&me->drain_backlog_ns, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->drain_pending, 0, __ATOMIC_RELEASE);
-    if (__atomic_load_n(&e->drain_gen, __ATOMIC_ACQUIRE) != g0) {
+    /* seq_cst store, then load: a launch bumps the generation, then swaps drain_pending (gs_engine_after);
+     * with release/acquire alone our clear could land after its swap read 1 (no wake) while our load missed
+     * its bump, and the armed record was dropped (a helper's two-thread harness: ~1 % of rounds) */
+    __atomic_store_n(&e->drain_pending, 0, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&e->drain_gen, __ATOMIC_SEQ_CST) != g0) {
         __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
         return;
     }
@@ -131,8 +149,9 @@ void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
 
 int64_t gs_coloc_drain_delay(const struct gs_engine *e, int64_t now)
 {
-    int64_t since = e->drain_since_ns, d = since ? (now - since) / 2 : 0;
-    return d < GS_CTL_DRAIN_SPIN_NS ? GS_CTL_DRAIN_SPIN_NS : d > GS_CTL_DRAIN_POLL_NS ? GS_CTL_DRAIN_POLL_NS : d;
+    int64_t since = e->drain_since_ns, d = since ? (now - since) / 2 : 0, young = record_young(e, now);
+    d = d < GS_CTL_DRAIN_SPIN_NS ? GS_CTL_DRAIN_SPIN_NS : d > GS_CTL_DRAIN_POLL_NS ? GS_CTL_DRAIN_POLL_NS : d;
+    return young > d ? young : d;
 }
 
 /* spin flag of the marker ring (launch threads and the poller; held for a few event calls) */

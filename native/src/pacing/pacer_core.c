@@ -117,6 +117,7 @@ int gs_engine_init(struct gs_engine *e, struct gs_devstate *ds, const char *gran
                    const struct gs_gpu_ops *ops, void *ops_ctx, int64_t now)
 {
     memset(e, 0, sizeof *e);
+    e->poller_cold = 1; /* until the poller first says how long it sleeps: a wake too many is harmless */
     e->ds = ds;
     e->ops = ops;
     e->ops_ctx = ops_ctx;
@@ -409,18 +410,40 @@ void gs_engine_poll(struct gs_engine *e, int64_t now)
     gs_devstate_unlock(e->ds);
 }
 
-int64_t gs_engine_poll_delay(const struct gs_engine *e, int64_t now)
+static int64_t poll_delay(const struct gs_engine *e, int64_t now)
 {
     int path = __atomic_load_n(&e->path, __ATOMIC_RELAXED);
     int64_t last = __atomic_load_n(&gs_ds_proc(e->ds, e->proc)->last_launch_ns, __ATOMIC_RELAXED);
     int active = last && now - last < GS_CTL_POLL_ACTIVE_NS;
     if (__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return gs_coloc_drain_delay(e, now);
+    /* hot: the next launch's drain record is looked at within a tick, without a wake. Light path only: a
+     * free-path poll takes the device lock (it is woken instead), a turns engine records no drains. A launch
+     * stamped after `now` (read before this poll) counts as just made */
+    if (path == GS_DS_PATH_LIGHT && __atomic_load_n(&e->drain_wanted, __ATOMIC_RELAXED) && last > 0 && now > 0 &&
+        now - last < GS_CTL_DRAIN_HOT_NS && last - now < GS_CTL_DRAIN_HOT_NS)
+        return GS_CTL_DRAIN_SPIN_NS;
     /* the free path needs no fresh busy flag (nobody takes turns with it, and a stale flag only makes a
      * neighbour's pair count as not clean): its poller publishes, refills and harvests every ms */
     if (path == GS_DS_PATH_FREE) return e->outstanding > 0 || active ? GS_CTL_POLL_FREE_NS : GS_CTL_IDLE_POLL_NS;
     if (e->outstanding > 0 || __atomic_load_n(&e->mcount, __ATOMIC_RELAXED) > 0) return GS_CTL_POLL_NS;
     if (path != GS_DS_PATH_LIGHT && e->others > 0 && active) return GS_CTL_POLL_NS;
     return GS_CTL_IDLE_POLL_NS;
+}
+
+int64_t gs_engine_poll_delay(struct gs_engine *e, int64_t now)
+{
+    int64_t w = poll_delay(e, now);
+    if (w <= GS_CTL_DRAIN_POLL_NS) {
+        __atomic_store_n(&e->poller_cold, 0, __ATOMIC_SEQ_CST);
+        return w;
+    }
+    /* a long sleep: say so, then look at drain_pending once more. A launch arms, then reads poller_cold
+     * (gs_engine_after): of the two, at least one sees the other's store, so an armed record is either
+     * looked at soon or wakes the poller */
+    __atomic_store_n(&e->poller_cold, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&e->drain_pending, __ATOMIC_SEQ_CST)) return w;
+    __atomic_store_n(&e->poller_cold, 0, __ATOMIC_SEQ_CST);
+    return gs_coloc_drain_delay(e, now);
 }
 
 /* What a launch of `key` will be charged, and whether it carries an event pair. */
@@ -591,11 +614,13 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
         __atomic_load_n(&e->drain_wanted, __ATOMIC_RELAXED) && e->ops->record_drain) {
         /* record, then bump the generation, then arm: see drain_poll for the other side */
         if (e->ops->record_drain(e->ops_ctx, stream) == 0) {
-            __atomic_fetch_add(&e->drain_gen, 1, __ATOMIC_RELEASE);
+            __atomic_fetch_add(&e->drain_gen, 1, __ATOMIC_SEQ_CST);
 #ifdef GS_DRAIN_NO_WAKE /* measurement switch: what the poller's wake per armed record costs */
             __atomic_store_n(&e->drain_pending, 1, __ATOMIC_RELEASE);
 #else
-            if (!__atomic_exchange_n(&e->drain_pending, 1, __ATOMIC_ACQ_REL) && e->ops->wake) e->ops->wake(e->ops_ctx);
+            if (!__atomic_exchange_n(&e->drain_pending, 1, __ATOMIC_SEQ_CST) &&
+                __atomic_load_n(&e->poller_cold, __ATOMIC_SEQ_CST) && e->ops->wake)
+                e->ops->wake(e->ops_ctx);
 #endif
         }
     }
