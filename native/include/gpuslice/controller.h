@@ -73,10 +73,11 @@ enum { GS_CTL_HARD = 0, GS_CTL_SOFT = 1, GS_CTL_OFF = 2 };
  * DRAIN_LATE 50 us: a launch after this long without a look (a request's start, a stalled poller)
  *   counts queued until looked at, up to YIELD_GAP.
  * DRAIN_HOT 1 ms: for this long after its last launch such a process's poller (light path) ticks every
- *   DRAIN_SPIN on its own timer, so a launch that arms a drain record wakes it only when it sleeps longer than DRAIN_POLL (a
- *   request's first launch after idle time). A FUTEX_WAKE per armed record cost the launching thread more
- *   than the record: on the H200 a launch-bound loop of 150 launches paid 187-254 us a request for the wakes
- *   alone and 33-52 us for the records (bench/drain_cost.c, 2026-11-29-h200-drain-cost.md).
+ *   DRAIN_SPIN on its own timer, so a launch that arms a drain record wakes it only when it sleeps longer
+ *   than DRAIN_POLL (a request's first launch after idle time). A FUTEX_WAKE per armed record cost the
+ *   launching thread more than the record: on the H200 a launch-bound loop of 150 launches paid 187-254 us
+ *   a request for the wakes alone and 33-52 us for the records (bench/drain_cost.c,
+ *   2026-11-29-h200-drain-cost.md).
  * DRAIN_AGE 5 us: the poller does not look at a record younger than this (its query, of work the GPU has
  *   likely not reached, cost the launching thread most: bench/drain_cost.c). 15 us took a ResNet-50-b1
  *   server under the spatial gate from 1.29x to 1.16x alone on the H200 but the trainer lost 6-10 %, and

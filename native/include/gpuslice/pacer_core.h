@@ -56,7 +56,7 @@ struct gs_gpu_ops {
      * drain record while none was pending and the poller said it sleeps longer than DRAIN_POLL
      * (poller_cold): the start of a request after idle time, whose queue neighbours must see within
      * DRAIN_POLL, not IDLE_POLL. Within DRAIN_HOT of a launch the poller ticks on its own timer:
-     * a wake per launch cost the launching thread more than the record (controller.h DRAIN_AGE) */
+     * a wake per launch cost the launching thread more than the record (controller.h DRAIN_HOT) */
     void (*wake)(void *ctx);
     /* optional (NULL = every pair is taken as started behind queued work): whether pair idx's start
      * event has completed (1 done, 0 pending, <0 error), asked right after its kernel was launched,
@@ -221,9 +221,9 @@ void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struc
 void gs_engine_poll(struct gs_engine *e, int64_t now);
 /* How long the poller may sleep after gs_engine_poll(e, now): POLL while work is queued, or while
  * a paced process beside neighbours launched within POLL_ACTIVE; DRAIN_SPIN..DRAIN_POLL while a drain
- * record is pending, or on the light path within DRAIN_HOT of a launch that records them; IDLE_POLL otherwise. A sleep
- * longer than DRAIN_POLL sets poller_cold (the next armed record wakes the poller). pacer.c's poller
- * and the plant in tests/plant.h both poll by this. */
+ * record is pending, or on the light path within DRAIN_HOT of a launch that records them; IDLE_POLL
+ * otherwise. A sleep longer than DRAIN_POLL sets poller_cold (the next armed record wakes the poller).
+ * pacer.c's poller and the plant in tests/plant.h both poll by this. */
 int64_t gs_engine_poll_delay(struct gs_engine *e, int64_t now);
 void gs_engine_fini(struct gs_engine *e);
 /* The engine's charge counters as one JSON object into buf (what gpuslice_pacer_stats hands a

@@ -92,13 +92,6 @@ int gs_coloc_recheck(struct gs_engine *e, int64_t now)
     return n > 0;
 }
 
-/* A drain record out (a high-priority process beside low-priority preemptive or tidal neighbours):
- * publish what the poll sees. Pending: drain_seen_ns = now, and drain_backlog_ns once it is a backlog
- * (pending DRAIN_SHORT, or 2+ launches since the last "drained" look; neighbours hold while both are
- * newer than drain_done_ns). Complete with no newer record armed meanwhile: drain_done_ns = now, the
- * queue was empty then. The generation is read before the query and again
- * after the clear: a record armed meanwhile keeps the drain pending (and is looked at soon, see
- * gs_coloc_drain_delay) without claiming "drained" for it. */
 /* how long until the latest launch's record is DRAIN_AGE old (0: it is, or no clock to judge by). A launch
  * stamped after our clock reading (another thread's later read) is young; one stamped more than DRAIN_AGE
  * ahead is no launch time at all (the record is in the slice's own file): looked at as old */
@@ -110,6 +103,13 @@ static int64_t record_young(const struct gs_engine *e, int64_t now)
     return now - l < GS_CTL_DRAIN_AGE_NS ? GS_CTL_DRAIN_AGE_NS - (now - l) : 0;
 }
 
+/* A drain record out (a high-priority process beside low-priority preemptive or tidal neighbours):
+ * publish what the poll sees. Pending: drain_seen_ns = now, and drain_backlog_ns once it is a backlog
+ * (pending DRAIN_SHORT, or 2+ launches since the last "drained" look; neighbours hold while both are
+ * newer than drain_done_ns). Complete with no newer record armed meanwhile: drain_done_ns = now, the
+ * queue was empty then. The generation is read before the query and again
+ * after the clear: a record armed meanwhile keeps the drain pending (and is looked at soon, see
+ * gs_coloc_drain_delay) without claiming "drained" for it. */
 void gs_coloc_drain_poll(struct gs_engine *e, int64_t now)
 {
     if (!__atomic_load_n(&e->drain_pending, __ATOMIC_ACQUIRE)) return;
