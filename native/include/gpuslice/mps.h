@@ -48,9 +48,9 @@
  * wakes and event queries (no drain records at all took it all off and left the trainer held after every
  * server launch). The poller's timing since (controller.h DRAIN_HOT, DRAIN_AGE) took the gated launch-bound
  * server from 1.75x to 1.02-1.08x alone and the decoder from 1.18x to 1.06x
- * (bench/results/2026-11-29-h200-coloc-drainhot-*.md, 2026-11-30-h200-coloc-drainage5-launch.md); the
- * GPU-bound kind was not measured again, so it stays opt-in. The environment may turn it on, never off: a
- * low-priority process only holds itself, and a high-priority one makes only neighbours that asked too hold. A `shared`
+ * (bench/results/2026-11-29-h200-coloc-drainhot-*.md, 2026-11-30-h200-coloc-drainage5-launch.md); beside a
+ * batch-32 server it still cost ~0.6-1.2 ms a request and the trainer a third (-drainage5-gpubound.md), so it
+ * stays opt-in. The environment may turn it on, never off: a low-priority process only holds itself, and a high-priority one makes only neighbours that asked too hold. A `shared`
  * slice yields to nobody and is asked by nobody: never. Unlike the yield cap the gate does not look at
  * daemons: an asking trainer yields to an asking server of another MPS daemon too (the daemons are
  * time-sliced against each other, where holding back is what the time-sliced engine does). A gate that cannot
