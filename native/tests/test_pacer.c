@@ -149,9 +149,19 @@ static int scenario(const char *dir, int share)
     if (share > 0 && share < 100) {
         got = held_share(share, 1.5, "share");
     } else {
-        run(0.0005, 0.3, NULL);
-        got = run(0.0005, 1.5, NULL);
-        CHECK(got > 90, "unpaced: achieved %.2f", got);
+        /* as held_share: a run that waited for a CPU is measured again, and the last judged with that
+         * allowance (a CI box with a CPU hog and a second test job read 59 % here, its thread waiting for a
+         * CPU 46 % of the time) */
+        double starved = 0;
+        for (int attempt = 1; attempt <= 4; attempt++) {
+            run(0.0005, 0.3, NULL);
+            got = run(0.0005, 1.5, &starved);
+            if (got > 90 || starved <= 0.02) break;
+            printf("  unpaced: achieved %.2f%%, %.1f%% of the time waiting for a CPU (attempt %d)\n", got, 100 * starved,
+                   attempt);
+        }
+        CHECK(got > 90 - 100 * starved, "unpaced: achieved %.2f (the last attempt waited for a CPU %.1f%% of the time)", got,
+              100 * starved);
     }
     printf("  share %3d%%: achieved %.2f%% (500 us kernels, synchronous double)\n", share, got);
     /* what the pacer published */
