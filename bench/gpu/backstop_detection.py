@@ -52,7 +52,9 @@ if fill:
 else:
     held.append(torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda"))
 torch.cuda.synchronize()
-print(json.dumps({"pid": os.getpid(), "alloc": time.time(), "held": sum(t.numel() for t in held)}), flush=True)
+# one write per line: colluding workers share the pipe, and an unbuffered stdout (PYTHONUNBUFFERED) writes
+# print's text and its newline apart, so two lines could interleave ({...}{...}\n, seen in CI)
+print(json.dumps({"pid": os.getpid(), "alloc": time.time(), "held": sum(t.numel() for t in held)}) + "\n", end="", flush=True)
 time.sleep(hold)
 """.replace("import os, sys", "import json, os, sys")
 
@@ -82,7 +84,7 @@ with open(path + ".lock", "w") as lock:
     entries.append({"uuid": os.environ["GS_DRY_UUID"], "pid": os.getpid(), "used": held})
     json.dump(entries, open(path + ".tmp", "w"))
     os.replace(path + ".tmp", path)
-print(json.dumps({"pid": os.getpid(), "alloc": time.time(), "held": held}), flush=True)
+print(json.dumps({"pid": os.getpid(), "alloc": time.time(), "held": held}) + "\n", end="", flush=True)
 time.sleep(hold)
 """
 
