@@ -518,6 +518,32 @@ static void test_drain_races(void)
           lost_arm, lost_wake);
 }
 
+/* A launch into a stream being captured into a CUDA graph records no drain (its record would be captured, and the
+ * poller's look at it would invalidate the application's capture); the next launch outside the capture does, and
+ * the drain machinery goes on as before. */
+static void *capturing_stream = (void *)0x77;
+static int fc_capturing(void *c, void *s) { (void)c; return s == capturing_stream; }
+static void test_no_drain_record_into_a_capture(void)
+{
+    static _Alignas(4096) unsigned char spage[4096], ppage[4096];
+    struct gs_devstate ds = {.sbase = spage, .pbase = ppage, .page = sizeof spage, .nslots = 1};
+    static const struct gs_gpu_ops ops = {.record_drain = fr_drain, .query_drain = fq_drain, .wake = fw_wake,
+                                          .capturing = fc_capturing};
+    struct gs_engine e;
+    memset(&e, 0, sizeof e);
+    e.ds = &ds;
+    e.ops = &ops;
+    e.path = GS_DS_PATH_LIGHT;
+    e.drain_wanted = 1;
+    gs_ds_proc(&ds, 0)->flags = GS_DS_PROC_IN_USE | GS_DS_PROC_LIGHT | GS_DS_PROC_DRAINS;
+    struct gs_ticket t = {.slot = -1};
+    int r0 = records;
+    gs_engine_after(&e, 0, capturing_stream, &t, 1);
+    CHECK(records == r0 && !e.drain_pending && e.drain_gen == 0, "a launch under capture records and arms no drain");
+    gs_engine_after(&e, 0, (void *)0x78, &t, 1);
+    CHECK(records == r0 + 1 && e.drain_pending && e.drain_gen == 1, "a launch on another stream records one");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -530,6 +556,7 @@ int main(void)
     test_queued_signal();
     test_poller_wake();
     test_drain_races();
+    test_no_drain_record_into_a_capture();
     plain_model();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", DIR_);

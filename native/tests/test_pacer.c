@@ -32,7 +32,7 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
 /* the double's record of what the pacer asked (tests/double/cuda_double.c) */
 extern void *gsdouble_last_event_stream, *gsdouble_capture_stream, *gsdouble_last_capture_query;
-extern unsigned long gsdouble_event_records, gsdouble_launches;
+extern unsigned long gsdouble_event_records, gsdouble_launches, gsdouble_capture_violations, gsdouble_event_looks;
 
 static int failures, checks;
 #define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
@@ -309,6 +309,15 @@ static void ptsz_child(const char *dir)
     CHECK(gsdouble_event_records == r0, "no event recorded into a capturing per-thread stream (%lu)", gsdouble_event_records - r0);
     CHECK(cuLaunchKernel(NULL, 7, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0 + 2,
           "the legacy stream, not capturing, is still timed (%lu)", gsdouble_event_records - r0);
+    /* meanwhile (the capture in the double is in global mode, as by another thread of the program) this paced
+     * process goes on launching on the legacy stream: its launching thread's harvests and its poller's look at
+     * their events, in relaxed mode only (pacer.c query_state): a look in global mode would fail and invalidate
+     * the program's capture (PyTorch's torch.cuda.graph captures in that mode) */
+    unsigned long v0 = gsdouble_capture_violations, looks0 = gsdouble_event_looks;
+    for (int i = 0; i < 64; i++) cuLaunchKernel(NULL, 8 + (unsigned)i, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    for (int ms = 0; ms < 2000 && __atomic_load_n(&gsdouble_event_looks, __ATOMIC_RELAXED) < looks0 + 64; ms++) usleep(1000);
+    CHECK(gsdouble_event_looks >= looks0 + 64, "events looked at during the capture (%lu)", gsdouble_event_looks - looks0);
+    CHECK(gsdouble_capture_violations == v0, "no look the capture forbids (%lu)", gsdouble_capture_violations - v0);
     gsdouble_capture_stream = (void *)-1;
 }
 

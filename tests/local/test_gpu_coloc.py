@@ -4,18 +4,24 @@ with idle gaps beside a low-priority trainer of back-to-back matmuls, both throu
 preemptive: the trainer is on the yield path (the device state says so), the server keeps close to its alone
 latency, and the trainer still gets the idle time (work-conserving). shared: nobody yields, both run on their
 soft shares. tidal: a trainer whose schedule gives 30 % for every hour runs at about 30 % of the device.
-Bounds are loose on purpose (a test, not the benchmark: bench/gpu/coloc.sh measures the goals)."""
+Bounds are loose on purpose (a test, not the benchmark: bench/gpu/coloc.sh measures the goals).
+
+CUDA graphs: a program capturing graphs in PyTorch's default (global) capture mode is never invalidated by the
+enforcer's looks at its events, on any path that makes them."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from mpskit import short_root
 
 pytestmark = pytest.mark.gpu
 
@@ -140,3 +146,91 @@ def test_preemptive_shared_and_tidal_on_the_gpu(env: dict[str, str], tmp_path: P
     tr = result(tidal)
     assert seen and seen[0].set_share == pytest.approx(30, abs=0.5), seen
     assert 0.2 <= tr["it_per_s"] / alone_trainer["it_per_s"] <= 0.4, (tr, alone_trainer)
+
+
+# CUDA graphs captured in PyTorch's default (global) capture mode, each replayed and checked against eager, argv[2]
+# times (argv[1]: a ready file). argv[3] "graph": torch.cuda.graph, which synchronizes before it captures; "hot":
+# the capture begins right behind 50 eager steps still queued on its stream (timing pairs and drain records of
+# those steps are still to be looked at while it captures).
+CAPTURE = """
+import json, sys, torch
+torch.manual_seed(0)
+ws = [torch.randn(256, 256, device="cuda") / 16 for _ in range(12)]
+x = torch.randn(64, 256, device="cuda")
+def step(v):
+    for w in ws:
+        v = torch.tanh(v @ w)
+    return v
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    for _ in range(3):
+        step(x)
+torch.cuda.current_stream().wait_stream(s)
+torch.cuda.synchronize()
+open(sys.argv[1], "w").write("ready")
+done = 0
+for i in range(int(sys.argv[2])):
+    g = torch.cuda.CUDAGraph()
+    if sys.argv[3] == "graph":
+        with torch.cuda.graph(g):
+            y = step(x)
+    else:
+        with torch.cuda.stream(s):
+            for _ in range(50):
+                step(x)
+            g.capture_begin()
+            y = step(x)
+            g.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    ref = step(x)
+    torch.cuda.synchronize()
+    assert torch.allclose(y, ref, atol=1e-5), f"capture {i}: the replay differs from eager"
+    done += 1
+print(json.dumps({"captured": done}))
+"""
+
+
+def captures_beside(env: dict[str, str], tmp_path: Path, server_opts: list[str], trainer_opts: list[str] | None,
+                    how: str, n: int = 20) -> dict:
+    """The capturing server's result, with a trainer launching beside it (None: alone)."""
+    tag = time.monotonic_ns()
+    stop = tmp_path / f"stop{tag}"
+    trainer = None
+    if trainer_opts is not None:
+        trainer = gs_run(env, trainer_opts, TRAINER, str(tmp_path / f"t{tag}"), "120", str(stop))
+        wait_for(tmp_path / f"t{tag}", trainer)
+    try:
+        server = gs_run(env, server_opts, CAPTURE, str(tmp_path / f"s{tag}"), str(n), how)
+        return result(server)
+    finally:
+        stop.write_text("stop")
+        if trainer is not None:
+            result(trainer)
+
+
+@pytest.mark.parametrize("how", ["graph", "hot"])
+def test_cuda_graphs_capture_under_every_time_sliced_path(env: dict[str, str], tmp_path: Path, how: str) -> None:
+    """A CUDA graph captured in global mode is never invalidated by the enforcer: a high-priority server beside a
+    yielding trainer (its drain records and its poller's looks at them), and a paced slice whose capture begins
+    behind its own timed launches (their pairs harvested meanwhile) each capture and replay 20 graphs."""
+    assert captures_beside(env, tmp_path, ["--priority", "high"], ["--priority", "low"], how)["captured"] == 20
+    assert captures_beside(env, tmp_path, ["--compute", "40"], None, how)["captured"] == 20
+
+
+@pytest.fixture
+def short() -> Path:
+    yield from short_root("gsgraph-")
+
+
+def test_cuda_graphs_capture_beside_a_trainer_under_the_spatial_yield_gate(short: Path, enforcer_lib: Path) -> None:
+    """The same on the spatial engine with the yield gate asked for by both processes (the server records drains)."""
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("nvidia-cuda-mps-control is not on PATH")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "GPUSLICE_STATE_DIR": str(short / "s"), "GPUSLICE_ENFORCER_LIB": str(enforcer_lib),
+           "GPUSLICE_SPATIAL_YIELD": "1", "PYTHONPATH": str(repo / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    spatial = ["--engine", "spatial"]
+    got = captures_beside(env, short, [*spatial, "--priority", "high"], [*spatial, "--priority", "low"], "hot")
+    assert got["captured"] == 20

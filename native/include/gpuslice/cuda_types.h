@@ -17,7 +17,11 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600, /* cuEventQuery / cuStreamQuery: not complete yet */
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900, /* a call stream capture forbids (it invalidates the capture) */
 };
+/* CUstreamCaptureMode (cuThreadExchangeStreamCaptureMode): a thread in relaxed mode may make "potentially unsafe"
+ * calls (an event query) while another thread captures in global mode, the default */
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1, CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long cuuint64_t;

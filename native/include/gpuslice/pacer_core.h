@@ -40,7 +40,9 @@ struct gs_gpu_ops {
     int (*query_end)(void *ctx, int idx);                   /* 1 done, 0 pending, <0 error */
     int64_t (*elapsed)(void *ctx, int idx);                 /* ns start..end of pair idx; <0 error */
     /* optional (NULL = never): 1 when `stream` is being captured into a graph; such launches do
-     * not run now, so they are neither paced nor timed (an event would join the graph) */
+     * not run now, so they are neither paced nor timed (an event would join the graph), and no drain
+     * is recorded after them. The queries above and below look in the thread's relaxed capture mode
+     * (pacer.c), so another thread's capture in global mode is not invalidated by them */
     int (*capturing)(void *ctx, void *stream);
     /* optional (NULL = no drain tracking): one reusable event re-recorded after each launch of a
      * light high-priority process, and whether its latest record has completed (1 done, 0 pending,

@@ -47,6 +47,7 @@ typedef CUresult (*fn_ev_record)(CUev, CUstream);
 typedef CUresult (*fn_ev_query)(CUev);
 typedef CUresult (*fn_ev_elapsed)(float *, CUev, CUev);
 typedef CUresult (*fn_stream_capturing)(CUstream, int *);
+typedef CUresult (*fn_capture_mode)(int *);
 
 static struct {
     fn_ctx_get_current ctx_get;
@@ -57,6 +58,7 @@ static struct {
     fn_ev_query ev_query;
     fn_ev_elapsed ev_elapsed;
     fn_stream_capturing capturing;
+    fn_capture_mode capture_mode; /* cuThreadExchangeStreamCaptureMode, optional */
 } cu;
 
 struct gs_pdev {
@@ -148,24 +150,54 @@ static int op_record_end(void *c, int i, void *stream)
     struct gs_pdev *d = c;
     return cu.ev_record(d->end[i], (CUstream)stream) == CU_OK ? 0 : -1;
 }
+/* Every look at an event goes through here, in the calling thread's relaxed capture mode. A CUDA graph being
+ * captured in the default (global) mode makes cuEventQuery and cuEventElapsedTime "potentially unsafe" calls for
+ * every thread of the process: one made by our poller, or by a launching thread of the application that
+ * harvests, fails and invalidates the application's capture (PyTorch's torch.cuda.graph captures in that mode
+ * unless told otherwise; PyTorch's own NCCL watchdog, which only queries events too, sets its thread's mode for
+ * the same reason). Relaxed, the look is allowed; it is never of an event recorded inside a
+ * capture (the paced paths and the drain record skip a capturing stream: pacer_core.c), the one look relaxed
+ * mode still forbids. The mode is the thread's: it is set back after each look (two calls that swap a
+ * thread-local value). */
+struct relaxed {
+    int mode, set;
+};
+static struct relaxed relax(void)
+{
+    struct relaxed m = {CU_STREAM_CAPTURE_MODE_RELAXED, 0};
+    m.set = cu.capture_mode && cu.capture_mode(&m.mode) == CU_OK;
+    return m;
+}
+static void unrelax(struct relaxed *m)
+{
+    if (m->set) cu.capture_mode(&m->mode); /* the thread's own mode back */
+}
+static int query_state(CUev e)
+{
+    struct relaxed m = relax();
+    CUresult r = cu.ev_query(e);
+    unrelax(&m);
+    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
+}
 static int op_query_end(void *c, int i)
 {
     struct gs_pdev *d = c;
-    CUresult r = cu.ev_query(d->end[i]);
-    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
+    return query_state(d->end[i]);
 }
 static int64_t op_elapsed(void *c, int i)
 {
     struct gs_pdev *d = c;
     float ms = 0;
-    if (cu.ev_elapsed(&ms, d->start[i], d->end[i]) != CU_OK || ms < 0) return -1;
+    struct relaxed m = relax();
+    CUresult r = cu.ev_elapsed(&ms, d->start[i], d->end[i]);
+    unrelax(&m);
+    if (r != CU_OK || ms < 0) return -1;
     return (int64_t)((double)ms * 1e6);
 }
 static int op_query_start(void *c, int i)
 {
     struct gs_pdev *d = c;
-    CUresult r = cu.ev_query(d->start[i]);
-    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
+    return query_state(d->start[i]);
 }
 static int64_t op_now(void *c)
 {
@@ -187,8 +219,7 @@ static int op_record_drain(void *c, void *stream)
 static int op_query_drain(void *c)
 {
     struct gs_pdev *d = c;
-    CUresult r = cu.ev_query(d->drain);
-    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
+    return query_state(d->drain);
 }
 static int op_record_mark(void *c, int i, void *stream)
 {
@@ -198,8 +229,7 @@ static int op_record_mark(void *c, int i, void *stream)
 static int op_query_mark(void *c, int i)
 {
     struct gs_pdev *d = c;
-    CUresult r = cu.ev_query(d->mark[i]);
-    return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
+    return query_state(d->mark[i]);
 }
 static const struct gs_gpu_ops CUDA_OPS = {op_record_start, op_record_end, op_query_end, op_elapsed, op_capturing,
                                            op_record_drain, op_query_drain, op_record_mark, op_query_mark, op_wake,
@@ -216,6 +246,7 @@ static int load_driver(void)
     cu.ev_query = (fn_ev_query)gs_real("cuEventQuery");
     cu.ev_elapsed = (fn_ev_elapsed)gs_real("cuEventElapsedTime");
     cu.capturing = (fn_stream_capturing)gs_real("cuStreamIsCapturing"); /* optional */
+    cu.capture_mode = (fn_capture_mode)gs_real("cuThreadExchangeStreamCaptureMode"); /* optional (CUDA 10.1+) */
     return cu.ctx_get && cu.ctx_set && cu.uuid && cu.ev_create && cu.ev_record && cu.ev_query && cu.ev_elapsed ? 0 : -1;
 }
 

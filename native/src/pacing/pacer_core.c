@@ -610,8 +610,12 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
 void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struct gs_ticket *t, int ok)
 {
     int path = __atomic_load_n(&e->path, __ATOMIC_RELAXED);
+    /* no drain record into a stream being captured into a CUDA graph: the record would be captured, and the
+     * poller's look at it would then fail and invalidate the application's capture (pacer.c query_state); the
+     * launch does not run until the graph does, whose launch records one */
     if (t->slot < 0 && ok && (path == GS_DS_PATH_LIGHT || path == GS_DS_PATH_FREE) &&
-        __atomic_load_n(&e->drain_wanted, __ATOMIC_RELAXED) && e->ops->record_drain) {
+        __atomic_load_n(&e->drain_wanted, __ATOMIC_RELAXED) && e->ops->record_drain &&
+        !(e->ops->capturing && e->ops->capturing(e->ops_ctx, stream))) {
         /* record, then bump the generation, then arm: see drain_poll for the other side */
         if (e->ops->record_drain(e->ops_ctx, stream) == 0) {
             __atomic_fetch_add(&e->drain_gen, 1, __ATOMIC_SEQ_CST);

@@ -214,7 +214,7 @@ int64_t gs_pair_bias_measure(char *why, unsigned long whylen)
     /* Relaxed capture mode on this thread while it measures: a CUDA graph being captured (this thread's
      * own launch may be its first, or another thread's in global mode) must not see the module load and
      * the waits below as unsafe calls, which would invalidate the user's capture. */
-    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     if (f.mode(&mode) != 0) {
         snprintf(why, whylen, "the capture mode could not be set");
         return -1;

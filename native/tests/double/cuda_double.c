@@ -699,7 +699,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned f) { (void)f; static int du
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
-struct ev { struct timespec t; };
+struct ev { struct timespec t; int captured; };
 EXPORT CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct ev)); return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
 EXPORT CUresult cuEventDestroy_v2(void *e) { free(e); return CUDA_SUCCESS; }
 /* what the pacer asked about, so tests can tell the legacy stream (0) from the per-thread one (0x2):
@@ -708,11 +708,38 @@ EXPORT void *gsdouble_last_event_stream;
 EXPORT unsigned long gsdouble_event_records;
 EXPORT void *gsdouble_capture_stream = (void *)-1; /* none */
 EXPORT void *gsdouble_last_capture_query;
+/* Stream capture as the driver polices it: gsdouble_capture_stream set is a capture in global mode (the default),
+ * as by another thread of the process. Meanwhile a look at an event (query, elapsed time, synchronize) from a
+ * thread not in relaxed mode (cuThreadExchangeStreamCaptureMode) is a "potentially unsafe" call, and a look at an
+ * event recorded into the capturing stream is one in any mode: the driver fails it with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture; the double counts it in
+ * gsdouble_capture_violations. gsdouble_event_looks counts every look. */
+EXPORT unsigned long gsdouble_capture_violations, gsdouble_event_looks;
+static __thread int t_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    int was = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = was;
+    return CUDA_SUCCESS;
+}
+static int capture_active(void) { return __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED) != (void *)-1; }
+static CUresult look(const struct ev *x)
+{
+    __atomic_add_fetch(&gsdouble_event_looks, 1, __ATOMIC_RELAXED);
+    if ((capture_active() && t_capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) || (x && x->captured)) {
+        __atomic_add_fetch(&gsdouble_capture_violations, 1, __ATOMIC_RELAXED);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuEventRecord(void *e, CUstream s)
 {
     __atomic_store_n(&gsdouble_last_event_stream, (void *)s, __ATOMIC_RELAXED);
     __atomic_add_fetch(&gsdouble_event_records, 1, __ATOMIC_RELAXED);
     clock_gettime(CLOCK_MONOTONIC, &((struct ev *)e)->t);
+    ((struct ev *)e)->captured = (void *)s == __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecord_ptsz(void *e, CUstream s) { return cuEventRecord(e, s ? s : (CUstream)0x2); }
@@ -728,13 +755,17 @@ EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStr
 EXPORT int gsdouble_events_pending;
 EXPORT CUresult cuEventQuery(void *e)
 {
-    (void)e;
+    CUresult r = look(e);
+    if (r != CUDA_SUCCESS) return r;
     return __atomic_load_n(&gsdouble_events_pending, __ATOMIC_RELAXED) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
-EXPORT CUresult cuEventSynchronize(void *e) { (void)e; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventSynchronize(void *e) { return look(e); }
 EXPORT CUresult cuEventElapsedTime(float *ms, void *a, void *b)
 {
     struct ev *x = a, *y = b;
+    CUresult r = look(x);
+    if (r == CUDA_SUCCESS && y->captured) r = look(y);
+    if (r != CUDA_SUCCESS) return r;
     *ms = (float)((y->t.tv_sec - x->t.tv_sec) * 1e3 + (y->t.tv_nsec - x->t.tv_nsec) / 1e6);
     return CUDA_SUCCESS;
 }
@@ -763,7 +794,7 @@ static const struct { const char *name; void *fn; } g_syms[] = {
     F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuGraphInstantiateWithFlags), F(cuGraphInstantiateWithParams),
     F(cuGraphUpload), F(cuGraphExecDestroy), F(cuDeviceGraphMemTrim), F(cuDeviceGetGraphMemAttribute), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
     F(cuStreamSynchronize), F(cuEventCreate), F(cuEventDestroy_v2), F(cuEventRecord), F(cuEventRecord_ptsz),
-    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz), F(cuGetProcAddress), F(cuGetProcAddress_v2),
+    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz), F(cuThreadExchangeStreamCaptureMode), F(cuGetProcAddress), F(cuGetProcAddress_v2),
     F(cuModuleLoadData), F(cuModuleGetFunction), F(cuDeviceGetDefaultMemPool), F(cuDeviceGetMemPool),
     F(cuDeviceSetMemPool), F(cuStreamGetDevice), F(cuMemPoolTrimTo), F(cuMemPoolGetAttribute),
     F(cuMemPoolSetAttribute), F(cuMemPoolGetAccess), F(cuMemAlloc), F(cuMemAllocPitch), F(cuMemFree),
