@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -53,7 +54,7 @@ else:
     held.append(torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda"))
 torch.cuda.synchronize()
 # one write per line: colluding workers share the pipe, and an unbuffered stdout (PYTHONUNBUFFERED) writes
-# print's text and its newline apart, so two lines could interleave ({...}{...}\n, seen in CI)
+# the text of a print and its newline apart, so two lines could interleave ({...}{...}\n, seen in CI)
 print(json.dumps({"pid": os.getpid(), "alloc": time.time(), "held": sum(t.numel() for t in held)}) + "\n", end="", flush=True)
 time.sleep(hold)
 """.replace("import os, sys", "import json, os, sys")
@@ -89,6 +90,13 @@ time.sleep(hold)
 """
 
 
+def collude_script(py: str, worker: str) -> str:
+    """The shell line that starts three workers in one slice, each bypassing the enforcer: the worker's source
+    quoted for the shell whatever it holds (an apostrophe in a comment of it once ended the quoting early, and the
+    GPU run's colluding workers never started)."""
+    return f"for i in 1 2 3; do env -u LD_PRELOAD {shlex.quote(py)} -c {shlex.quote(worker)} 1.5 one 60 & done; wait"
+
+
 def run_trial(name: str, env: dict, sock: Path, grace: float) -> dict:
     global WORKER
     py = sys.executable
@@ -102,7 +110,7 @@ def run_trial(name: str, env: dict, sock: Path, grace: float) -> dict:
         cmd = ["run", "--device", "0", "--memory", "2GiB", "--", "env", "-u", "LD_PRELOAD", py, "-c", WORKER, "4", "one", "60"]
         expect = 1
     elif name == "collude":
-        inner = f"for i in 1 2 3; do env -u LD_PRELOAD {py} -c '{WORKER}' 1.5 one 60 & done; wait"
+        inner = collude_script(py, WORKER)
         cmd = ["run", "--device", "0", "--memory", "3GiB", "--", "sh", "-c", inner]
         expect = 3
     else:  # honest

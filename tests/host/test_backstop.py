@@ -189,3 +189,27 @@ def test_the_gpu_benchmark_runs_end_to_end_without_a_gpu(tmp_path):
     assert rows["bypass"]["killed"] and rows["collude"]["killed"] and not rows["honest"]["killed"]
     assert rows["bypass"]["ended_s"] >= 1.0
     assert "collude" in (tmp_path / "summary.txt").read_text()
+
+
+def test_the_gpu_benchmarks_colluding_workers_get_their_source_intact(tmp_path, monkeypatch):
+    """The GPU run's collude scenario starts its three workers from one shell line: each must get the real worker's
+    source byte for byte (an apostrophe in a comment of it once ended the shell quoting, and no worker started)."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "backstop_detection.py"
+    spec = importlib.util.spec_from_file_location("backstop_detection", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fake_python = tmp_path / "py"  # keeps the source it is given with -c, one file per worker
+    fake_python.write_text('#!/bin/sh\nprintf %s "$2" > "$0.$$"\n')
+    fake_python.chmod(0o755)
+    awkward = mod.WORKER + "# it's \"quoted\", $HOME, `date`, \\ and a newline\n"
+    for source in (mod.WORKER, awkward):
+        for old in tmp_path.glob("py.*"):
+            old.unlink()
+        subprocess.run(["sh", "-c", mod.collude_script(str(fake_python), source)], check=True, timeout=30)
+        got = sorted(tmp_path.glob("py.*"))
+        assert len(got) == 3 and all(p.read_text() == source for p in got)
