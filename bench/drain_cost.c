@@ -11,13 +11,17 @@
  *   rec_poll50  the same every 50 us
  *   rec_age15   + a poller ticking every 10 us that queries only a record at least 15 us old (the enforcer's
  *               DRAIN_AGE), never woken
+ *   rec_cap     rec with a cuStreamIsCapturing before each record (the enforcer records no drain into a stream
+ *               being captured into a CUDA graph: what that check adds)
  *   poll10      a poller querying a done event every 10 us, no records (the query's cost alone)
  *   wake        futex wakes of a sleeping thread that makes no CUDA call (the wake's cost alone)
  *   wv          cuStreamWriteValue32 of a sequence number to mapped pinned host memory after every launch, instead
  *               of the event record (the GPU writes it once the launch's work is done)
  *   wv_poll10   + a poller reading that memory every 10 us while armed: no driver call in the poller
  * It also says whether the written value arrived (stream memory operations work here, e.g. as an MPS client).
- * Scenarios run in order, then in reverse (ABBA), `reps` times. Prints "pattern scenario median_us p90_us" lines.
+ * Patterns: launch (launch-bound), decode (many tiny kernels), gpubound (back-to-back 30-us kernels over every SM,
+ * no CPU work between launches: whether a record between kernels costs the GPU time, which the CPU-bound patterns
+ * cannot show). Scenarios run in order, then in reverse (ABBA), `reps` times. Prints "pattern scenario median_us p90_us" lines.
  * Build: cc -O2 -std=c11 -pthread bench/drain_cost.c -o drain_cost -ldl
  * Run:   ./drain_cost [requests=150] [reps=2]  (twice: alone, and as an MPS client) */
 #define _GNU_SOURCE
@@ -47,6 +51,7 @@ static CUresult (*cuLaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned
 static CUresult (*cuEventCreate)(void **, unsigned);
 static CUresult (*cuEventRecord)(void *, void *);
 static CUresult (*cuEventQuery)(void *);
+static CUresult (*cuStreamIsCapturing)(void *, int *);
 static CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
 static CUresult (*cuMemHostGetDevicePointer_v2)(unsigned long long *, void *, unsigned);
 static CUresult (*wv32)(void *, unsigned long long, uint32_t, unsigned);
@@ -73,10 +78,11 @@ static void cpu_work(int64_t ns)
     }
 }
 
-enum { BASE, REC, REC_WAKE, REC_POLL10, REC_POLL50, REC_AGE15, POLL10, WAKE, WV, WV_POLL10, NSCEN };
-static const char *NAMES[NSCEN] = {"base", "rec", "rec_wake", "rec_poll10", "rec_poll50", "rec_age15", "poll10", "wake",
-                                   "wv", "wv_poll10"};
-#define RECORDS(s) ((s) == REC || (s) == REC_WAKE || (s) == REC_POLL10 || (s) == REC_POLL50 || (s) == REC_AGE15)
+enum { BASE, REC, REC_WAKE, REC_POLL10, REC_POLL50, REC_AGE15, REC_CAP, POLL10, WAKE, WV, WV_POLL10, NSCEN };
+static const char *NAMES[NSCEN] = {"base", "rec", "rec_wake", "rec_poll10", "rec_poll50", "rec_age15", "rec_cap", "poll10",
+                                   "wake", "wv", "wv_poll10"};
+#define RECORDS(s)                                                                                                     \
+    ((s) == REC || (s) == REC_WAKE || (s) == REC_POLL10 || (s) == REC_POLL50 || (s) == REC_AGE15 || (s) == REC_CAP)
 
 static struct {
     CUcontext ctx;
@@ -152,8 +158,9 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* one scenario: `n` requests of `ops` (C us CPU, K us kernel); median and p90 request time in us */
-static void run(const char *pattern, int s, int n, int ops, int64_t c_ns, unsigned long long k_ns, int64_t *out)
+/* one scenario: `n` requests of `ops` (C us CPU, K us kernel of `grid` blocks); median and p90 request time in us */
+static void run(const char *pattern, int s, int n, int ops, int64_t c_ns, unsigned long long k_ns, unsigned grid,
+                int64_t *out)
 {
     cuCtxSynchronize(); /* the previous scenario's records have run: nothing armed is left over */
     __atomic_store_n(&g.armed, 0, __ATOMIC_RELEASE);
@@ -164,7 +171,9 @@ static void run(const char *pattern, int s, int n, int ops, int64_t c_ns, unsign
         int64_t t0 = now_ns();
         for (int i = 0; i < ops; i++) {
             cpu_work(c_ns);
-            cuLaunchKernel(g.fn, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL);
+            cuLaunchKernel(g.fn, grid, 1, 1, 32, 1, 1, 0, NULL, args, NULL);
+            int capturing = 0;
+            if (s == REC_CAP && (cuStreamIsCapturing(NULL, &capturing) != 0 || capturing)) continue;
             if (RECORDS(s)) {
                 cuEventRecord(g.drain, NULL);
                 if (s == REC_AGE15) __atomic_store_n(&g.rec_ns, now_ns(), __ATOMIC_RELEASE);
@@ -213,6 +222,7 @@ int main(int argc, char **argv)
     SYM(cuEventCreate);
     SYM(cuEventRecord);
     SYM(cuEventQuery);
+    SYM(cuStreamIsCapturing);
     *(void **)&cuMemHostAlloc = dlsym(h, "cuMemHostAlloc");
     *(void **)&cuMemHostGetDevicePointer_v2 = dlsym(h, "cuMemHostGetDevicePointer_v2");
     *(void **)&wv32 = dlsym(h, "cuStreamWriteValue32_v2");
@@ -240,14 +250,15 @@ int main(int argc, char **argv)
     int64_t *out = malloc(sizeof(int64_t) * (size_t)(n > 20 ? n : 20));
     /* launch-bound (a ResNet-50 b1 request: ~150 ops, ~25 us each on the CPU, short kernels) and decode-like
      * (many tiny kernels launched back to back) */
-    struct { const char *name; int ops; int64_t c; unsigned long long k; } pat[] = {
-        {"launch", 150, 20000, 5000}, {"decode", 300, 3000, 4000}};
-    for (int p = 0; p < 2; p++) run(pat[p].name, BASE, 20, pat[p].ops, pat[p].c, pat[p].k, out); /* warm-up */
+    struct { const char *name; int ops; int64_t c; unsigned long long k; unsigned grid; } pat[] = {
+        {"launch", 150, 20000, 5000, 1}, {"decode", 300, 3000, 4000, 1}, {"gpubound", 150, 0, 30000, 264}};
+    enum { NPAT = sizeof pat / sizeof pat[0] };
+    for (int p = 0; p < NPAT; p++) run(pat[p].name, BASE, 20, pat[p].ops, pat[p].c, pat[p].k, pat[p].grid, out); /* warm-up */
     for (int rep = 0; rep < reps; rep++)
-        for (int p = 0; p < 2; p++)
+        for (int p = 0; p < NPAT; p++)
             for (int k = 0; k < 2 * NSCEN; k++) {
                 int s = k < NSCEN ? k : 2 * NSCEN - 1 - k;
-                run(pat[p].name, s, n, pat[p].ops, pat[p].c, pat[p].k, out);
+                run(pat[p].name, s, n, pat[p].ops, pat[p].c, pat[p].k, pat[p].grid, out);
             }
     __atomic_store_n(&g.stop, 1, __ATOMIC_RELEASE);
     futex_wake(&g.seq);

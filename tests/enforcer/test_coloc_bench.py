@@ -287,7 +287,7 @@ def test_coloc_clock_sampler_reads_the_window(monkeypatch) -> None:
 
 def test_drain_cost_probe_builds_and_runs_every_scenario(native_build: Path, tmp_path: Path) -> None:
     """bench/drain_cost.c (what each piece of the drain machinery costs a launching thread; run on the GPU by
-    hand) builds with warnings as errors and runs every scenario of both patterns to the end over the CPU driver
+    hand) builds with warnings as errors and runs every scenario of every pattern to the end over the CPU driver
     double, so the probe cannot rot between GPU runs (the double has no stream memory operations: the wv
     scenarios say so and measure nothing)."""
     exe = tmp_path / "drain_cost"
@@ -298,7 +298,8 @@ def test_drain_cost_probe_builds_and_runs_every_scenario(native_build: Path, tmp
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if len(line.split()) == 4]
-    scenarios = {"base", "rec", "rec_wake", "rec_poll10", "rec_poll50", "rec_age15", "poll10", "wake", "wv", "wv_poll10"}
-    assert {(p, s) for p, s, _, _ in rows} == {(p, s) for p in ("launch", "decode") for s in scenarios}
+    scenarios = {"base", "rec", "rec_wake", "rec_poll10", "rec_poll50", "rec_age15", "rec_cap", "poll10", "wake", "wv",
+                 "wv_poll10"}
+    assert {(p, s) for p, s, _, _ in rows} == {(p, s) for p in ("launch", "decode", "gpubound") for s in scenarios}
     assert all(float(med) > 0 and float(p90) >= float(med) for _, _, med, p90 in rows)
     assert "stream_write_value unavailable" in r.stdout
