@@ -50,6 +50,27 @@ static void s_first_launch_counts(void)
     CHECK_EQ(cuMemAlloc_v2(&p, 1024 * MiB - CTX - 2 * GRAPH + 1), CUDA_ERROR_OUT_OF_MEMORY);
 }
 
+/* A graph launched into another graph being captured is a node of that graph: its own first run, which backs its
+ * memory, is still to come and is counted when it comes. */
+extern void *gsdouble_capture_stream;
+static void s_launch_into_a_capture_is_not_the_first_run(void)
+{
+    setenv("GSDOUBLE_GRAPH_BYTES", "268435456", 1);
+    t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
+    up(0);
+    CUgraphExec a;
+    CUstream cap = (CUstream)0x5150;
+    CHECK_EQ(cuGraphInstantiateWithFlags(&a, NULL, 0), CUDA_SUCCESS);
+    gsdouble_capture_stream = cap;
+    CHECK_EQ(cuGraphLaunch(a, cap), CUDA_SUCCESS);
+    gsdouble_capture_stream = (void *)-1;
+    CHECK_EQ(t_used(0), CTX); /* nothing backed yet */
+    CHECK_EQ(cuGraphLaunch(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + GRAPH); /* its first run backs and is counted */
+    CHECK_EQ(cuGraphExecDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+}
+
 /* Past the limit: counted all the same (the books say what the device holds); allocations refused. */
 static void s_graph_memory_past_the_limit_is_counted(void)
 {
@@ -74,6 +95,7 @@ int main(void)
     SCENARIO(s_upload_counts_trim_gives_back);
     SCENARIO(s_first_launch_counts);
     SCENARIO(s_graph_memory_past_the_limit_is_counted);
+    SCENARIO(s_launch_into_a_capture_is_not_the_first_run);
     fprintf(stderr, "test_enforcer_graph%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

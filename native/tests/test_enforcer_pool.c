@@ -165,6 +165,39 @@ static void s_pool_growth_past_limit_undone(void)
     CHECK_EQ(gsdouble_used(0), 0);
 }
 
+/* An asynchronous allocation into a stream being captured is a node of the graph, owned by it, not by the pool
+ * (the driver backs it from its graph memory pool when the graph is uploaded or launched, which the graph books
+ * charge). It is neither counted nor refused by the pool's books, and does not inflate them for later
+ * allocations; one on another stream meanwhile is counted as ever. */
+extern void *gsdouble_capture_stream;
+extern unsigned long gsdouble_graph_allocs;
+static void s_captured_async_alloc_is_the_graphs(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    CUmemoryPool pool = default_pool(0);
+    CUdeviceptr a, g1, g2, b;
+    CUstream cap = (CUstream)0x5150;
+    CHECK_EQ(cuMemAllocAsync(&a, 300 * MiB, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + 320 * MiB);
+    unsigned long n0 = gsdouble_graph_allocs;
+    gsdouble_capture_stream = cap;
+    CHECK_EQ(cuMemAllocAsync(&g1, 400 * MiB, cap), CUDA_SUCCESS); /* past what the slice has left: the graph's */
+    CHECK_EQ(cuMemAllocFromPoolAsync(&g2, 100 * MiB, pool, cap), CUDA_SUCCESS);
+    CHECK(gsdouble_graph_allocs == n0 + 2, "both became graph allocations (%lu)", gsdouble_graph_allocs - n0);
+    CHECK_EQ(t_used(0), CTX + 320 * MiB);
+    CHECK_EQ(reserved(pool), 320 * MiB); /* the pool was not trimmed to make room */
+    CHECK_EQ(cuMemAllocAsync(&b, 150 * MiB, NULL), CUDA_SUCCESS); /* another stream: counted */
+    CHECK_EQ(t_used(0), CTX + 480 * MiB);
+    CHECK_EQ(cuMemFreeAsync(g2, cap), CUDA_SUCCESS);
+    gsdouble_capture_stream = (void *)-1;
+    CHECK_EQ(cuMemFreeAsync(g1, NULL), CUDA_SUCCESS); /* a graph's allocation freed after the capture */
+    CHECK_EQ(t_used(0), CTX + 480 * MiB);
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+}
+
 /* cuMemAllocFromPoolAsync charges the pool's device, not the current context's. */
 static void s_explicit_pool_charges_its_device(void)
 {
@@ -236,6 +269,7 @@ int main(void)
     SCENARIO(s_pool_growth_past_limit_undone);
     SCENARIO(s_explicit_pool_charges_its_device);
     SCENARIO(s_sync_free_and_destroyed_pool);
+    SCENARIO(s_captured_async_alloc_is_the_graphs);
     fprintf(stderr, "test_enforcer_pool%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

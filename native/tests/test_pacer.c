@@ -30,6 +30,7 @@ CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned,
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **);
 CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+CUresult cuThreadExchangeStreamCaptureMode(int *);
 /* the double's record of what the pacer asked (tests/double/cuda_double.c) */
 extern void *gsdouble_last_event_stream, *gsdouble_capture_stream, *gsdouble_last_capture_query;
 extern unsigned long gsdouble_event_records, gsdouble_launches, gsdouble_capture_violations, gsdouble_event_looks;
@@ -300,24 +301,31 @@ static void ptsz_child(const char *dir)
     gsdouble_last_event_stream = (void *)-2;
     CHECK(cuGraphLaunch_ptsz(NULL, NULL) == CUDA_SUCCESS && gsdouble_last_event_stream == PT,
           "cuGraphLaunch_ptsz, stream 0: events on %p", gsdouble_last_event_stream);
-    /* the per-thread stream is being captured into a graph: its launches are neither paced nor
-     * timed (an event record would join the graph); the legacy stream's still are */
+    /* the per-thread stream is being captured into a graph (global mode, the default; as by another thread of the
+     * program in the double's model): its launches are neither paced nor timed (an event record would join the
+     * graph); nor are the legacy stream's (blocked by the capture: the driver answers CAPTURE_IMPLICIT); a
+     * non-blocking stream's still are. This thread stays in global mode, the default, which the enforcer must leave
+     * as it found it. */
     gsdouble_capture_stream = PT;
     unsigned long r0 = gsdouble_event_records, l0 = gsdouble_launches;
     CHECK(cuLaunchKernel_ptsz(NULL, 6, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_launches == l0 + 1,
           "launch under capture passes");
     CHECK(gsdouble_event_records == r0, "no event recorded into a capturing per-thread stream (%lu)", gsdouble_event_records - r0);
-    CHECK(cuLaunchKernel(NULL, 7, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0 + 2,
-          "the legacy stream, not capturing, is still timed (%lu)", gsdouble_event_records - r0);
-    /* meanwhile (the capture in the double is in global mode, as by another thread of the program) this paced
-     * process goes on launching on the legacy stream: its launching thread's harvests and its poller's look at
-     * their events, in relaxed mode only (pacer.c query_state): a look in global mode would fail and invalidate
-     * the program's capture (PyTorch's torch.cuda.graph captures in that mode) */
+    CHECK(cuLaunchKernel(NULL, 7, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0,
+          "nor into the legacy stream the capture blocks (%lu)", gsdouble_event_records - r0);
+    CHECK(cuLaunchKernel(NULL, 8, 1, 1, 1, 1, 1, 0, (CUstream)OTHER, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0 + 2,
+          "a non-blocking stream, not capturing, is still timed (%lu)", gsdouble_event_records - r0);
+    /* meanwhile this paced process goes on launching on that stream: its launching thread's harvests and its
+     * poller's look at their events in relaxed mode only (pacer.c query_state): a look in global mode would fail
+     * and invalidate the program's capture (PyTorch's torch.cuda.graph captures in that mode) */
     unsigned long v0 = gsdouble_capture_violations, looks0 = gsdouble_event_looks;
-    for (int i = 0; i < 64; i++) cuLaunchKernel(NULL, 8 + (unsigned)i, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    for (int i = 0; i < 64; i++) cuLaunchKernel(NULL, 9 + (unsigned)i, 1, 1, 1, 1, 1, 0, (CUstream)OTHER, NULL, NULL);
     for (int ms = 0; ms < 2000 && __atomic_load_n(&gsdouble_event_looks, __ATOMIC_RELAXED) < looks0 + 64; ms++) usleep(1000);
     CHECK(gsdouble_event_looks >= looks0 + 64, "events looked at during the capture (%lu)", gsdouble_event_looks - looks0);
     CHECK(gsdouble_capture_violations == v0, "no look the capture forbids (%lu)", gsdouble_capture_violations - v0);
+    int mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS && mode == CU_STREAM_CAPTURE_MODE_GLOBAL,
+          "the launching thread's capture mode is as it was (%d)", mode);
     gsdouble_capture_stream = (void *)-1;
 }
 

@@ -45,3 +45,42 @@ def test_torch_fills_exactly_to_the_slice(tmp_path: Path, native_build: Path) ->
     dev = snap.device(uuid)
     assert dev.peak <= 2 * GiB and dev.oom_refusals >= 1
     assert dev.used == 0 and snap.processes == ()  # the probe exited normally: its record is gone
+
+
+# PyTorch on cudaMallocAsync in a 2 GiB slice (its context counts ~0.5-0.7 GiB of it): 0.75 GiB held eagerly, then
+# a CUDA graph whose capture allocates 1 GiB more on the capture stream, more than the slice has left: graph-owned
+# memory, which the driver backs from its graph pool when the graph is instantiated, and which the books then
+# count past the limit (the slice's later allocations are refused: the check is made on the host). The graph is
+# replayed and its result checked against one computed before the capture.
+CAPTURE_ASYNC = r"""
+import json, torch
+held = torch.empty(int(0.75 * 2**30), dtype=torch.uint8, device="cuda")
+x = torch.randn(1024, 1024, device="cuda")
+ref = (x @ x + 1).cpu()
+def step(v):
+    big = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    big.fill_(1)
+    return v @ v + big[:1].float()
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    y = step(x)
+g.replay()
+torch.cuda.synchronize()
+assert torch.allclose(y.cpu(), ref, rtol=1e-4, atol=1e-3), "the replay differs"
+print(json.dumps({"captured": True}))
+"""
+
+
+def test_a_graph_capturing_stream_ordered_allocations_near_the_limit(tmp_path: Path, native_build: Path) -> None:
+    """A stream-ordered allocation made while a graph is captured is the graph's, not its pool's: near the slice's
+    limit the capture is neither refused nor invalidated by the enforcer's pool books."""
+    pytest.importorskip("torch")
+    uuid = _uuid()
+    region = tmp_path / "slice.region"
+    write_slice_file(tmp_path / "slice.conf", devices=(uuid,), memory_limit=2 * GiB, region=str(region))
+    env = dict(os.environ, LD_PRELOAD=str(native_build / "libgpuslice.so"), GPUSLICE_SLICE=str(tmp_path / "slice.conf"),
+               PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
+    r = subprocess.run([sys.executable, "-c", CAPTURE_ASYNC], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"captured": True}

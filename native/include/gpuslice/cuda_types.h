@@ -18,6 +18,8 @@ enum {
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600, /* cuEventQuery / cuStreamQuery: not complete yet */
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900, /* a call stream capture forbids (it invalidates the capture) */
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,    /* the legacy stream used while a blocking stream captures */
+    CUDA_ERROR_CAPTURED_EVENT = 907,             /* a look at an event recorded inside a capture */
 };
 /* CUstreamCaptureMode (cuThreadExchangeStreamCaptureMode): a thread in relaxed mode may make "potentially unsafe"
  * calls (an event query) while another thread captures in global mode, the default */

@@ -74,7 +74,7 @@
  * forgets the pools of a device whose primary context went. */
 /* CUDA graph memory (src/hooks/cuda_graph.c): the launch hooks report each graph launch, whose first
  * launch may back the graph's memory nodes with device memory. */
-void gs_graph_launched(CUgraphExec exec, CUresult r);
+void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r);
 #define GS_POOL_NOT_MINE (-2)
 CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
 void gs_pool_forget_device(int ordinal);

@@ -84,6 +84,9 @@ struct gs_ticket {
     int64_t slept_total; /* slept for this launch so far */
     int yield;           /* went on the yield path: gs_engine_after may record a completion marker */
     int yield_held;      /* this call's wait is the yield gate's (neighbours' queues or our own), not the credit's */
+    int captured;        /* into a stream being captured into a CUDA graph: 1 yes, 0 no, -1 not asked (the light
+                            path of a process nobody yields to). Such a launch runs only with the graph: it is
+                            neither paced, timed, a queue for neighbours nor followed by a drain record */
 };
 
 struct gs_engine {

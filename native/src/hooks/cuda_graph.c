@@ -57,9 +57,15 @@ static void reconcile(void)
     pthread_mutex_unlock(&g_lock);
 }
 
-void gs_graph_launched(CUgraphExec exec, CUresult r)
+void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r)
 {
+    static CUresult (*is)(CUstream, int *);
+    if (!is) is = (CUresult(*)(CUstream, int *))gs_real("cuStreamIsCapturing");
+    int st = 0;
     if (r != CUDA_SUCCESS) return;
+    /* launched into a graph being captured: a node of that graph, not this graph's first run (which backs its
+     * memory, and must still be reconciled when it comes) */
+    if (is && is(s, &st) == CUDA_SUCCESS && st != 0) return;
     pthread_mutex_lock(&g_lock);
     int first = !gs_u64map_get(&g_launched, (uint64_t)(uintptr_t)exec);
     if (first) gs_u64map_put(&g_launched, (uint64_t)(uintptr_t)exec, (struct gs_u64val){0, 0, 0});

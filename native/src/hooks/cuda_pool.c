@@ -240,8 +240,23 @@ static int stream_device(CUstream s)
     return gs_current_ordinal();
 }
 
+/* Whether the allocation goes into a graph being captured on its stream. Such an allocation is a node of the
+ * graph, owned by it and not by the pool: the driver backs it from the device's graph memory pool when the graph
+ * is uploaded or first launched, which cuda_graph.c charges. Counted as the pool's, it inflated the pool's use
+ * until freed and, near the limit, trimmed the program's pools and refused inside the capture (a review's
+ * finding, 2026-11-30). An error (the legacy stream while a blocking stream captures) is no capture: the driver
+ * refuses that allocation itself. */
+static int into_capture(const struct call *c)
+{
+    CUresult (*is)(CUstream, int *) = REAL_FN(CUresult(*)(CUstream, int *), "cuStreamIsCapturing");
+    int st = 0;
+    CUstream s = !c->s && c->ptsz ? STREAM_PER_THREAD : c->s;
+    return is && is(s, &st) == CUDA_SUCCESS && st != 0;
+}
+
 static CUresult pool_alloc(const char *what, struct call *c)
 {
+    if (into_capture(c)) return invoke(c); /* the graph's: charged as graph memory when it is backed */
     CUmemoryPool h = c->pool;
     int ord = -1;
     if (!h) {

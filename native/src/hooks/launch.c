@@ -70,13 +70,13 @@
     {                                                                                              \
         __typeof__(&name) real = GS_REAL(name);                                                    \
         GS_PROLOGUE(real(g, s));                                                                   \
-        PACED(SM(s), gs_cost_key(g, 0, 0, 0, 0, 0, 0, 1), gs_graph_counted(g, real(g, s)));        \
+        PACED(SM(s), gs_cost_key(g, 0, 0, 0, 0, 0, 0, 1), gs_graph_counted(g, SM(s), real(g, s))); \
     }
 
 /* A graph's first launch may back its memory nodes: cuda_graph.c counts them. */
-static inline CUresult gs_graph_counted(CUgraphExec g, CUresult r)
+static inline CUresult gs_graph_counted(CUgraphExec g, void *stream, CUresult r)
 {
-    gs_graph_launched(g, r);
+    gs_graph_launched(g, (CUstream)stream, r);
     return r;
 }
 

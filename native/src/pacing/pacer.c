@@ -87,7 +87,7 @@ static struct {
     struct gs_pdev dev[GS_MAX_DEVICES];
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static _Thread_local struct gs_ticket tl_ticket = {-1, 0, 0, 0, 0};
+static _Thread_local struct gs_ticket tl_ticket = {.slot = -1, .captured = -1};
 
 /* The current UTC hour, for tidal schedules (README-compute.md: hours are UTC on every node). */
 static int utc_hour(void)
@@ -162,15 +162,19 @@ static int op_record_end(void *c, int i, void *stream)
 struct relaxed {
     int mode, set;
 };
+static _Thread_local int tl_relaxed_for_good; /* the poller's thread: relaxed once at its start (poller_main) */
 static struct relaxed relax(void)
 {
     struct relaxed m = {CU_STREAM_CAPTURE_MODE_RELAXED, 0};
-    m.set = cu.capture_mode && cu.capture_mode(&m.mode) == CU_OK;
+    m.set = !tl_relaxed_for_good && cu.capture_mode && cu.capture_mode(&m.mode) == CU_OK;
     return m;
 }
 static void unrelax(struct relaxed *m)
 {
-    if (m->set) cu.capture_mode(&m->mode); /* the thread's own mode back */
+    static int warned;
+    if (m->set && cu.capture_mode(&m->mode) != CU_OK && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        GS_WARN("compute: a thread's CUDA graph capture mode could not be set back after an event query; it stays "
+                "relaxed");
 }
 static int query_state(CUev e)
 {
@@ -260,6 +264,8 @@ static void format_uuid(const CUuuid *u, char *out, size_t n)
 static void *poller_main(void *arg)
 {
     (void)arg;
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED; /* our own thread: relaxed for good (query_state) */
+    tl_relaxed_for_good = cu.capture_mode && cu.capture_mode(&mode) == CU_OK;
     gs_devstate_thread_ready(); /* it reads neighbours' files: a truncated one's SIGBUS must reach the guard */
     int64_t hour_at = 0;
     while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {
@@ -508,6 +514,7 @@ void gs_pacer_before_launch(int dev, void *stream, uint64_t key)
     tl_ticket.slot = -1;
     tl_ticket.charged = 0;
     tl_ticket.yield = 0;
+    tl_ticket.captured = -1;
     if (!g.enabled) return;
     gs_devstate_thread_ready(); /* before device(): its set-up already reads neighbours' files */
     struct gs_pdev *d = device(dev);
@@ -536,6 +543,7 @@ void gs_pacer_after_launch(int dev, void *stream, int cu_result)
     tl_ticket.slot = -1;
     tl_ticket.charged = 0;
     tl_ticket.yield = 0;
+    tl_ticket.captured = -1;
     if (!g.enabled || dev < 0 || dev >= GS_MAX_DEVICES) return;  /* slot < 0: the engine may record a drain */
     struct gs_pdev *d = &g.dev[dev];
     if (__atomic_load_n(&d->state, __ATOMIC_ACQUIRE) != 1) return;

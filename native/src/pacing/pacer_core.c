@@ -527,6 +527,12 @@ static int free_fast(struct gs_engine *e, int64_t now, int64_t charge, struct gs
     return 1;
 }
 
+/* whether `stream` is being captured into a CUDA graph (ops without the question: never) */
+static int capturing(struct gs_engine *e, void *stream)
+{
+    return e->ops->capturing && e->ops->capturing(e->ops_ctx, stream);
+}
+
 int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_t key, int64_t slept_ns,
                          struct gs_ticket *t)
 {
@@ -534,17 +540,22 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     t->charged = 0;
     t->yield = 0;
     t->yield_held = 0;
+    t->captured = -1;
     t->slept_total = slept_ns > 0 ? t->slept_total + slept_ns : 0;
     int path = gs_eng_path(e, now);
     if (path == GS_DS_PATH_LIGHT) {
-        /* no lock: two aligned stores that readers treat as hints */
-        __atomic_store_n(&gs_ds_proc(e->ds, e->proc)->last_launch_ns, now, __ATOMIC_RELAXED);
+        /* A process whose neighbours yield to it asks whether the stream is being captured: such a launch is
+         * no queue to yield to (stamped, it held a yielding trainer through a whole capture phase, launch by
+         * launch up to YIELD_GAP after each) and gets no drain record (gs_engine_after). Others stay a couple
+         * of stores: two aligned ones that readers treat as hints */
+        if (__atomic_load_n(&e->drain_wanted, __ATOMIC_RELAXED)) t->captured = capturing(e, stream);
+        if (t->captured != 1) __atomic_store_n(&gs_ds_proc(e->ds, e->proc)->last_launch_ns, now, __ATOMIC_RELAXED);
         __atomic_store_n(&gs_ds_slice(e->ds, e->slice)->last_active_ns, now, __ATOMIC_RELAXED);
         if (now - e->beat_ns >= GS_ENG_BEAT_NS) beat(e, now); /* also without a poller thread */
         return 0;
     }
-    /* checked only here, on the paced paths: the light path must stay a couple of stores */
-    if (e->ops->capturing && e->ops->capturing(e->ops_ctx, stream)) return 0;
+    t->captured = capturing(e, stream);
+    if (t->captured) return 0;
     if (slept_ns > 0) add(&e->pub_throttled, slept_ns);
     int yield = path == GS_DS_PATH_YIELD;
     if (yield) {
@@ -610,12 +621,13 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
 void gs_engine_after(struct gs_engine *e, int64_t now, void *stream, const struct gs_ticket *t, int ok)
 {
     int path = __atomic_load_n(&e->path, __ATOMIC_RELAXED);
-    /* no drain record into a stream being captured into a CUDA graph: the record would be captured, and the
-     * poller's look at it would then fail and invalidate the application's capture (pacer.c query_state); the
-     * launch does not run until the graph does, whose launch records one */
+    /* no drain record into a stream being captured into a CUDA graph (t->captured; asked here if gs_engine_before
+     * did not, when drains became wanted in between): the record would be captured, and the poller's look at it
+     * would then fail and invalidate the application's capture (pacer.c query_state); the launch runs only with
+     * the graph, whose launch records one */
     if (t->slot < 0 && ok && (path == GS_DS_PATH_LIGHT || path == GS_DS_PATH_FREE) &&
         __atomic_load_n(&e->drain_wanted, __ATOMIC_RELAXED) && e->ops->record_drain &&
-        !(e->ops->capturing && e->ops->capturing(e->ops_ctx, stream))) {
+        !(t->captured < 0 ? capturing(e, stream) : t->captured)) {
         /* record, then bump the generation, then arm: see drain_poll for the other side */
         if (e->ops->record_drain(e->ops_ctx, stream) == 0) {
             __atomic_fetch_add(&e->drain_gen, 1, __ATOMIC_SEQ_CST);

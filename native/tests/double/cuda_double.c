@@ -240,7 +240,8 @@ EXPORT CUresult cuCtxDestroy(CUcontext c) { return cuCtxDestroy_v2(c); }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) { t_current = (struct ctx *)c; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)t_current; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) { if (cur_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT; *d = cur_dev(); return CUDA_SUCCESS; }
-EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+static CUresult unsafe_call(void); /* stream capture's rule (below) */
+EXPORT CUresult cuCtxSynchronize(void) { return unsafe_call(); }
 
 /* ---- memory */
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { NEED_CTX(); return alloc_on(cur_dev(), b, p, 1); }
@@ -346,10 +347,26 @@ EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool)
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice *d) { (void)s; if (cur_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT; *d = cur_dev(); return CUDA_SUCCESS; }
+/* During stream capture an asynchronous allocation is a node of the graph, owned by it and not by a pool: the
+ * driver backs it from the device's graph memory pool when the graph is uploaded or launched (the double's
+ * GSDOUBLE_GRAPH_BYTES). Here it gets an unbacked address of a range of its own, which a free in or after the
+ * capture gives back. */
+extern void *gsdouble_capture_stream;
+EXPORT unsigned long gsdouble_graph_allocs; /* such allocations made */
+#define GRAPH_VA_BASE 0x7e0000000000ull
+static uint64_t g_graph_va = GRAPH_VA_BASE;
+static int graph_owned(CUdeviceptr p) { return p >= GRAPH_VA_BASE && p < GRAPH_VA_BASE + (1ull << 40); }
+static int graph_alloc(CUdeviceptr *p, size_t b, CUstream s)
+{
+    if (!s || (void *)s != __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED)) return 0;
+    *p = __atomic_fetch_add(&g_graph_va, (b + 0xfffff) & ~0xfffffull, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gsdouble_graph_allocs, 1, __ATOMIC_RELAXED);
+    return 1;
+}
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s)
 {
-    (void)s;
     NEED_CTX();
+    if (p && b && graph_alloc(p, b, s)) return CUDA_SUCCESS;
     CUmemoryPool pool;
     cuDeviceGetMemPool(&pool, cur_dev());
     return pool_alloc(pool_of(pool), p, b);
@@ -358,6 +375,7 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { ret
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
     (void)s;
+    if (graph_owned(p)) return CUDA_SUCCESS;
     CUresult r = pool_free(p);
     return r == CUDA_ERROR_INVALID_VALUE ? free_kind(p, 1) : r; /* cuMemAlloc'd memory may be freed async too */
 }
@@ -444,10 +462,10 @@ EXPORT CUresult cuMemPoolGetAccess(unsigned long long *flags, CUmemoryPool pool,
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s)
 {
-    (void)s;
     struct dpool *dp = pool_of(pool);
     if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
     if (!dp) return CUDA_ERROR_INVALID_VALUE;
+    if (p && b && graph_alloc(p, b, s)) return CUDA_SUCCESS;
     if (dp - g_pools < MAXDEV) dp->dev = (int)(dp - g_pools);
     return pool_alloc(dp, p, b);
 }
@@ -691,14 +709,16 @@ EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *v)
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
+    /* launched into a graph being captured: a node of that graph, nothing runs or is backed now */
+    if (s && (void *)s == __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED)) return gexec_of(g) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     CUresult r = back(gexec_of(g));
     return r != CUDA_SUCCESS ? r : cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned f) { (void)f; static int dummy; *s = (CUstream)&dummy; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return CUDA_SUCCESS; }
-EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
-EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return unsafe_call(); }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return unsafe_call(); }
 struct ev { struct timespec t; int captured; };
 EXPORT CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct ev)); return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
 EXPORT CUresult cuEventDestroy_v2(void *e) { free(e); return CUDA_SUCCESS; }
@@ -708,12 +728,17 @@ EXPORT void *gsdouble_last_event_stream;
 EXPORT unsigned long gsdouble_event_records;
 EXPORT void *gsdouble_capture_stream = (void *)-1; /* none */
 EXPORT void *gsdouble_last_capture_query;
-/* Stream capture as the driver polices it: gsdouble_capture_stream set is a capture in global mode (the default),
- * as by another thread of the process. Meanwhile a look at an event (query, elapsed time, synchronize) from a
- * thread not in relaxed mode (cuThreadExchangeStreamCaptureMode) is a "potentially unsafe" call, and a look at an
- * event recorded into the capturing stream is one in any mode: the driver fails it with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture; the double counts it in
- * gsdouble_capture_violations. gsdouble_event_looks counts every look. */
+/* Stream capture as the driver polices it. gsdouble_capture_stream set is a capture in global mode (the default),
+ * as by another thread of the process; the per-thread default stream (0x2) is a blocking stream, the streams a
+ * test makes up are non-blocking ones. Meanwhile:
+ *  - a look at an event (query, elapsed time, synchronize) or a stream or context synchronize or query from a
+ *    thread in global mode is a "potentially unsafe" call: it fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ *    and invalidates the capture (a thread in thread-local or relaxed mode (cuThreadExchangeStreamCaptureMode)
+ *    may make it);
+ *  - a look at an event recorded into the capturing stream fails in any mode (CUDA_ERROR_CAPTURED_EVENT);
+ *  - the legacy stream cannot be used while a blocking stream captures: cuStreamIsCapturing on it answers
+ *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT.
+ * The double counts each forbidden call in gsdouble_capture_violations; gsdouble_event_looks counts every look. */
 EXPORT unsigned long gsdouble_capture_violations, gsdouble_event_looks;
 static __thread int t_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
@@ -725,14 +750,22 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
     return CUDA_SUCCESS;
 }
 static int capture_active(void) { return __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED) != (void *)-1; }
+static CUresult violation(CUresult r)
+{
+    __atomic_add_fetch(&gsdouble_capture_violations, 1, __ATOMIC_RELAXED);
+    return r;
+}
+static CUresult unsafe_call(void)
+{
+    return capture_active() && t_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL ? violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+                                                                               : CUDA_SUCCESS;
+}
 static CUresult look(const struct ev *x)
 {
     __atomic_add_fetch(&gsdouble_event_looks, 1, __ATOMIC_RELAXED);
-    if ((capture_active() && t_capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) || (x && x->captured)) {
-        __atomic_add_fetch(&gsdouble_capture_violations, 1, __ATOMIC_RELAXED);
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
-    return CUDA_SUCCESS;
+    CUresult r = unsafe_call();
+    if (r == CUDA_SUCCESS && x && x->captured) r = violation(CUDA_ERROR_CAPTURED_EVENT);
+    return r;
 }
 EXPORT CUresult cuEventRecord(void *e, CUstream s)
 {
@@ -746,7 +779,9 @@ EXPORT CUresult cuEventRecord_ptsz(void *e, CUstream s) { return cuEventRecord(e
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
 {
     __atomic_store_n(&gsdouble_last_capture_query, (void *)s, __ATOMIC_RELAXED);
-    *status = (void *)s == __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED); /* 1 = ACTIVE */
+    void *cap = __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED);
+    if ((s == NULL || (void *)s == (void *)0x1) && cap == (void *)0x2) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    *status = (void *)s == cap; /* 1 = ACTIVE */
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s ? s : (CUstream)0x2, status); }
