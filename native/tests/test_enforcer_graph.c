@@ -71,6 +71,27 @@ static void s_launch_into_a_capture_is_not_the_first_run(void)
     CHECK_EQ(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
 }
 
+/* A trim gives a live graph's idle memory back too, and the driver backs it again at the graph's next launch:
+ * that launch is read as a first one (a launch, a trim and a launch again held it uncounted before). */
+static void s_launch_after_a_trim_is_counted_again(void)
+{
+    setenv("GSDOUBLE_GRAPH_BYTES", "268435456", 1);
+    t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
+    up(0);
+    CUgraphExec a;
+    CHECK_EQ(cuGraphInstantiateWithFlags(&a, NULL, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuGraphLaunch(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + GRAPH);
+    CHECK_EQ(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+    CHECK_EQ(gsdouble_used(0), 0);
+    CHECK_EQ(cuGraphLaunch(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(gsdouble_used(0), GRAPH);
+    CHECK_EQ(t_used(0), CTX + GRAPH);
+    CHECK_EQ(cuGraphExecDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+}
+
 /* Past the limit: counted all the same (the books say what the device holds); allocations refused. */
 static void s_graph_memory_past_the_limit_is_counted(void)
 {
@@ -96,6 +117,7 @@ int main(void)
     SCENARIO(s_first_launch_counts);
     SCENARIO(s_graph_memory_past_the_limit_is_counted);
     SCENARIO(s_launch_into_a_capture_is_not_the_first_run);
+    SCENARIO(s_launch_after_a_trim_is_counted_again);
     fprintf(stderr, "test_enforcer_graph%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

@@ -198,6 +198,50 @@ static void s_captured_async_alloc_is_the_graphs(void)
     CHECK_EQ(t_used(0), CTX);
 }
 
+/* The capture ends between the enforcer's question and the allocation (another thread's cuStreamEndCapture): the
+ * driver makes it the pool's, and the pool's growth is counted, or undone and refused past the limit, as any. */
+extern int gsdouble_capture_ends_after_query;
+static void s_capture_ending_meanwhile_is_counted(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    CUmemoryPool pool = default_pool(0);
+    CUstream cap = (CUstream)0x5150;
+    CUdeviceptr a = 0, b = 0;
+    gsdouble_capture_stream = cap;
+    gsdouble_capture_ends_after_query = 1;
+    CHECK_EQ(cuMemAllocAsync(&a, 2048 * MiB, cap), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(gsdouble_capture_stream == (void *)-1, "the capture ended meanwhile");
+    CHECK_EQ(t_used(0), CTX);
+    CHECK_EQ(gsdouble_used(0), 0); /* undone */
+    gsdouble_capture_stream = cap;
+    gsdouble_capture_ends_after_query = 1;
+    CHECK_EQ(cuMemAllocAsync(&b, 100 * MiB, cap), CUDA_SUCCESS);
+    CHECK_EQ(reserved(pool), 128 * MiB);
+    CHECK_EQ(t_used(0), CTX + 128 * MiB); /* counted as the pool's */
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAllocAsync(&b, 1 * MiB, NULL), CUDA_SUCCESS); /* the next pool event brings the books in line */
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+}
+
+/* Undoing an allocation past the limit waits for the stream; while another thread captures in global mode, that
+ * wait is made in relaxed mode, so the capture is not invalidated by it. */
+extern unsigned long gsdouble_capture_violations;
+static void s_undo_during_a_capture_elsewhere(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 100 * MiB, CTX);
+    up(0);
+    CUdeviceptr a;
+    unsigned long v0 = gsdouble_capture_violations;
+    gsdouble_capture_stream = (CUstream)0x5150;
+    CHECK_EQ(cuMemAllocAsync(&a, 97 * MiB, NULL), CUDA_ERROR_OUT_OF_MEMORY); /* fits, its 4 chunks do not: undone */
+    gsdouble_capture_stream = (void *)-1;
+    CHECK_EQ(gsdouble_used(0), 0);
+    CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
+}
+
 /* cuMemAllocFromPoolAsync charges the pool's device, not the current context's. */
 static void s_explicit_pool_charges_its_device(void)
 {
@@ -270,6 +314,8 @@ int main(void)
     SCENARIO(s_explicit_pool_charges_its_device);
     SCENARIO(s_sync_free_and_destroyed_pool);
     SCENARIO(s_captured_async_alloc_is_the_graphs);
+    SCENARIO(s_capture_ending_meanwhile_is_counted);
+    SCENARIO(s_undo_during_a_capture_elsewhere);
     fprintf(stderr, "test_enforcer_pool%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

@@ -303,7 +303,7 @@ static void ptsz_child(const char *dir)
           "cuGraphLaunch_ptsz, stream 0: events on %p", gsdouble_last_event_stream);
     /* the per-thread stream is being captured into a graph (global mode, the default; as by another thread of the
      * program in the double's model): its launches are neither paced nor timed (an event record would join the
-     * graph); nor are the legacy stream's (blocked by the capture: the driver answers CAPTURE_IMPLICIT); a
+     * graph); the legacy stream's are refused by the driver (blocked by the capture: CAPTURE_IMPLICIT); a
      * non-blocking stream's still are. This thread stays in global mode, the default, which the enforcer must leave
      * as it found it. */
     gsdouble_capture_stream = PT;
@@ -311,8 +311,10 @@ static void ptsz_child(const char *dir)
     CHECK(cuLaunchKernel_ptsz(NULL, 6, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_launches == l0 + 1,
           "launch under capture passes");
     CHECK(gsdouble_event_records == r0, "no event recorded into a capturing per-thread stream (%lu)", gsdouble_event_records - r0);
-    CHECK(cuLaunchKernel(NULL, 7, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0,
-          "nor into the legacy stream the capture blocks (%lu)", gsdouble_event_records - r0);
+    CHECK(cuLaunchKernel(NULL, 7, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT &&
+              gsdouble_event_records == r0,
+          "the legacy stream, blocked by the capture: refused by the driver, nothing recorded (%lu)",
+          gsdouble_event_records - r0);
     CHECK(cuLaunchKernel(NULL, 8, 1, 1, 1, 1, 1, 0, (CUstream)OTHER, NULL, NULL) == CUDA_SUCCESS && gsdouble_event_records == r0 + 2,
           "a non-blocking stream, not capturing, is still timed (%lu)", gsdouble_event_records - r0);
     /* meanwhile this paced process goes on launching on that stream: its launching thread's harvests and its

@@ -49,9 +49,9 @@ def test_torch_fills_exactly_to_the_slice(tmp_path: Path, native_build: Path) ->
 
 # PyTorch on cudaMallocAsync in a 2 GiB slice (its context counts ~0.5-0.7 GiB of it): 0.75 GiB held eagerly, then
 # a CUDA graph whose capture allocates 1 GiB more on the capture stream, more than the slice has left: graph-owned
-# memory, which the driver backs from its graph pool when the graph is instantiated, and which the books then
-# count past the limit (the slice's later allocations are refused: the check is made on the host). The graph is
-# replayed and its result checked against one computed before the capture.
+# memory, which the driver backs from its graph pool when the graph is uploaded or first run, and which the books
+# then count past the limit (the slice's later allocations are refused: the check is made on the host). The graph
+# is replayed and its result checked against one computed before the capture.
 CAPTURE_ASYNC = r"""
 import json, torch
 held = torch.empty(int(0.75 * 2**30), dtype=torch.uint8, device="cuda")

@@ -75,6 +75,8 @@
 /* CUDA graph memory (src/hooks/cuda_graph.c): the launch hooks report each graph launch, whose first
  * launch may back the graph's memory nodes with device memory. */
 void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r);
+/* A stream-ordered allocation was captured into a graph on this device: its graph memory is read there too. */
+void gs_graph_watch_device(int ordinal);
 #define GS_POOL_NOT_MINE (-2)
 CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
 void gs_pool_forget_device(int ordinal);

@@ -290,6 +290,19 @@ static void add_locked(struct gs_region *r, int slot, int idx, uint64_t bytes, i
 
 enum { RES_TRY = 1, RES_FORCE = 2 };
 
+/* Memory the driver took before anyone could ask (graph memory backed at a graph's upload or first run) took the
+ * slice past its limit: the books say so, its later allocations are refused, and the node's backstop ends a slice
+ * that stays over its limit (README, limits). Said in the log, rate-limited. */
+static void forced_past_limit(int ordinal, uint64_t used, uint64_t limit, const char *what)
+{
+    static unsigned long times;
+    unsigned long n;
+    if (worth_logging(&times, &n))
+        GS_WARN("%s: the driver already holds memory that takes device %d past the slice's limit (%llu MiB of %llu "
+                "MiB); further allocations are refused (%lu times in this process)",
+                what, ordinal, (unsigned long long)(used >> 20), (unsigned long long)(limit >> 20), n);
+}
+
 /* Reserve bytes on region device idx. RES_TRY: a refusal is only an answer (no count, no log, no
  * kill: the caller can make room and come back). RES_FORCE: count them even past the limit (the
  * driver already holds them; the books must say so). */
@@ -304,8 +317,10 @@ static CUresult reserve_idx(int ordinal, int idx, uint64_t bytes, int ctx_delta,
         /* the slice's usage as the region says, but never less than this process's own */
         uint64_t used = r->devices[idx].used > g_own[idx] ? r->devices[idx].used : g_own[idx];
         if ((flags & RES_FORCE) || (bytes <= limit && used <= limit - bytes)) {
+            int over = (flags & RES_FORCE) && (bytes > limit || used > limit - bytes);
             add_locked(r, slot, idx, bytes, ctx_delta);
             gs_region_unlock(r);
+            if (over) forced_past_limit(ordinal, used + bytes, limit, what);
             return CUDA_SUCCESS;
         }
         /* Before refusing, give back what dead processes of the slice still hold. */

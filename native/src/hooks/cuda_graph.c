@@ -24,13 +24,14 @@
 #define MAX_ORD 64
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t g_charged[MAX_ORD];   /* graph memory this process charged per ordinal */
-static struct gs_u64map g_launched;   /* executable graphs launched at least once */
+static int g_watch[MAX_ORD];          /* ordinals a captured stream-ordered allocation may back memory on */
+static struct gs_u64map g_launched;   /* executable graphs launched at least once (since the last trim) */
 
 static void after_fork_child(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_lock = fresh;
-    for (int i = 0; i < MAX_ORD; i++) g_charged[i] = 0; /* the child holds none of the parent's graphs */
+    for (int i = 0; i < MAX_ORD; i++) g_charged[i] = g_watch[i] = 0; /* the child holds none of the parent's graphs */
     gs_u64map_clear(&g_launched);
 }
 GS_ON_FORK_CHILD(after_fork_child);
@@ -53,7 +54,15 @@ static void reconcile(void)
     int cur = gs_current_ordinal();
     pthread_mutex_lock(&g_lock);
     for (int ord = 0; ord < MAX_ORD; ord++)
-        if (ord == cur || g_charged[ord]) reconcile_ord(ord);
+        if (ord == cur || g_charged[ord] || g_watch[ord]) reconcile_ord(ord);
+    pthread_mutex_unlock(&g_lock);
+}
+
+void gs_graph_watch_device(int ordinal)
+{
+    if (ordinal < 0 || ordinal >= MAX_ORD) return;
+    pthread_mutex_lock(&g_lock);
+    g_watch[ordinal] = 1;
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -63,9 +72,13 @@ void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r)
     if (!is) is = (CUresult(*)(CUstream, int *))gs_real("cuStreamIsCapturing");
     int st = 0;
     if (r != CUDA_SUCCESS) return;
-    /* launched into a graph being captured: a node of that graph, not this graph's first run (which backs its
-     * memory, and must still be reconciled when it comes) */
-    if (is && is(s, &st) == CUDA_SUCCESS && st != 0) return;
+    /* launched into a graph being captured: a node of that graph, not this graph's run, which is still to come
+     * and is counted when it comes. The books are read all the same (a read; a capture begun by another thread
+     * between the launch and this question must not leave a real first run uncounted) */
+    if (is && is(s, &st) == CUDA_SUCCESS && st != 0) {
+        reconcile();
+        return;
+    }
     pthread_mutex_lock(&g_lock);
     int first = !gs_u64map_get(&g_launched, (uint64_t)(uintptr_t)exec);
     if (first) gs_u64map_put(&g_launched, (uint64_t)(uintptr_t)exec, (struct gs_u64val){0, 0, 0});
@@ -91,6 +104,19 @@ static CUresult exec_destroy(CUresult (*real)(CUgraphExec), CUgraphExec exec)
     return r;
 }
 
+/* A trim gives idle graph memory back, and the driver backs a trimmed graph's memory again at its next launch:
+ * every graph's next launch is read again as a first one (a launch, a trim and a launch again held the memory
+ * uncounted: a review's finding, 2026-11-30). */
+static CUresult trimmed(CUresult r)
+{
+    if (r != CUDA_SUCCESS) return r;
+    pthread_mutex_lock(&g_lock);
+    gs_u64map_clear(&g_launched);
+    pthread_mutex_unlock(&g_lock);
+    reconcile();
+    return r;
+}
+
 /* Every entry point whose call can change the graph memory the driver holds (the legacy 5-argument
  * cuGraphInstantiate / _v2 of CUDA 11 headers beside CUDA 12's WithFlags / WithParams):
  *   X(name, parameters, arguments, what) */
@@ -107,10 +133,11 @@ static CUresult exec_destroy(CUresult (*real)(CUgraphExec), CUgraphExec exec)
       (pexec, graph, params), AFTER)                                                                      \
     X(cuGraphUpload, (CUgraphExec exec, CUstream stream), (exec, stream), AFTER)                          \
     X(cuGraphUpload_ptsz, (CUgraphExec exec, CUstream stream), (exec, stream), AFTER)                     \
-    X(cuDeviceGraphMemTrim, (CUdevice dev), (dev), AFTER)                                                 \
+    X(cuDeviceGraphMemTrim, (CUdevice dev), (dev), TRIM)                                                  \
     X(cuGraphExecDestroy, (CUgraphExec exec), (exec), DESTROY)
 
 #define AFTER(call) return after(call)
+#define TRIM(call) return trimmed(call)
 #define DESTROY(call) return exec_destroy(real, exec)
 GRAPH_HOOKS(GS_HOOK_DEFINE)
 

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 
 #include "gpuslice/fork.h"
+#include "gpuslice/capture.h"
 #include "gpuslice/hooks_common.h"
 #include "gpuslice/log.h"
 #include "gpuslice/u64map.h"
@@ -180,26 +181,35 @@ static CUresult invoke(const struct call *c)
     return ((CUresult(*)(CUdeviceptr *, size_t, CUstream))c->real)(c->dptr, c->size, c->s);
 }
 
-/* The pool grew past what the slice allows: free the allocation again, let the stream reach the
- * free, trim, and count what is left. */
-static void undo(struct pool *p, const struct call *c)
+/* The pool grew past what the slice allows: free the allocation again (forgetting it if we track it), let the
+ * stream reach the free, trim, and count what is left. The wait is made in relaxed capture mode
+ * (gpuslice/capture.h): another thread's capture in global mode must not be invalidated by it. */
+static void undo(struct pool *p, const struct call *c, int tracked)
 {
     CUresult (*fr)(CUdeviceptr, CUstream) = REAL_FN(CUresult(*)(CUdeviceptr, CUstream), c->ptsz ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync");
     CUresult (*sync)(CUstream) = REAL_FN(CUresult(*)(CUstream), c->ptsz ? "cuStreamSynchronize_ptsz" : "cuStreamSynchronize");
     if (!sync) sync = REAL_FN(CUresult(*)(CUstream), "cuStreamSynchronize");
-    gs_u64map_take(&g_ptrs, *c->dptr, NULL);
-    p->in_use -= c->size;
+    if (tracked) {
+        gs_u64map_take(&g_ptrs, *c->dptr, NULL);
+        p->in_use -= c->size;
+    }
     if (fr) fr(*c->dptr, c->s);
+    struct gs_capture_mode m = gs_capture_relax();
     if (sync) sync(c->s);
+    gs_capture_restore(&m);
     trim(p);
     reconcile(p);
     *c->dptr = 0;
 }
 
-static CUresult alloc_locked(const char *what, struct pool *p, const struct call *c)
+/* graph: the allocation goes into a graph being captured (into_capture), which owns it: nothing is reserved for
+ * it and it is not tracked. The pool's growth is still checked after the call, as for any allocation: had the
+ * capture ended in between (another thread may end it), the driver made it the pool's, and the pool's growth is
+ * counted or undone like any other. */
+static CUresult alloc_locked(const char *what, struct pool *p, const struct call *c, int graph)
 {
     if (gs_mem_dev_index(p->ord) == -1) return gs_mem_try_reserve(p->ord, c->size, what); /* outside: refused */
-    uint64_t need = uncovered(p, c->size);
+    uint64_t need = graph ? 0 : uncovered(p, c->size);
     CUresult r = need ? gs_mem_try_reserve(p->ord, need, what) : CUDA_SUCCESS;
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         make_room_locked(p->ord); /* this pool's cache and the others' on the device, once */
@@ -215,9 +225,13 @@ static CUresult alloc_locked(const char *what, struct pool *p, const struct call
         reconcile(p); /* gives back what we reserved and the pool did not take */
         return r;
     }
-    if (gs_u64map_put(&g_ptrs, *c->dptr, (struct gs_u64val){c->size, (uint64_t)(uintptr_t)p->h, 0}))
-        GS_WARN("%s: out of host memory for the allocation table; the pool's charge stays until exit", what);
-    p->in_use += c->size;
+    if (graph) {
+        gs_graph_watch_device(p->ord); /* its memory is the graph pool's of this device: counted when backed */
+    } else {
+        if (gs_u64map_put(&g_ptrs, *c->dptr, (struct gs_u64val){c->size, (uint64_t)(uintptr_t)p->h, 0}))
+            GS_WARN("%s: out of host memory for the allocation table; the pool's charge stays until exit", what);
+        p->in_use += c->size;
+    }
     uint64_t reserved;
     if (reserved_of(p->h, &reserved) || reserved <= p->charged) {
         reconcile(p);
@@ -228,7 +242,7 @@ static CUresult alloc_locked(const char *what, struct pool *p, const struct call
         if (more == CUDA_SUCCESS) p->charged = reserved;
         return CUDA_SUCCESS;
     }
-    undo(p, c);
+    undo(p, c, !graph);
     return gs_mem_refused(p->ord, c->size, what);
 }
 
@@ -240,23 +254,23 @@ static int stream_device(CUstream s)
     return gs_current_ordinal();
 }
 
-/* Whether the allocation goes into a graph being captured on its stream. Such an allocation is a node of the
- * graph, owned by it and not by the pool: the driver backs it from the device's graph memory pool when the graph
- * is uploaded or first launched, which cuda_graph.c charges. Counted as the pool's, it inflated the pool's use
- * until freed and, near the limit, trimmed the program's pools and refused inside the capture (a review's
- * finding, 2026-11-30). An error (the legacy stream while a blocking stream captures) is no capture: the driver
- * refuses that allocation itself. */
+/* Whether the allocation goes into a graph being captured on its stream (capture status ACTIVE). Such an
+ * allocation is a node of the graph, owned by it and not by the pool: the driver backs it from the device's graph
+ * memory pool when the graph is uploaded or launched, which cuda_graph.c charges. Counted as the pool's, it
+ * inflated the pool's use until freed and, near the limit, trimmed the program's pools and refused inside the
+ * capture (H200, 2026-11-30). An error (the legacy stream while a blocking stream captures) or an invalidated
+ * capture is no capture here: the allocation is counted as the pool's, or the driver refuses it. */
 static int into_capture(const struct call *c)
 {
     CUresult (*is)(CUstream, int *) = REAL_FN(CUresult(*)(CUstream, int *), "cuStreamIsCapturing");
     int st = 0;
     CUstream s = !c->s && c->ptsz ? STREAM_PER_THREAD : c->s;
-    return is && is(s, &st) == CUDA_SUCCESS && st != 0;
+    return is && is(s, &st) == CUDA_SUCCESS && st == 1; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
 }
 
 static CUresult pool_alloc(const char *what, struct call *c)
 {
-    if (into_capture(c)) return invoke(c); /* the graph's: charged as graph memory when it is backed */
+    int graph = into_capture(c);
     CUmemoryPool h = c->pool;
     int ord = -1;
     if (!h) {
@@ -266,6 +280,7 @@ static CUresult pool_alloc(const char *what, struct call *c)
         if (ord < 0) return invoke(c); /* no context: the driver refuses it */
         if (!cur || cur(&h, ord) != CUDA_SUCCESS || !h) {
             /* No pool to look at (a driver without pools would not serve this either): count by size. */
+            if (graph) return invoke(c);
             GS_ACCOUNTED(what, ord, c->size, GS_K_DPTR, *c->dptr, invoke(c));
         }
     }
@@ -280,7 +295,7 @@ static CUresult pool_alloc(const char *what, struct call *c)
         if (o < 0) return invoke(c);
         GS_ACCOUNTED(what, o, c->size, GS_K_DPTR, *c->dptr, invoke(c));
     }
-    r = p->uncounted ? invoke(c) : alloc_locked(what, p, c);
+    r = p->uncounted ? invoke(c) : alloc_locked(what, p, c, graph);
     pthread_mutex_unlock(&g_pool_lock);
     return r;
 }

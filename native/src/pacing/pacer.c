@@ -28,6 +28,7 @@
 #include "gpuslice/log.h"
 #include "gpuslice/memory.h"
 #include "gpuslice/pacer_core.h"
+#include "gpuslice/capture.h"
 #include "gpuslice/pairbias.h"
 #include "gpuslice/real.h"
 #include "gpuslice/region.h"
@@ -47,7 +48,6 @@ typedef CUresult (*fn_ev_record)(CUev, CUstream);
 typedef CUresult (*fn_ev_query)(CUev);
 typedef CUresult (*fn_ev_elapsed)(float *, CUev, CUev);
 typedef CUresult (*fn_stream_capturing)(CUstream, int *);
-typedef CUresult (*fn_capture_mode)(int *);
 
 static struct {
     fn_ctx_get_current ctx_get;
@@ -58,7 +58,6 @@ static struct {
     fn_ev_query ev_query;
     fn_ev_elapsed ev_elapsed;
     fn_stream_capturing capturing;
-    fn_capture_mode capture_mode; /* cuThreadExchangeStreamCaptureMode, optional */
 } cu;
 
 struct gs_pdev {
@@ -150,37 +149,18 @@ static int op_record_end(void *c, int i, void *stream)
     struct gs_pdev *d = c;
     return cu.ev_record(d->end[i], (CUstream)stream) == CU_OK ? 0 : -1;
 }
-/* Every look at an event goes through here, in the calling thread's relaxed capture mode. A CUDA graph being
- * captured in the default (global) mode makes cuEventQuery and cuEventElapsedTime "potentially unsafe" calls for
- * every thread of the process: one made by our poller, or by a launching thread of the application that
- * harvests, fails and invalidates the application's capture (PyTorch's torch.cuda.graph captures in that mode
+/* Every look at an event goes through here, in the calling thread's relaxed capture mode (gpuslice/capture.h): a
+ * CUDA graph being captured in the default (global) mode makes cuEventQuery and cuEventElapsedTime forbidden calls
+ * for every thread of the process, and one made by our poller, or by a launching thread of the application that
+ * harvests, failed and invalidated the application's capture (PyTorch's torch.cuda.graph captures in that mode
  * unless told otherwise; PyTorch's own NCCL watchdog, which only queries events too, sets its thread's mode for
- * the same reason). Relaxed, the look is allowed; it is never of an event recorded inside a
- * capture (the paced paths and the drain record skip a capturing stream: pacer_core.c), the one look relaxed
- * mode still forbids. The mode is the thread's: it is set back after each look (two calls that swap a
- * thread-local value). */
-struct relaxed {
-    int mode, set;
-};
-static _Thread_local int tl_relaxed_for_good; /* the poller's thread: relaxed once at its start (poller_main) */
-static struct relaxed relax(void)
-{
-    struct relaxed m = {CU_STREAM_CAPTURE_MODE_RELAXED, 0};
-    m.set = !tl_relaxed_for_good && cu.capture_mode && cu.capture_mode(&m.mode) == CU_OK;
-    return m;
-}
-static void unrelax(struct relaxed *m)
-{
-    static int warned;
-    if (m->set && cu.capture_mode(&m->mode) != CU_OK && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        GS_WARN("compute: a thread's CUDA graph capture mode could not be set back after an event query; it stays "
-                "relaxed");
-}
+ * the same reason). Relaxed, the look is allowed; it is never of an event recorded inside a capture (the paced
+ * paths and the drain record skip a capturing stream: pacer_core.c), the one look relaxed mode still forbids. */
 static int query_state(CUev e)
 {
-    struct relaxed m = relax();
+    struct gs_capture_mode m = gs_capture_relax();
     CUresult r = cu.ev_query(e);
-    unrelax(&m);
+    gs_capture_restore(&m);
     return r == CU_OK ? 1 : (r == CUDA_ERROR_NOT_READY ? 0 : -1);
 }
 static int op_query_end(void *c, int i)
@@ -192,9 +172,9 @@ static int64_t op_elapsed(void *c, int i)
 {
     struct gs_pdev *d = c;
     float ms = 0;
-    struct relaxed m = relax();
+    struct gs_capture_mode m = gs_capture_relax();
     CUresult r = cu.ev_elapsed(&ms, d->start[i], d->end[i]);
-    unrelax(&m);
+    gs_capture_restore(&m);
     if (r != CU_OK || ms < 0) return -1;
     return (int64_t)((double)ms * 1e6);
 }
@@ -250,7 +230,6 @@ static int load_driver(void)
     cu.ev_query = (fn_ev_query)gs_real("cuEventQuery");
     cu.ev_elapsed = (fn_ev_elapsed)gs_real("cuEventElapsedTime");
     cu.capturing = (fn_stream_capturing)gs_real("cuStreamIsCapturing"); /* optional */
-    cu.capture_mode = (fn_capture_mode)gs_real("cuThreadExchangeStreamCaptureMode"); /* optional (CUDA 10.1+) */
     return cu.ctx_get && cu.ctx_set && cu.uuid && cu.ev_create && cu.ev_record && cu.ev_query && cu.ev_elapsed ? 0 : -1;
 }
 
@@ -264,8 +243,7 @@ static void format_uuid(const CUuuid *u, char *out, size_t n)
 static void *poller_main(void *arg)
 {
     (void)arg;
-    int mode = CU_STREAM_CAPTURE_MODE_RELAXED; /* our own thread: relaxed for good (query_state) */
-    tl_relaxed_for_good = cu.capture_mode && cu.capture_mode(&mode) == CU_OK;
+    gs_capture_relax_for_good(); /* our own thread (query_state) */
     gs_devstate_thread_ready(); /* it reads neighbours' files: a truncated one's SIGBUS must reach the guard */
     int64_t hour_at = 0;
     while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {

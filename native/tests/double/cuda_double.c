@@ -371,7 +371,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s)
     cuDeviceGetMemPool(&pool, cur_dev());
     return pool_alloc(pool_of(pool), p, b);
 }
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { return cuMemAllocAsync(p, b, s); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { return cuMemAllocAsync(p, b, s ? s : (CUstream)0x2); }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
     (void)s;
@@ -469,7 +469,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool p
     if (dp - g_pools < MAXDEV) dp->dev = (int)(dp - g_pools);
     return pool_alloc(dp, p, b);
 }
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s) { return cuMemAllocFromPoolAsync(p, b, pool, s); }
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s) { return cuMemAllocFromPoolAsync(p, b, pool, s ? s : (CUstream)0x2); }
 
 /* ---- legacy 32-bit entry points: unbacked 32-bit addresses (nothing may touch them) */
 static uint32_t g_legacy_next = 0x10000000u;
@@ -640,12 +640,20 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return free_kind((
 
 /* ---- launches, streams, events (what a pacer needs; events carry a host timestamp) */
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p, void **x)
-{ (void)f; (void)a; (void)b; (void)c; (void)d; (void)e; (void)g; (void)sh; (void)s; (void)p; (void)x; NEED_CTX(); __atomic_add_fetch(&gsdouble_launches, 1, __ATOMIC_RELAXED); return CUDA_SUCCESS; }
-EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p, void **x) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s, p, x); }
-EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **p, void **x) { (void)cfg; return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, p, x); }
-EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p, void **x) { return cuLaunchKernelEx(cfg, f, p, x); }
+{
+    (void)f; (void)a; (void)b; (void)c; (void)d; (void)e; (void)g; (void)sh; (void)p; (void)x;
+    NEED_CTX();
+    /* the legacy stream while the per-thread (blocking) stream captures: refused, the capture kept (stream capture's rule) */
+    if ((s == NULL || (void *)s == (void *)0x1) && __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED) == (void *)0x2)
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    __atomic_add_fetch(&gsdouble_launches, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p, void **x) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s ? s : (CUstream)0x2, p, x); }
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **p, void **x) { return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, cfg ? cfg->hStream : NULL, p, x); }
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p, void **x) { return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, cfg && cfg->hStream ? cfg->hStream : (CUstream)0x2, p, x); }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s, p, NULL); }
-EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s, p, NULL); }
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned sh, CUstream s, void **p) { return cuLaunchKernel(f, a, b, c, d, e, g, sh, s ? s : (CUstream)0x2, p, NULL); }
 /* ---- graphs: an executable graph made by cuGraphInstantiate* has memory nodes of GSDOUBLE_GRAPH_BYTES
  * (default 0), backed from the device's graph pool when it is uploaded or first launched; a destroyed
  * graph's memory stays reserved until cuDeviceGraphMemTrim (as the driver keeps it for reuse). */
@@ -691,13 +699,21 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec g)
     x->used = 0;
     return CUDA_SUCCESS;
 }
+/* As the driver documents it: memory of graphs not executing (none is, in the double) goes back to the system,
+ * a live graph's included, and a trimmed graph's memory is backed again at its next launch. */
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d)
 {
     if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    uint64_t live = 0;
+    for (int i = 0; i < 64; i++)
+        if (g_execs[i].used && g_execs[i].dev == d && g_execs[i].backed) {
+            g_execs[i].backed = 0;
+            live += graph_bytes();
+        }
     pthread_mutex_lock(&g_lock);
-    g_used[d] -= g_graph_idle[d];
+    g_used[d] -= g_graph_idle[d] + live;
     pthread_mutex_unlock(&g_lock);
-    g_graph_reserved[d] -= g_graph_idle[d];
+    g_graph_reserved[d] -= g_graph_idle[d] + live;
     g_graph_idle[d] = 0;
     return CUDA_SUCCESS;
 }
@@ -714,7 +730,7 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
     CUresult r = back(gexec_of(g));
     return r != CUDA_SUCCESS ? r : cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
 }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s ? s : (CUstream)0x2); }
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned f) { (void)f; static int dummy; *s = (CUstream)&dummy; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return unsafe_call(); }
@@ -776,12 +792,17 @@ EXPORT CUresult cuEventRecord(void *e, CUstream s)
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecord_ptsz(void *e, CUstream s) { return cuEventRecord(e, s ? s : (CUstream)0x2); }
+/* gsdouble_capture_ends_after_query: the capture ends right after the next "active" answer (another thread's
+ * cuStreamEndCapture between the question and what the asker does next) */
+EXPORT int gsdouble_capture_ends_after_query;
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
 {
     __atomic_store_n(&gsdouble_last_capture_query, (void *)s, __ATOMIC_RELAXED);
     void *cap = __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED);
     if ((s == NULL || (void *)s == (void *)0x1) && cap == (void *)0x2) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     *status = (void *)s == cap; /* 1 = ACTIVE */
+    if (*status && __atomic_exchange_n(&gsdouble_capture_ends_after_query, 0, __ATOMIC_RELAXED))
+        __atomic_store_n(&gsdouble_capture_stream, (void *)-1, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s ? s : (CUstream)0x2, status); }
