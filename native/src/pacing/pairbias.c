@@ -1,5 +1,6 @@
 /* gpuslice pacer: measure what a timing-event pair adds to its kernel (see gpuslice/pairbias.h). */
 #include "gpuslice/pairbias.h"
+#include "gpuslice/capture.h"
 #include "gpuslice/cuda_types.h"
 #include "gpuslice/real.h"
 #include <stdio.h>
@@ -18,7 +19,6 @@ typedef CUresult (*fn_ev_destroy)(PBev);
 typedef CUresult (*fn_ev_record)(PBev, CUstream);
 typedef CUresult (*fn_ev_query)(PBev);
 typedef CUresult (*fn_ev_elapsed)(float *, PBev, PBev);
-typedef CUresult (*fn_capture_mode)(int *);
 typedef CUresult (*fn_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
 
@@ -67,7 +67,6 @@ struct pb_fns {
     fn_ev_query eq;
     fn_ev_elapsed el;
     fn_launch launch;
-    fn_capture_mode mode;
 };
 
 static int fns(struct pb_fns *f)
@@ -83,8 +82,7 @@ static int fns(struct pb_fns *f)
     f->eq = (fn_ev_query)gs_real("cuEventQuery");
     f->el = (fn_ev_elapsed)gs_real("cuEventElapsedTime");
     f->launch = (fn_launch)gs_real("cuLaunchKernel");
-    f->mode = (fn_capture_mode)gs_real("cuThreadExchangeStreamCaptureMode");
-    return f->mode && f->load && f->unload && f->get && f->sc && f->sd && f->ec && f->ed && f->er && f->eq && f->el &&
+    return gs_real("cuThreadExchangeStreamCaptureMode") && f->load && f->unload && f->get && f->sc && f->sd && f->ec && f->ed && f->er && f->eq && f->el &&
            f->launch ? 0 : -1;
 }
 
@@ -211,15 +209,15 @@ int64_t gs_pair_bias_measure(char *why, unsigned long whylen)
         snprintf(why, whylen, "the driver lacks a function the measurement needs");
         return -1;
     }
-    /* Relaxed capture mode on this thread while it measures: a CUDA graph being captured (this thread's
-     * own launch may be its first, or another thread's in global mode) must not see the module load and
-     * the waits below as unsafe calls, which would invalidate the user's capture. */
-    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (f.mode(&mode) != 0) {
+    /* Relaxed capture mode on this thread while it measures (gpuslice/capture.h): a CUDA graph being captured
+     * (this thread's own launch may be its first, or another thread's in global mode) must not see the module
+     * load and the waits below as unsafe calls, which would invalidate the user's capture. */
+    struct gs_capture_mode m = gs_capture_relax();
+    if (!m.set) {
         snprintf(why, whylen, "the capture mode could not be set");
         return -1;
     }
     int64_t bias = measure_module(&f, why, whylen);
-    f.mode(&mode); /* the thread's own mode back */
+    gs_capture_restore(&m);
     return bias;
 }
