@@ -369,17 +369,23 @@ static void test_queued_signal(void)
 static int wakes, records;
 static int fr_drain(void *c, void *s) { (void)c; (void)s; records++; return 0; }
 static void fw_wake(void *c) { (void)c; wakes++; }
+/* A light-path engine of a process whose neighbours yield to it (drains wanted), on the one-slot device state `ds`. */
+static void light_drain_engine(struct gs_engine *e, struct gs_devstate *ds, const struct gs_gpu_ops *ops)
+{
+    memset(e, 0, sizeof *e);
+    e->ds = ds;
+    e->ops = ops;
+    e->path = GS_DS_PATH_LIGHT;
+    e->drain_wanted = 1;
+}
+
 static void test_poller_wake(void)
 {
     static _Alignas(4096) unsigned char spage[4096], ppage[4096];
     struct gs_devstate ds = {.sbase = spage, .pbase = ppage, .page = sizeof spage, .nslots = 1};
     static const struct gs_gpu_ops ops = {.record_drain = fr_drain, .query_drain = fq_drain, .wake = fw_wake};
     struct gs_engine e;
-    memset(&e, 0, sizeof e);
-    e.ds = &ds;
-    e.ops = &ops;
-    e.path = GS_DS_PATH_LIGHT;
-    e.drain_wanted = 1;
+    light_drain_engine(&e, &ds, &ops);
     e.poller_cold = 1; /* as gs_engine_init leaves it */
     struct gs_ds_proc *p = gs_ds_proc(&ds, 0);
     p->flags = GS_DS_PROC_IN_USE | GS_DS_PROC_LIGHT | GS_DS_PROC_DRAINS;
@@ -532,11 +538,7 @@ static void test_a_capture_is_no_queue_and_gets_no_drain_record(void)
     static const struct gs_gpu_ops ops = {.record_drain = fr_drain, .query_drain = fq_drain, .wake = fw_wake,
                                           .capturing = fc_capturing};
     struct gs_engine e;
-    memset(&e, 0, sizeof e);
-    e.ds = &ds;
-    e.ops = &ops;
-    e.path = GS_DS_PATH_LIGHT;
-    e.drain_wanted = 1;
+    light_drain_engine(&e, &ds, &ops);
     int64_t l = T0 + 1000000;
     e.path_check_ns = e.beat_ns = l; /* no path recheck, no heartbeat inside the case */
     struct gs_ds_proc *p = gs_ds_proc(&ds, 0);

@@ -12,11 +12,17 @@ CUresult cuDeviceGraphMemTrim(CUdevice);
 
 #define GRAPH (256 * MiB)
 
-static void s_upload_counts_trim_gives_back(void)
+/* A 1 GiB slice whose graphs take GRAPH each when backed. */
+static void graph_slice(void)
 {
     setenv("GSDOUBLE_GRAPH_BYTES", "268435456", 1);
     t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
     up(0);
+}
+
+static void s_upload_counts_trim_gives_back(void)
+{
+    graph_slice();
     CUgraphExec g;
     CHECK_EQ(cuGraphInstantiateWithFlags(&g, NULL, 0), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX); /* instantiated, not backed yet */
@@ -34,9 +40,7 @@ static void s_upload_counts_trim_gives_back(void)
 
 static void s_first_launch_counts(void)
 {
-    setenv("GSDOUBLE_GRAPH_BYTES", "268435456", 1);
-    t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
-    up(0);
+    graph_slice();
     CUgraphExec a, b;
     CHECK_EQ(cuGraphInstantiateWithFlags(&a, NULL, 0), CUDA_SUCCESS);
     CHECK_EQ(cuGraphInstantiateWithFlags(&b, NULL, 0), CUDA_SUCCESS);
@@ -55,9 +59,7 @@ static void s_first_launch_counts(void)
 extern void *gsdouble_capture_stream;
 static void s_launch_into_a_capture_is_not_the_first_run(void)
 {
-    setenv("GSDOUBLE_GRAPH_BYTES", "268435456", 1);
-    t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
-    up(0);
+    graph_slice();
     CUgraphExec a;
     CUstream cap = (CUstream)0x5150;
     CHECK_EQ(cuGraphInstantiateWithFlags(&a, NULL, 0), CUDA_SUCCESS);
@@ -75,9 +77,7 @@ static void s_launch_into_a_capture_is_not_the_first_run(void)
  * that launch is read as a first one (a launch, a trim and a launch again held it uncounted before). */
 static void s_launch_after_a_trim_is_counted_again(void)
 {
-    setenv("GSDOUBLE_GRAPH_BYTES", "268435456", 1);
-    t_slice("memory_limit=1g\ncontext_overhead=%llu\n", CTX);
-    up(0);
+    graph_slice();
     CUgraphExec a;
     CHECK_EQ(cuGraphInstantiateWithFlags(&a, NULL, 0), CUDA_SUCCESS);
     CHECK_EQ(cuGraphLaunch(a, NULL), CUDA_SUCCESS);
