@@ -291,8 +291,9 @@ static void add_locked(struct gs_region *r, int slot, int idx, uint64_t bytes, i
 enum { RES_TRY = 1, RES_FORCE = 2 };
 
 /* Memory the driver took before anyone could ask (graph memory backed at a graph's upload or first run) took the
- * slice past its limit: the books say so, its later allocations are refused, and the node's backstop ends a slice
- * that stays over its limit (README, limits). Said in the log, rate-limited. */
+ * slice past its limit: the books say so and its later allocations are refused; the node agent's backstop reports
+ * a slice that stays over its limit in NVML's count, and ends it under its kill policy. Said in the log,
+ * rate-limited. */
 static void forced_past_limit(int ordinal, uint64_t used, uint64_t limit, const char *what)
 {
     static unsigned long times;
