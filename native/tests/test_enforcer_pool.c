@@ -242,6 +242,50 @@ static void s_undo_during_a_capture_elsewhere(void)
     CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
 }
 
+/* A graph's allocation is the graph's even when the pool's reserve is already ahead of the books (memory the
+ * enforcer did not see, a pass-through): it is never undone on the capturing stream (a free and a wait there would
+ * join or invalidate the user's graph) nor refused. */
+CUresult gsdouble_alloc_async_unseen(CUdeviceptr *p, size_t b);
+static void s_captured_alloc_beside_an_unseen_pool_growth(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 256 * MiB, CTX);
+    up(0);
+    CUmemoryPool pool = default_pool(0);
+    keep_cache(pool);
+    CUdeviceptr u = 0, g = 0;
+    CHECK_EQ(gsdouble_alloc_async_unseen(&u, 300 * MiB), CUDA_SUCCESS); /* past the enforcer */
+    CHECK_EQ(reserved(pool), 320 * MiB);
+    unsigned long n0 = gsdouble_graph_allocs, v0 = gsdouble_capture_violations;
+    CUstream cap = (CUstream)0x5150;
+    gsdouble_capture_stream = cap;
+    CHECK_EQ(cuMemAllocAsync(&g, 1 * MiB, cap), CUDA_SUCCESS);
+    CHECK(g != 0 && gsdouble_graph_allocs == n0 + 1 && gsdouble_capture_stream == cap, "the graph's, kept (%llx)",
+          (unsigned long long)g);
+    CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
+    gsdouble_capture_stream = (void *)-1;
+}
+
+/* An allocation the capture's end made the pool's (it ended between the question and the call) is tracked as the
+ * pool's: destroying the pool while it lives keeps its charge, as for any live allocation. */
+static void s_pool_destroyed_after_the_race_keeps_its_charge(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemoryPool pool;
+    CHECK_EQ(cuMemPoolCreate(&pool, &pp), CUDA_SUCCESS);
+    CUstream cap = (CUstream)0x5150;
+    CUdeviceptr b = 0;
+    gsdouble_capture_stream = cap;
+    gsdouble_capture_ends_after_query = 1;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&b, 100 * MiB, pool, cap), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + 128 * MiB);
+    CHECK_EQ(cuMemPoolDestroy(pool), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + 128 * MiB); /* live: the driver keeps the destroyed pool until its last free */
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+}
+
 /* cuMemAllocFromPoolAsync charges the pool's device, not the current context's. */
 static void s_explicit_pool_charges_its_device(void)
 {
@@ -316,6 +360,8 @@ int main(void)
     SCENARIO(s_captured_async_alloc_is_the_graphs);
     SCENARIO(s_capture_ending_meanwhile_is_counted);
     SCENARIO(s_undo_during_a_capture_elsewhere);
+    SCENARIO(s_captured_alloc_beside_an_unseen_pool_growth);
+    SCENARIO(s_pool_destroyed_after_the_race_keeps_its_charge);
     fprintf(stderr, "test_enforcer_pool%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

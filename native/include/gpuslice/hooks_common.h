@@ -77,6 +77,8 @@
 void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r);
 /* A stream-ordered allocation was captured into a graph on this device: its graph memory is read there too. */
 void gs_graph_watch_device(int ordinal);
+/* The device's primary context went: no more reads there for captured allocations (gs_graph_watch_device). */
+void gs_graph_forget_device(int ordinal);
 #define GS_POOL_NOT_MINE (-2)
 CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
 void gs_pool_forget_device(int ordinal);

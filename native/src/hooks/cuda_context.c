@@ -66,6 +66,7 @@ static void primary_freed(CUcontext ctx, CUdevice dev)
 {
     gs_track_drop_ctx(ctx);
     gs_pool_forget_device(dev); /* the device's pools and their cache went with the context */
+    gs_graph_forget_device(dev);
 }
 
 static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)

@@ -58,6 +58,14 @@ static void reconcile(void)
     pthread_mutex_unlock(&g_lock);
 }
 
+void gs_graph_forget_device(int ordinal)
+{
+    if (ordinal < 0 || ordinal >= MAX_ORD) return;
+    pthread_mutex_lock(&g_lock);
+    g_watch[ordinal] = 0; /* no more reads of a device without a context of ours (it could create one) */
+    pthread_mutex_unlock(&g_lock);
+}
+
 void gs_graph_watch_device(int ordinal)
 {
     if (ordinal < 0 || ordinal >= MAX_ORD) return;

@@ -181,18 +181,16 @@ static CUresult invoke(const struct call *c)
     return ((CUresult(*)(CUdeviceptr *, size_t, CUstream))c->real)(c->dptr, c->size, c->s);
 }
 
-/* The pool grew past what the slice allows: free the allocation again (forgetting it if we track it), let the
- * stream reach the free, trim, and count what is left. The wait is made in relaxed capture mode
- * (gpuslice/capture.h): another thread's capture in global mode must not be invalidated by it. */
-static void undo(struct pool *p, const struct call *c, int tracked)
+/* The pool grew past what the slice allows: forget the allocation, free it again, let the stream reach the free,
+ * trim, and count what is left. The wait is made in relaxed capture mode (gpuslice/capture.h): another thread's
+ * capture in global mode must not be invalidated by it. Never for an allocation a capture made the graph's. */
+static void undo(struct pool *p, const struct call *c)
 {
     CUresult (*fr)(CUdeviceptr, CUstream) = REAL_FN(CUresult(*)(CUdeviceptr, CUstream), c->ptsz ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync");
     CUresult (*sync)(CUstream) = REAL_FN(CUresult(*)(CUstream), c->ptsz ? "cuStreamSynchronize_ptsz" : "cuStreamSynchronize");
     if (!sync) sync = REAL_FN(CUresult(*)(CUstream), "cuStreamSynchronize");
-    if (tracked) {
-        gs_u64map_take(&g_ptrs, *c->dptr, NULL);
-        p->in_use -= c->size;
-    }
+    gs_u64map_take(&g_ptrs, *c->dptr, NULL);
+    p->in_use -= c->size;
     if (fr) fr(*c->dptr, c->s);
     struct gs_capture_mode m = gs_capture_relax();
     if (sync) sync(c->s);
@@ -202,14 +200,31 @@ static void undo(struct pool *p, const struct call *c, int tracked)
     *c->dptr = 0;
 }
 
-/* graph: the allocation goes into a graph being captured (into_capture), which owns it: nothing is reserved for
- * it and it is not tracked. The pool's growth is still checked after the call, as for any allocation: had the
- * capture ended in between (another thread may end it), the driver made it the pool's, and the pool's growth is
- * counted or undone like any other. */
-static CUresult alloc_locked(const char *what, struct pool *p, const struct call *c, int graph)
+/* An allocation the pool made: tracked, and the pool's growth past what is charged reserved now, or the
+ * allocation undone and refused. */
+static CUresult settle_locked(const char *what, struct pool *p, const struct call *c)
+{
+    if (gs_u64map_put(&g_ptrs, *c->dptr, (struct gs_u64val){c->size, (uint64_t)(uintptr_t)p->h, 0}))
+        GS_WARN("%s: out of host memory for the allocation table; the pool's charge stays until exit", what);
+    p->in_use += c->size;
+    uint64_t reserved;
+    if (reserved_of(p->h, &reserved) || reserved <= p->charged) {
+        reconcile(p);
+        return CUDA_SUCCESS;
+    }
+    CUresult more = gs_mem_try_reserve(p->ord, reserved - p->charged, what);
+    if (more == CUDA_SUCCESS || more == GS_PASS_UNCOUNTED) {
+        if (more == CUDA_SUCCESS) p->charged = reserved;
+        return CUDA_SUCCESS;
+    }
+    undo(p, c);
+    return gs_mem_refused(p->ord, c->size, what);
+}
+
+static CUresult alloc_locked(const char *what, struct pool *p, const struct call *c)
 {
     if (gs_mem_dev_index(p->ord) == -1) return gs_mem_try_reserve(p->ord, c->size, what); /* outside: refused */
-    uint64_t need = graph ? 0 : uncovered(p, c->size);
+    uint64_t need = uncovered(p, c->size);
     CUresult r = need ? gs_mem_try_reserve(p->ord, need, what) : CUDA_SUCCESS;
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         make_room_locked(p->ord); /* this pool's cache and the others' on the device, once */
@@ -225,25 +240,26 @@ static CUresult alloc_locked(const char *what, struct pool *p, const struct call
         reconcile(p); /* gives back what we reserved and the pool did not take */
         return r;
     }
-    if (graph) {
+    return settle_locked(what, p, c);
+}
+
+/* Into a graph being captured (into_capture): the graph owns the allocation, the pool does not grow, nothing is
+ * reserved for it or tracked, and it is never undone (a free and a wait on a capturing stream would join or
+ * invalidate the user's graph). Had the capture ended in between (another thread may end it), the driver made it
+ * the pool's: the pool grew, and it is settled as any pool allocation. A pool whose size cannot be read is
+ * counted as the pool's. */
+static CUresult graph_alloc_locked(const char *what, struct pool *p, const struct call *c)
+{
+    uint64_t before, after;
+    if (gs_mem_dev_index(p->ord) == -1) return gs_mem_try_reserve(p->ord, c->size, what); /* outside: refused */
+    if (reserved_of(p->h, &before)) return alloc_locked(what, p, c);
+    CUresult r = invoke(c);
+    if (r != CUDA_SUCCESS) return r;
+    if (!reserved_of(p->h, &after) && after <= before) {
         gs_graph_watch_device(p->ord); /* its memory is the graph pool's of this device: counted when backed */
-    } else {
-        if (gs_u64map_put(&g_ptrs, *c->dptr, (struct gs_u64val){c->size, (uint64_t)(uintptr_t)p->h, 0}))
-            GS_WARN("%s: out of host memory for the allocation table; the pool's charge stays until exit", what);
-        p->in_use += c->size;
-    }
-    uint64_t reserved;
-    if (reserved_of(p->h, &reserved) || reserved <= p->charged) {
-        reconcile(p);
         return CUDA_SUCCESS;
     }
-    CUresult more = gs_mem_try_reserve(p->ord, reserved - p->charged, what);
-    if (more == CUDA_SUCCESS || more == GS_PASS_UNCOUNTED) {
-        if (more == CUDA_SUCCESS) p->charged = reserved;
-        return CUDA_SUCCESS;
-    }
-    undo(p, c, !graph);
-    return gs_mem_refused(p->ord, c->size, what);
+    return settle_locked(what, p, c);
 }
 
 static int stream_device(CUstream s)
@@ -295,7 +311,7 @@ static CUresult pool_alloc(const char *what, struct call *c)
         if (o < 0) return invoke(c);
         GS_ACCOUNTED(what, o, c->size, GS_K_DPTR, *c->dptr, invoke(c));
     }
-    r = p->uncounted ? invoke(c) : alloc_locked(what, p, c, graph);
+    r = p->uncounted ? invoke(c) : graph ? graph_alloc_locked(what, p, c) : alloc_locked(what, p, c);
     pthread_mutex_unlock(&g_pool_lock);
     return r;
 }
