@@ -22,8 +22,8 @@
  * (bench/results/2026-11-29-h200-coloc-yieldcap-decode.md); a later run read the opposite order (1.06 / 1.23
  * capped, 0.98 / 0.86 on every SM, 2026-11-30-h200-coloc-current-launch-decode.md): over ten capped repeats in
  * four runs the decoder read 1.02-1.37 (median 1.05), so the cap's gain for it is inside the VM's spread.
- * Launch-bound and GPU-bound servers met their goals either way. The price: MPS fixes the percentage when the client starts, so it holds while the
- * server idles. The co-location bench's trainer (CPU-paced) lost nothing measurable alone at 60; one that
+ * Launch-bound and GPU-bound servers met their goals either way. The price: MPS fixes the percentage when the
+ * client starts, so it holds while the server idles. The co-location bench's trainer (CPU-paced) lost nothing measurable alone at 60; one that
  * fills the SMs (batch 64) kept 0.71 of its speed (2026-11-29-h200-coloc-trainer-cap.md). It is decided at
  * each process's start from the roster as it is then: a trainer started before the server is not capped,
  * and a capped one stays capped after the server leaves (so do the children it starts later: they inherit
@@ -56,7 +56,8 @@
  * runs (not the records: a record between GPU-bound kernels costs the GPU nothing measurable,
  * 2026-11-30-h200-drain-cost-gpubound.md), the batch-32 trainer at 0.62 of its idle bound against 0.97 with the
  * cap alone, and the decoder held to paired 1.03 / 1.01 (1.04 / 1.29 capped) with its trainer at 0.77 against
- * 1.12. So it stays opt-in. The environment may turn it on, never off: a low-priority process only holds itself, and a high-priority one makes only neighbours that asked too hold. A `shared`
+ * 1.12. So it stays opt-in. The environment may turn it on, never off: a low-priority process only holds
+ * itself, and a high-priority one makes only neighbours that asked too hold. A `shared`
  * slice yields to nobody and is asked by nobody: never. Unlike the yield cap the gate does not look at
  * daemons: an asking trainer yields to an asking server of another MPS daemon too (the daemons are
  * time-sliced against each other, where holding back is what the time-sliced engine does). A gate that cannot
