@@ -7,6 +7,7 @@
  * the enforcer records none into a capturing stream. */
 #ifndef GPUSLICE_CAPTURE_H
 #define GPUSLICE_CAPTURE_H
+#include "gpuslice/cuda_types.h"
 
 struct gs_capture_mode {
     int mode; /* the thread's mode before, to set back */
@@ -19,4 +20,8 @@ struct gs_capture_mode gs_capture_relax(void);
 void gs_capture_restore(struct gs_capture_mode *m);
 /* For a thread of the enforcer's own (the pacer's poller): relaxed once, for the rest of its life. */
 void gs_capture_relax_for_good(void);
+/* Whether `stream` is being captured, as cuStreamIsCapturing says (CUstreamCaptureStatus: 0 none, 1 active,
+ * 2 invalidated); -1 when the driver answers an error (the legacy stream while a blocking stream captures), 0 when
+ * it has no such function. Each caller decides what an error means for it. */
+int gs_capture_status(CUstream stream);
 #endif

@@ -23,9 +23,9 @@
  * capped, 0.98 / 0.86 on every SM, 2026-11-30-h200-coloc-current-launch-decode.md): over ten capped repeats in
  * four runs the decoder read 1.02-1.37 (median 1.05), so the cap's gain for it is inside the VM's spread.
  * Launch-bound and GPU-bound servers met their goals either way. The price: MPS fixes the percentage when the
- * client starts, so it holds while the server idles. The co-location bench's trainer (CPU-paced) lost nothing measurable alone at 60; one that
- * fills the SMs (batch 64) kept 0.71 of its speed (2026-11-29-h200-coloc-trainer-cap.md). It is decided at
- * each process's start from the roster as it is then: a trainer started before the server is not capped,
+ * client starts, so it holds while the server idles. The co-location bench's trainer (CPU-paced) lost nothing
+ * measurable alone at 60; one that fills the SMs (batch 64) kept 0.71 of its speed
+ * (2026-11-29-h200-coloc-trainer-cap.md). It is decided at each process's start from the roster as it is then: a trainer started before the server is not capped,
  * and a capped one stays capped after the server leaves (so do the children it starts later: they inherit
  * the lowered variable, which the environment may keep). A slice opts out with compute=100; GPUSLICE_COMPUTE
  * may lower the cap, never raise it (config.h granted_compute). Only a high-priority slice of the same MPS

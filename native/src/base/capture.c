@@ -37,6 +37,19 @@ void gs_capture_restore(struct gs_capture_mode *m)
                 "stays relaxed");
 }
 
+int gs_capture_status(CUstream stream)
+{
+    static CUresult (*fn)(CUstream, int *);
+    CUresult (*f)(CUstream, int *) = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = (CUresult(*)(CUstream, int *))gs_real("cuStreamIsCapturing");
+        __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
+    }
+    int st = 0;
+    if (!f) return 0;
+    return f(stream, &st) == CUDA_SUCCESS ? st : -1;
+}
+
 void gs_capture_relax_for_good(void)
 {
     fn_exchange f = exchange();

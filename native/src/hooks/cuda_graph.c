@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "gpuslice/capture.h"
 #include "gpuslice/fork.h"
 #include "gpuslice/hooks_common.h"
 #include "gpuslice/log.h"
@@ -76,14 +77,11 @@ void gs_graph_watch_device(int ordinal)
 
 void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r)
 {
-    static CUresult (*is)(CUstream, int *);
-    if (!is) is = (CUresult(*)(CUstream, int *))gs_real("cuStreamIsCapturing");
-    int st = 0;
     if (r != CUDA_SUCCESS) return;
     /* launched into a graph being captured: a node of that graph, not this graph's run, which is still to come
      * and is counted when it comes. The books are read all the same (a read; a capture begun by another thread
      * between the launch and this question must not leave a real first run uncounted) */
-    if (is && is(s, &st) == CUDA_SUCCESS && st != 0) {
+    if (gs_capture_status(s) > 0) {
         reconcile();
         return;
     }

@@ -278,10 +278,7 @@ static int stream_device(CUstream s)
  * capture is no capture here: the allocation is counted as the pool's, or the driver refuses it. */
 static int into_capture(const struct call *c)
 {
-    CUresult (*is)(CUstream, int *) = REAL_FN(CUresult(*)(CUstream, int *), "cuStreamIsCapturing");
-    int st = 0;
-    CUstream s = !c->s && c->ptsz ? STREAM_PER_THREAD : c->s;
-    return is && is(s, &st) == CUDA_SUCCESS && st == 1; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+    return gs_capture_status(!c->s && c->ptsz ? STREAM_PER_THREAD : c->s) == 1; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
 }
 
 static CUresult pool_alloc(const char *what, struct call *c)

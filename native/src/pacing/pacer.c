@@ -47,7 +47,6 @@ typedef CUresult (*fn_ev_create)(CUev *, unsigned);
 typedef CUresult (*fn_ev_record)(CUev, CUstream);
 typedef CUresult (*fn_ev_query)(CUev);
 typedef CUresult (*fn_ev_elapsed)(float *, CUev, CUev);
-typedef CUresult (*fn_stream_capturing)(CUstream, int *);
 
 static struct {
     fn_ctx_get_current ctx_get;
@@ -57,7 +56,6 @@ static struct {
     fn_ev_record ev_record;
     fn_ev_query ev_query;
     fn_ev_elapsed ev_elapsed;
-    fn_stream_capturing capturing;
 } cu;
 
 struct gs_pdev {
@@ -191,9 +189,7 @@ static int64_t op_now(void *c)
 static int op_capturing(void *c, void *stream)
 {
     (void)c;
-    int st = 0;
-    if (!cu.capturing) return 0;
-    return cu.capturing((CUstream)stream, &st) != CU_OK || st != 0;
+    return gs_capture_status((CUstream)stream) != 0; /* an error counts as capturing: nothing recorded into it */
 }
 static int op_record_drain(void *c, void *stream)
 {
@@ -229,7 +225,6 @@ static int load_driver(void)
     cu.ev_record = (fn_ev_record)gs_real("cuEventRecord");
     cu.ev_query = (fn_ev_query)gs_real("cuEventQuery");
     cu.ev_elapsed = (fn_ev_elapsed)gs_real("cuEventElapsedTime");
-    cu.capturing = (fn_stream_capturing)gs_real("cuStreamIsCapturing"); /* optional */
     return cu.ctx_get && cu.ctx_set && cu.uuid && cu.ev_create && cu.ev_record && cu.ev_query && cu.ev_elapsed ? 0 : -1;
 }
 

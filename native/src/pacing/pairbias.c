@@ -82,8 +82,7 @@ static int fns(struct pb_fns *f)
     f->eq = (fn_ev_query)gs_real("cuEventQuery");
     f->el = (fn_ev_elapsed)gs_real("cuEventElapsedTime");
     f->launch = (fn_launch)gs_real("cuLaunchKernel");
-    return gs_real("cuThreadExchangeStreamCaptureMode") && f->load && f->unload && f->get && f->sc && f->sd && f->ec &&
-                   f->ed && f->er && f->eq && f->el && f->launch
+    return f->load && f->unload && f->get && f->sc && f->sd && f->ec && f->ed && f->er && f->eq && f->el && f->launch
                ? 0
                : -1;
 }
