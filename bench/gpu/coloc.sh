@@ -17,7 +17,8 @@
 #   (opt-in: solo-mps, solo-spatial: the server alone as under mps / spatial; solo-trainer: the trainer alone as
 #   under spatial, with GS_COLOC_SPATIAL_TRAINER_COMPUTE: what that SM cap costs it without a server; spatial-full:
 #   spatial with the trainer on every SM, --compute 100, to judge the yield cap within one run; spatial-gate:
-#   spatial with both processes asking for the yield gate, GPUSLICE_SPATIAL_YIELD=1; spatial-gate-variant:
+#   spatial with both processes asking for the yield gate, GPUSLICE_SPATIAL_YIELD=1; spatial-gate-full: the gate
+#   with the trainer on every SM (--compute 100, no yield cap); spatial-gate-variant:
 #   spatial-gate on the enforcer built with GS_COLOC_VARIANT_CFLAGS in native/build-variant, e.g. -DGS_DRAIN_OFF
 #   (no drain records) or -DGS_CTL_DRAIN_SPIN_NS=50000LL -DGS_CTL_DRAIN_POLL_NS=200000LL (fewer drain looks);
 #   preemptive-variant: preemptive on that build)

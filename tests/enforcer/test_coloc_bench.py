@@ -177,12 +177,41 @@ def test_coloc_spatial_gate_modes_ask_for_the_gate() -> None:
         assert cmd == same and env == {**env0, "GPUSLICE_SPATIAL_YIELD": "1"}
         cmd, env = bench.command("spatial-gate-variant", role, "decode", Path("/f"))
         assert cmd == same and env == {**env0, "GPUSLICE_SPATIAL_YIELD": "1", "GPUSLICE_ENFORCER_LIB": "/b/libgpuslice.so"}
+    # spatial-gate-full: the gate, and the trainer on every SM (no yield cap); the server as under spatial-gate
+    for role in ("server", "trainer"):
+        gate, genv = bench.command("spatial-gate", role, "decode", Path("/f"))
+        full, fenv = bench.command("spatial-gate-full", role, "decode", Path("/f"))
+        assert fenv == genv
+        assert full == (gate if role == "server" else gate[:gate.index("--")] + ["--compute", "100"] + gate[gate.index("--"):])
     ns = mod.argparse.Namespace(steps="3", reps=2, tidal=False, modes="spatial,spatial-gate,spatial-gate-variant",
                                 mps_pipe="/p", dry=False, variant_lib="/b/libgpuslice.so")
     order = ["spatial", "spatial-gate", "spatial-gate-variant"]
     assert [m for _, m, _ in mod.phases(ns)] == order + order[::-1]
     ns.variant_lib = ""
     assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial-gate", "spatial-gate", "spatial"]
+
+
+def test_coloc_paired_goal_is_the_median_of_the_repeats_own_ratios() -> None:
+    """Paired goals judge the median of each repeat's on/off ratio, not the pooled requests: two repeats at 1.00
+    whose positions drift (10 ms in one, 20 ms in the other) are 1.00 each, while pooling their requests puts the
+    slow position's "on" requests beside the fast one's "off" ones."""
+    bench = _bench_module()
+
+    def rep(i: int, on: list[float], off: list[float]) -> dict:
+        side = lambda lat: {"lat_ms": lat, "p50_ms": sorted(lat)[len(lat) // 2], "p99_ms": max(lat)}
+        return {"kind": "decode", "mode": "spatial", "rep": i, "server": {"on": side(on), "off": side(off), "slot_s": 1}}
+    # repeat 0: on 10 (x3) off 10 (x1); repeat 1: on 20 (x1) off 20 (x3): pooled on p50 10 / off p50 20 -> 0.5x
+    a, b = rep(0, [10.0, 10.0, 10.0], [10.0]), rep(1, [20.0], [20.0, 20.0, 20.0])
+    assert bench.paired_ratios([a, b], "decode", "spatial", 0.5) == [1.0, 1.0]
+    goals = [g for g in bench._goals("decode", [a, b], None, None, None, None, None) if "paired server p50" in g]
+    assert goals == ["decode: spatial paired server p50 1.000x its rest slots, the median of 2 repeats [1.000-1.000] "
+                     "(goal <= 1.03x): met"]
+    slow = rep(2, [12.0], [10.0])  # a third repeat at 1.2: the median (1.0) is judged, the spread names it
+    goals = [g for g in bench._goals("decode", [a, b, slow], None, None, None, None, None) if "paired server p50" in g]
+    assert "1.000x" in goals[0] and "[1.000-1.200]" in goals[0] and goals[0].endswith("met")
+    miss = [g for g in bench._goals("decode", [slow], None, None, None, None, None) if "paired server p50" in g]
+    assert miss[0].endswith("MISSED by 17.0 points")
+    assert "| spatial | 1.000x [1.000, 1.000, 1.200]" in "\n".join(bench.paired([a, b, slow], "decode"))
 
 
 def test_coloc_preemptive_variant_is_preemptive_on_the_variant_build() -> None:
