@@ -31,6 +31,12 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   solo-mps    (only when named in --modes) the server alone as a client of the private MPS daemon
   solo-spatial (only when named in --modes) the server alone under gpuslice run --engine spatial --priority high:
               with solo-mps, what the spatial engine costs the server without a neighbour (its daemon, the enforcer)
+  solo-mps-pinned (only when named in --modes) solo-mps with the pinned device-memory limit gpuslice's spatial
+              engine sets (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16384M, the bench's --memory 16GiB)
+  solo-mps-enforced (only when named in --modes) the server alone under gpuslice run --priority high (the
+              time-sliced engine: the enforcer, its light path) as a client of the private MPS daemon: with
+              solo-mps, solo-mps-pinned and solo-spatial, which part of the spatial engine costs a server alone
+              (the enforcer, the pinned limit, or gpuslice's own daemon)
   solo-trainer (only when named in --modes) the trainer alone, set up as under spatial (gpuslice run --engine
               spatial --priority low, --compute of --spatial-trainer-compute): what an SM cap costs a trainer
               that has no server beside it, against 'trainer'
@@ -79,13 +85,15 @@ KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-b
 STARTUP_S = 11.5
 
 
-ALL_MODES = ("alone", "solo-mps", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive",
+ALL_MODES = ("alone", "solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive",
              "preemptive-variant", "shared", "spatial", "spatial-full", "spatial-gate", "spatial-gate-full",
              "spatial-gate-variant", "tidal")
-OPT_IN = ("solo-mps", "solo-spatial", "solo-trainer", "spatial-full", "spatial-gate", "spatial-gate-full",
+OPT_IN = ("solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "solo-trainer", "spatial-full", "spatial-gate", "spatial-gate-full",
           "spatial-gate-variant", "preemptive-variant", "tidal")  # run only when named (tidal also by --tidal)
 SPATIAL_MODES = ("spatial", "spatial-full", "spatial-gate", "spatial-gate-full", "spatial-gate-variant")  # co-located spatial, judged alike
-SOLO = {"solo-mps": "mps", "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode
+SOLO = {"solo-mps": "mps", "solo-mps-pinned": "mps", "solo-mps-enforced": "mps",
+        "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode (Bench.command: how)
+SPATIAL_PINNED = "0=16384M"  # what gpuslice's spatial engine sets for the bench's --memory 16GiB (mps.client_env)
 SOLO_TRAINER = {"solo-trainer": "spatial"}  # the trainer alone, set up as in the co-located mode
 PREEMPTIVE_MODES = ("preemptive", "preemptive-variant")  # time-sliced preemptive, judged alike
 VARIANT = {"spatial-full": "spatial", "spatial-gate": "spatial", "spatial-gate-full": "spatial", "spatial-gate-variant": "spatial",
@@ -198,6 +206,11 @@ class Bench:
         if mode == "mps":
             env.update(CUDA_MPS_PIPE_DIRECTORY=self.args.mps_pipe or str(self.tmp / "no-mps"),
                        CUDA_MPS_CLIENT_PRIORITY="0" if role == "server" else "1")
+            if variant == "solo-mps-pinned":
+                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = SPATIAL_PINNED
+            if variant == "solo-mps-enforced":  # a time-sliced slice keeps the caller's MPS pipe: the private daemon
+                return [sys.executable, "-m", "gpuslice.cli", "run", "--device", "0", "--memory", "16GiB",
+                        "--priority", "high", "--", *w], env
             return w, env
         if mode not in ("preemptive", "shared", "tidal", "spatial"):
             return w, env

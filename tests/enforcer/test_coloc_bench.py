@@ -118,6 +118,33 @@ def test_coloc_solo_modes_run_only_when_named() -> None:
     assert spatial[spatial.index("--engine") + 1] == "spatial" and spatial[spatial.index("--priority") + 1] == "high"
 
 
+def test_coloc_solo_mps_variants_split_the_spatial_engine() -> None:
+    """solo-mps-pinned is solo-mps plus the pinned device-memory limit gpuslice's spatial engine gives the bench's
+    16-GiB server (the same string as gpuslice.host.mps.client_env); solo-mps-enforced is the server under
+    gpuslice run --priority high on the time-sliced engine (the enforcer) with solo-mps's environment, so it is a
+    client of the private daemon; both run only when named and need that daemon."""
+    from gpuslice.host import mps
+    from gpuslice.spec.model import Engine, Priority, Slice
+
+    mod = _bench_module()
+    spatial = Slice("GPU-x", 16 << 30, priority=Priority.HIGH, engine=Engine.SPATIAL)
+    assert mps.client_env(spatial, "/p")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == mod.SPATIAL_PINNED
+    bench = mod.Bench.__new__(mod.Bench)
+    bench.args, bench.env, bench.busy = mod.argparse.Namespace(window=1, dry=False, mps_pipe="/p"), {}, {}
+    plain, env0 = bench.command("solo-mps", "server", "launch", Path("/f"))
+    pinned, env = bench.command("solo-mps-pinned", "server", "launch", Path("/f"))
+    assert pinned == plain and env == {**env0, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": mod.SPATIAL_PINNED}
+    enforced, env = bench.command("solo-mps-enforced", "server", "launch", Path("/f"))
+    assert env == env0 and enforced[enforced.index("--") + 1:] == plain
+    assert enforced[enforced.index("--priority") + 1] == "high" and "--engine" not in enforced
+    ns = mod.argparse.Namespace(steps="1", reps=2, tidal=False, modes="", mps_pipe="/p", dry=False)
+    assert not {m for _, m, _ in mod.phases(ns)} & {"solo-mps-pinned", "solo-mps-enforced"}
+    ns.modes = "alone,solo-mps-pinned,solo-mps-enforced"
+    assert [m for _, m, r in mod.phases(ns) if r == 0] == ["alone", "solo-mps-pinned", "solo-mps-enforced"]
+    ns.mps_pipe = ""
+    assert [m for _, m, _ in mod.phases(ns)] == ["alone", "alone"]
+
+
 def test_coloc_solo_trainer_is_the_spatial_trainer_alone() -> None:
     """solo-trainer (what an SM cap costs a trainer with no server) runs only when named, starts the trainer
     alone with the co-located spatial trainer's command (its --compute cap included), and is not judged
