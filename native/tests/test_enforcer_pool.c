@@ -185,6 +185,12 @@ static void s_captured_async_alloc_is_the_graphs(void)
     CHECK_EQ(cuMemAllocAsync(&g1, 400 * MiB, cap), CUDA_SUCCESS); /* past what the slice has left: the graph's */
     CHECK_EQ(cuMemAllocFromPoolAsync(&g2, 100 * MiB, pool, cap), CUDA_SUCCESS);
     CHECK(gsdouble_graph_allocs == n0 + 2, "both became graph allocations (%lu)", gsdouble_graph_allocs - n0);
+    /* the double's graph addresses are a reserved range: no mapping of the process (a pool's host memory) can
+     * land there and have its free taken for a graph's (a fixed range did, as ASLR willed: s_every_path) */
+    void *m = mmap((void *)(uintptr_t)g1, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    CHECK(m == MAP_FAILED && errno == EEXIST, "the graph address %#llx is not reserved (mmap gave %p)",
+          (unsigned long long)g1, m);
+    if (m != MAP_FAILED) munmap(m, 4096);
     CHECK_EQ(t_used(0), CTX + 320 * MiB);
     CHECK_EQ(reserved(pool), 320 * MiB); /* the pool was not trimmed to make room */
     CHECK_EQ(cuMemAllocAsync(&b, 150 * MiB, NULL), CUDA_SUCCESS); /* another stream: counted */

@@ -354,13 +354,30 @@ EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice *d) { (void)s; if (cur_de
  * capture gives back. */
 extern void *gsdouble_capture_stream;
 EXPORT unsigned long gsdouble_graph_allocs; /* such allocations made */
-#define GRAPH_VA_BASE 0x7e0000000000ull
-static uint64_t g_graph_va = GRAPH_VA_BASE;
-static int graph_owned(CUdeviceptr p) { return p >= GRAPH_VA_BASE && p < GRAPH_VA_BASE + (1ull << 40); }
+/* The range is reserved (PROT_NONE, never touched) so that no mmap of the process, the pools' host memory among
+ * them, can land in it: a fixed range (0x7e0000000000 + 1 TiB) did, in about one run of ten under ASan, wherever
+ * ASLR put the mmap base, and the pools' frees inside it were taken for graph frees (test_enforcer s_every_path). */
+#define GRAPH_VA_SPAN (64ull << 30)
+static uint64_t g_graph_base, g_graph_va;
+static pthread_once_t g_graph_once = PTHREAD_ONCE_INIT;
+static void graph_reserve(void)
+{
+    void *m = mmap(NULL, GRAPH_VA_SPAN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) abort(); /* a test double without its range cannot tell its frees apart */
+    __atomic_store_n(&g_graph_va, (uint64_t)(uintptr_t)m, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_graph_base, (uint64_t)(uintptr_t)m, __ATOMIC_RELEASE);
+}
+static int graph_owned(CUdeviceptr p)
+{
+    uint64_t base = __atomic_load_n(&g_graph_base, __ATOMIC_ACQUIRE);
+    return base && p >= base && p < base + GRAPH_VA_SPAN;
+}
 static int graph_alloc(CUdeviceptr *p, size_t b, CUstream s)
 {
     if (!s || (void *)s != __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED)) return 0;
+    pthread_once(&g_graph_once, graph_reserve);
     *p = __atomic_fetch_add(&g_graph_va, (b + 0xfffff) & ~0xfffffull, __ATOMIC_RELAXED);
+    if (*p + b > g_graph_base + GRAPH_VA_SPAN) abort(); /* more than a test asks for */
     __atomic_add_fetch(&gsdouble_graph_allocs, 1, __ATOMIC_RELAXED);
     return 1;
 }
