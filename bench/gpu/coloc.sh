@@ -24,8 +24,9 @@
 #   preemptive-variant: preemptive on that build)
 #   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
-#   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in every other slot of this many seconds of
-#   one phase and each co-located server is also judged against itself in the slots between (a table of its own).
+#   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in half the slots of this many seconds of one
+#   phase (Thue-Morse order, so a drift over the window cancels) and each co-located server is also judged against
+#   itself in the slots between (a table of its own; the server alone, split the same way, is the null).
 #   GS_COLOC_SPATIAL_TRAINER_COMPUTE (unset): under spatial, the trainer's --compute (its MPS active threads %;
 #   unset, a low-priority spatial trainer started beside the high-priority server gets gpuslice's yield cap, 60;
 #   100: every SM). GS_COLOC_TRAIN_BATCH (16): the trainer's batch (64: one whose kernels fill the SMs).

@@ -40,9 +40,10 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   solo-trainer (only when named in --modes) the trainer alone, set up as under spatial (gpuslice run --engine
               spatial --priority low, --compute of --spatial-trainer-compute): what an SM cap costs a trainer
               that has no server beside it, against 'trainer'
---slot S (the paired protocol): the trainer works only in every other S-s slot of a phase (a step is started
-only when its mean ends inside the slot), and each co-located server is also judged against itself in the
-slots between (a table of its own, and goals "paired"): the server kinds are CPU-bound inside a request, so
+--slot S (the paired protocol): the trainer works only in half of the S-s slots of a phase, in the Thue-Morse
+order (coloc_worker.trainer_on: off, on, on, off, on, off, off, on: a drift over the window cancels; a step is
+started only when its mean ends inside the slot), and each co-located server is also judged against itself in
+the slots between (a table of its own, and goals "paired"; the server alone is split the same way: the null): the server kinds are CPU-bound inside a request, so
 their latency drifts with the VM's CPU speed between phases and with what each new process draws (one run's
 "alone" p50 read 5.7-7.2 ms); within one phase both cancel. Requests in a slot's first 0.1 s, or crossing
 into the next slot, count in neither.
@@ -326,10 +327,11 @@ def _pooled(phs: list[dict], kind: str, mode: str, q: float, part: str = "on") -
     return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
 
 
-def _paired_phases(phs: list[dict], kind: str, mode: str) -> list[dict]:
-    """The phases of a co-located mode measured under the paired protocol (--slot)."""
+def _split_phases(phs: list[dict], kind: str, mode: str) -> list[dict]:
+    """The phases of a mode whose server was measured under the paired protocol (--slot). The server alone is
+    split the same way (slots with no trainer in either): its on/off ratio is the protocol's own spread."""
     return [p for p in phs if p["kind"] == kind and p["mode"] == mode and "on" in p.get("server", {})
-            and mode not in ("alone", "trainer") and mode not in SOLO and mode not in SOLO_TRAINER]
+            and mode != "trainer" and mode not in SOLO_TRAINER]
 
 
 def paired_ratios(phs: list[dict], kind: str, mode: str, q: float) -> list[float]:
@@ -337,36 +339,44 @@ def paired_ratios(phs: list[dict], kind: str, mode: str, q: float) -> list[float
     run order. Judged by their median: pooling the repeats' requests mixes ABBA positions, and the VM drifts
     between positions by more than the goal (the decoder alone read 17.2 and 23.1 ms in one run,
     bench/results/2026-11-30-h200-coloc-current-gpubound-decode.md), so the pooled ratio can sit outside
-    every repeat's own."""
+    every repeat's own. For "alone" (no trainer in any slot) it is the null: what the split reads by itself."""
     key = "p50_ms" if q == 0.5 else "p99_ms"
-    return [p["server"]["on"][key] / p["server"]["off"][key] for p in _paired_phases(phs, kind, mode)
+    return [p["server"]["on"][key] / p["server"]["off"][key] for p in _split_phases(phs, kind, mode)
             if p["server"]["on"].get(key) and p["server"]["off"].get(key)]
 
 
 def paired(phs: list[dict], kind: str) -> list[str]:
     """The paired protocol's table (--slot): each co-located server against itself in the slots the trainer
     rested in, so the drift of the VM's CPU speed between phases and what a new process draws (cuDNN's
-    algorithms, its cores) cancel; the repeats' own ratios, their median judged (paired_ratios)."""
+    algorithms, its cores) cancel; the repeats' own ratios, their median judged (paired_ratios). The server
+    alone, split the same way, comes first: the spread the split has with no trainer at all."""
     rows = []
     for mode in ALL_MODES:
-        ph = _paired_phases(phs, kind, mode)
+        if mode in SOLO or mode in ("trainer", *SOLO_TRAINER):
+            continue
+        ph = _split_phases(phs, kind, mode)
         if not ph:
             continue
         cells = []
         for q in (0.5, 0.99):
             on, off = _pooled(phs, kind, mode, q, "on"), _pooled(phs, kind, mode, q, "off")
+            if mode == "alone":
+                lat = lambda part: sorted(x for p in ph for x in p["server"][part].get("lat_ms", []))
+                on, off = (v[min(len(v) - 1, int(q * len(v)))] if v else None for v in (lat("on"), lat("off")))
             per = paired_ratios(phs, kind, mode, q)
             cells.append(f"{statistics.median(per):.3f}x [{', '.join(f'{r:.3f}' for r in per)}]; pooled {on:.2f} / "
                          f"{off:.2f} ms ({on / off:.3f}x)" if on and off and per else "-")
         n = sum(len(p["server"]["on"].get("lat_ms", [])) for p in ph), sum(len(p["server"]["off"].get("lat_ms", [])) for p in ph)
-        rows.append(f"| {mode} | {cells[0]} | {cells[1]} | {n[0]} / {n[1]} |")
+        label = "alone (no trainer: the null)" if mode == "alone" else mode
+        rows.append(f"| {label} | {cells[0]} | {cells[1]} | {n[0]} / {n[1]} |")
     if not rows:
         return []
     slot = next((p["server"].get("slot_s") for p in phs if "slot_s" in p.get("server", {})), None)
-    return [f"Paired (the trainer on in every other {slot:g}-s slot of the same phase): the server's figure in the "
+    return [f"Paired (the trainer on in half the {slot:g}-s slots of the same phase, Thue-Morse order): the server's figure in the "
             "trainer's slots over the same in its rest slots, the median of the repeats [each repeat's, in run order]; "
             "then all repeats' requests pooled (on / off ms). Requests in the first 0.1 s of a slot or crossing into "
-            "the next are in neither.", "", "| mode | p50 on / off | p99 on / off | requests on / off |",
+            "the next are in neither. The server alone is split the same way with no trainer in any slot: its ratio "
+            "is what the split reads by itself.", "", "| mode | p50 on / off | p99 on / off | requests on / off |",
             "| --- | --- | --- | --- |"] + rows + [""]
 
 
@@ -450,9 +460,12 @@ def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> li
             per = paired_ratios(phs, kind, mode, q)
             if per:
                 r = statistics.median(per)
+                null = paired_ratios(phs, kind, "alone", q)
+                beside = (f"; the server alone read {statistics.median(null):.3f}x on the same split (median of "
+                          f"{len(null)}: the split's own spread)" if null else "")
                 out.append(f"{kind}: {mode} paired server p{int(q * 100)} {r:.3f}x its rest slots, the median of "
                            f"{len(per)} repeats [{min(per):.3f}-{max(per):.3f}] (goal <= {lim:.2f}x): "
-                           + ("met" if r <= lim else f"MISSED by {100 * (r - lim):.1f} points"))
+                           + ("met" if r <= lim else f"MISSED by {100 * (r - lim):.1f} points") + beside)
     return out
 
 
@@ -502,7 +515,7 @@ def main() -> int:
     ap.add_argument("--variant-lib", default="",
                     help="the enforcer built with measurement switches, for the -variant modes (coloc.sh builds it)")
     ap.add_argument("--slot", type=float, default=0.0,
-                    help="paired protocol: the trainer works in every other slot of this many s (0: the whole window)")
+                    help="paired protocol: the trainer works in half the slots of this many s, Thue-Morse order (0: the whole window)")
     ap.add_argument("--tidal", action="store_true")
     ap.add_argument("--modes", default="", help=f"comma list of {','.join(ALL_MODES)} (default: all but tidal and the solo modes)")
     ap.add_argument("--dry", action="store_true")

@@ -142,9 +142,19 @@ def pct(sorted_values: list[float], q: float) -> float | None:
 
 def slot_of(t: float, t0: float, slot: float) -> tuple[int, float]:
     """(index, seconds into it) of the slot holding wall time t: slots of ``slot`` s from t0; the trainer works in
-    the odd ones (--slot: the paired protocol)."""
+    those where :func:`trainer_on` (--slot: the paired protocol)."""
     k = (t - t0) // slot
     return int(k), t - t0 - k * slot
+
+
+def trainer_on(k: int) -> bool:
+    """Whether the trainer works in slot k: the Thue-Morse sequence (k's count of one bits is odd: off, on, on, off,
+    on, off, off, on, ...), so that in a window of 2**n slots the trainer's slots and its rest slots have the same
+    mean position and a drift of the server's speed over the window of degree below n cancels (8 slots: linear and
+    quadratic). Slots alternating on/off put every on-slot after its off-slot: a server slowing down through the
+    window read slower "on" with no trainer at all (the decoder alone: median 1.083x over 12 repeats in five runs,
+    bench/results/2026-11-30-h200-coloc-decode-null.md). Before the window (k < 0) every other slot, as before."""
+    return k % 2 == 1 if k < 0 else bin(k).count("1") % 2 == 1
 
 
 def summary(lat: list[float], window: float) -> dict:
@@ -157,7 +167,7 @@ def summary(lat: list[float], window: float) -> dict:
 def run_server(request, think: float, t0: float, window: float, tail: float, slot: float = 0.0,
                guard: float = 0.1) -> dict:
     """Requests with ``think`` seconds between them; latencies of those that start and end in the window.
-    With ``slot``: also each request's slot (the trainer on in odd slots, off in even ones); a request that
+    With ``slot``: also each request's slot (the trainer on or off: :func:`trainer_on`); a request that
     starts in a slot's first ``guard`` s or ends in the next slot is in neither list (the neighbour's switch)."""
     end, stop = t0 + window, t0 + window + tail
     lat: list[float] = []
@@ -175,7 +185,7 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
         if slot:
             k, into = slot_of(wall_a, t0, slot)
             if into >= guard and slot_of(wall_a + (b - a), t0, slot)[0] == k:
-                by[k % 2].append(b - a)
+                by[int(trainer_on(k))].append(b - a)
         time.sleep(think)
     while time.time() < stop:
         request()
@@ -188,8 +198,8 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
 
 
 def run_trainer(step, t0: float, window: float, tail: float, slot: float = 0.0) -> dict:
-    """Steps back to back from before the window until its end + tail. With ``slot``: steps only in the odd
-    slots, each started only when the mean step so far ends inside the slot (the trainer's GPU work stays in its
+    """Steps back to back from before the window until its end + tail. With ``slot``: steps only in the on-slots
+    (:func:`trainer_on`), each started only when the mean step so far ends inside the slot (the trainer's GPU work stays in its
     slots); it/s counts the steps of on-slots against the on-slots' time in the window."""
     if slot:
         return run_trainer_slotted(step, t0, window, tail, slot)
@@ -212,7 +222,7 @@ def run_trainer_slotted(step, t0: float, window: float, tail: float, slot: float
     mean, n, done = 0.0, 0, 0
     while (now := time.time()) < stop:
         k, into = slot_of(now, t0, slot)
-        if k % 2 == 0 or into + mean > slot:
+        if not trainer_on(k) or into + mean > slot:
             time.sleep(min(0.002, max(0.0, slot - into)))
             continue
         a = time.perf_counter()
@@ -221,8 +231,8 @@ def run_trainer_slotted(step, t0: float, window: float, tail: float, slot: float
         n += 1
         mean += (took - mean) / n
         done += t0 <= now and time.time() <= end
-    on_time = sum(min(end, t0 + (k + 1) * slot) - (t0 + k * slot) for k in range(1, int(window // slot) + 1, 2)
-                  if t0 + k * slot < end)
+    on_time = sum(min(end, t0 + (k + 1) * slot) - (t0 + k * slot) for k in range(int(window // slot) + 1)
+                  if trainer_on(k) and t0 + k * slot < end)
     return {"iters": done, "it_per_s": done / on_time if on_time else None, "slot_s": slot, "on_s": on_time,
             "mean_step_ms": mean * 1000}
 
@@ -235,7 +245,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--window", type=float, default=4.0)
     ap.add_argument("--tail", type=float, default=0.4)
-    ap.add_argument("--slot", type=float, default=0.0, help="paired protocol: the trainer on in odd slots of this many s")
+    ap.add_argument("--slot", type=float, default=0.0, help="paired protocol: the trainer on in the Thue-Morse slots of this many s (trainer_on)")
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args()
     result: dict = {"pid": os.getpid(), "kind": args.kind}

@@ -239,6 +239,14 @@ def test_coloc_paired_goal_is_the_median_of_the_repeats_own_ratios() -> None:
     miss = [g for g in bench._goals("decode", [slow], None, None, None, None, None) if "paired server p50" in g]
     assert miss[0].endswith("MISSED by 17.0 points")
     assert "| spatial | 1.000x [1.000, 1.000, 1.200]" in "\n".join(bench.paired([a, b, slow], "decode"))
+    # the server alone, split the same way with no trainer, is the null: listed first and named in the goal line
+    null = {**rep(3, [11.0], [10.0]), "mode": "alone"}
+    table = "\n".join(bench.paired([null, a, b, slow], "decode"))
+    assert table.index("| alone (no trainer: the null) | 1.100x [1.100]") < table.index("| spatial |")
+    goals = [g for g in bench._goals("decode", [null, a, b, slow], None, None, None, None, None) if "paired server p50" in g]
+    assert goals == ["decode: spatial paired server p50 1.000x its rest slots, the median of 3 repeats [1.000-1.200] "
+                     "(goal <= 1.03x): met; the server alone read 1.100x on the same split (median of 1: the split's "
+                     "own spread)"]
 
 
 def test_coloc_preemptive_variant_is_preemptive_on_the_variant_build() -> None:
@@ -269,7 +277,8 @@ def _worker_module():
 
 
 def test_coloc_paired_protocol_splits_by_slot() -> None:
-    """--slot: the trainer steps only inside odd slots (a step is started only when its mean ends in the slot),
+    """--slot: the trainer steps only inside its on-slots, the Thue-Morse ones (a step is started only when its
+    mean ends in the slot; over 8 slots the on- and rest slots have equal mean position and spread),
     and the server files each request under the slot it started in, leaving out requests in a slot's first
     guard seconds or crossing into the next slot; the report then judges each co-located server against its
     own rest slots."""
@@ -284,9 +293,12 @@ def test_coloc_paired_protocol_splits_by_slot() -> None:
         time.sleep(0.02)
         steps.append((a, time.time()))
     tr = mod.run_trainer(step, t0, window, 0.0, slot)
-    for a, b in steps:  # every step lies inside one odd slot (a sleep may overrun by a scheduler tick)
+    on = [k for k in range(8) if mod.trainer_on(k)]
+    assert on == [1, 2, 4, 7] and sum(on) == sum(set(range(8)) - set(on))
+    assert sum(k * k for k in on) == sum(k * k for k in set(range(8)) - set(on))  # a quadratic drift cancels too
+    for a, b in steps:  # every step lies inside one on-slot (a sleep may overrun by a scheduler tick)
         k, _ = mod.slot_of(a, t0, slot)
-        assert k % 2 == 1 and mod.slot_of(b - 0.01, t0, slot)[0] == k, (a - t0, b - t0)
+        assert mod.trainer_on(k) and mod.slot_of(b - 0.01, t0, slot)[0] == k, (a - t0, b - t0)
     assert tr["on_s"] == 0.75 and tr["iters"] > 0 and tr["it_per_s"] == tr["iters"] / 0.75
 
     def request() -> None:
