@@ -372,7 +372,10 @@ def paired(phs: list[dict], kind: str) -> list[str]:
     if not rows:
         return []
     slot = next((p["server"].get("slot_s") for p in phs if "slot_s" in p.get("server", {})), None)
-    return [f"Paired (the trainer on in half the {slot:g}-s slots of the same phase, Thue-Morse order): the server's figure in the "
+    orders = {p["server"].get("slot_order", "") for p in phs if "slot_s" in p.get("server", {})}
+    order = {"thue-morse": "Thue-Morse order", "": "order not recorded: every other slot before becd189"}.get(
+        " ".join(orders), "mixed orders")
+    return [f"Paired (the trainer on in half the {slot:g}-s slots of the same phase, {order}): the server's figure in the "
             "trainer's slots over the same in its rest slots, the median of the repeats [each repeat's, in run order]; "
             "then all repeats' requests pooled (on / off ms). Requests in the first 0.1 s of a slot or crossing into "
             "the next are in neither. The server alone is split the same way with no trainer in any slot: its ratio "

@@ -147,6 +147,11 @@ def slot_of(t: float, t0: float, slot: float) -> tuple[int, float]:
     return int(k), t - t0 - k * slot
 
 
+# recorded with every split result; raws without it alternated (odd = on), except the one run of becd189
+# (bench/results/2026-11-30-h200-coloc-thuemorse-decode.md), which was Thue-Morse before the order was recorded
+SLOT_ORDER = "thue-morse"
+
+
 def trainer_on(k: int) -> bool:
     """Whether the trainer works in slot k: the Thue-Morse sequence (k's count of one bits is odd: off, on, on, off,
     on, off, off, on, ...), so that in a window of 2**n slots the trainer's slots and its rest slots have the same
@@ -192,7 +197,7 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
         time.sleep(think)
     out = summary(lat, window)
     if slot:
-        out["slot_s"], out["guard_s"] = slot, guard
+        out["slot_s"], out["guard_s"], out["slot_order"] = slot, guard, SLOT_ORDER
         out["off"], out["on"] = summary(by[0], 0), summary(by[1], 0)
     return out
 
@@ -233,7 +238,7 @@ def run_trainer_slotted(step, t0: float, window: float, tail: float, slot: float
         done += t0 <= now and time.time() <= end
     on_time = sum(min(end, t0 + (k + 1) * slot) - (t0 + k * slot) for k in range(int(window // slot) + 1)
                   if trainer_on(k) and t0 + k * slot < end)
-    return {"iters": done, "it_per_s": done / on_time if on_time else None, "slot_s": slot, "on_s": on_time,
+    return {"iters": done, "it_per_s": done / on_time if on_time else None, "slot_s": slot, "slot_order": SLOT_ORDER, "on_s": on_time,
             "mean_step_ms": mean * 1000}
 
 

@@ -243,6 +243,7 @@ def test_coloc_paired_goal_is_the_median_of_the_repeats_own_ratios() -> None:
     null = {**rep(3, [11.0], [10.0]), "mode": "alone"}
     table = "\n".join(bench.paired([null, a, b, slow], "decode"))
     assert table.index("| alone (no trainer: the null) | 1.100x [1.100]") < table.index("| spatial |")
+    assert "order not recorded: every other slot before becd189" in table  # raws made before the order was recorded
     goals = [g for g in bench._goals("decode", [null, a, b, slow], None, None, None, None, None) if "paired server p50" in g]
     assert goals == ["decode: spatial paired server p50 1.000x its rest slots, the median of 3 repeats [1.000-1.200] "
                      "(goal <= 1.03x): met; the server alone read 1.100x on the same split (median of 1: the split's "
@@ -313,6 +314,7 @@ def test_coloc_paired_protocol_splits_by_slot() -> None:
     assert bench._side(solo, "server")["lat_ms"] == sv["lat_ms"]  # alone: every request
     text = "\n".join(bench.paired([phase, solo], "launch"))
     assert "| spatial |" in text and f"{on['requests']} / {off['requests']}" in text and "| alone |" not in text
+    assert sv["slot_order"] == tr["slot_order"] == "thue-morse" and "Thue-Morse order" in text
     assert any("spatial paired server p50" in g for g in bench._goals("launch", [phase, solo], 1, 1, None, None, None))
 
 
