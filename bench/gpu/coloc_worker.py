@@ -171,11 +171,12 @@ def summary(lat: list[float], window: float) -> dict:
 
 def run_server(request, think: float, t0: float, window: float, tail: float, slot: float = 0.0,
                guard: float = 0.1) -> dict:
-    """Requests with ``think`` seconds between them; latencies of those that start and end in the window.
-    With ``slot``: also each request's slot (the trainer on or off: :func:`trainer_on`); a request that
+    """Requests with ``think`` seconds between them; latencies of those that start and end in the window (sorted,
+    and in time order with each one's start as ``series``). With ``slot``: also each request's slot (the trainer on or off: :func:`trainer_on`); a request that
     starts in a slot's first ``guard`` s or ends in the next slot is in neither list (the neighbour's switch)."""
     end, stop = t0 + window, t0 + window + tail
     lat: list[float] = []
+    series: list[list[float]] = []  # [start s into the window, ms] in time order: a drift within the window shows
     by = {0: [], 1: []}
     while time.time() < t0:
         time.sleep(min(0.001, max(0.0, t0 - time.time())))
@@ -187,6 +188,7 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
         if wall_a + (b - a) > end:
             break
         lat.append(b - a)
+        series.append([round(wall_a - t0, 4), round((b - a) * 1000, 4)])
         if slot:
             k, into = slot_of(wall_a, t0, slot)
             if into >= guard and slot_of(wall_a + (b - a), t0, slot)[0] == k:
@@ -196,6 +198,7 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
         request()
         time.sleep(think)
     out = summary(lat, window)
+    out["series"] = series
     if slot:
         out["slot_s"], out["guard_s"], out["slot_order"] = slot, guard, SLOT_ORDER
         out["off"], out["on"] = summary(by[0], 0), summary(by[1], 0)

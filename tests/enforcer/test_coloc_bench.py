@@ -315,6 +315,9 @@ def test_coloc_paired_protocol_splits_by_slot() -> None:
     text = "\n".join(bench.paired([phase, solo], "launch"))
     assert "| spatial |" in text and f"{on['requests']} / {off['requests']}" in text and "| alone |" not in text
     assert sv["slot_order"] == tr["slot_order"] == "thue-morse" and "Thue-Morse order" in text
+    starts = [t for t, _ in sv["series"]]  # every request in the window, in time order with its start
+    assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] < window
+    assert sorted(ms for _, ms in sv["series"]) == sv["lat_ms"]
     assert any("spatial paired server p50" in g for g in bench._goals("launch", [phase, solo], 1, 1, None, None, None))
 
 
