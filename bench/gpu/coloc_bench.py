@@ -43,9 +43,10 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
 --slot S (the paired protocol): the trainer works only in half of the S-s slots of a phase, in the Thue-Morse
 order (coloc_worker.trainer_on: off, on, on, off, on, off, off, on: a drift over the window cancels; a step is
 started only when its mean ends inside the slot), and each co-located server is also judged against itself in
-the slots between (a table of its own, and goals "paired"; the server alone is split the same way: the null): the server kinds are CPU-bound inside a request, so
-their latency drifts with the VM's CPU speed between phases and with what each new process draws (one run's
-"alone" p50 read 5.7-7.2 ms); within one phase both cancel. Requests in a slot's first 0.1 s, or crossing
+the slots between (a table of its own, and goals "paired"; the server alone is split the same way: the null):
+the server kinds are CPU-bound inside a request, so their latency drifts with the VM's CPU speed between
+phases and with what each new process draws (one run's "alone" p50 read 5.7-7.2 ms); within one phase both
+cancel. Requests in a slot's first 0.1 s, or crossing
 into the next slot, count in neither.
 Phases go in ABBA order (the modes forward, then backward), --reps times (2 = ABBA); every phase starts
 fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
@@ -86,19 +87,21 @@ KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-b
 STARTUP_S = 11.5
 
 
-ALL_MODES = ("alone", "solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "trainer", "solo-trainer", "plain", "mps", "preemptive",
-             "preemptive-variant", "shared", "spatial", "spatial-full", "spatial-gate", "spatial-gate-full",
-             "spatial-gate-variant", "tidal")
-OPT_IN = ("solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "solo-trainer", "spatial-full", "spatial-gate", "spatial-gate-full",
-          "spatial-gate-variant", "preemptive-variant", "tidal")  # run only when named (tidal also by --tidal)
-SPATIAL_MODES = ("spatial", "spatial-full", "spatial-gate", "spatial-gate-full", "spatial-gate-variant")  # co-located spatial, judged alike
+ALL_MODES = ("alone", "solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "trainer", "solo-trainer",
+             "plain", "mps", "preemptive", "preemptive-variant", "shared", "spatial", "spatial-full", "spatial-gate",
+             "spatial-gate-full", "spatial-gate-variant", "tidal")
+OPT_IN = ("solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "solo-trainer", "spatial-full",
+          "spatial-gate", "spatial-gate-full", "spatial-gate-variant", "preemptive-variant",
+          "tidal")  # run only when named (tidal also by --tidal)
+# co-located spatial, judged alike
+SPATIAL_MODES = ("spatial", "spatial-full", "spatial-gate", "spatial-gate-full", "spatial-gate-variant")
 SOLO = {"solo-mps": "mps", "solo-mps-pinned": "mps", "solo-mps-enforced": "mps",
         "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode (Bench.command: how)
 SPATIAL_PINNED = "0=16384M"  # what gpuslice's spatial engine sets for the bench's --memory 16GiB (mps.client_env)
 SOLO_TRAINER = {"solo-trainer": "spatial"}  # the trainer alone, set up as in the co-located mode
 PREEMPTIVE_MODES = ("preemptive", "preemptive-variant")  # time-sliced preemptive, judged alike
-VARIANT = {"spatial-full": "spatial", "spatial-gate": "spatial", "spatial-gate-full": "spatial", "spatial-gate-variant": "spatial",
-           "preemptive-variant": "preemptive"}  # one setting
+VARIANT = {"spatial-full": "spatial", "spatial-gate": "spatial", "spatial-gate-full": "spatial",
+           "spatial-gate-variant": "spatial", "preemptive-variant": "preemptive"}  # one setting
 # changed (Bench.command says which)
 
 
@@ -222,7 +225,8 @@ class Bench:
             opts += ["--engine", "spatial"]
             if variant in ("spatial-gate", "spatial-gate-full", "spatial-gate-variant"):  # both ask for the yield gate
                 env["GPUSLICE_SPATIAL_YIELD"] = "1"
-            cap = 100 if variant in ("spatial-full", "spatial-gate-full") else getattr(self.args, "spatial_trainer_compute", 0)
+            full = variant in ("spatial-full", "spatial-gate-full")
+            cap = 100 if full else getattr(self.args, "spatial_trainer_compute", 0)
             if cap and role == "trainer":  # its MPS active-thread percentage: SMs the server's kernels find free
                 opts += ["--compute", str(cap)]
         if mode == "shared":
@@ -334,6 +338,12 @@ def _split_phases(phs: list[dict], kind: str, mode: str) -> list[dict]:
             and mode != "trainer" and mode not in SOLO_TRAINER]
 
 
+def _split_pooled(ph: list[dict], q: float, part: str) -> float | None:
+    """The q-quantile of the server's latencies in the on- or off-slots (part) of the phases ph together."""
+    lat = sorted(x for p in ph for x in p["server"][part].get("lat_ms", []))
+    return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
+
+
 def paired_ratios(phs: list[dict], kind: str, mode: str, q: float) -> list[float]:
     """Each repeat's server p50 (q 0.5) or p99 (q 0.99) in the trainer's slots over the same in its rest slots, in
     run order. Judged by their median: pooling the repeats' requests mixes ABBA positions, and the VM drifts
@@ -359,10 +369,7 @@ def paired(phs: list[dict], kind: str) -> list[str]:
             continue
         cells = []
         for q in (0.5, 0.99):
-            on, off = _pooled(phs, kind, mode, q, "on"), _pooled(phs, kind, mode, q, "off")
-            if mode == "alone":
-                lat = lambda part: sorted(x for p in ph for x in p["server"][part].get("lat_ms", []))
-                on, off = (v[min(len(v) - 1, int(q * len(v)))] if v else None for v in (lat("on"), lat("off")))
+            on, off = _split_pooled(ph, q, "on"), _split_pooled(ph, q, "off")
             per = paired_ratios(phs, kind, mode, q)
             cells.append(f"{statistics.median(per):.3f}x [{', '.join(f'{r:.3f}' for r in per)}]; pooled {on:.2f} / "
                          f"{off:.2f} ms ({on / off:.3f}x)" if on and off and per else "-")
@@ -375,8 +382,8 @@ def paired(phs: list[dict], kind: str) -> list[str]:
     orders = {p["server"].get("slot_order", "") for p in phs if "slot_s" in p.get("server", {})}
     order = {"thue-morse": "Thue-Morse order", "": "order not recorded: every other slot before becd189"}.get(
         " ".join(orders), "mixed orders")
-    return [f"Paired (the trainer on in half the {slot:g}-s slots of the same phase, {order}): the server's figure in the "
-            "trainer's slots over the same in its rest slots, the median of the repeats [each repeat's, in run order]; "
+    return [f"Paired (the trainer on in half the {slot:g}-s slots of the same phase, {order}): the server's figure in "
+            "the trainer's slots over the same in its rest slots, the median of the repeats [each repeat's, in run order]; "
             "then all repeats' requests pooled (on / off ms). Requests in the first 0.1 s of a slot or crossing into "
             "the next are in neither. The server alone is split the same way with no trainer in any slot: its ratio "
             "is what the split reads by itself.", "", "| mode | p50 on / off | p99 on / off | requests on / off |",
@@ -518,7 +525,8 @@ def main() -> int:
     ap.add_argument("--variant-lib", default="",
                     help="the enforcer built with measurement switches, for the -variant modes (coloc.sh builds it)")
     ap.add_argument("--slot", type=float, default=0.0,
-                    help="paired protocol: the trainer works in half the slots of this many s, Thue-Morse order (0: the whole window)")
+                    help="paired protocol: the trainer works in half the slots of this many s, Thue-Morse order "
+                         "(0: the whole window)")
     ap.add_argument("--tidal", action="store_true")
     ap.add_argument("--modes", default="", help=f"comma list of {','.join(ALL_MODES)} (default: all but tidal and the solo modes)")
     ap.add_argument("--dry", action="store_true")
