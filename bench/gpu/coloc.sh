@@ -26,7 +26,8 @@
 #   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
 #   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in half the slots of this many seconds of one
 #   phase (Thue-Morse order, so a drift over the window cancels) and each co-located server is also judged against
-#   itself in the slots between (a table of its own; the server alone, split the same way, is the null).
+#   itself in the slots between (a table of its own; the server alone, split the same way, is the null). The
+#   window must hold a multiple of 8 slots (GS_COLOC_WINDOW=8 GS_COLOC_SLOT=1).
 #   GS_COLOC_SPATIAL_TRAINER_COMPUTE (unset): under spatial, the trainer's --compute (its MPS active threads %;
 #   unset, a low-priority spatial trainer started beside the high-priority server gets gpuslice's yield cap, 60;
 #   100: every SM). GS_COLOC_TRAIN_BATCH (16): the trainer's batch (64: one whose kernels fill the SMs).

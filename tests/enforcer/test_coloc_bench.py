@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -232,12 +233,12 @@ def test_coloc_paired_goal_is_the_median_of_the_repeats_own_ratios() -> None:
     assert bench.paired_ratios([a, b], "decode", "spatial", 0.5) == [1.0, 1.0]
     goals = [g for g in bench._goals("decode", [a, b], None, None, None, None, None) if "paired server p50" in g]
     assert goals == ["decode: spatial paired server p50 1.000x its rest slots, the median of 2 repeats [1.000-1.000] "
-                     "(goal <= 1.03x): met"]
+                     "(goal <= 1.03x): met; under 3 repeats: inside the split's noise"]
     slow = rep(2, [12.0], [10.0])  # a third repeat at 1.2: the median (1.0) is judged, the spread names it
     goals = [g for g in bench._goals("decode", [a, b, slow], None, None, None, None, None) if "paired server p50" in g]
     assert "1.000x" in goals[0] and "[1.000-1.200]" in goals[0] and goals[0].endswith("met")
     miss = [g for g in bench._goals("decode", [slow], None, None, None, None, None) if "paired server p50" in g]
-    assert miss[0].endswith("MISSED by 17.0 points")
+    assert "MISSED by 17.0 points; under 3 repeats" in miss[0]
     assert "| spatial | 1.000x [1.000, 1.000, 1.200]" in "\n".join(bench.paired([a, b, slow], "decode"))
     # the server alone, split the same way with no trainer, is the null: listed first and named in the goal line
     null = {**rep(3, [11.0], [10.0]), "mode": "alone"}
@@ -246,8 +247,36 @@ def test_coloc_paired_goal_is_the_median_of_the_repeats_own_ratios() -> None:
     assert "order not recorded: every other slot before becd189" in table  # raws made before the order was recorded
     goals = [g for g in bench._goals("decode", [null, a, b, slow], None, None, None, None, None) if "paired server p50" in g]
     assert goals == ["decode: spatial paired server p50 1.000x its rest slots, the median of 3 repeats [1.000-1.200] "
-                     "(goal <= 1.03x): met; the server alone read 1.100x on the same split (median of 1: the split's "
-                     "own spread)"]
+                     "(goal <= 1.03x): met; the server alone read 1.100x on the same split in the same run(s) (median "
+                     "of 1: the split's own spread)"]
+    # the null beside a goal comes from the runs of the judged phases only (--report tags each raw's phases)
+    other = {**null, "run": 1, "server": {**null["server"], "on": rep(0, [30.0], [10.0])["server"]["on"]}}
+    goals = [g for g in bench._goals("decode", [null, other, a, b, slow], None, None, None, None, None)
+             if "paired server p50" in g]
+    assert "read 1.100x on the same split in the same run(s) (median of 1" in goals[0]
+    # a repeat with no request in the trainer's slots is the worst repeat, never a dropped one
+    starved = rep(4, [10.0], [10.0])
+    starved["server"]["on"] = {"lat_ms": [], "p50_ms": None, "p99_ms": None}  # the worker's summary of no request
+    assert bench.paired_ratios([starved, a], "decode", "spatial", 0.5) == [float("inf"), 1.0]
+    miss = [g for g in bench._goals("decode", [starved, slow, a], None, None, None, None, None) if "paired server p50" in g]
+    assert "1.200x" in miss[0] and miss[0].split(": ")[-1].startswith("MISSED")
+
+
+def test_coloc_paired_split_needs_a_multiple_of_8_slots(tmp_path: Path) -> None:
+    """The Thue-Morse order balances the trainer's slots against its rest slots over 8, 16, ... slots only: another
+    count is refused naming both values; --report takes the order for raws that did not record it."""
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "bench/gpu/coloc_bench.py"), *a], capture_output=True,
+                                    text=True)
+    bad = run("--plan-only", "--window", "3", "--slot", "1")
+    assert bad.returncode == 2 and "--window 3 / --slot 1" in bad.stderr and "multiple of 8" in bad.stderr
+    assert run("--plan-only", "--window", "8", "--slot", "1", "--steps", "1", "--modes", "alone").returncode == 0
+    side = {"lat_ms": [10.0], "p50_ms": 10.0, "p99_ms": 10.0}
+    raw = {"phases": [{"kind": "decode", "mode": "alone", "rep": 0,
+                       "server": {"on": side, "off": side, "slot_s": 1, **side}}], "window_s": 8, "reps": 1}
+    (tmp_path / "raw.json").write_text(json.dumps(raw))
+    assert "order not recorded" in run("--report", str(tmp_path / "raw.json")).stdout
+    assert "Thue-Morse order" in run("--report", str(tmp_path / "raw.json"), "--slot-order", "thue-morse").stdout
+    assert "phase, every other slot)" in run("--report", str(tmp_path / "raw.json"), "--slot-order", "alternating").stdout
 
 
 def test_coloc_preemptive_variant_is_preemptive_on_the_variant_build() -> None:
