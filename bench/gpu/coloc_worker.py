@@ -178,6 +178,7 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
     lat: list[float] = []
     series: list[list[float]] = []  # [start s into the window, ms] in time order: a drift within the window shows
     by = {0: [], 1: []}
+    left_out = {0: 0, 1: 0}  # requests of each side's slots in neither list (a slot's guard, or into the next slot)
     while time.time() < t0:
         time.sleep(min(0.001, max(0.0, t0 - time.time())))
     while True:
@@ -193,6 +194,8 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
             k, into = slot_of(wall_a, t0, slot)
             if into >= guard and slot_of(wall_a + (b - a), t0, slot)[0] == k:
                 by[int(trainer_on(k))].append(b - a)
+            else:  # a trainer that stalls the server past its slot shows here, not in the "on" latencies
+                left_out[int(trainer_on(k))] += 1
         time.sleep(think)
     while time.time() < stop:
         request()
@@ -202,6 +205,7 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
     if slot:
         out["slot_s"], out["guard_s"], out["slot_order"] = slot, guard, SLOT_ORDER
         out["off"], out["on"] = summary(by[0], 0), summary(by[1], 0)
+        out["off"]["left_out"], out["on"]["left_out"] = left_out[0], left_out[1]
     return out
 
 

@@ -336,6 +336,7 @@ def test_coloc_paired_protocol_splits_by_slot() -> None:
     sv = mod.run_server(request, 0.002, time.time() + 0.05, window, 0.0, slot, guard=0.05)
     on, off = sv["on"], sv["off"]
     assert on["requests"] > 10 and off["requests"] > 10 and on["requests"] + off["requests"] < sv["requests"]
+    assert on["left_out"] > 0 and on["requests"] + off["requests"] + on["left_out"] + off["left_out"] == sv["requests"]
     bench = _bench_module()
     phase = {"kind": "launch", "mode": "spatial", "rep": 0, "server": sv, "trainer": tr}
     solo = {"kind": "launch", "mode": "alone", "rep": 0, "server": sv}
