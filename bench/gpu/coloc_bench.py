@@ -46,8 +46,8 @@ started only when its mean ends inside the slot), and each co-located server is 
 the slots between (a table of its own, and goals "paired"; the server alone is split the same way: the null):
 the server kinds are CPU-bound inside a request, so their latency drifts with the VM's CPU speed between
 phases and with what each new process draws (one run's "alone" p50 read 5.7-7.2 ms); within one phase both
-cancel. Requests in a slot's first 0.1 s, or crossing
-into the next slot, count in neither.
+cancel. Requests in a slot's first 0.1 s, or crossing into the next slot, count in neither. A paired goal is judged on the median of the repeats' own ratios and also
+names the ratio over the null of the same repeats with a 95 % interval (matched_null): what the trainer adds.
 Phases go in ABBA order (the modes forward, then backward), --reps times (2 = ABBA); every phase starts
 fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
 alone speed x the server's idle fraction (issue 13's goal: >= 80 % of it); the between-requests bound leaves
@@ -69,6 +69,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -465,6 +466,31 @@ def report(raw: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student's t, two-sided 95 %, by degrees of freedom
+
+
+def matched_null(phs: list[dict], kind: str, mode: str, q: float) -> str:
+    """Each repeat's paired ratio over the null's of the same run and ABBA repeat (the server alone, split the same
+    way): their geometric mean and its 95 % interval (Student's t on the logs). This, not the median against the
+    goal alone, says what the trainer adds beyond the split's own reading (bench/results/
+    2026-11-30-h200-coloc-decode-null.md: the decoder's median 1.05 was x1.051 [0.984-1.122] over its null)."""
+    key = "p50_ms" if q == 0.5 else "p99_ms"
+
+    def ratio(p: dict) -> float | None:
+        on, off = p["server"]["on"].get(key), p["server"].get("off", {}).get(key)
+        return on / off if on and off else None
+    null = {(p.get("run", 0), p["rep"]): ratio(p) for p in _split_phases(phs, kind, "alone")}
+    d = [math.log(r / null[k]) for p in _split_phases(phs, kind, mode)
+         if (r := ratio(p)) and null.get(k := (p.get("run", 0), p["rep"]))]
+    if len(d) < 2:
+        return ""
+    t = T95[max(k for k in T95 if k <= len(d) - 1)]
+    m, half = statistics.fmean(d), t * statistics.stdev(d) / math.sqrt(len(d))
+    return (f"; over the null of the same repeats x{math.exp(m):.3f} [95 % CI {math.exp(m - half):.3f}-"
+            f"{math.exp(m + half):.3f}, {len(d)} pairs]")
+
+
 def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> list[str]:
     out = _mode_goals(kind, "preemptive", phs, p50a, p99a, bound, talone, between)
     for mode in ("preemptive-variant", *SPATIAL_MODES):  # the variant and the spatial engine, judged alike
@@ -482,7 +508,8 @@ def _goals(kind: str, phs: list[dict], p50a, p99a, bound, talone, between) -> li
                 few = "; under 3 repeats: inside the split's noise" if len(per) < 3 else ""
                 out.append(f"{kind}: {mode} paired server p{int(q * 100)} {r:.3f}x its rest slots, the median of "
                            f"{len(per)} repeats [{min(per):.3f}-{max(per):.3f}] (goal <= {lim:.2f}x): "
-                           + ("met" if r <= lim else f"MISSED by {100 * (r - lim):.1f} points") + few + beside)
+                           + ("met" if r <= lim else f"MISSED by {100 * (r - lim):.1f} points") + few + beside
+                           + matched_null(phs, kind, mode, q))
     return out
 
 

@@ -262,6 +262,27 @@ def test_coloc_paired_goal_is_the_median_of_the_repeats_own_ratios() -> None:
     assert "1.200x" in miss[0] and miss[0].split(": ")[-1].startswith("MISSED")
 
 
+def test_coloc_paired_goal_names_the_ratio_over_the_null_of_the_same_repeats() -> None:
+    """Each paired goal also says what the trainer adds beyond the split's own reading: every repeat's ratio over
+    the null (the server alone) of the same run and ABBA repeat, their geometric mean and a 95 % interval; a
+    repeat with no null of its own is left out of it, and one pair gives no interval."""
+    import math
+
+    bench = _bench_module()
+
+    def ph(run: int, rep: int, mode: str, on: float) -> dict:
+        side = lambda v: {"lat_ms": [v], "p50_ms": v, "p99_ms": v}
+        return {"kind": "decode", "mode": mode, "rep": rep, "run": run, "server": {"on": side(on), "off": side(10.0)}}
+    phs = [ph(0, 0, "alone", 10.0), ph(0, 0, "spatial", 11.0), ph(0, 1, "alone", 11.0), ph(0, 1, "spatial", 11.0),
+           ph(1, 0, "alone", 12.0), ph(1, 0, "spatial", 13.2), ph(1, 1, "spatial", 20.0)]  # run 1 #1: no null
+    d = [math.log(1.1 / 1.0), math.log(1.1 / 1.1), math.log(1.32 / 1.2)]
+    m, half = sum(d) / 3, 4.303 * (sum((x - sum(d) / 3) ** 2 for x in d) / 2) ** 0.5 / 3 ** 0.5
+    line = next(g for g in bench._goals("decode", phs, None, None, None, None, None) if "paired server p50" in g)
+    assert line.endswith(f"over the null of the same repeats x{math.exp(m):.3f} [95 % CI {math.exp(m - half):.3f}-"
+                         f"{math.exp(m + half):.3f}, 3 pairs]")
+    assert bench.matched_null(phs[:2], "decode", "spatial", 0.5) == ""  # one pair: no interval
+
+
 def test_coloc_paired_split_needs_a_multiple_of_8_slots(tmp_path: Path) -> None:
     """The Thue-Morse order balances the trainer's slots against its rest slots over 8, 16, ... slots only: another
     count is refused naming both values; --report takes the order for raws that did not record it."""
