@@ -46,8 +46,9 @@ started only when its mean ends inside the slot), and each co-located server is 
 the slots between (a table of its own, and goals "paired"; the server alone is split the same way: the null):
 the server kinds are CPU-bound inside a request, so their latency drifts with the VM's CPU speed between
 phases and with what each new process draws (one run's "alone" p50 read 5.7-7.2 ms); within one phase both
-cancel. Requests in a slot's first 0.1 s, or crossing into the next slot, count in neither. A paired goal is judged on the median of the repeats' own ratios and also
-names the ratio over the null of the same repeats with a 95 % interval (matched_null): what the trainer adds.
+cancel. Requests in a slot's first 0.1 s, or crossing into the next slot, count in neither. A paired goal is
+judged on the median of the repeats' own ratios and also names the ratio over the null of the same repeats with
+a 95 % interval (matched_null): what the trainer adds.
 Phases go in ABBA order (the modes forward, then backward), --reps times (2 = ABBA); every phase starts
 fresh processes, waits until both are warm, and measures the same window in both. The trainer's bound is its
 alone speed x the server's idle fraction (issue 13's goal: >= 80 % of it); the between-requests bound leaves
