@@ -346,6 +346,13 @@ def _split_pooled(ph: list[dict], q: float, part: str) -> float | None:
     return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
 
 
+def _phase_ratio(p: dict, key: str) -> float | None:
+    """One phase's server figure (key: p50_ms or p99_ms) in the trainer's slots over its rest slots; None when a
+    side has none."""
+    on, off = p["server"]["on"].get(key), p["server"].get("off", {}).get(key)
+    return on / off if on and off else None
+
+
 def paired_ratios(phs: list[dict], kind: str, mode: str, q: float) -> list[float]:
     """Each repeat's server p50 (q 0.5) or p99 (q 0.99) in the trainer's slots over the same in its rest slots, in
     run order. Judged by their median: pooling the repeats' requests mixes ABBA positions, and the VM drifts
@@ -355,10 +362,10 @@ def paired_ratios(phs: list[dict], kind: str, mode: str, q: float) -> list[float
     key = "p50_ms" if q == 0.5 else "p99_ms"
     out = []
     for p in _split_phases(phs, kind, mode):
-        on, off = p["server"]["on"].get(key), p["server"].get("off", {}).get(key)
+        r = _phase_ratio(p, key)
         # no request in the trainer's slots (every one stalled past its slot, or none made) is the worst repeat,
         # never a dropped one; none in the rest slots says nothing
-        out.extend([on / off] if on and off else [float("inf")] if off else [])
+        out.extend([r] if r else [float("inf")] if p["server"].get("off", {}).get(key) else [])
     return out
 
 
@@ -477,13 +484,9 @@ def matched_null(phs: list[dict], kind: str, mode: str, q: float) -> str:
     goal alone, says what the trainer adds beyond the split's own reading (bench/results/
     2026-11-30-h200-coloc-decode-null.md: the decoder's median 1.05 was x1.051 [0.984-1.122] over its null)."""
     key = "p50_ms" if q == 0.5 else "p99_ms"
-
-    def ratio(p: dict) -> float | None:
-        on, off = p["server"]["on"].get(key), p["server"].get("off", {}).get(key)
-        return on / off if on and off else None
-    null = {(p.get("run", 0), p["rep"]): ratio(p) for p in _split_phases(phs, kind, "alone")}
+    null = {(p.get("run", 0), p["rep"]): _phase_ratio(p, key) for p in _split_phases(phs, kind, "alone")}
     d = [math.log(r / null[k]) for p in _split_phases(phs, kind, mode)
-         if (r := ratio(p)) and null.get(k := (p.get("run", 0), p["rep"]))]
+         if (r := _phase_ratio(p, key)) and null.get(k := (p.get("run", 0), p["rep"]))]
     if len(d) < 2:
         return ""
     t = T95[max(k for k in T95 if k <= len(d) - 1)]
