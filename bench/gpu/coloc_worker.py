@@ -156,9 +156,10 @@ def trainer_on(k: int) -> bool:
     """Whether the trainer works in slot k: the Thue-Morse sequence (k's count of one bits is odd: off, on, on, off,
     on, off, off, on, ...), so that in a window of 2**n slots the trainer's slots and its rest slots have the same
     mean position and a drift of the server's speed over the window of degree below n cancels (8 slots: linear and
-    quadratic). Slots alternating on/off put every on-slot after its off-slot: a server slowing down through the
-    window read slower "on" with no trainer at all (the decoder alone: median 1.083x over 12 repeats in five runs,
-    bench/results/2026-11-30-h200-coloc-decode-null.md). Before the window (k < 0) every other slot, as before."""
+    quadratic). Slots alternating on/off put every on-slot after its off-slot, so a server slowing down through the
+    window reads slower "on" with no trainer at all; the decoder alone leaned that way by 2-3.5 points (median
+    1.020, geometric mean 1.035 over 28 repeats in 12 runs, bench/results/2026-11-30-h200-coloc-decode-null.md),
+    its cause not measured. Before the window (k < 0) every other slot, as before."""
     return k % 2 == 1 if k < 0 else bin(k).count("1") % 2 == 1
 
 
@@ -172,7 +173,8 @@ def summary(lat: list[float], window: float) -> dict:
 def run_server(request, think: float, t0: float, window: float, tail: float, slot: float = 0.0,
                guard: float = 0.1) -> dict:
     """Requests with ``think`` seconds between them; latencies of those that start and end in the window (sorted,
-    and in time order with each one's start as ``series``). With ``slot``: also each request's slot (the trainer on or off: :func:`trainer_on`); a request that
+    and in time order with each one's start as ``series``). With ``slot``: also each request's slot (the trainer
+    on or off: :func:`trainer_on`); a request that
     starts in a slot's first ``guard`` s or ends in the next slot is in neither list (the neighbour's switch)."""
     end, stop = t0 + window, t0 + window + tail
     lat: list[float] = []
@@ -211,8 +213,8 @@ def run_server(request, think: float, t0: float, window: float, tail: float, slo
 
 def run_trainer(step, t0: float, window: float, tail: float, slot: float = 0.0) -> dict:
     """Steps back to back from before the window until its end + tail. With ``slot``: steps only in the on-slots
-    (:func:`trainer_on`), each started only when the mean step so far ends inside the slot (the trainer's GPU work stays in its
-    slots); it/s counts the steps of on-slots against the on-slots' time in the window."""
+    (:func:`trainer_on`), each started only when the mean step so far ends inside the slot (the trainer's GPU work
+    stays in its slots); it/s counts the steps of on-slots against the on-slots' time in the window."""
     if slot:
         return run_trainer_slotted(step, t0, window, tail, slot)
     end, stop = t0 + window, t0 + window + tail
@@ -245,8 +247,8 @@ def run_trainer_slotted(step, t0: float, window: float, tail: float, slot: float
         done += t0 <= now and time.time() <= end
     on_time = sum(min(end, t0 + (k + 1) * slot) - (t0 + k * slot) for k in range(int(window // slot) + 1)
                   if trainer_on(k) and t0 + k * slot < end)
-    return {"iters": done, "it_per_s": done / on_time if on_time else None, "slot_s": slot, "slot_order": SLOT_ORDER, "on_s": on_time,
-            "mean_step_ms": mean * 1000}
+    return {"iters": done, "it_per_s": done / on_time if on_time else None, "slot_s": slot, "slot_order": SLOT_ORDER,
+            "on_s": on_time, "mean_step_ms": mean * 1000}
 
 
 def main() -> int:
@@ -257,7 +259,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--window", type=float, default=4.0)
     ap.add_argument("--tail", type=float, default=0.4)
-    ap.add_argument("--slot", type=float, default=0.0, help="paired protocol: the trainer on in the Thue-Morse slots of this many s (trainer_on)")
+    ap.add_argument("--slot", type=float, default=0.0,
+                    help="paired protocol: the trainer on in the Thue-Morse slots of this many s (trainer_on)")
     ap.add_argument("--dry", action="store_true")
     args = ap.parse_args()
     result: dict = {"pid": os.getpid(), "kind": args.kind}
