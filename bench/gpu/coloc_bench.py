@@ -404,6 +404,36 @@ def paired(phs: list[dict], kind: str) -> list[str]:
             "| --- | --- | --- | --- |"] + rows + [""]
 
 
+YIELD_WHY = (("yield_backlog_ns", "server's backlog"), ("yield_late_ns", "server's late start"),
+             ("yield_busy_ns", "server busy (measured)"), ("yield_no_looks_ns", "server without looks"),
+             ("yield_own_queue_ns", "own queue bound"))
+
+
+def yield_table(phs: list[dict], kind: str, window: float | None) -> list[str]:
+    """Where a yielding trainer waited inside the window: its enforcer's counters (gpuslice_pacer_stats, read at the
+    window's start and end by coloc_worker), its launch threads' sleeps in the yield gate by why, as % of the time it
+    worked in the window (mean of the repeats). The server's reasons are time it gave up for the server; its own queue
+    bound is the normal state of a trainer that keeps the device busy (it sleeps while YIELD_QUEUE is in flight)."""
+    rows = []
+    for mode in ALL_MODES:
+        got = [(p["trainer"]["yield"], p["trainer"].get("on_s") or window or 0) for p in phs
+               if p["kind"] == kind and p["mode"] == mode and isinstance(p.get("trainer", {}).get("yield"), dict)]
+        got = [(y, w) for y, w in got if w > 0]
+        if not got:
+            continue
+        cells = [f"{statistics.fmean(100 * y[k] / 1e9 / w for y, w in got):.1f} %" for k, _ in YIELD_WHY]
+        held = f"{statistics.fmean(y['yield_entries'] / w for y, w in got):.0f}"
+        rows.append(f"| {mode} | " + " | ".join(cells) + f" | {held} |")
+    if not rows:
+        return []
+    return ["Where the yielding trainer waited (its enforcer's counters over the window: the launch threads' sleeps "
+            "in the yield gate by why, % of the time it worked; mean of the repeats; several threads can sleep at "
+            "once). The server's reasons are time given up for it; the own queue bound is the trainer keeping at "
+            "most YIELD_QUEUE in flight.", "",
+            "| mode | " + " | ".join(n for _, n in YIELD_WHY) + " | holds let go / s |",
+            "| --- |" + " --- |" * (len(YIELD_WHY) + 1)] + rows + [""]
+
+
 def _mean(v: list[float]) -> float | None:
     return statistics.fmean(v) if v else None
 
@@ -462,6 +492,7 @@ def report(raw: dict) -> str:
                          f"{f'{_mean(tr) / bound:.2f}' if tr and bound and mode not in ('trainer', *SOLO_TRAINER) else '-'} | "
                          f"{_clock(phs, kind, mode)} | {', '.join(paths) or '-'} |")
         lines.append("")
+        lines += yield_table(phs, kind, raw.get("window_s"))
         lines += paired(phs, kind)
         goals += _goals(kind, phs, p50a, p99a, bound, talone, between)
     errors = [f"{p['kind']}/{p['mode']}#{p['rep']} {r}: {p[r]['error']}" for p in phs for r in ("server", "trainer")

@@ -23,6 +23,7 @@ so the neighbour stays loaded; write ``--out`` (JSON) and exit 0 (3 on a CUDA er
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -125,6 +126,31 @@ def build_trainer():
     return step
 
 
+YIELD_KEYS = ("yield_entries", "yield_busy_ns", "yield_backlog_ns", "yield_late_ns", "yield_no_looks_ns",
+              "yield_own_queue_ns")
+
+
+def pacer_counters() -> dict | None:
+    """This process's enforcer counters on device 0 (``gpuslice_pacer_stats``, native/README-compute.md "Charge
+    counters"), or None where no pacer runs there (no gpuslice, a dry run, a spatial slice without the gate)."""
+    try:
+        fn = ctypes.CDLL(None).gpuslice_pacer_stats
+    except AttributeError:
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
+    buf = ctypes.create_string_buffer(4096)
+    n = fn(0, buf, len(buf))
+    return json.loads(buf.value) if 0 < n < len(buf) else None
+
+
+def yield_split(before: dict | None, after: dict | None) -> dict | None:
+    """What the yield gate held between two reads of the counters: its launch threads' sleeps by why (ns) and how
+    often it let go after a hold. None unless both reads carry them (an enforcer before these counters)."""
+    if not before or not after or any(k not in before or k not in after for k in YIELD_KEYS):
+        return None
+    return {k: after[k] - before[k] for k in YIELD_KEYS}
+
+
 def wait_go(path: Path, limit: float = 300) -> float:
     deadline = time.time() + limit
     while not path.exists():
@@ -220,21 +246,27 @@ def run_trainer(step, t0: float, window: float, tail: float, slot: float = 0.0) 
     end, stop = t0 + window, t0 + window + tail
     while time.time() < t0:
         step()  # busy before the window opens: the server meets a loaded device from its first request
-    done = 0
+    done, before = 0, pacer_counters()
     while True:
         step()
         if time.time() > end:
             break
         done += 1
+    held = yield_split(before, pacer_counters())
     while time.time() < stop:
         step()
-    return {"iters": done, "it_per_s": done / window}
+    return {"iters": done, "it_per_s": done / window, "yield": held}
 
 
 def run_trainer_slotted(step, t0: float, window: float, tail: float, slot: float) -> dict:
     end, stop = t0 + window, t0 + window + tail
     mean, n, done = 0.0, 0, 0
+    before = after = None
     while (now := time.time()) < stop:
+        if before is None and now >= t0:
+            before = pacer_counters() or {}
+        if after is None and now > end:
+            after = pacer_counters() or {}
         k, into = slot_of(now, t0, slot)
         if not trainer_on(k) or into + mean > slot:
             time.sleep(min(0.002, max(0.0, slot - into)))
@@ -248,7 +280,7 @@ def run_trainer_slotted(step, t0: float, window: float, tail: float, slot: float
     on_time = sum(min(end, t0 + (k + 1) * slot) - (t0 + k * slot) for k in range(int(window // slot) + 1)
                   if trainer_on(k) and t0 + k * slot < end)
     return {"iters": done, "it_per_s": done / on_time if on_time else None, "slot_s": slot, "slot_order": SLOT_ORDER,
-            "on_s": on_time, "mean_step_ms": mean * 1000}
+            "on_s": on_time, "mean_step_ms": mean * 1000, "yield": yield_split(before, after)}
 
 
 def main() -> int:

@@ -55,6 +55,11 @@ def test_coloc_dry_run(tmp_path: Path, native_build: Path) -> None:
                 assert "error" not in p[role] and p[role]["exit"] == 0, p
         if p["mode"] == "preemptive":  # the pacer's own view, read from the device state mid-window
             assert sorted(p["paths"].values()) == ["preemptive/high:light", "preemptive/low:yield"], p["paths"]
+            # and the yielding trainer's own counters over the window, read from the preloaded enforcer
+            y = p["trainer"]["yield"]
+            assert isinstance(y, dict) and all(isinstance(v, int) and v >= 0 for v in y.values()), y
+        if p["mode"] in ("plain", "trainer"):  # no gpuslice, no counters
+            assert p["trainer"]["yield"] is None, p
         if p["mode"] == "shared":
             assert all(v.startswith("shared/") and not v.endswith(":yield") for v in p["paths"].values()), p["paths"]
         # every phase says what the SM clock was, or why it could not (the NVML double has no clocks)
@@ -427,3 +432,27 @@ def test_drain_cost_probe_builds_and_runs_every_scenario(native_build: Path, tmp
     assert {(p, s) for p, s, _, _ in rows} == {(p, s) for p in ("launch", "decode", "gpubound") for s in scenarios}
     assert all(float(med) > 0 and float(p90) >= float(med) for _, _, med, p90 in rows)
     assert "stream_write_value unavailable" in r.stdout
+
+
+def test_coloc_yield_table_splits_the_trainers_waits_by_why() -> None:
+    """The trainer's yield-gate sleeps inside the window (coloc_worker.yield_split of two counter reads) are shown
+    by why, as % of the time it worked (the slotted trainer's on-slots, else the window), mean of the repeats; a
+    mode without counters (no pacer) has no row, and no table at all when none has them."""
+    mod = _bench_module()
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    import coloc_worker
+
+    a = dict.fromkeys(coloc_worker.YIELD_KEYS, 0)
+    b = {**a, "yield_entries": 400, "yield_backlog_ns": 2_000_000_000, "yield_own_queue_ns": 1_000_000_000}
+    split = coloc_worker.yield_split(a, b)
+    assert split == b and coloc_worker.yield_split(None, b) is None and coloc_worker.yield_split({"launches": 1}, b) is None
+    phs = [{"kind": "decode", "mode": "spatial-gate", "rep": 0, "trainer": {"it_per_s": 1.0, "yield": split, "on_s": 4.0}},
+           {"kind": "decode", "mode": "spatial-gate", "rep": 1, "trainer": {"it_per_s": 1.0, "yield": a}},
+           {"kind": "decode", "mode": "mps", "rep": 0, "trainer": {"it_per_s": 1.0, "yield": None}}]
+    rows = mod.yield_table(phs, "decode", 8.0)
+    row = next(r for r in rows if r.startswith("| spatial-gate |"))
+    # backlog 2 s of 4 s on-time = 50 %, and 0 % in the other repeat (its 8-s window): mean 25 %; own queue 12.5 %
+    assert row == "| spatial-gate | 25.0 % | 0.0 % | 0.0 % | 0.0 % | 12.5 % | 50 |", row
+    assert not any(r.startswith("| mps |") for r in rows)
+    assert mod.yield_table(phs[2:], "decode", 8.0) == []
+    assert "| server's backlog |" in mod.report({"phases": phs, "window_s": 8.0})

@@ -76,6 +76,13 @@ struct gs_gpu_ops {
 
 enum { GS_RING_FREE = 0, GS_RING_RESERVED = 1, GS_RING_RECORDED = 2, GS_RING_VOID = 3 };
 
+/* Why the yield gate held a launch (gs_coloc_yield_gate), the first four from gs_eng_high_queued: a
+ * high-priority neighbour's measured busy flag; its poller's look saw a backlog (pending DRAIN_SHORT, or
+ * DRAIN_BACKLOG_LAUNCHES launches behind the last drained look); its launch after a quiet spell, not yet
+ * looked at (DRAIN_LATE); an enforcer that publishes no looks (YIELD_GAP after each launch). Then our own
+ * queue at YIELD_QUEUE. */
+enum gs_yield_why { GS_YW_NONE, GS_YW_BUSY, GS_YW_BACKLOG, GS_YW_LATE, GS_YW_NO_LOOKS, GS_YW_OWN_QUEUE, GS_YW_N };
+
 /* What gs_engine_before hands to gs_engine_after for one launch. The caller keeps one ticket for
  * all the gs_engine_before calls of one launch (it sums the sleeps). */
 struct gs_ticket {
@@ -84,6 +91,7 @@ struct gs_ticket {
     int64_t slept_total; /* slept for this launch so far */
     int yield;           /* went on the yield path: gs_engine_after may record a completion marker */
     int yield_held;      /* this call's wait is the yield gate's (neighbours' queues or our own), not the credit's */
+    int yield_why;       /* and why (enum gs_yield_why): the next call counts the sleep that followed to it */
     int captured;        /* into a stream being captured into a CUDA graph: 1 yes, 0 no, -1 not asked (the light
                             path of a process nobody yields to). Such a launch runs only with the graph: it is
                             neither paced, timed, a queue for neighbours nor followed by a drain record */
@@ -169,6 +177,10 @@ struct gs_engine {
     int64_t mark_last_end;             /* yq_end at the newest marker */
     int yield_held;                    /* the last gate held a launch for a high-priority neighbour */
     uint64_t yield_entries, marks_late, marks_early;
+    /* the time launch threads slept in the yield gate, by why (enum gs_yield_why; gs_engine_stats): where
+     * a yielding trainer's lost throughput went (issue 13: 0.72 of its idle bound under the spatial gate,
+     * its cause not measured before these) */
+    int64_t st_yield_ns[GS_YW_N];
     /* tidal: the schedule (n = 0: follow the high-priority slices' idle time) */
     struct gs_tidal tidal;
     int tidal_base_pct;                /* hours no span covers; floor of the idle-following share */
@@ -272,13 +284,15 @@ void gs_eng_policy_forget(struct gs_engine *e);
 int gs_eng_path(struct gs_engine *e, int64_t now);
 /* ---- coloc.c ---- */
 /* Is this (high-priority) process record queued: measured work outstanding, or (GS_DS_PROC_DRAINS)
- * its poller's latest look saw its drain pending, or (older enforcers) launched within YIELD_GAP? */
+ * its poller's latest look saw its drain pending, or (older enforcers) launched within YIELD_GAP?
+ * GS_YW_NONE (0) if not, else why (enum gs_yield_why: BUSY .. NO_LOOKS). */
 int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now);
 /* Path recheck: the watch list of a low preemptive engine, drain_wanted of a high one. Returns 1 when
  * a low preemptive engine has a preemptive high-priority neighbour (the yield path). */
 int gs_coloc_recheck(struct gs_engine *e, int64_t now);
-/* Lock-free gate of a yield-path launch: 0 = go, else ns to wait (high queued, or own queue full). */
-int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now);
+/* Lock-free gate of a yield-path launch: 0 = go, else ns to wait (high queued, or own queue full), and
+ * *why (enum gs_yield_why) the reason of the longest wait. */
+int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now, int *why);
 /* A yield-path launch of predicted cost charge_ns went (lock-free). */
 void gs_coloc_yield_commit(struct gs_engine *e, int64_t now, int64_t charge_ns);
 /* After a yield-path launch on `stream`: record a completion marker when one is due. */

@@ -30,13 +30,13 @@ int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now)
     if (!(f & GS_DS_PROC_IN_USE)) return 0;
     /* measured work outstanding: believed only while its poller is alive */
     if ((f & GS_DS_PROC_BUSY) && now - __atomic_load_n(&p->last_seen_ns, __ATOMIC_RELAXED) < GS_CTL_BUSY_STALE_NS)
-        return 1;
+        return GS_YW_BUSY;
     int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED);
     int64_t seen = __atomic_load_n(&p->drain_seen_ns, __ATOMIC_RELAXED);
     if (!(f & GS_DS_PROC_DRAINS)) {
         /* no observations published (an enforcer before issue 13's item 1, no drain events) */
-        if (l && now - l < GS_CTL_YIELD_GAP_NS) return 1;
-        return seen && now - seen < GS_CTL_DRAIN_FRESH_NS;
+        if (l && now - l < GS_CTL_YIELD_GAP_NS) return GS_YW_NO_LOOKS;
+        return seen && now - seen < GS_CTL_DRAIN_FRESH_NS ? GS_YW_NO_LOOKS : GS_YW_NONE;
     }
     int64_t done = __atomic_load_n(&p->drain_done_ns, __ATOMIC_RELAXED);
     int64_t backlog = __atomic_load_n(&p->drain_backlog_ns, __ATOMIC_RELAXED);
@@ -46,14 +46,14 @@ int gs_eng_high_queued(const struct gs_ds_proc *p, int64_t now)
      * 3-20 us) is not a backlog: holding for it leaves the trainer only the time between requests, since
      * a held thread wakes ~20-40 us later, about the CPU gap after the kernel (plant, a ResNet-50-b1-like
      * server: 0.49 of the idle bound, 0.80 without) */
-    if (seen > done && backlog) return now - seen < GS_CTL_BUSY_STALE_NS;
+    if (seen > done && backlog) return now - seen < GS_CTL_BUSY_STALE_NS ? GS_YW_BACKLOG : GS_YW_NONE;
     /* not seen drained after its last launch, and its poller's latest look DRAIN_LATE old or older: the
      * first launch after a quiet spell (a request's start: queued until the look it woke, ~10-50 us, so
      * the trainer does not top its queue up in front of a batch; plant GPU-bound p50 1.025x with this,
      * 1.028x without), a stalled poller, a launch that recorded no drain event. Up to YIELD_GAP after
      * the launch. Within a launch-bound request the looks are ~35 us apart: not held */
     int64_t look = seen > done ? seen : done;
-    return l > done && now - look >= GS_CTL_DRAIN_LATE_NS && now - l < GS_CTL_YIELD_GAP_NS;
+    return l > done && now - look >= GS_CTL_DRAIN_LATE_NS && now - l < GS_CTL_YIELD_GAP_NS ? GS_YW_LATE : GS_YW_NONE;
 }
 
 int gs_coloc_recheck(struct gs_engine *e, int64_t now)
@@ -194,15 +194,17 @@ void gs_coloc_harvest(struct gs_engine *e, int64_t now)
     mark_unlock(e);
 }
 
-int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now)
+int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now, int *why)
 {
     int n = __atomic_load_n(&e->nwatch, __ATOMIC_ACQUIRE);
     int64_t wait = 0;
+    *why = GS_YW_NONE;
     for (int k = 0; k < n; k++) {
         int w_i = __atomic_load_n(&e->watch[k], __ATOMIC_RELAXED);
         const struct gs_ds_proc *p = gs_ds_proc(e->ds, w_i);
         int sl = gs_ds_proc_slice(w_i);
-        if (!valid_slice(sl) || gs_eng_pol(e, sl).priority != 0 || !gs_eng_high_queued(p, now)) continue;
+        int q = valid_slice(sl) && gs_eng_pol(e, sl).priority == 0 ? gs_eng_high_queued(p, now) : GS_YW_NONE;
+        if (q == GS_YW_NONE) continue;
         int64_t l = __atomic_load_n(&p->last_launch_ns, __ATOMIC_RELAXED), w;
         if (__atomic_load_n(&p->flags, __ATOMIC_RELAXED) & GS_DS_PROC_DRAINS) {
             /* until its poller's next look: soon while it launches (short kernels), its DRAIN_POLL
@@ -213,7 +215,10 @@ int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now)
             /* wait out the gap after its last launch, or one drain poll */
             w = l && now - l < GS_CTL_YIELD_GAP_NS ? GS_CTL_YIELD_GAP_NS - (now - l) : GS_CTL_DRAIN_POLL_NS;
         }
-        if (w > wait) wait = w;
+        if (w > wait) {
+            wait = w;
+            *why = q;
+        }
     }
     if (wait > 0) {
         __atomic_store_n(&e->yield_held, 1, __ATOMIC_RELAXED);
@@ -226,6 +231,7 @@ int64_t gs_coloc_yield_gate(struct gs_engine *e, int64_t now)
     }
     if (pending > GS_CTL_YIELD_QUEUE_NS) {
         int64_t w = pending - GS_CTL_YIELD_QUEUE_NS;
+        *why = GS_YW_OWN_QUEUE;
         /* at most one marker's spacing: a marker that completed early (the prediction was moved late while
          * a high-priority kernel ran in front of ours, and that kernel was short) is seen within one, not
          * after WAIT_MAX with the device idle (plant, ResNet-50-b1-like server: 117 -> 70 ms idle in 5 s) */

@@ -536,10 +536,14 @@ static int capturing(struct gs_engine *e, void *stream)
 int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_t key, int64_t slept_ns,
                          struct gs_ticket *t)
 {
+    /* the sleep since the last call followed its wait: the yield gate's is counted by why it held */
+    if (slept_ns > 0 && t->yield_held && t->yield_why > GS_YW_NONE && t->yield_why < GS_YW_N)
+        add(&e->st_yield_ns[t->yield_why], slept_ns);
     t->slot = -1;
     t->charged = 0;
     t->yield = 0;
     t->yield_held = 0;
+    t->yield_why = GS_YW_NONE;
     t->captured = -1;
     t->slept_total = slept_ns > 0 ? t->slept_total + slept_ns : 0;
     int path = gs_eng_path(e, now);
@@ -560,10 +564,12 @@ int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_
     int yield = path == GS_DS_PATH_YIELD;
     if (yield) {
         /* lock-free: a preemptive high-priority neighbour queued, or our own queue at its bound */
-        int64_t w = gs_coloc_yield_gate(e, now);
+        int why;
+        int64_t w = gs_coloc_yield_gate(e, now, &why);
         if (w > 0) {
             __atomic_store_n(&gs_ds_slice(e->ds, e->slice)->last_active_ns, now, __ATOMIC_RELAXED); /* wanting is activity */
             t->yield_held = 1;
+            t->yield_why = why;
             return w;
         }
     }
@@ -693,10 +699,13 @@ int gs_engine_stats(const struct gs_engine *e, char *buf, size_t len)
                     "\"gap_ns\": %lld, \"clean\": %lld, \"clean_launch_ns\": %lld, \"clean_cost_ns\": %lld, "
                     "\"dirty\": %lld, \"dirty_launch_ns\": %lld, \"dirty_raw_ns\": %lld, \"dirty_cost_ns\": %lld, "
                     "\"dirty_keyless\": %lld, \"event_errors\": %lld, \"cost_avg_ns\": %lld, \"pair_bias_ns\": %lld, "
-                    "\"path\": %d}",
+                    "\"path\": %d, \"yield_entries\": %lld, \"yield_busy_ns\": %lld, \"yield_backlog_ns\": %lld, "
+                    "\"yield_late_ns\": %lld, \"yield_no_looks_ns\": %lld, \"yield_own_queue_ns\": %lld}",
                     LD(st_launches), LD(st_launch_charged_ns), LD(measured), LD(sampled_gap), LD(gap_total_ns),
                     LD(sampled_clean), LD(st_clean_launch_ns), LD(st_clean_cost_ns), LD(sampled_dirty),
                     LD(st_dirty_launch_ns), LD(st_dirty_raw_ns), LD(st_dirty_cost_ns), LD(st_dirty_keyless),
-                    LD(event_errors), LD(cost_avg_ns), LD(pair_bias_ns), (int)__atomic_load_n(&e->path, __ATOMIC_RELAXED));
+                    LD(event_errors), LD(cost_avg_ns), LD(pair_bias_ns), (int)__atomic_load_n(&e->path, __ATOMIC_RELAXED),
+                    LD(yield_entries), LD(st_yield_ns[GS_YW_BUSY]), LD(st_yield_ns[GS_YW_BACKLOG]),
+                    LD(st_yield_ns[GS_YW_LATE]), LD(st_yield_ns[GS_YW_NO_LOOKS]), LD(st_yield_ns[GS_YW_OWN_QUEUE]));
 #undef LD
 }
