@@ -79,8 +79,9 @@ def test_a_graph_capturing_stream_ordered_allocations_near_the_limit(tmp_path: P
     uuid = _uuid()
     region = tmp_path / "slice.region"
     write_slice_file(tmp_path / "slice.conf", devices=(uuid,), memory_limit=2 * GiB, region=str(region))
+    # debug: a refusal says why the capture's allocation was counted as the pool's (native/src/hooks/cuda_pool.c)
     env = dict(os.environ, LD_PRELOAD=str(native_build / "libgpuslice.so"), GPUSLICE_SLICE=str(tmp_path / "slice.conf"),
-               PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
+               PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync", GPUSLICE_LOG_LEVEL="debug")
     r = subprocess.run([sys.executable, "-c", CAPTURE_ASYNC], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"captured": True}

@@ -250,15 +250,25 @@ static CUresult alloc_locked(const char *what, struct pool *p, const struct call
  * counted as the pool's. */
 static CUresult graph_alloc_locked(const char *what, struct pool *p, const struct call *c)
 {
-    uint64_t before, after;
+    uint64_t before, after = 0;
     if (gs_mem_dev_index(p->ord) == -1) return gs_mem_try_reserve(p->ord, c->size, what); /* outside: refused */
-    if (reserved_of(p->h, &before)) return alloc_locked(what, p, c);
+    if (reserved_of(p->h, &before)) {
+        GS_DEBUG("%s of %zu bytes into a capture: the pool's size cannot be read; counted as the pool's", what,
+                 c->size);
+        return alloc_locked(what, p, c);
+    }
     CUresult r = invoke(c);
     if (r != CUDA_SUCCESS) return r;
-    if (!reserved_of(p->h, &after) && after <= before) {
+    int unread = reserved_of(p->h, &after);
+    if (!unread && after <= before) {
         gs_graph_watch_device(p->ord); /* its memory is the graph pool's of this device: counted when backed */
         return CUDA_SUCCESS;
     }
+    /* why a capture's allocation was counted as the pool's, for a refusal inside a capture (an H100 refused
+     * one that the H200 made the graph's: tests/enforcer/test_gpu_enforcer.py, 2026-12-06-h100-gpu-tests-*) */
+    GS_DEBUG("%s of %zu bytes into a capture: the pool's size %s (%llu -> %llu bytes); counted as the pool's", what,
+             c->size, unread ? "cannot be read after it" : "grew", (unsigned long long)before,
+             (unsigned long long)after);
     return settle_locked(what, p, c);
 }
 
@@ -276,14 +286,17 @@ static int stream_device(CUstream s)
  * inflated the pool's use until freed and, near the limit, trimmed the program's pools and refused inside the
  * capture (H200, 2026-11-30). An error (the legacy stream while a blocking stream captures) or an invalidated
  * capture is no capture here: the allocation is counted as the pool's, or the driver refuses it. */
-static int into_capture(const struct call *c)
+static int into_capture(const struct call *c, const char *what)
 {
-    return gs_capture_status(!c->s && c->ptsz ? STREAM_PER_THREAD : c->s) == 1; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+    int st = gs_capture_status(!c->s && c->ptsz ? STREAM_PER_THREAD : c->s);
+    if (st != 0 && st != 1)
+        GS_DEBUG("%s of %zu bytes: its stream's capture status is %d; counted as the pool's", what, c->size, st);
+    return st == 1; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
 }
 
 static CUresult pool_alloc(const char *what, struct call *c)
 {
-    int graph = into_capture(c);
+    int graph = into_capture(c, what);
     CUmemoryPool h = c->pool;
     int ord = -1;
     if (!h) {
