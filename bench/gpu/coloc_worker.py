@@ -23,7 +23,6 @@ so the neighbour stays loaded; write ``--out`` (JSON) and exit 0 (3 on a CUDA er
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from packing_worker import pacer_stats  # noqa: E402 - beside this file
 
 THINK = {"launch": 0.004, "gpu": 0.008, "decode": 0.005}
 TOKENS = 32
@@ -133,14 +134,8 @@ YIELD_KEYS = ("yield_entries", "yield_busy_ns", "yield_backlog_ns", "yield_late_
 def pacer_counters() -> dict | None:
     """This process's enforcer counters on device 0 (``gpuslice_pacer_stats``, native/README-compute.md "Charge
     counters"), or None where no pacer runs there (no gpuslice, a dry run, a spatial slice without the gate)."""
-    try:
-        fn = ctypes.CDLL(None).gpuslice_pacer_stats
-    except AttributeError:
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
-    buf = ctypes.create_string_buffer(4096)
-    n = fn(0, buf, len(buf))
-    return json.loads(buf.value) if 0 < n < len(buf) else None
+    read = pacer_stats()
+    return read() if read else None
 
 
 def yield_split(before: dict | None, after: dict | None) -> dict | None:
