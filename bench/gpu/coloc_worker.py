@@ -272,6 +272,8 @@ def run_trainer_slotted(step, t0: float, window: float, tail: float, slot: float
         n += 1
         mean += (took - mean) / n
         done += t0 <= now and time.time() <= end
+    if after is None:  # a step that ran past the tail: read the counters now (a little past the window)
+        after = pacer_counters() or {}
     on_time = sum(min(end, t0 + (k + 1) * slot) - (t0 + k * slot) for k in range(int(window // slot) + 1)
                   if trainer_on(k) and t0 + k * slot < end)
     return {"iters": done, "it_per_s": done / on_time if on_time else None, "slot_s": slot, "slot_order": SLOT_ORDER,

@@ -50,6 +50,7 @@ struct sproc {
     int raw;                    /* 1: no enforcer at all (the baseline: plain time-slicing) */
     int64_t iters;              /* iterations completed after the warm-up (W_ITER, W_LB) */
     int64_t slept_sum;          /* time the engine held its launches back */
+    int64_t slept_why[GS_YW_N]; /* of which the yield gate's, by the reason its ticket gave (the rest: [0]) */
     int coloc;                  /* enum gs_colocation of its slice */
     struct gs_tidal tidal;      /* its schedule (tidal), and the hour the engine is told */
     int tidal_hour;
@@ -262,7 +263,13 @@ PLANT void cpu_step(struct sproc *p)
         if (!p->slept) p->next_dur = kdur(p);
         uint64_t key = 1 + (uint64_t)(p->next_dur / DT);
         int64_t w = p->raw ? 0 : gs_engine_before(&p->eng, NOW, NULL, key, p->slept, &p->tk);
-        if (w > 0) { p->slept = w + WAKE_LAT; p->slept_sum += w + WAKE_LAT; p->next_t = NOW + w + WAKE_LAT; return; }
+        if (w > 0) {
+            p->slept = w + WAKE_LAT;
+            p->slept_sum += w + WAKE_LAT;
+            p->slept_why[p->tk.yield_held ? p->tk.yield_why : GS_YW_NONE] += w + WAKE_LAT;
+            p->next_t = NOW + w + WAKE_LAT;
+            return;
+        }
         p->slept = 0;
         if (LAUNCH_GAP > 0) { p->state = S_PUSH; p->next_t = NOW + LAUNCH_GAP; return; }
     } /* fallthrough */

@@ -458,3 +458,34 @@ def test_coloc_yield_table_splits_the_trainers_waits_by_why() -> None:
     assert not any(r.startswith("| mps |") for r in rows)
     assert mod.yield_table(phs[2:], "decode", 8.0) == []
     assert "| server's backlog |" in mod.report({"phases": phs, "window_s": 8.0})
+
+
+def test_coloc_slotted_trainer_reads_its_counters_at_the_window_edges(monkeypatch) -> None:
+    """The paired protocol's trainer (run_trainer_slotted, what every GPU run with GS_COLOC_SLOT uses) reads the
+    enforcer's counters once when the window opens and once when it closes: its ``yield`` is their difference, also
+    when a step runs past the tail."""
+    sys.path.insert(0, str(ROOT / "bench/gpu"))
+    import time
+
+    import coloc_worker
+
+    reads: list[float] = []
+
+    def counters() -> dict:
+        reads.append(time.time())
+        return dict.fromkeys(coloc_worker.YIELD_KEYS, 10 * len(reads))
+
+    monkeypatch.setattr(coloc_worker, "pacer_counters", counters)
+    t0 = time.time() + 0.05
+    out = coloc_worker.run_trainer(lambda: time.sleep(0.004), t0, 0.4, 0.05, slot=0.05)
+    assert len(reads) == 2 and reads[0] >= t0 and reads[1] > t0 + 0.4, [r - t0 for r in reads]
+    assert out["yield"] == dict.fromkeys(coloc_worker.YIELD_KEYS, 10) and out["on_s"] > 0
+    reads.clear()  # its first step runs past the window and the tail: the closing read comes after the loop
+    t0, steps = time.time(), []  # the window open from the start: its first on-slot (1 of 0-7) starts the step
+
+    def step() -> None:
+        steps.append(1)
+        time.sleep(0.5 if len(steps) == 1 else 0.004)
+    out = coloc_worker.run_trainer(step, t0, 0.4, 0.01, slot=0.05)
+    assert len(steps) == 1 and len(reads) == 2 and reads[1] > t0 + 0.41, [r - t0 for r in reads]
+    assert out["yield"] == dict.fromkeys(coloc_worker.YIELD_KEYS, 10)
