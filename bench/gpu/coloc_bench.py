@@ -59,7 +59,9 @@ costs the next server kernel at most YIELD_QUEUE + a trainer kernel + a switch).
   python3 bench/gpu/coloc_bench.py --out DIR --tmp SHORTDIR [--steps 1,2,3] [--reps 2] [--window 3]
                                    [--modes alone,trainer,...] [--budget S] [--mps-pipe DIR] [--dry] [--plan-only]
 Every phase records the SM clock (NVML) over its window (the table's "SM MHz"): "alone" p99 can be read against
-the clocks of an idle GPU between requests.
+the clocks of an idle GPU between requests. A yielding trainer under gpuslice also records its enforcer's yield
+counters over the window (the raw's trainer ``yield``: its launch threads' sleeps in the yield gate by why, ns;
+coloc_worker.yield_split), tabled as "Where the yielding trainer waited" (yield_table).
   python3 bench/gpu/coloc_bench.py --report DIR/coloc-raw.json [more raw files]   the tables again, merged
 Writes DIR/coloc-raw.json (every phase), DIR/coloc.md (the tables, the goals met or MISSED by how much), and
 DIR/logs/ (each process's output).
