@@ -266,7 +266,7 @@ PLANT void cpu_step(struct sproc *p)
         if (w > 0) {
             p->slept = w + WAKE_LAT;
             p->slept_sum += w + WAKE_LAT;
-            p->slept_why[p->tk.yield_held ? p->tk.yield_why : GS_YW_NONE] += w + WAKE_LAT;
+            p->slept_why[p->tk.yield_why] += w + WAKE_LAT; /* GS_YW_NONE: not the yield gate's wait */
             p->next_t = NOW + w + WAKE_LAT;
             return;
         }

@@ -58,7 +58,8 @@
  * cap alone, and the decoder held to paired 1.03 / 1.01 (1.04 / 1.29 capped) with its trainer at 0.77 against
  * 1.12. On an H100 (2026-12-06-h100-coloc-yieldsplit-decode.md, one 3-repeat run) its trainer slept 30 % of
  * its time for the decoder's backlog (0.66 of its idle bound), and the decoder read no better than ungated (p50
- * 1.13x alone gated, 1.01x ungated; inconclusive, one repeat slow in its rest slots too). So it stays opt-in. The environment may turn it on, never off: a low-priority process only holds
+ * 1.13x alone gated, 1.01x ungated; inconclusive, one repeat slow in its rest slots too). So it stays opt-in.
+ * The environment may turn it on, never off: a low-priority process only holds
  * itself, and a high-priority one makes only neighbours that asked too hold. A `shared`
  * slice yields to nobody and is asked by nobody: never. Unlike the yield cap the gate does not look at
  * daemons: an asking trainer yields to an asking server of another MPS daemon too (the daemons are

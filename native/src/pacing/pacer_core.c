@@ -536,8 +536,9 @@ static int capturing(struct gs_engine *e, void *stream)
 int64_t gs_engine_before(struct gs_engine *e, int64_t now, void *stream, uint64_t key, int64_t slept_ns,
                          struct gs_ticket *t)
 {
-    /* the sleep since the last call followed its wait: the yield gate's is counted by why it held */
-    if (slept_ns > 0 && t->yield_held && t->yield_why > GS_YW_NONE && t->yield_why < GS_YW_N)
+    /* the sleep since the last call followed its wait: the yield gate's (the only one with a why) is counted by
+     * why it held */
+    if (slept_ns > 0 && t->yield_why > GS_YW_NONE && t->yield_why < GS_YW_N)
         add(&e->st_yield_ns[t->yield_why], slept_ns);
     t->slot = -1;
     t->charged = 0;
