@@ -31,6 +31,8 @@
 #   GS_COLOC_SPATIAL_TRAINER_COMPUTE (unset): under spatial, the trainer's --compute (its MPS active threads %;
 #   unset, a low-priority spatial trainer started beside the high-priority server gets gpuslice's yield cap, 60;
 #   100: every SM). GS_COLOC_TRAIN_BATCH (16): the trainer's batch (64: one whose kernels fill the SMs).
+#   GS_COLOC_TRAINER (transformer): alu or hbm puts a synthetic neighbour of one resource in the trainer's place
+#   (arithmetic; memory bandwidth and the L2): what a server beside the trainer waits for (goals then not judged).
 #   GS_COLOC_REPS (2), GS_COLOC_WINDOW (3 s per phase), GS_COLOC_TIDAL (0; 1 adds a tidal-trainer phase),
 #   GS_COLOC_BUDGET (450 s of phases; every phase that would pass it is skipped and listed), OUT (default a new
 #   temp dir). --dry-run: no GPU: sleeping workers, no MPS unless nvidia-cuda-mps-control is on PATH.
@@ -106,6 +108,7 @@ ARGS=(--out "$W" --tmp "$RUN" --reps "${GS_COLOC_REPS:-2}" --window "${GS_COLOC_
 [ "${GS_COLOC_TIDAL:-0}" = 1 ] && ARGS+=(--tidal)
 [ -n "${GS_COLOC_SLOT:-}" ] && ARGS+=(--slot "$GS_COLOC_SLOT")
 [ -n "${GS_COLOC_SPATIAL_TRAINER_COMPUTE:-}" ] && ARGS+=(--spatial-trainer-compute "$GS_COLOC_SPATIAL_TRAINER_COMPUTE")
+[ -n "${GS_COLOC_TRAINER:-}" ] && ARGS+=(--trainer "$GS_COLOC_TRAINER")
 [ "$DRY" = 1 ] && ARGS+=(--dry)
 VARIANT=0
 [[ ",${GS_COLOC_MODES:-}," == *-variant,* ]] && VARIANT=1 && ARGS+=(--variant-lib "$ROOT/native/build-variant/libgpuslice.so")
@@ -156,7 +159,7 @@ RES="$OUT/$NAME.md"
   echo
   echo "- device: $GPU; $($PY -c 'import sys, torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {sys.version.split()[0]}")' 2>/dev/null || echo 'no torch')"
   echo "- code: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')"
-  echo "- command: $([ -n "${GS_COLOC_STEPS:-}" ] && echo "GS_COLOC_STEPS=$GS_COLOC_STEPS ")bash bench/gpu/coloc.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); reps ${GS_COLOC_REPS:-2}, window ${GS_COLOC_WINDOW:-3} s$([ -n "${GS_COLOC_SLOT:-}" ] && echo ", slot ${GS_COLOC_SLOT} s")$([ -n "${GS_COLOC_SPATIAL_TRAINER_COMPUTE:-}" ] && echo ", spatial trainer --compute ${GS_COLOC_SPATIAL_TRAINER_COMPUTE}")$([ -n "${GS_COLOC_TRAIN_BATCH:-}" ] && echo ", trainer batch ${GS_COLOC_TRAIN_BATCH}"); $(( $(date +%s) - T0 )) s wall; rc=$RC; $MPS_NOTE"
+  echo "- command: $([ -n "${GS_COLOC_STEPS:-}" ] && echo "GS_COLOC_STEPS=$GS_COLOC_STEPS ")bash bench/gpu/coloc.sh$([ "$DRY" = 1 ] && echo ' --dry-run'); reps ${GS_COLOC_REPS:-2}, window ${GS_COLOC_WINDOW:-3} s$([ -n "${GS_COLOC_SLOT:-}" ] && echo ", slot ${GS_COLOC_SLOT} s")$([ -n "${GS_COLOC_SPATIAL_TRAINER_COMPUTE:-}" ] && echo ", spatial trainer --compute ${GS_COLOC_SPATIAL_TRAINER_COMPUTE}")$([ -n "${GS_COLOC_TRAIN_BATCH:-}" ] && echo ", trainer batch ${GS_COLOC_TRAIN_BATCH}")$([ -n "${GS_COLOC_TRAINER:-}" ] && echo ", trainer ${GS_COLOC_TRAINER}"); $(( $(date +%s) - T0 )) s wall; rc=$RC; $MPS_NOTE"
   echo "- raw: $NAME-raw.tgz (coloc-run/coloc-raw.json: every phase; coloc-run/logs/: every process; bench.log; mps-log/)"
   echo "- method: bench/gpu/coloc_bench.py (docstring). Server idle fraction = 1 - request rate x GPU time per request (CUDA graph of a request replayed back to back). Misses below carry their measured cause where the bench can measure one; the pacer path of each gpuslice process, read from the device state mid-window, is in the table."
   echo

@@ -83,6 +83,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "coloc_worker.py"
+sys.path.insert(0, str(HERE))
+from coloc_worker import TRAINERS  # noqa: E402 - beside this file
 KINDS = ("launch", "gpu", "decode")
 KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-bound (ResNet-50 b32, 8 ms think)",
               "decode": "decode (32 tokens x ~40 tiny kernels, sync per token, 5 ms think)"}
@@ -192,9 +194,11 @@ class Bench:
         self.logs = self.out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
-        self.env.update(GPUSLICE_STATE_DIR=str(self.tmp / "state"), PYTHONUNBUFFERED="1", GPUSLICE_KILL_GRACE="3")
+        self.env.update(GPUSLICE_STATE_DIR=str(self.tmp / "state"), PYTHONUNBUFFERED="1", GPUSLICE_KILL_GRACE="3",
+                        GS_COLOC_TRAINER=args.trainer)
         self.t_end = time.monotonic() + args.budget
-        self.raw: dict = {"phases": [], "skipped": [], "window_s": args.window, "reps": args.reps}
+        self.raw: dict = {"phases": [], "skipped": [], "window_s": args.window, "reps": args.reps,
+                          "trainer": args.trainer}
         self.busy: dict[str, float] = {}  # kind -> the server's busy fraction alone (latest)
 
     def say(self, text: str) -> None:
@@ -463,6 +467,10 @@ def report(raw: dict) -> str:
     lines = [f"Window {raw.get('window_s')} s per phase, {raw.get('reps')} repeats (ABBA). Server p50 / p99: of all "
              "repeats' requests together [min-max of the repeats' own]; trainer: mean [min-max]; x = against the "
              "same kind alone.", ""]
+    synthetic = raw.get("trainer", "transformer") != "transformer"
+    if synthetic:
+        lines += [f"The trainer's place is taken by the synthetic neighbour **{raw['trainer']}** "
+                  "(bench/gpu/coloc_worker.py, GS_COLOC_TRAINER): its it/s are its steps, not a trainer's.", ""]
     goals: list[str] = []
     t_alone = _mean([p["trainer"]["it_per_s"] for p in phs if p["mode"] == "trainer"
                      and isinstance(p.get("trainer", {}).get("it_per_s"), (int, float))])
@@ -499,7 +507,8 @@ def report(raw: dict) -> str:
         goals += _goals(kind, phs, p50a, p99a, bound, talone, between)
     errors = [f"{p['kind']}/{p['mode']}#{p['rep']} {r}: {p[r]['error']}" for p in phs for r in ("server", "trainer")
               if isinstance(p.get(r), dict) and p[r].get("error")]
-    lines += ["### Goals (issue 13)", ""] + [f"- {g}" for g in goals]
+    lines += ["### Goals (issue 13)" + (f": not judged, the neighbour is {raw['trainer']}, not the trainer; the goal "
+                                       "lines for reference only" if synthetic else ""), ""] + [f"- {g}" for g in goals]
     if raw.get("skipped"):
         lines.append(f"- not run (time budget): {', '.join(raw['skipped'])}")
     if errors:
@@ -599,6 +608,9 @@ def main() -> int:
                     help="paired protocol: the trainer works in half the slots of this many s, Thue-Morse order "
                          "(0: the whole window)")
     ap.add_argument("--tidal", action="store_true")
+    ap.add_argument("--trainer", choices=TRAINERS, default="transformer",
+                    help="the neighbour in the trainer's place (coloc_worker.build_trainer): transformer, or a "
+                         "synthetic load of one resource, alu (arithmetic) or hbm (memory bandwidth, the L2)")
     ap.add_argument("--modes", default="", help=f"comma list of {','.join(ALL_MODES)} (default: all but tidal and the solo modes)")
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--plan-only", action="store_true")
@@ -617,13 +629,16 @@ def main() -> int:
         merged: dict = {"phases": [], "skipped": []}
         for i, f in enumerate(args.report):
             r = json.loads(Path(f).read_text())
+            if i and r.get("trainer", "transformer") != merged.get("trainer", "transformer"):
+                ap.error(f"--report {f}: its trainer is {r.get('trainer', 'transformer')}, the files before it had "
+                         f"{merged.get('trainer', 'transformer')}: one table holds one neighbour")
             for p in r["phases"]:
                 p["run"] = i  # the null beside a paired goal comes from the same runs
                 if args.slot_order and "slot_s" in p.get("server", {}):
                     p["server"].setdefault("slot_order", args.slot_order)
             merged["phases"] += r["phases"]
             merged["skipped"] += r.get("skipped", [])
-            merged.update({k: r[k] for k in ("window_s", "reps") if k in r})
+            merged.update({k: r[k] for k in ("window_s", "reps", "trainer") if k in r})
         print(report(merged))
         return 0
     plan = phases(args)

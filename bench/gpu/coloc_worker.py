@@ -8,10 +8,12 @@ is from its first launch to the end of its last synchronize):
   gpu      GPU-bound batched: ResNet-50 inference at batch 32, 8 ms think
   decode   a decoder's loop of many tiny kernels: 32 tokens at batch 1, each a 6-block MLP stack of width
            1024 (~40 kernels of a few us) and an argmax read back to the CPU (a sync per token), 5 ms think
-Trainer (``--kind train``): a 6-layer transformer encoder (d 1024, 16 heads, ff 4096), batch 16 x 256 tokens,
+Trainer (``--kind train``, GS_COLOC_TRAINER=transformer, the default): a 6-layer transformer encoder (d 1024, 16 heads, ff 4096), batch 16 x 256 tokens,
 AdamW under autocast, ``loss.item()`` each step: alone it keeps an H100 busy (~97 %), but not its SMs: on the H200
 capping it at 60 % of the SMs cost it 0-3 % (2026-11-29-h200-coloc-trainer-cap.md). ``GS_COLOC_TRAIN_BATCH``
 (16) sets its batch: 64 makes a trainer whose kernels fill the SMs, to measure what an SM cap costs one.
+GS_COLOC_TRAINER=alu or hbm puts a synthetic neighbour in the trainer's place, loading one resource (arithmetic, or
+memory bandwidth and the L2): which one a server beside the trainer waits for (:func:`build_alu`, :func:`build_hbm`).
 
 Protocol with bench/gpu/coloc_bench.py (as spatial_worker.py's): build, warm up, calibrate (a server's GPU time
 per request: CUDA graphs replayed back to back, packing_worker.calibrate), write ``--ready``; wait for ``--go``
@@ -104,7 +106,62 @@ def build_server(kind: str):
     return request, forward, 1
 
 
+TRAINERS = ("transformer", "alu", "hbm")
+
+
+def trainer_name() -> str:
+    """The neighbour ``--kind train`` runs: GS_COLOC_TRAINER, one of :data:`TRAINERS` (default transformer)."""
+    name = os.environ.get("GS_COLOC_TRAINER", "transformer")
+    if name not in TRAINERS:
+        raise ValueError(f"GS_COLOC_TRAINER={name!r}: allowed {', '.join(TRAINERS)}")
+    return name
+
+
 def build_trainer():
+    """One step of the neighbour :func:`trainer_name` names, ending in a read back to the CPU as the trainer's does."""
+    return {"transformer": build_transformer, "alu": build_alu, "hbm": build_hbm}[trainer_name()]()
+
+
+# Synthetic neighbours that load one resource each, to tell which one a server beside the trainer waits for (a
+# decoder's weights, ~32 MiB, fit the H100's 50 MiB L2: a neighbour that streams memory evicts them, one that only
+# computes does not). Each step is 16 launches (~0.5 ms each on an H100's 60 % of SMs: estimated, not profiled)
+# and a read back.
+ALU_ITERS = 8192
+
+
+def build_alu():
+    """Arithmetic alone: a dependent multiply-add chain of ALU_ITERS per element over 4 MiB (it stays in L2), in
+    enough blocks to fill every SM the process may use; next to no memory traffic."""
+    import torch
+
+    spin = torch.cuda.jiterator._create_jit_fn(
+        "template <typename T> T gs_spin(T x) { T a = x; for (int i = 0; i < %d; ++i) { a = a * T(0.999999f) + "
+        "T(0.000001f); } return a; }" % ALU_ITERS)
+    x = torch.rand(1 << 20, device="cuda")
+
+    def step() -> None:
+        y = x
+        for _ in range(16):
+            y = spin(x)
+        y[0].item()
+    return step
+
+
+def build_hbm():
+    """Memory bandwidth alone: copies of 1 GiB (read 1 GiB, write 1 GiB: every cached line evicted each time)."""
+    import torch
+
+    src = torch.rand(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+
+    def step() -> None:
+        for _ in range(16):
+            dst.copy_(src)
+        dst[0].item()
+    return step
+
+
+def build_transformer():
     import torch
     import torch.nn as nn
 
@@ -295,6 +352,7 @@ def main() -> int:
     result: dict = {"pid": os.getpid(), "kind": args.kind}
     try:
         if args.kind == "train":
+            result["trainer"] = trainer_name()
             step = build_dry("train")[0] if args.dry else build_trainer()
             for _ in range(8):
                 step()

@@ -15,6 +15,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 STUB = """#!/bin/sh
@@ -489,3 +491,38 @@ def test_coloc_slotted_trainer_reads_its_counters_at_the_window_edges(monkeypatc
     out = coloc_worker.run_trainer(step, t0, 0.4, 0.01, slot=0.05)
     assert len(steps) == 1 and len(reads) == 2 and reads[1] > t0 + 0.41, [r - t0 for r in reads]
     assert out["yield"] == dict.fromkeys(coloc_worker.YIELD_KEYS, 10)
+
+
+def test_coloc_synthetic_neighbour_is_named_and_not_judged(tmp_path: Path, monkeypatch) -> None:
+    """GS_COLOC_TRAINER (--trainer) puts a synthetic neighbour of one resource (alu, hbm) in the trainer's place:
+    the workers are told which through the bench's environment, the raw and the report name it and mark the goals
+    not judged, an unknown name is refused naming the variable and what is allowed, and --report does not pool
+    the raws of two neighbours into one table."""
+    worker = _worker_module()
+    monkeypatch.delenv("GS_COLOC_TRAINER", raising=False)
+    assert worker.trainer_name() == "transformer"
+    monkeypatch.setenv("GS_COLOC_TRAINER", "bogus")
+    with pytest.raises(ValueError, match="GS_COLOC_TRAINER='bogus': allowed transformer, alu, hbm"):
+        worker.trainer_name()
+    mod = _bench_module()
+    args = mod.argparse.Namespace(out=str(tmp_path / "o"), tmp=str(tmp_path / "t"), budget=10, window=1, reps=2,
+                                  trainer="hbm")
+    bench = mod.Bench(args)
+    assert bench.env["GS_COLOC_TRAINER"] == "hbm" and bench.raw["trainer"] == "hbm"
+    phs = [{"kind": "decode", "mode": m, "rep": 0, "server": {"p50_ms": 10.0, "p99_ms": 20.0, "lat_ms": [10.0]},
+            "trainer": {"it_per_s": 5.0}} for m in ("alone", "spatial")]
+    text = mod.report({"phases": phs, "trainer": "hbm"})
+    assert "synthetic neighbour **hbm**" in text and "### Goals (issue 13): not judged, the neighbour is hbm" in text
+    plain = mod.report({"phases": phs})
+    assert "synthetic" not in plain and "### Goals (issue 13)\n" in plain
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "bench/gpu/coloc_bench.py"), *a], capture_output=True,
+                                    text=True, timeout=60)
+    bad = run("--out", "x", "--tmp", "y", "--trainer", "bogus", "--plan-only")
+    assert bad.returncode == 2 and "--trainer" in bad.stderr and "'alu'" in bad.stderr, bad.stderr
+    for name, trainer in (("a.json", "alu"), ("b.json", None)):
+        raw = {"phases": phs, "skipped": [], "window_s": 1, "reps": 1} | ({"trainer": trainer} if trainer else {})
+        (tmp_path / name).write_text(json.dumps(raw))
+    mixed = run("--report", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert mixed.returncode == 2 and "one table holds one neighbour" in mixed.stderr, mixed.stderr
+    same = run("--report", str(tmp_path / "a.json"), str(tmp_path / "a.json"))
+    assert same.returncode == 0 and "synthetic neighbour **alu**" in same.stdout, same.stderr
