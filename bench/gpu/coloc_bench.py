@@ -84,7 +84,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "coloc_worker.py"
 sys.path.insert(0, str(HERE))
-from coloc_worker import TRAINERS  # noqa: E402 - beside this file
+from coloc_worker import TRAINERS, YIELD_KEYS  # noqa: E402 - beside this file
 KINDS = ("launch", "gpu", "decode")
 KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-bound (ResNet-50 b32, 8 ms think)",
               "decode": "decode (32 tokens x ~40 tiny kernels, sync per token, 5 ms think)"}
@@ -413,6 +413,8 @@ def paired(phs: list[dict], kind: str) -> list[str]:
 YIELD_WHY = (("yield_backlog_ns", "server's backlog"), ("yield_late_ns", "server's late start"),
              ("yield_busy_ns", "server busy (measured)"), ("yield_no_looks_ns", "server without looks"),
              ("yield_own_queue_ns", "own queue bound"))
+# a label for every sleep counter the worker reads, and for nothing else (a counter added there shows up here)
+assert {k for k, _ in YIELD_WHY} == set(YIELD_KEYS) - {"yield_entries"}, "coloc_worker.YIELD_KEYS and YIELD_WHY differ"
 
 
 def yield_table(phs: list[dict], kind: str, window: float | None) -> list[str]:
