@@ -7,7 +7,9 @@ Why: on an H100 the enforcer refused such an allocation near a 2-GiB slice's lim
 bench/results/2026-12-06-h100-gpu-tests-yieldcounters.txt) that the H200 made the graph's. The enforcer counts a
 captured allocation as the pool's when the pool grew across it (native/src/hooks/cuda_pool.c graph_alloc_locked):
 run bare, this says whether the H100's driver grows the pool there; under the enforcer with
-``GPUSLICE_LOG_LEVEL=debug`` its log says which path counted it.
+``GPUSLICE_LOG_LEVEL=debug`` its log says which path counted it. Its first run (2026-12-06,
+bench/results/2026-12-06-h100-capture-probe.txt) found the cause: the enforcer's own read of the pool's size inside
+the capture failed (900) and invalidated it.
 
     PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/gpu/capture_pool_probe.py
 """
@@ -18,6 +20,7 @@ import ctypes
 import json
 
 RESERVED, USED = 5, 7  # CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
 
 
 def main() -> None:
@@ -26,13 +29,19 @@ def main() -> None:
     cu = ctypes.CDLL("libcuda.so.1")
 
     def pool() -> dict:
-        h, v, out = ctypes.c_void_p(), ctypes.c_uint64(), {}
-        if cu.cuDeviceGetMemPool(ctypes.byref(h), 0) != 0:
-            return {"error": "cuDeviceGetMemPool"}
-        for name, attr in (("reserved", RESERVED), ("used", USED)):
-            r = cu.cuMemPoolGetAttribute(h, attr, ctypes.byref(v))
-            out[name] = v.value if r == 0 else f"error {r}"
-        return out
+        # asked in relaxed capture mode: in torch.cuda.graph's global mode a pool's attribute is a prohibited call
+        # that fails (900) and invalidates the capture (this probe's first H100 run, 2026-12-06)
+        h, v, out, mode = ctypes.c_void_p(), ctypes.c_uint64(), {}, ctypes.c_int(RELAXED)
+        cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+        try:
+            if cu.cuDeviceGetMemPool(ctypes.byref(h), 0) != 0:
+                return {"error": "cuDeviceGetMemPool"}
+            for name, attr in (("reserved", RESERVED), ("used", USED)):
+                r = cu.cuMemPoolGetAttribute(h, attr, ctypes.byref(v))
+                out[name] = v.value if r == 0 else f"error {r}"
+            return out
+        finally:
+            cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
 
     log: dict = {"device": torch.cuda.get_device_name(0)}
     held = torch.empty(int(0.75 * 2**30), dtype=torch.uint8, device="cuda")

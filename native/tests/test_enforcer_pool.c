@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+CUresult cuThreadExchangeStreamCaptureMode(int *);
+
 static const uint64_t KEEP_ALL = UINT64_MAX; /* PyTorch's cudaMallocAsync sets the threshold to this */
 
 static CUmemoryPool default_pool(int dev)
@@ -192,7 +194,10 @@ static void s_captured_async_alloc_is_the_graphs(void)
           (unsigned long long)g1, m);
     if (m != MAP_FAILED) munmap(m, 4096);
     CHECK_EQ(t_used(0), CTX + 320 * MiB);
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED: the test's own question, asked as the enforcer asks its own */
+    CHECK_EQ(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
     CHECK_EQ(reserved(pool), 320 * MiB); /* the pool was not trimmed to make room */
+    CHECK_EQ(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
     CHECK_EQ(cuMemAllocAsync(&b, 150 * MiB, NULL), CUDA_SUCCESS); /* another stream: counted */
     CHECK_EQ(t_used(0), CTX + 480 * MiB);
     CHECK_EQ(cuMemFreeAsync(g2, cap), CUDA_SUCCESS);

@@ -47,16 +47,21 @@ def test_torch_fills_exactly_to_the_slice(tmp_path: Path, native_build: Path) ->
     assert dev.used == 0 and snap.processes == ()  # the probe exited normally: its record is gone
 
 
-# PyTorch on cudaMallocAsync in a 2 GiB slice (its context counts ~0.5-0.7 GiB of it): 0.75 GiB held eagerly, then
-# a CUDA graph whose capture allocates 1 GiB more on the capture stream, more than the slice has left: graph-owned
-# memory, which the driver backs from its graph pool when the graph is uploaded or first run, and which the books
-# then count past the limit (the slice's later allocations are refused: the check is made on the host). The graph
-# is replayed and its result checked against one computed before the capture.
+# PyTorch on cudaMallocAsync in a 3 GiB slice (its context counts ~0.5-0.7 GiB of it): as much held eagerly as leaves
+# 1.5 GiB, then a CUDA graph whose capture allocates 1 GiB on the capture stream: graph-owned memory, backed from the
+# driver's graph pool when the graph is uploaded or first run and counted then (native/src/hooks/cuda_graph.c).
+# Counted also as the pool's at capture time (the bug of 2026-11-30) it would need 2 GiB of the 1.5 left and be
+# refused; a question of the enforcer's that invalidates the capture (the H100's failure of 2026-12-06: a pool
+# attribute read in global capture mode) fails it too. Until 2026-12-06 this test held 0.75 GiB in a 2 GiB slice,
+# which left less than 1 GiB beside an H100's context. The graph is replayed and its result checked against one
+# computed before the capture.
 CAPTURE_ASYNC = r"""
 import json, torch
-held = torch.empty(int(0.75 * 2**30), dtype=torch.uint8, device="cuda")
 x = torch.randn(1024, 1024, device="cuda")
 ref = (x @ x + 1).cpu()
+torch.cuda.synchronize()
+free = torch.cuda.mem_get_info()[0]  # the slice's, as the enforcer answers it
+held = torch.empty(free - (3 << 29), dtype=torch.uint8, device="cuda")
 def step(v):
     big = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     big.fill_(1)
@@ -68,20 +73,27 @@ with torch.cuda.graph(g):
 g.replay()
 torch.cuda.synchronize()
 assert torch.allclose(y.cpu(), ref, rtol=1e-4, atol=1e-3), "the replay differs"
-print(json.dumps({"captured": True}))
+print(json.dumps({"captured": True, "held_gib": round(held.numel() / 2**30, 3)}))
 """
 
 
-def test_a_graph_capturing_stream_ordered_allocations_near_the_limit(tmp_path: Path, native_build: Path) -> None:
-    """A stream-ordered allocation made while a graph is captured is the graph's, not its pool's: near the slice's
-    limit the capture is neither refused nor invalidated by the enforcer's pool books."""
-    pytest.importorskip("torch")
+def _capture_env(tmp_path: Path, native_build: Path, limit: int) -> tuple[dict, Path, str]:
     uuid = _uuid()
     region = tmp_path / "slice.region"
-    write_slice_file(tmp_path / "slice.conf", devices=(uuid,), memory_limit=2 * GiB, region=str(region))
-    # debug: a refusal says why the capture's allocation was counted as the pool's (native/src/hooks/cuda_pool.c)
+    write_slice_file(tmp_path / "slice.conf", devices=(uuid,), memory_limit=limit, region=str(region))
+    # debug: a refusal says why a capture's allocation was counted as the pool's (native/src/hooks/cuda_pool.c)
     env = dict(os.environ, LD_PRELOAD=str(native_build / "libgpuslice.so"), GPUSLICE_SLICE=str(tmp_path / "slice.conf"),
                PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync", GPUSLICE_LOG_LEVEL="debug")
+    return env, region, uuid
+
+
+def test_a_graph_capturing_stream_ordered_allocations_near_the_limit(tmp_path: Path, native_build: Path) -> None:
+    """A stream-ordered allocation made while a graph is captured is the graph's, not its pool's: with room for it
+    once, not twice, the capture is neither refused nor invalidated by the enforcer's pool books, the graph runs,
+    and the slice never held more than its limit."""
+    pytest.importorskip("torch")
+    env, region, uuid = _capture_env(tmp_path, native_build, 3 * GiB)
     r = subprocess.run([sys.executable, "-c", CAPTURE_ASYNC], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"captured": True}
+    assert json.loads(r.stdout.strip().splitlines()[-1])["captured"] is True
+    assert read_region(region).device(uuid).peak <= 3 * GiB

@@ -42,7 +42,10 @@ static void reconcile_ord(int ord)
     static CUresult (*attr)(CUdevice, int, void *);
     if (!attr) attr = (CUresult(*)(CUdevice, int, void *))gs_real("cuDeviceGetGraphMemAttribute");
     cuuint64_t now = 0;
-    if (!attr || attr(ord, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &now) != CUDA_SUCCESS) return;
+    struct gs_capture_mode m = gs_capture_relax(); /* read also while a graph is captured (gs_graph_launched) */
+    CUresult r = attr ? attr(ord, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &now) : CUDA_ERROR_NOT_FOUND;
+    gs_capture_restore(&m);
+    if (r != CUDA_SUCCESS) return;
     if (now > g_charged[ord]) gs_mem_charge(ord, now - g_charged[ord]);
     else if (now < g_charged[ord]) gs_mem_release(ord, g_charged[ord] - now);
     g_charged[ord] = now;

@@ -67,11 +67,18 @@ GS_ON_FORK_CHILD(after_fork_child);
 /* ------------------------------------------------------------------ the driver's view */
 #define REAL_FN(type, name) ((type)gs_real(name))
 
+/* The enforcer's own questions to the driver are asked in relaxed capture mode (gpuslice/capture.h): asked while
+ * the calling thread captures a graph in global mode (torch.cuda.graph's default), a pool's attribute is a
+ * prohibited call that fails (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidates the user's capture (H100,
+ * driver 580.159, 2026-12-06: bench/gpu/capture_pool_probe.py, tests/enforcer/test_gpu_enforcer.py). */
 static int reserved_of(CUmemoryPool h, uint64_t *out)
 {
     CUresult (*get)(CUmemoryPool, int, void *) = REAL_FN(CUresult(*)(CUmemoryPool, int, void *), "cuMemPoolGetAttribute");
     cuuint64_t v = 0;
-    if (!get || get(h, ATTR_RESERVED_MEM_CURRENT, &v) != CUDA_SUCCESS) return -1;
+    struct gs_capture_mode m = gs_capture_relax();
+    CUresult r = get ? get(h, ATTR_RESERVED_MEM_CURRENT, &v) : CUDA_ERROR_NOT_FOUND;
+    gs_capture_restore(&m);
+    if (r != CUDA_SUCCESS) return -1;
     *out = v;
     return 0;
 }
@@ -81,8 +88,10 @@ static void trim(struct pool *p)
     CUresult (*get)(CUmemoryPool, int, void *) = REAL_FN(CUresult(*)(CUmemoryPool, int, void *), "cuMemPoolGetAttribute");
     CUresult (*trim_to)(CUmemoryPool, size_t) = REAL_FN(CUresult(*)(CUmemoryPool, size_t), "cuMemPoolTrimTo");
     cuuint64_t used = p->in_use;
+    struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
     if (get) get(p->h, ATTR_USED_MEM_CURRENT, &used); /* the driver's count includes what we never saw */
     if (trim_to) trim_to(p->h, (size_t)used);
+    gs_capture_restore(&m);
 }
 
 /* Device of a pool we did not see created: the device whose default or current pool it is, else the
@@ -94,11 +103,15 @@ static int device_of(CUmemoryPool h)
     CUresult (*cur)(CUmemoryPool *, CUdevice) = REAL_FN(CUresult(*)(CUmemoryPool *, CUdevice), "cuDeviceGetMemPool");
     CUresult (*access)(unsigned long long *, CUmemoryPool, CUmemLocation *) =
         REAL_FN(CUresult(*)(unsigned long long *, CUmemoryPool, CUmemLocation *), "cuMemPoolGetAccess");
-    int n = 0, rw = -1, nrw = 0;
+    int n = 0, rw = -1, nrw = 0, found = -1;
+    struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
     if (!count || count(&n) != CUDA_SUCCESS) n = 0;
     for (int d = 0; d < n; d++) {
         CUmemoryPool q = NULL;
-        if ((def && def(&q, d) == CUDA_SUCCESS && q == h) || (cur && cur(&q, d) == CUDA_SUCCESS && q == h)) return d;
+        if ((def && def(&q, d) == CUDA_SUCCESS && q == h) || (cur && cur(&q, d) == CUDA_SUCCESS && q == h)) {
+            found = d;
+            break;
+        }
         unsigned long long flags = 0;
         CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, d};
         if (access && access(&flags, h, &loc) == CUDA_SUCCESS && flags == ACCESS_READWRITE) {
@@ -106,6 +119,8 @@ static int device_of(CUmemoryPool h)
             nrw++;
         }
     }
+    gs_capture_restore(&m);
+    if (found >= 0) return found;
     if (nrw == 1) return rw;
     int ord = gs_current_ordinal();
     GS_WARN("memory pool %p: owning device not found; charging device %d (the current context's)", (void *)h, ord);
@@ -304,7 +319,10 @@ static CUresult pool_alloc(const char *what, struct call *c)
         CUresult (*cur)(CUmemoryPool *, CUdevice) = REAL_FN(CUresult(*)(CUmemoryPool *, CUdevice), "cuDeviceGetMemPool");
         ord = stream_device(c->s);
         if (ord < 0) return invoke(c); /* no context: the driver refuses it */
-        if (!cur || cur(&h, ord) != CUDA_SUCCESS || !h) {
+        struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
+        CUresult got = cur ? cur(&h, ord) : CUDA_ERROR_NOT_FOUND;
+        gs_capture_restore(&m);
+        if (got != CUDA_SUCCESS || !h) {
             /* No pool to look at (a driver without pools would not serve this either): count by size. */
             if (graph) return invoke(c);
             GS_ACCOUNTED(what, ord, c->size, GS_K_DPTR, *c->dptr, invoke(c));

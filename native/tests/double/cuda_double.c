@@ -443,8 +443,12 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
+/* a prohibited call while the thread captures in global mode: on the H100 (driver 580.159) it failed with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated the capture (bench/gpu/capture_pool_probe.py, 2026-12-06) */
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
 {
+    CUresult unsafe = unsafe_call();
+    if (unsafe != CUDA_SUCCESS) return unsafe;
     struct dpool *p = pool_of(pool);
     if (!p || !value) return CUDA_ERROR_INVALID_VALUE;
     uint64_t v;
