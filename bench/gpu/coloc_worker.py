@@ -8,9 +8,10 @@ is from its first launch to the end of its last synchronize):
   gpu      GPU-bound batched: ResNet-50 inference at batch 32, 8 ms think
   decode   a decoder's loop of many tiny kernels: 32 tokens at batch 1, each a 6-block MLP stack of width
            1024 (~40 kernels of a few us) and an argmax read back to the CPU (a sync per token), 5 ms think
-Trainer (``--kind train``, GS_COLOC_TRAINER=transformer, the default): a 6-layer transformer encoder (d 1024, 16 heads, ff 4096), batch 16 x 256 tokens,
-AdamW under autocast, ``loss.item()`` each step: alone it keeps an H100 busy (~97 %), but not its SMs: on the H200
-capping it at 60 % of the SMs cost it 0-3 % (2026-11-29-h200-coloc-trainer-cap.md). ``GS_COLOC_TRAIN_BATCH``
+Trainer (``--kind train``, GS_COLOC_TRAINER=transformer, the default): a 6-layer transformer encoder (d 1024, 16
+heads, ff 4096), batch 16 x 256 tokens, AdamW under autocast, ``loss.item()`` each step: alone it keeps an H100
+busy (~97 %), but not its SMs: on the H200 capping it at 60 % of the SMs cost it 0-3 %
+(2026-11-29-h200-coloc-trainer-cap.md). ``GS_COLOC_TRAIN_BATCH``
 (16) sets its batch: 64 makes a trainer whose kernels fill the SMs, to measure what an SM cap costs one.
 GS_COLOC_TRAINER=alu or hbm puts a synthetic neighbour in the trainer's place, loading one resource (arithmetic, or
 memory bandwidth and the L2): which one a server beside the trainer waits for (:func:`build_alu`, :func:`build_hbm`).
@@ -124,8 +125,8 @@ def build_trainer():
 
 # Synthetic neighbours that load one resource each, to tell which one a server beside the trainer waits for (a
 # decoder's weights, ~32 MiB, fit the H100's 50 MiB L2: a neighbour that streams memory evicts them, one that only
-# computes does not). Each step is 16 launches (~0.5 ms each on an H100's 60 % of SMs: estimated, not profiled)
-# and a read back.
+# computes does not). Each step is 16 launches and a read back: on an H100's 60 % of SMs under MPS, 8.7 ms a step
+# for alu, 12.5 ms for hbm (~2.8 TB/s), from their step rates in 2026-12-06-h100-coloc-neighbour-*.md.
 ALU_ITERS = 8192
 
 
