@@ -4,12 +4,12 @@ allocates inside a CUDA graph capture: the pool's reserved and used bytes before
 
 Why: on an H100 the enforcer refused such an allocation near a 2-GiB slice's limit
 (tests/enforcer/test_gpu_enforcer.py ``test_a_graph_capturing_stream_ordered_allocations_near_the_limit``,
-bench/results/2026-12-06-h100-gpu-tests-yieldcounters.txt) that the H200 made the graph's. The enforcer counts a
-captured allocation as the pool's when the pool grew across it (native/src/hooks/cuda_pool.c graph_alloc_locked):
-run bare, this says whether the H100's driver grows the pool there; under the enforcer with
-``GPUSLICE_LOG_LEVEL=debug`` its log says which path counted it. Its first run (2026-12-06,
-bench/results/2026-12-06-h100-capture-probe.txt) found the cause: the enforcer's own read of the pool's size inside
-the capture failed (900) and invalidated it.
+bench/results/2026-12-06-h100-gpu-tests-yieldcounters.txt). The enforcer reads the pool's size before and after a
+captured allocation (native/src/hooks/cuda_pool.c graph_alloc_locked): run bare, this says whether the driver grows
+the pool there; under the enforcer with ``GPUSLICE_LOG_LEVEL=debug`` its log says which path counted it. Its first
+run (2026-12-06, bench/results/2026-12-06-h100-capture-probe.txt) found the cause instead: a pool attribute read
+inside the global-mode capture fails (900) and invalidates it, the probe's own read and the enforcer's alike (the
+H200 had passed the test with code that made no such read). The question of growth is still open.
 
     PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/gpu/capture_pool_probe.py
 """

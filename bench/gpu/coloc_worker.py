@@ -125,8 +125,8 @@ def build_trainer():
 
 # Synthetic neighbours that load one resource each, to tell which one a server beside the trainer waits for (a
 # decoder's weights, ~32 MiB, fit the H100's 50 MiB L2: a neighbour that streams memory evicts them, one that only
-# computes does not). Each step is 16 launches and a read back: on an H100's 60 % of SMs under MPS, 8.7 ms a step
-# for alu, 12.5 ms for hbm (~2.8 TB/s), from their step rates in 2026-12-06-h100-coloc-neighbour-*.md.
+# computes does not). Each step is 16 launches and a read back: on an H100's 60 % of SMs under MPS, 8.67 ms a step
+# for alu, 12.36 ms for hbm (~2.78 TB/s), their mean steps in 2026-12-06-h100-coloc-neighbour-*-raw.tgz.
 ALU_ITERS = 8192
 
 

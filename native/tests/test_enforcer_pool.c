@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 CUresult cuThreadExchangeStreamCaptureMode(int *);
+extern unsigned long gsdouble_capture_violations;
 
 static const uint64_t KEEP_ALL = UINT64_MAX; /* PyTorch's cudaMallocAsync sets the threshold to this */
 
@@ -182,7 +183,7 @@ static void s_captured_async_alloc_is_the_graphs(void)
     CUstream cap = (CUstream)0x5150;
     CHECK_EQ(cuMemAllocAsync(&a, 300 * MiB, NULL), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX + 320 * MiB);
-    unsigned long n0 = gsdouble_graph_allocs;
+    unsigned long n0 = gsdouble_graph_allocs, v0 = gsdouble_capture_violations;
     gsdouble_capture_stream = cap;
     CHECK_EQ(cuMemAllocAsync(&g1, 400 * MiB, cap), CUDA_SUCCESS); /* past what the slice has left: the graph's */
     CHECK_EQ(cuMemAllocFromPoolAsync(&g2, 100 * MiB, pool, cap), CUDA_SUCCESS);
@@ -193,6 +194,7 @@ static void s_captured_async_alloc_is_the_graphs(void)
     CHECK(m == MAP_FAILED && errno == EEXIST, "the graph address %#llx is not reserved (mmap gave %p)",
           (unsigned long long)g1, m);
     if (m != MAP_FAILED) munmap(m, 4096);
+    CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
     CHECK_EQ(t_used(0), CTX + 320 * MiB);
     int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED: the test's own question, asked as the enforcer asks its own */
     CHECK_EQ(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
@@ -239,7 +241,6 @@ static void s_capture_ending_meanwhile_is_counted(void)
 
 /* Undoing an allocation past the limit waits for the stream; while another thread captures in global mode, that
  * wait is made in relaxed mode, so the capture is not invalidated by it. */
-extern unsigned long gsdouble_capture_violations;
 static void s_undo_during_a_capture_elsewhere(void)
 {
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 100 * MiB, CTX);
@@ -274,6 +275,31 @@ static void s_captured_alloc_beside_an_unseen_pool_growth(void)
           (unsigned long long)g);
     CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
     gsdouble_capture_stream = (void *)-1;
+}
+
+/* A pool that grew across a captured allocation while the capture still runs (the driver's own doing): the growth is
+ * counted, past the limit if need be, and nothing is undone or refused on the capturing stream (a free and a wait
+ * there would join or invalidate the user's graph). */
+extern unsigned long long gsdouble_capture_grows_pool;
+static void s_pool_growth_during_a_capture_is_counted_not_undone(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 256 * MiB, CTX);
+    up(0);
+    CUmemoryPool pool = default_pool(0);
+    CUdeviceptr g = 0;
+    unsigned long n0 = gsdouble_graph_allocs, v0 = gsdouble_capture_violations;
+    CUstream cap = (CUstream)0x5150;
+    gsdouble_capture_stream = cap;
+    gsdouble_capture_grows_pool = 320 * MiB;
+    CHECK_EQ(cuMemAllocAsync(&g, 1 * MiB, cap), CUDA_SUCCESS);
+    CHECK(g != 0 && gsdouble_graph_allocs == n0 + 1 && gsdouble_capture_stream == cap, "the graph's, kept (%llx)",
+          (unsigned long long)g);
+    CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
+    gsdouble_capture_stream = (void *)-1;
+    CHECK_EQ(t_used(0), CTX + 320 * MiB); /* what the device holds, past the limit */
+    CHECK_EQ(gsdouble_used(0), 320 * MiB);
+    CHECK_EQ(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
 }
 
 /* An allocation the capture's end made the pool's (it ended between the question and the call) is tracked as the
@@ -373,6 +399,7 @@ int main(void)
     SCENARIO(s_undo_during_a_capture_elsewhere);
     SCENARIO(s_captured_alloc_beside_an_unseen_pool_growth);
     SCENARIO(s_pool_destroyed_after_the_race_keeps_its_charge);
+    SCENARIO(s_pool_growth_during_a_capture_is_counted_not_undone);
     fprintf(stderr, "test_enforcer_pool%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

@@ -50,9 +50,10 @@ def test_torch_fills_exactly_to_the_slice(tmp_path: Path, native_build: Path) ->
 # PyTorch on cudaMallocAsync in a 3 GiB slice (its context counts ~0.5-0.7 GiB of it): as much held eagerly as leaves
 # 1.5 GiB, then a CUDA graph whose capture allocates 1 GiB on the capture stream: graph-owned memory, backed from the
 # driver's graph pool when the graph is uploaded or first run and counted then (native/src/hooks/cuda_graph.c).
-# Counted also as the pool's at capture time (the bug of 2026-11-30) it would need 2 GiB of the 1.5 left and be
-# refused; a question of the enforcer's that invalidates the capture (the H100's failure of 2026-12-06: a pool
-# attribute read in global capture mode) fails it too. Until 2026-12-06 this test held 0.75 GiB in a 2 GiB slice,
+# What the test catches today is a capture the enforcer breaks: a question of its own that invalidates the capture
+# (the H100's failure of 2026-12-06: a pool attribute read in global capture mode), or a refusal inside it. (Counted
+# as the pool's, the allocation would now reserve 1 GiB, which fits, and be given back once the pool is seen not to
+# have grown: the double count of 2026-11-30 is pinned by native/tests/test_enforcer_pool.c.) Until 2026-12-06 this test held 0.75 GiB in a 2 GiB slice,
 # which left less than 1 GiB beside an H100's context. The graph is replayed and its result checked against one
 # computed before the capture.
 CAPTURE_ASYNC = r"""

@@ -258,11 +258,17 @@ static CUresult alloc_locked(const char *what, struct pool *p, const struct call
     return settle_locked(what, p, c);
 }
 
+static CUstream capture_stream(const struct call *c)
+{
+    return !c->s && c->ptsz ? STREAM_PER_THREAD : c->s;
+}
+
 /* Into a graph being captured (into_capture): the graph owns the allocation, the pool does not grow, nothing is
  * reserved for it or tracked, and it is never undone (a free and a wait on a capturing stream would join or
  * invalidate the user's graph). Had the capture ended in between (another thread may end it), the driver made it
- * the pool's: the pool grew, and it is settled as any pool allocation. A pool whose size cannot be read is
- * counted as the pool's. */
+ * the pool's: the pool grew, and it is settled as any pool allocation. A pool that grew while the capture still
+ * runs (something else took from it meanwhile) is counted at its new size, past the limit if need be (the driver
+ * holds it), and nothing is undone. A pool whose size cannot be read is counted as the pool's. */
 static CUresult graph_alloc_locked(const char *what, struct pool *p, const struct call *c)
 {
     uint64_t before, after = 0;
@@ -279,8 +285,15 @@ static CUresult graph_alloc_locked(const char *what, struct pool *p, const struc
         gs_graph_watch_device(p->ord); /* its memory is the graph pool's of this device: counted when backed */
         return CUDA_SUCCESS;
     }
-    /* why a capture's allocation was counted as the pool's, for a refusal inside a capture (an H100 refused
-     * one that the H200 made the graph's: tests/enforcer/test_gpu_enforcer.py, 2026-12-06-h100-gpu-tests-*) */
+    if (!unread && gs_capture_status(capture_stream(c)) == 1) { /* CU_STREAM_CAPTURE_STATUS_ACTIVE still */
+        GS_DEBUG("%s of %zu bytes into a capture: the pool grew meanwhile (%llu -> %llu bytes); the growth is counted, "
+                 "the allocation is the graph's", what, c->size, (unsigned long long)before, (unsigned long long)after);
+        reconcile(p);
+        gs_graph_watch_device(p->ord);
+        return CUDA_SUCCESS;
+    }
+    /* why a capture's allocation was counted as the pool's: the capture ended meanwhile, or the pool's size cannot
+     * be read (a read that failed inside the capture, not relaxed, invalidated it: 2026-12-06-h100-gpu-tests-*) */
     GS_DEBUG("%s of %zu bytes into a capture: the pool's size %s (%llu -> %llu bytes); counted as the pool's", what,
              c->size, unread ? "cannot be read after it" : "grew", (unsigned long long)before,
              (unsigned long long)after);
@@ -303,7 +316,7 @@ static int stream_device(CUstream s)
  * capture is no capture here: the allocation is counted as the pool's, or the driver refuses it. */
 static int into_capture(const struct call *c, const char *what)
 {
-    int st = gs_capture_status(!c->s && c->ptsz ? STREAM_PER_THREAD : c->s);
+    int st = gs_capture_status(capture_stream(c));
     if (st != 0 && st != 1)
         GS_DEBUG("%s of %zu bytes: its stream's capture status is %d; counted as the pool's", what, c->size, st);
     return st == 1; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */

@@ -381,12 +381,20 @@ static int graph_alloc(CUdeviceptr *p, size_t b, CUstream s)
     __atomic_add_fetch(&gsdouble_graph_allocs, 1, __ATOMIC_RELAXED);
     return 1;
 }
+/* gsdouble_capture_grows_pool: bytes the current pool's reserve grows by across the next captured allocation (the
+ * driver's own doing, e.g. another thread's allocation meanwhile): what the enforcer does when a capture's allocation
+ * is still the graph's but the pool grew */
+EXPORT unsigned long long gsdouble_capture_grows_pool;
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s)
 {
     NEED_CTX();
-    if (p && b && graph_alloc(p, b, s)) return CUDA_SUCCESS;
     CUmemoryPool pool;
     cuDeviceGetMemPool(&pool, cur_dev());
+    if (p && b && graph_alloc(p, b, s)) {
+        uint64_t grow = __atomic_exchange_n(&gsdouble_capture_grows_pool, 0, __ATOMIC_RELAXED);
+        if (grow && take(cur_dev(), grow) == CUDA_SUCCESS) pool_of(pool)->reserved += grow;
+        return CUDA_SUCCESS;
+    }
     return pool_alloc(pool_of(pool), p, b);
 }
 /* An allocation from the current pool that no hook sees (memory the enforcer did not count: tests of drift) */
