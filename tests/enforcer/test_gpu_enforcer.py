@@ -51,7 +51,9 @@ def test_torch_fills_exactly_to_the_slice(tmp_path: Path, native_build: Path) ->
 # 1.5 GiB, then a CUDA graph whose capture allocates 1 GiB on the capture stream: graph-owned memory, backed from the
 # driver's graph pool when the graph is uploaded or first run and counted then (native/src/hooks/cuda_graph.c).
 # What the test catches today is a capture the enforcer breaks: a question of its own that invalidates the capture
-# (the H100's failure of 2026-12-06: a pool attribute read in global capture mode), or a refusal inside it. (Counted
+# (the H100's failure of 2026-12-06: a pool attribute read in global capture mode; after that was fixed the capture
+# still failed there, cause not found: bench/results/2026-12-06-h100-gpu-tests-capture-after-fix.txt), or a
+# refusal inside it. (Counted
 # as the pool's, the allocation would now reserve 1 GiB, which fits, and be given back once the pool is seen not to
 # have grown: the double count of 2026-11-30 is pinned by native/tests/test_enforcer_pool.c.) Until 2026-12-06 this test held 0.75 GiB in a 2 GiB slice,
 # which left less than 1 GiB beside an H100's context. The graph is replayed and its result checked against one
