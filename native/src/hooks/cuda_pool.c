@@ -279,7 +279,11 @@ static CUresult graph_alloc_locked(const char *what, struct pool *p, const struc
         return alloc_locked(what, p, c);
     }
     CUresult r = invoke(c);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS) { /* the H100's capture test failed here, its capture invalidated before (2026-12-06) */
+        GS_DEBUG("%s of %zu bytes into a capture: the driver answered %d; its stream's capture status is now %d", what,
+                 c->size, (int)r, gs_capture_status(capture_stream(c)));
+        return r;
+    }
     int unread = reserved_of(p->h, &after);
     if (!unread && after <= before) {
         gs_graph_watch_device(p->ord); /* its memory is the graph pool's of this device: counted when backed */
