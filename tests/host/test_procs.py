@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,19 @@ def test_running_out_of_file_descriptors_is_not_taken_for_a_process_that_ended(m
     with pytest.raises(OSError) as err:
         procs.stat(os.getpid())
     assert err.value.errno == errno.EMFILE
+
+
+def test_an_environment_that_reads_empty_is_not_a_no() -> None:
+    """A process mid-exec reads an empty environment after its parent is back from Popen: taking that for
+    "unmarked" let the ledger miss a marked process (stop 36's CI). Empty means "cannot tell"."""
+    bare = subprocess.Popen(["sleep", "60"], env={})
+    marked = subprocess.Popen(["sleep", "60"], env={"GPUSLICE_SLICE": "/s"})
+    try:
+        assert procs.environ_has(bare.pid, "GPUSLICE_SLICE=/s") is None
+        while (seen := procs.environ_has(marked.pid, "GPUSLICE_SLICE=/s")) is None:  # until its exec is done
+            assert marked.poll() is None
+        assert seen is True and procs.environ_has(marked.pid, "GPUSLICE_SLICE=/t") is False
+    finally:
+        for p in (bare, marked):
+            p.kill()
+            p.wait()

@@ -184,11 +184,17 @@ def test_reused_pid_does_not_keep_a_grant(ledger):
 
 
 def _spawn(cmd: list[str], grant: GrantRecord | None = None, **kw) -> subprocess.Popen:
-    """A real process; with ``grant``, carrying its marker as `gpuslice run` children do."""
+    """A real process; with ``grant``, carrying its marker as `gpuslice run` children do. Returns once its
+    environment can be read: ``Popen`` returns before ``exec`` has laid it out (``procs.environ_has``)."""
     env = {k: v for k, v in os.environ.items() if k != "GPUSLICE_SLICE"}
     if grant is not None:
         env["GPUSLICE_SLICE"] = grant.slice_file
-    return subprocess.Popen(cmd, env=env, **kw)
+    proc = subprocess.Popen(cmd, env=env, **kw)
+    deadline = time.monotonic() + 30.0
+    while procs.environ_has(proc.pid, "GPUSLICE_SLICE=") is None:  # None until exec is done (env is not empty)
+        assert time.monotonic() < deadline and proc.poll() is None, f"{cmd}: its environment never became readable"
+        time.sleep(0.01)
+    return proc
 
 
 def _dead_holder(ledger: Ledger, memory: str = "40GiB") -> GrantRecord:

@@ -123,10 +123,17 @@ def real_uid(pid: int) -> int | None:
 
 def environ_has(pid: int, entry: str) -> bool | None:
     """Whether ``pid``'s environment (as it was exec'd) holds ``entry`` (``NAME=value``); None when it cannot
-    be read (another user's process, a setuid program) or the process is gone."""
+    be read (another user's process, a setuid program), the process is gone, or it reads empty.
+
+    Empty is not "no": a process in the middle of ``exec`` reads empty until the kernel has laid out its new
+    stack, and its parent may already be back from ``Popen`` (the close-on-exec pipe closes first). A loaded
+    2-core CI box hit that window (stop 36: a marked process read as unmarked). A process whose environment
+    is truly empty carries no marker, so "cannot tell" costs it nothing but a later look."""
     try:
         data = (PROC / str(pid) / "environ").read_bytes()
     except OSError:
+        return None
+    if not data:
         return None
     return entry.encode() in data.split(b"\0")
 
