@@ -57,15 +57,20 @@ static void s_first_launch_counts(void)
 /* A graph launched into another graph being captured is a node of that graph: its own first run, which backs its
  * memory, is still to come and is counted when it comes. */
 extern void *gsdouble_capture_stream;
+extern unsigned long gsdouble_capture_reads;
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
 static void s_launch_into_a_capture_is_not_the_first_run(void)
 {
     graph_slice();
     CUgraphExec a;
     CUstream cap = (CUstream)0x5150;
     CHECK_EQ(cuGraphInstantiateWithFlags(&a, NULL, 0), CUDA_SUCCESS);
+    unsigned long r0 = gsdouble_capture_reads;
     gsdouble_capture_stream = cap;
     CHECK_EQ(cuGraphLaunch(a, cap), CUDA_SUCCESS);
-    gsdouble_capture_stream = (void *)-1;
+    CHECK(gsdouble_capture_reads == r0, "no memory read inside the capture (%lu)", gsdouble_capture_reads - r0);
+    CUgraph graph = NULL;
+    CHECK_EQ(cuStreamEndCapture(cap, &graph), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX); /* nothing backed yet */
     CHECK_EQ(cuGraphLaunch(a, NULL), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX + GRAPH); /* its first run backs and is counted */

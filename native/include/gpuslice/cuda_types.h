@@ -15,6 +15,7 @@ enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_ILLEGAL_STATE = 401, /* cuStreamEndCapture on a stream that does not capture */
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600, /* cuEventQuery / cuStreamQuery: not complete yet */
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900, /* a call stream capture forbids (it invalidates the capture) */

@@ -11,7 +11,8 @@
  * Only the current context's device is read, and devices this process already charged graph memory on:
  * asking about a device without a context could create one. A launch costs one lookup in the set of
  * executable graphs launched before (first launches read the attribute: a few microseconds, once).
- * Called by the launch hooks (gs_graph_launched) after a graph launch. */
+ * Called by the launch hooks (gs_graph_launched) after a graph launch. Nothing is read while the launching
+ * stream captures a graph; cuStreamEndCapture brings the graph books and the pools' charges in line. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -82,12 +83,10 @@ void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r)
 {
     if (r != CUDA_SUCCESS) return;
     /* launched into a graph being captured: a node of that graph, not this graph's run, which is still to come
-     * and is counted when it comes. The books are read all the same (a read; a capture begun by another thread
-     * between the launch and this question must not leave a real first run uncounted) */
-    if (gs_capture_status(s) > 0) {
-        reconcile();
-        return;
-    }
+     * and is counted when it comes. Nothing is read inside the capture (cuda_pool.c's graph_alloc_locked says why);
+     * a real first run that a capture begun by another thread hid from this question is counted at that capture's
+     * end (captured) or at this graph's next launch, which counts as a first one still */
+    if (gs_capture_status(s) > 0) return;
     pthread_mutex_lock(&g_lock);
     int first = !gs_u64map_get(&g_launched, (uint64_t)(uintptr_t)exec);
     if (first) gs_u64map_put(&g_launched, (uint64_t)(uintptr_t)exec, (struct gs_u64val){0, 0, 0});
@@ -98,6 +97,16 @@ void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r)
 static CUresult after(CUresult r)
 {
     if (r == CUDA_SUCCESS) reconcile();
+    return r;
+}
+
+/* A capture ended: what graph memory and pools did while it ran, when the enforcer read neither, is counted now
+ * (the thread no longer captures; another's capture is asked about in relaxed mode, as every read). */
+static CUresult captured(CUresult r)
+{
+    if (r != CUDA_SUCCESS) return r;
+    reconcile();
+    gs_pool_capture_ended();
     return r;
 }
 
@@ -143,11 +152,14 @@ static CUresult trimmed(CUresult r)
     X(cuGraphUpload, (CUgraphExec exec, CUstream stream), (exec, stream), AFTER)                          \
     X(cuGraphUpload_ptsz, (CUgraphExec exec, CUstream stream), (exec, stream), AFTER)                     \
     X(cuDeviceGraphMemTrim, (CUdevice dev), (dev), TRIM)                                                  \
-    X(cuGraphExecDestroy, (CUgraphExec exec), (exec), DESTROY)
+    X(cuGraphExecDestroy, (CUgraphExec exec), (exec), DESTROY)                                            \
+    X(cuStreamEndCapture, (CUstream stream, CUgraph *graph), (stream, graph), CAPTURED)                   \
+    X(cuStreamEndCapture_ptsz, (CUstream stream, CUgraph *graph), (stream, graph), CAPTURED)
 
 #define AFTER(call) return after(call)
 #define TRIM(call) return trimmed(call)
 #define DESTROY(call) return exec_destroy(real, exec)
+#define CAPTURED(call) return captured(call)
 GRAPH_HOOKS(GS_HOOK_DEFINE)
 
 const struct gs_hook gs_hooks_graph[] = {GRAPH_HOOKS(GS_HOOK_ROW){0, 0}};

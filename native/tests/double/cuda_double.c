@@ -241,6 +241,7 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c) { t_current = (struct ctx *)c; retu
 EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)t_current; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) { if (cur_dev() < 0) return CUDA_ERROR_INVALID_CONTEXT; *d = cur_dev(); return CUDA_SUCCESS; }
 static CUresult unsafe_call(void); /* stream capture's rule (below) */
+static void capture_read(void);    /* a memory attribute read while a capture runs (below) */
 static CUresult violation(CUresult r);
 EXPORT CUresult cuCtxSynchronize(void) { return unsafe_call(); }
 
@@ -455,6 +456,7 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated the capture (bench/gpu/capture_pool_probe.py, 2026-12-06) */
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
 {
+    capture_read();
     CUresult unsafe = unsafe_call();
     if (unsafe != CUDA_SUCCESS) return unsafe;
     struct dpool *p = pool_of(pool);
@@ -751,6 +753,7 @@ EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d)
 }
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *v)
 {
+    capture_read();
     if (d < 0 || d >= ndev() || attr != 2) return CUDA_ERROR_INVALID_VALUE;
     *(cuuint64_t *)v = g_graph_reserved[d];
     return CUDA_SUCCESS;
@@ -809,6 +812,25 @@ static CUresult violation(CUresult r)
     __atomic_add_fetch(&gsdouble_capture_violations, 1, __ATOMIC_RELAXED);
     return r;
 }
+/* gsdouble_capture_reads: pool and graph-memory attribute reads made while a capture runs, in any mode. The H100
+ * failed a capture with such reads around a captured allocation even in relaxed mode (2026-12-06) and the H200
+ * passed it with none (2026-11-30): the double cannot say which read the driver minds, so it counts them all. */
+EXPORT unsigned long gsdouble_capture_reads;
+static void capture_read(void)
+{
+    if (capture_active()) __atomic_add_fetch(&gsdouble_capture_reads, 1, __ATOMIC_RELAXED);
+}
+/* the capture on s ends (the dummy graph it made is not one the double's graph calls know) */
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    void *cap = (void *)s;
+    if (!__atomic_compare_exchange_n(&gsdouble_capture_stream, &cap, (void *)-1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return CUDA_ERROR_ILLEGAL_STATE;
+    static int dummy;
+    if (g) *g = (CUgraph)&dummy;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return cuStreamEndCapture(s ? s : (CUstream)0x2, g); }
 static CUresult unsafe_call(void)
 {
     return capture_active() && t_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL ? violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
@@ -888,7 +910,7 @@ static const struct { const char *name; void *fn; } g_syms[] = {
     F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuGraphInstantiateWithFlags), F(cuGraphInstantiateWithParams),
     F(cuGraphUpload), F(cuGraphExecDestroy), F(cuDeviceGraphMemTrim), F(cuDeviceGetGraphMemAttribute), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
     F(cuStreamSynchronize), F(cuEventCreate), F(cuEventDestroy_v2), F(cuEventRecord), F(cuEventRecord_ptsz),
-    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz), F(cuThreadExchangeStreamCaptureMode), F(cuGetProcAddress), F(cuGetProcAddress_v2),
+    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz), F(cuStreamEndCapture), F(cuStreamEndCapture_ptsz), F(cuThreadExchangeStreamCaptureMode), F(cuGetProcAddress), F(cuGetProcAddress_v2),
     F(cuModuleLoadData), F(cuModuleGetFunction), F(cuDeviceGetDefaultMemPool), F(cuDeviceGetMemPool),
     F(cuDeviceSetMemPool), F(cuStreamGetDevice), F(cuMemPoolTrimTo), F(cuMemPoolGetAttribute),
     F(cuMemPoolSetAttribute), F(cuMemPoolGetAccess), F(cuMemAlloc), F(cuMemAllocPitch), F(cuMemFree),
