@@ -84,7 +84,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "coloc_worker.py"
 sys.path.insert(0, str(HERE))
-from coloc_worker import TRAINERS, YIELD_KEYS  # noqa: E402 - beside this file
+from coloc_worker import DEFAULT_TRAINER, TRAINERS, YIELD_KEYS  # noqa: E402 - beside this file
 KINDS = ("launch", "gpu", "decode")
 KIND_NAMES = {"launch": "launch-bound (ResNet-50 b1, 4 ms think)", "gpu": "GPU-bound (ResNet-50 b32, 8 ms think)",
               "decode": "decode (32 tokens x ~40 tiny kernels, sync per token, 5 ms think)"}
@@ -469,7 +469,7 @@ def report(raw: dict) -> str:
     lines = [f"Window {raw.get('window_s')} s per phase, {raw.get('reps')} repeats (ABBA). Server p50 / p99: of all "
              "repeats' requests together [min-max of the repeats' own]; trainer: mean [min-max]; x = against the "
              "same kind alone.", ""]
-    synthetic = raw.get("trainer", "transformer") != "transformer"
+    synthetic = raw.get("trainer", DEFAULT_TRAINER) != DEFAULT_TRAINER
     if synthetic:
         lines += [f"The trainer's place is taken by the synthetic neighbour **{raw['trainer']}** "
                   "(bench/gpu/coloc_worker.py, GS_COLOC_TRAINER): its it/s are its steps, not a trainer's.", ""]
@@ -610,7 +610,7 @@ def main() -> int:
                     help="paired protocol: the trainer works in half the slots of this many s, Thue-Morse order "
                          "(0: the whole window)")
     ap.add_argument("--tidal", action="store_true")
-    ap.add_argument("--trainer", choices=TRAINERS, default="transformer",
+    ap.add_argument("--trainer", choices=TRAINERS, default=DEFAULT_TRAINER,
                     help="the neighbour in the trainer's place (coloc_worker.build_trainer): transformer, or a "
                          "synthetic load of one resource, alu (arithmetic) or hbm (memory bandwidth, the L2)")
     ap.add_argument("--modes", default="", help=f"comma list of {','.join(ALL_MODES)} (default: all but tidal and the solo modes)")
@@ -631,7 +631,7 @@ def main() -> int:
         merged: dict = {"phases": [], "skipped": []}
         for i, f in enumerate(args.report):
             r = json.loads(Path(f).read_text())
-            if i and r.get("trainer", "transformer") != merged.get("trainer", "transformer"):
+            if i and r.get("trainer", DEFAULT_TRAINER) != merged.get("trainer", DEFAULT_TRAINER):
                 ap.error(f"--report {f}: its trainer is {r.get('trainer', 'transformer')}, the files before it had "
                          f"{merged.get('trainer', 'transformer')}: one table holds one neighbour")
             for p in r["phases"]:

@@ -108,11 +108,12 @@ def build_server(kind: str):
 
 
 TRAINERS = ("transformer", "alu", "hbm")
+DEFAULT_TRAINER = TRAINERS[0]  # the issue's GPU-saturating transformer; the others are synthetic neighbours
 
 
 def trainer_name() -> str:
     """The neighbour ``--kind train`` runs: GS_COLOC_TRAINER, one of :data:`TRAINERS` (default transformer)."""
-    name = os.environ.get("GS_COLOC_TRAINER", "transformer")
+    name = os.environ.get("GS_COLOC_TRAINER", DEFAULT_TRAINER)
     if name not in TRAINERS:
         raise ValueError(f"GS_COLOC_TRAINER={name!r}: allowed {', '.join(TRAINERS)}")
     return name

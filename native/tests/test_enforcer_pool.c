@@ -310,6 +310,32 @@ static void s_pool_growth_during_a_capture_is_counted_at_its_end(void)
     CHECK_EQ(t_used(0), CTX);
 }
 
+/* Past the 256 pools the enforcer tracks, allocations are counted by their size; one captured into a graph is the
+ * graph's all the same: not counted, and nothing read or waited for inside the capture (counted by size it could
+ * sleep there under oom_policy=wait, asking cuMemGetInfo between sleeps). */
+static void s_untracked_pool_captured_alloc_is_the_graphs(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemoryPool pools[257];
+    for (int i = 0; i < 257; i++) CHECK_EQ(cuMemPoolCreate(&pools[i], &pp), CUDA_SUCCESS);
+    CUdeviceptr a = 0, g = 0;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 100 * MiB, pools[256], NULL), CUDA_SUCCESS); /* untracked: by its size */
+    CHECK_EQ(t_used(0), CTX + 100 * MiB);
+    unsigned long n0 = gsdouble_graph_allocs, v0 = gsdouble_capture_violations, r0 = gsdouble_capture_reads;
+    CUstream cap = (CUstream)0x5150;
+    gsdouble_capture_stream = cap;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&g, 600 * MiB, pools[256], cap), CUDA_SUCCESS); /* past the limit: the graph's */
+    CHECK(gsdouble_graph_allocs == n0 + 1, "the graph's (%lu)", gsdouble_graph_allocs - n0);
+    CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
+    CHECK(gsdouble_capture_reads == r0, "no memory read inside the capture (%lu)", gsdouble_capture_reads - r0);
+    CHECK_EQ(t_used(0), CTX + 100 * MiB);
+    CHECK_EQ(cuStreamEndCapture(cap, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+}
+
 /* An allocation the capture's end made the pool's (it ended between the question and the call) is tracked as the
  * pool's: destroying the pool while it lives keeps its charge, as for any live allocation. */
 static void s_pool_destroyed_after_the_race_keeps_its_charge(void)
@@ -408,6 +434,7 @@ int main(void)
     SCENARIO(s_captured_alloc_beside_an_unseen_pool_growth);
     SCENARIO(s_pool_destroyed_after_the_race_keeps_its_charge);
     SCENARIO(s_pool_growth_during_a_capture_is_counted_at_its_end);
+    SCENARIO(s_untracked_pool_captured_alloc_is_the_graphs);
     fprintf(stderr, "test_enforcer_pool%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

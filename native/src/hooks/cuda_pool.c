@@ -346,6 +346,11 @@ static CUresult pool_alloc(const char *what, struct call *c)
         pthread_mutex_unlock(&g_pool_lock);
         GS_WARN("%s: more than %d memory pools; counting this allocation by its size", what, MAX_POOLS);
         int o = ord >= 0 ? ord : gs_current_ordinal();
+        if (graph) { /* the graph's, as from a tracked pool: nothing counted, read or waited for inside the capture */
+            CUresult g = invoke(c);
+            if (g == CUDA_SUCCESS) gs_graph_watch_device(o);
+            return g;
+        }
         if (o < 0) return invoke(c);
         GS_ACCOUNTED(what, o, c->size, GS_K_DPTR, *c->dptr, invoke(c));
     }

@@ -256,7 +256,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size
     return alloc_on(cur_dev(), (uint64_t)*pitch * h, p, 1);
 }
 /* ---- stream-ordered pools: [0, MAXDEV) are the devices' default pools, the rest cuMemPoolCreate'd */
-#define MAXPOOL 64
+#define MAXPOOL 320 /* past the enforcer's 256 tracked pools (test_enforcer_pool's s_untracked_pool_*) */
 struct dpool { int dev, in_use_slot, destroyed; uint64_t reserved, used, threshold, reserved_high, used_high; };
 static struct dpool g_pools[MAXPOOL];
 static int g_current_pool[MAXDEV]; /* index of each device's current pool */
