@@ -57,7 +57,7 @@ static void s_first_launch_counts(void)
 /* A graph launched into another graph being captured is a node of that graph: its own first run, which backs its
  * memory, is still to come and is counted when it comes. */
 extern void *gsdouble_capture_stream;
-extern unsigned long gsdouble_capture_reads;
+extern unsigned long gsdouble_capture_calls;
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 static void s_launch_into_a_capture_is_not_the_first_run(void)
 {
@@ -65,10 +65,10 @@ static void s_launch_into_a_capture_is_not_the_first_run(void)
     CUgraphExec a;
     CUstream cap = (CUstream)0x5150;
     CHECK_EQ(cuGraphInstantiateWithFlags(&a, NULL, 0), CUDA_SUCCESS);
-    unsigned long r0 = gsdouble_capture_reads;
+    unsigned long r0 = gsdouble_capture_calls;
     gsdouble_capture_stream = cap;
     CHECK_EQ(cuGraphLaunch(a, cap), CUDA_SUCCESS);
-    CHECK(gsdouble_capture_reads == r0, "no memory read inside the capture (%lu)", gsdouble_capture_reads - r0);
+    CHECK(gsdouble_capture_calls == r0, "no question to the driver inside the capture (%lu)", gsdouble_capture_calls - r0);
     CUgraph graph = NULL;
     CHECK_EQ(cuStreamEndCapture(cap, &graph), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX); /* nothing backed yet */

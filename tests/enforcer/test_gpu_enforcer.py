@@ -53,7 +53,7 @@ def test_torch_fills_exactly_to_the_slice(tmp_path: Path, native_build: Path) ->
 # What the test catches today is a capture the enforcer breaks: a question of its own that invalidates the capture
 # (the H100's failure of 2026-12-06: a pool attribute read in global capture mode; after that read was made in
 # relaxed mode the capture still failed there: bench/results/2026-12-06-h100-gpu-tests-capture-after-fix.txt; since
-# then no pool is read while a capture runs), or a refusal inside it. A failure also runs the program without the
+# then the enforcer asks nothing inside a capture but the allocation and the stream's capture status), or a refusal inside it. A failure also runs the program without the
 # enforcer (the same 1.5 GiB left) and says how that went: a capture that fails bare is not the enforcer's. (Counted
 # as the pool's, the allocation would now reserve 1 GiB, which fits, and be given back once the pool is seen not to
 # have grown: the double count of 2026-11-30 is pinned by native/tests/test_enforcer_pool.c.) Until 2026-12-06 this test held 0.75 GiB in a 2 GiB slice,

@@ -19,6 +19,7 @@ enum {
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600, /* cuEventQuery / cuStreamQuery: not complete yet */
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900, /* a call stream capture forbids (it invalidates the capture) */
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901, /* the capture was invalidated before (cuStreamEndCapture ends it so) */
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,    /* the legacy stream used while a blocking stream captures */
     CUDA_ERROR_CAPTURED_EVENT = 907,             /* a look at an event recorded inside a capture */
 };

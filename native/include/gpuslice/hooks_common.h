@@ -72,7 +72,8 @@
  * with the real cuMemFree-like `real` if ptr is a pool allocation we track (cudaFree of
  * cudaMallocAsync memory), else returns GS_POOL_NOT_MINE. gs_pool_forget_device gives back and
  * forgets the pools of a device whose primary context went. gs_pool_capture_ended brings every pool's
- * charge in line once a capture ended (no pool is read while one runs). */
+ * charge (and the current pool of the capturing stream's device) in line once a capture ended (no pool is read
+ * while one runs). */
 /* CUDA graph memory (src/hooks/cuda_graph.c): the launch hooks report each graph launch, whose first
  * launch may back the graph's memory nodes with device memory. */
 void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r);
@@ -83,5 +84,7 @@ void gs_graph_forget_device(int ordinal);
 #define GS_POOL_NOT_MINE (-2)
 CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real);
 void gs_pool_forget_device(int ordinal);
-void gs_pool_capture_ended(void);
+void gs_pool_capture_ended(int ordinal);
+/* The device of a stream's context (the current one for the legacy and per-thread streams); -1 without one. */
+int gs_stream_device(CUstream s);
 #endif

@@ -12,7 +12,8 @@
  * asking about a device without a context could create one. A launch costs one lookup in the set of
  * executable graphs launched before (first launches read the attribute: a few microseconds, once).
  * Called by the launch hooks (gs_graph_launched) after a graph launch. Nothing is read while the launching
- * stream captures a graph; cuStreamEndCapture brings the graph books and the pools' charges in line. */
+ * stream captures a graph; the end of a capture (cuStreamEndCapture) brings the graph books and the pools'
+ * charges in line. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -100,13 +101,18 @@ static CUresult after(CUresult r)
     return r;
 }
 
-/* A capture ended: what graph memory and pools did while it ran, when the enforcer read neither, is counted now
- * (the thread no longer captures; another's capture is asked about in relaxed mode, as every read). */
-static CUresult captured(CUresult r)
+/* A capture's end was asked for: once the stream no longer captures (a successful end, and also an invalidated
+ * capture's, which the driver ends with an error), what graph memory and pools did while it ran, when the enforcer
+ * read neither, is counted now, and the stream's device is read for graph memory from now on (a stream-ordered
+ * allocation captured there is backed on it; nothing was asked at the allocation: cuda_pool.c's captured_alloc).
+ * Another thread's capture is asked about in relaxed mode, as every read of the enforcer's. */
+static CUresult captured(CUresult r, CUstream s)
 {
-    if (r != CUDA_SUCCESS) return r;
+    if (gs_capture_status(s) != 0) return r; /* still capturing (a wrong thread's call), or no answer */
+    int ord = gs_stream_device(s);
+    gs_graph_watch_device(ord);
     reconcile();
-    gs_pool_capture_ended();
+    gs_pool_capture_ended(ord);
     return r;
 }
 
@@ -154,12 +160,13 @@ static CUresult trimmed(CUresult r)
     X(cuDeviceGraphMemTrim, (CUdevice dev), (dev), TRIM)                                                  \
     X(cuGraphExecDestroy, (CUgraphExec exec), (exec), DESTROY)                                            \
     X(cuStreamEndCapture, (CUstream stream, CUgraph *graph), (stream, graph), CAPTURED)                   \
-    X(cuStreamEndCapture_ptsz, (CUstream stream, CUgraph *graph), (stream, graph), CAPTURED)
+    X(cuStreamEndCapture_ptsz, (CUstream stream, CUgraph *graph), (stream, graph), CAPTURED_PTSZ)
 
 #define AFTER(call) return after(call)
 #define TRIM(call) return trimmed(call)
 #define DESTROY(call) return exec_destroy(real, exec)
-#define CAPTURED(call) return captured(call)
+#define CAPTURED(call) return captured(call, stream ? stream : (CUstream)0x1)
+#define CAPTURED_PTSZ(call) return captured(call, stream ? stream : (CUstream)0x2)
 GRAPH_HOOKS(GS_HOOK_DEFINE)
 
 const struct gs_hook gs_hooks_graph[] = {GRAPH_HOOKS(GS_HOOK_ROW){0, 0}};

@@ -263,46 +263,78 @@ static CUstream capture_stream(const struct call *c)
     return !c->s && c->ptsz ? STREAM_PER_THREAD : c->s;
 }
 
-/* Into a graph being captured (into_capture): the graph owns the allocation, the pool does not grow, nothing is
- * reserved for it or tracked, and it is never undone (a free and a wait on a capturing stream would join or
- * invalidate the user's graph). While the capture runs the enforcer asks the driver nothing about the pool: the
- * H100's capture test failed with reads of its size around the allocation, in global mode and also in relaxed
- * mode (2026-12-06), and passed on the H200 when no pool was read there (2026-11-30). Whatever the pool did
- * meanwhile is counted at the capture's end (gs_pool_capture_ended) or at its next event. Had the capture ended
- * around the call (another thread may end it), the driver may have made the allocation the pool's: the pool is
- * read then, and an allocation that grew it past its charge is settled as any pool allocation. */
-static CUresult graph_alloc_locked(const char *what, struct pool *p, const struct call *c)
-{
-    if (gs_mem_dev_index(p->ord) == -1) return gs_mem_try_reserve(p->ord, c->size, what); /* outside: refused */
-    CUresult r = invoke(c);
-    int st = gs_capture_status(capture_stream(c));
-    if (r != CUDA_SUCCESS) {
-        GS_DEBUG("%s of %zu bytes into a capture: the driver answered %d; its stream's capture status is now %d", what,
-                 c->size, (int)r, st);
-        return r;
-    }
-    if (st == 1) { /* CU_STREAM_CAPTURE_STATUS_ACTIVE still: the graph's */
-        gs_graph_watch_device(p->ord); /* its memory is the graph pool's of this device: counted when backed */
-        return CUDA_SUCCESS;
-    }
-    uint64_t after;
-    if (!reserved_of(p->h, &after) && after <= p->charged) {
-        /* the pool did not grow: the graph's (the capture ended after the call), or served from the pool's cache
-         * (it ended before): either way the books hold what the device holds */
-        gs_graph_watch_device(p->ord);
-        return CUDA_SUCCESS;
-    }
-    GS_DEBUG("%s of %zu bytes into a capture that ended around it: the pool grew (or cannot be read); counted as the "
-             "pool's", what, c->size);
-    return settle_locked(what, p, c);
-}
-
 static int stream_device(CUstream s)
 {
     CUresult (*get)(CUstream, CUdevice *) = REAL_FN(CUresult(*)(CUstream, CUdevice *), "cuStreamGetDevice");
     CUdevice d = -1;
     if (s && s != STREAM_LEGACY && s != STREAM_PER_THREAD && get && get(s, &d) == CUDA_SUCCESS) return d;
     return gs_current_ordinal();
+}
+
+int gs_stream_device(CUstream s)
+{
+    return stream_device(s);
+}
+
+/* The pool an allocation draws on (the call's, else the current pool of the stream's device) and the device it
+ * charges (*ord; -1 for a call's pool until it is looked up). -1 when there is no pool to look at: *ord then says
+ * the device, -1 without a context. */
+static int pool_of_call(const struct call *c, CUmemoryPool *h, int *ord)
+{
+    *h = c->pool;
+    *ord = -1;
+    if (*h) return 0;
+    CUresult (*cur)(CUmemoryPool *, CUdevice) = REAL_FN(CUresult(*)(CUmemoryPool *, CUdevice), "cuDeviceGetMemPool");
+    *ord = stream_device(c->s);
+    if (*ord < 0) return -1;
+    struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
+    CUresult got = cur ? cur(h, *ord) : CUDA_ERROR_NOT_FOUND;
+    gs_capture_restore(&m);
+    return got == CUDA_SUCCESS && *h ? 0 : -1;
+}
+
+/* The capture ended around a captured allocation (another thread may end it; no pool was looked at before): had it
+ * ended before the call, the driver made the allocation the pool's. One that grew its pool past the charge (or whose
+ * pool cannot be read) is settled as any pool allocation; one that did not is left to the books as they stand (the
+ * graph's, or served from the pool's cache: the charge holds what the device holds; such an allocation is not in
+ * the pool's in-use count, which a race this narrow leaves low until the pool's next reconcile). */
+static CUresult ended_alloc(const char *what, struct call *c)
+{
+    CUmemoryPool h;
+    int ord;
+    if (pool_of_call(c, &h, &ord)) return CUDA_SUCCESS; /* no pool to look at: the driver holds what it made */
+    pthread_mutex_lock(&g_pool_lock);
+    struct pool *p = find(h);
+    if (!p) p = ord >= 0 ? add(h, ord, 0) : get(h);
+    CUresult r = CUDA_SUCCESS;
+    uint64_t after;
+    if (p && !p->uncounted && (reserved_of(p->h, &after) || after > p->charged)) {
+        GS_DEBUG("%s of %zu bytes into a capture that ended around it: the pool grew (or cannot be read); counted "
+                 "as the pool's", what, c->size);
+        r = settle_locked(what, p, c);
+    }
+    pthread_mutex_unlock(&g_pool_lock);
+    return r;
+}
+
+/* Into a graph being captured (into_capture): the graph owns the allocation, the pool does not grow, nothing is
+ * reserved for it or tracked, and it is never undone (a free and a wait on a capturing stream would join or
+ * invalidate the user's graph). The enforcer asks the driver nothing but the allocation and the stream's capture
+ * status: the H100's capture test failed while it also asked for the stream's device, the current pool and (in
+ * relaxed mode) the pool's size around the allocation (2026-12-06), and passed on the H200 when it asked nothing
+ * else (7b50452, 2026-11-30). What the pools and the graph memory did meanwhile is counted once the capture ended
+ * (gs_pool_capture_ended, from cuStreamEndCapture's hook) or at the pool's next event. A capture still running,
+ * invalidated or of unknown status after the call: the graph's. One that ended around it: ended_alloc. */
+static CUresult captured_alloc(const char *what, struct call *c)
+{
+    CUresult r = invoke(c);
+    int st = gs_capture_status(capture_stream(c));
+    if (r != CUDA_SUCCESS) { /* the H100's capture test failed here, its capture invalidated before (2026-12-06) */
+        GS_DEBUG("%s of %zu bytes into a capture: the driver answered %d; its stream's capture status is now %d", what,
+                 c->size, (int)r, st);
+        return r;
+    }
+    return st == 0 ? ended_alloc(what, c) : CUDA_SUCCESS;
 }
 
 /* Whether the allocation goes into a graph being captured on its stream (capture status ACTIVE). Such an
@@ -321,46 +353,34 @@ static int into_capture(const struct call *c, const char *what)
 
 static CUresult pool_alloc(const char *what, struct call *c)
 {
-    int graph = into_capture(c, what);
-    CUmemoryPool h = c->pool;
-    int ord = -1;
-    if (!h) {
-        /* cuMemAllocAsync: the current pool of the stream's device */
-        CUresult (*cur)(CUmemoryPool *, CUdevice) = REAL_FN(CUresult(*)(CUmemoryPool *, CUdevice), "cuDeviceGetMemPool");
-        ord = stream_device(c->s);
+    if (into_capture(c, what)) return captured_alloc(what, c);
+    CUmemoryPool h;
+    int ord;
+    if (pool_of_call(c, &h, &ord)) {
         if (ord < 0) return invoke(c); /* no context: the driver refuses it */
-        struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
-        CUresult got = cur ? cur(&h, ord) : CUDA_ERROR_NOT_FOUND;
-        gs_capture_restore(&m);
-        if (got != CUDA_SUCCESS || !h) {
-            /* No pool to look at (a driver without pools would not serve this either): count by size. */
-            if (graph) return invoke(c);
-            GS_ACCOUNTED(what, ord, c->size, GS_K_DPTR, *c->dptr, invoke(c));
-        }
+        /* No pool to look at (a driver without pools would not serve this either): count by size. */
+        GS_ACCOUNTED(what, ord, c->size, GS_K_DPTR, *c->dptr, invoke(c));
     }
     pthread_mutex_lock(&g_pool_lock);
     struct pool *p = find(h);
     if (!p) p = ord >= 0 ? add(h, ord, 0) : get(h);
-    CUresult r;
     if (!p) {
         pthread_mutex_unlock(&g_pool_lock);
         GS_WARN("%s: more than %d memory pools; counting this allocation by its size", what, MAX_POOLS);
         int o = ord >= 0 ? ord : gs_current_ordinal();
-        if (graph) { /* the graph's, as from a tracked pool: nothing counted, read or waited for inside the capture */
-            CUresult g = invoke(c);
-            if (g == CUDA_SUCCESS) gs_graph_watch_device(o);
-            return g;
-        }
         if (o < 0) return invoke(c);
         GS_ACCOUNTED(what, o, c->size, GS_K_DPTR, *c->dptr, invoke(c));
     }
-    r = p->uncounted ? invoke(c) : graph ? graph_alloc_locked(what, p, c) : alloc_locked(what, p, c);
+    CUresult r = p->uncounted ? invoke(c) : alloc_locked(what, p, c);
     pthread_mutex_unlock(&g_pool_lock);
     return r;
 }
 
-/* Free a pool allocation with `fn`; GS_POOL_NOT_MINE when ptr is not one. */
-static CUresult pool_free(CUdeviceptr ptr, CUresult (*fn)(void *real, CUdeviceptr, CUstream), void *real, CUstream s)
+/* Free a pool allocation with `fn`; GS_POOL_NOT_MINE when ptr is not one. A free captured into a graph (`capture`:
+ * the stream to ask, NULL for a synchronous free) is a node of it: the pool is not read inside the capture (see
+ * captured_alloc); its charge follows at the capture's end. */
+static CUresult pool_free(CUdeviceptr ptr, CUresult (*fn)(void *real, CUdeviceptr, CUstream), void *real, CUstream s,
+                          CUstream capture)
 {
     pthread_mutex_lock(&g_pool_lock);
     struct gs_u64val v;
@@ -377,7 +397,7 @@ static CUresult pool_free(CUdeviceptr ptr, CUresult (*fn)(void *real, CUdevicept
         if (p->destroyed && p->in_use == 0) {
             gs_mem_release(p->ord, p->charged); /* the driver lets a destroyed pool go with its last allocation */
             drop(p);
-        } else {
+        } else if (!capture || gs_capture_status(capture) != 1) {
             reconcile(p);
         }
     }
@@ -398,7 +418,7 @@ static CUresult call_free_sync(void *real, CUdeviceptr p, CUstream s)
 
 CUresult gs_pool_free_sync(CUdeviceptr ptr, void *real)
 {
-    return pool_free(ptr, call_free_sync, real, NULL);
+    return pool_free(ptr, call_free_sync, real, NULL, NULL);
 }
 
 /* ------------------------------------------------------------------ making room */
@@ -461,11 +481,20 @@ void gs_pool_forget_device(int ordinal)
     pthread_mutex_unlock(&g_pool_lock);
 }
 
-/* A capture ended (cuda_graph.c's hook on cuStreamEndCapture): what the pools did while no pool was read (their
- * growth across captured allocations, the driver's own doing) is counted now. */
-void gs_pool_capture_ended(void)
+/* A capture on a stream of `ordinal` ended (cuda_graph.c's hook on cuStreamEndCapture): what the pools did while no
+ * pool was read (their growth across captured allocations, the driver's own doing) is counted now, the current pool
+ * of the stream's device included (a captured cudaMallocAsync may be the first use of it: nothing looked it up). */
+void gs_pool_capture_ended(int ordinal)
 {
+    CUresult (*cur)(CUmemoryPool *, CUdevice) = REAL_FN(CUresult(*)(CUmemoryPool *, CUdevice), "cuDeviceGetMemPool");
+    CUmemoryPool h = NULL;
+    if (ordinal >= 0 && cur) {
+        struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
+        if (cur(&h, ordinal) != CUDA_SUCCESS) h = NULL;
+        gs_capture_restore(&m);
+    }
     pthread_mutex_lock(&g_pool_lock);
+    if (h && !find(h)) add(h, ordinal, 0);
     for (int i = 0; i < g_npools; i++) reconcile(&g_pools[i]);
     pthread_mutex_unlock(&g_pool_lock);
 }
@@ -506,7 +535,8 @@ void gs_pool_capture_ended(void)
     {                                                                                         \
         __typeof__(&name) real = GS_REAL(name);                                               \
         GS_PROLOGUE(real(dptr, s));                                                           \
-        CUresult r_ = pool_free(dptr, call_free_async, (void *)real, s);                      \
+        CUresult r_ = pool_free(dptr, call_free_async, (void *)real, s,                       \
+                                !s && is_ptsz ? STREAM_PER_THREAD : s ? s : STREAM_LEGACY);   \
         if (r_ != GS_POOL_NOT_MINE) return r_;                                                \
         GS_FREED(GS_K_DPTR, dptr, real(dptr, s)); /* cuMemAlloc'd memory freed async */       \
     }
