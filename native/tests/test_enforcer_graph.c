@@ -71,6 +71,7 @@ static void s_launch_into_a_capture_is_not_the_first_run(void)
     CHECK(gsdouble_capture_calls == r0, "no question to the driver inside the capture (%lu)", gsdouble_capture_calls - r0);
     CUgraph graph = NULL;
     CHECK_EQ(cuStreamEndCapture(cap, &graph), CUDA_SUCCESS);
+    CHECK(gsdouble_capture_calls == r0, "the catch-up asks only once the capture ended (%lu)", gsdouble_capture_calls - r0);
     CHECK_EQ(t_used(0), CTX); /* nothing backed yet */
     CHECK_EQ(cuGraphLaunch(a, NULL), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX + GRAPH); /* its first run backs and is counted */

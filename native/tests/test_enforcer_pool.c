@@ -303,6 +303,7 @@ static void s_pool_growth_during_a_capture_is_counted_at_its_end(void)
     CHECK_EQ(t_used(0), CTX); /* not yet known */
     CUgraph graph = NULL;
     CHECK_EQ(cuStreamEndCapture(cap, &graph), CUDA_SUCCESS);
+    CHECK(gsdouble_capture_calls == r0, "the catch-up asks only once the capture ended (%lu)", gsdouble_capture_calls - r0);
     CHECK(gsdouble_capture_stream == (void *)-1, "the capture ended");
     CHECK_EQ(t_used(0), CTX + 320 * MiB); /* what the device holds, past the limit */
     CHECK_EQ(gsdouble_used(0), 320 * MiB);
@@ -332,6 +333,7 @@ static void s_invalidated_capture_is_caught_up_at_its_end(void)
     CHECK(gsdouble_capture_calls == r0, "no question to the driver inside the capture (%lu)", gsdouble_capture_calls - r0);
     CHECK_EQ(t_used(0), CTX); /* neither settled as the pool's nor the unseen growth known yet */
     CHECK_EQ(cuStreamEndCapture(cap, NULL), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    CHECK(gsdouble_capture_calls == r0, "the catch-up asks only once the capture ended (%lu)", gsdouble_capture_calls - r0);
     CHECK_EQ(t_used(0), CTX + 320 * MiB); /* the pool's reservation, counted at the end */
     CHECK_EQ(cuMemFreeAsync(u, NULL), CUDA_SUCCESS);
     CHECK_EQ(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
@@ -358,6 +360,7 @@ static void s_free_inside_a_capture_asks_nothing(void)
     CHECK_EQ(cuMemFreeAsync_ptsz(a, NULL), CUDA_SUCCESS);
     CHECK(gsdouble_capture_calls == r0, "no question to the driver inside the capture (%lu)", gsdouble_capture_calls - r0);
     CHECK_EQ(cuStreamEndCapture_ptsz(NULL, NULL), CUDA_SUCCESS);
+    CHECK(gsdouble_capture_calls == r0, "the catch-up asks only once the capture ended (%lu)", gsdouble_capture_calls - r0);
     CHECK(gsdouble_capture_stream == (void *)-1, "the capture ended");
     CHECK_EQ(t_used(0), CTX + 128 * MiB + 64 * MiB); /* the growth during the capture, counted at its end (the freed
                                                        * 100 MiB stay cached) */
@@ -385,6 +388,7 @@ static void s_untracked_pool_captured_alloc_is_the_graphs(void)
     CHECK(gsdouble_capture_calls == r0, "no question to the driver inside the capture (%lu)", gsdouble_capture_calls - r0);
     CHECK_EQ(t_used(0), CTX + 100 * MiB);
     CHECK_EQ(cuStreamEndCapture(cap, NULL), CUDA_SUCCESS);
+    CHECK(gsdouble_capture_calls == r0, "the catch-up asks only once the capture ended (%lu)", gsdouble_capture_calls - r0);
     CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX);
 }
@@ -406,6 +410,32 @@ static void s_pool_destroyed_after_the_race_keeps_its_charge(void)
     CHECK_EQ(t_used(0), CTX + 128 * MiB);
     CHECK_EQ(cuMemPoolDestroy(pool), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX + 128 * MiB); /* live: the driver keeps the destroyed pool until its last free */
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+}
+
+/* The capture ends before a captured allocation that the pool serves from its cache (no growth): it is the pool's
+ * and tracked, so destroying its pool while it lives keeps the pool's charge (untracked, the charge went with the
+ * pool while the driver still held the memory). */
+static void s_race_served_from_cache_keeps_its_pool_charged(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemoryPool pool;
+    CHECK_EQ(cuMemPoolCreate(&pool, &pp), CUDA_SUCCESS);
+    keep_cache(pool);
+    CUdeviceptr a = 0, b = 0;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 100 * MiB, pool, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + 128 * MiB); /* cached */
+    CUstream cap = (CUstream)0x5150;
+    gsdouble_capture_stream = cap;
+    gsdouble_capture_ends_after_query = 1;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&b, 50 * MiB, pool, cap), CUDA_SUCCESS);
+    CHECK(gsdouble_capture_stream == (void *)-1, "the capture ended meanwhile");
+    CHECK_EQ(cuMemPoolDestroy(pool), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + 128 * MiB); /* the driver keeps the destroyed pool until b's free */
     CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX);
 }
@@ -486,6 +516,7 @@ int main(void)
     SCENARIO(s_undo_during_a_capture_elsewhere);
     SCENARIO(s_captured_alloc_beside_an_unseen_pool_growth);
     SCENARIO(s_pool_destroyed_after_the_race_keeps_its_charge);
+    SCENARIO(s_race_served_from_cache_keeps_its_pool_charged);
     SCENARIO(s_pool_growth_during_a_capture_is_counted_at_its_end);
     SCENARIO(s_untracked_pool_captured_alloc_is_the_graphs);
     SCENARIO(s_invalidated_capture_is_caught_up_at_its_end);

@@ -72,12 +72,13 @@
  * with the real cuMemFree-like `real` if ptr is a pool allocation we track (cudaFree of
  * cudaMallocAsync memory), else returns GS_POOL_NOT_MINE. gs_pool_forget_device gives back and
  * forgets the pools of a device whose primary context went. gs_pool_capture_ended brings every pool's
- * charge (and the current pool of the capturing stream's device) in line once a capture ended (no pool is read
- * while one runs). */
+ * charge (and the current pool of the capturing stream's device) in line once a capture ended (its allocations
+ * and frees read no pool while it ran). */
 /* CUDA graph memory (src/hooks/cuda_graph.c): the launch hooks report each graph launch, whose first
  * launch may back the graph's memory nodes with device memory. */
 void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r);
-/* A stream-ordered allocation was captured into a graph on this device: its graph memory is read there too. */
+/* A capture ended on a stream of this device (a stream-ordered allocation captured there is backed on it): its
+ * graph memory is read there too. */
 void gs_graph_watch_device(int ordinal);
 /* The device's primary context went: no more reads there for captured allocations (gs_graph_watch_device). */
 void gs_graph_forget_device(int ordinal);

@@ -8,8 +8,9 @@
  * the slice (gs_mem_charge: the driver already holds it, so the books say so even past the limit, and the
  * slice's next allocations are refused) or given back (gs_mem_release).
  *
- * Only the current context's device is read, and devices this process already charged graph memory on:
- * asking about a device without a context could create one. A launch costs one lookup in the set of
+ * Only the current context's device is read, devices this process already charged graph memory on, and the
+ * devices of streams whose capture ended (watched until their primary context goes): asking about a device
+ * without a context could create one. A launch costs one lookup in the set of
  * executable graphs launched before (first launches read the attribute: a few microseconds, once).
  * Called by the launch hooks (gs_graph_launched) after a graph launch. Nothing is read while the launching
  * stream captures a graph; the end of a capture (cuStreamEndCapture) brings the graph books and the pools'
@@ -84,7 +85,7 @@ void gs_graph_launched(CUgraphExec exec, CUstream s, CUresult r)
 {
     if (r != CUDA_SUCCESS) return;
     /* launched into a graph being captured: a node of that graph, not this graph's run, which is still to come
-     * and is counted when it comes. Nothing is read inside the capture (cuda_pool.c's graph_alloc_locked says why);
+     * and is counted when it comes. Nothing is read inside the capture (cuda_pool.c's captured_alloc says why);
      * a real first run that a capture begun by another thread hid from this question is counted at that capture's
      * end (captured) or at this graph's next launch, which counts as a first one still */
     if (gs_capture_status(s) > 0) return;

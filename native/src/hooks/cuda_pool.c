@@ -294,10 +294,10 @@ static int pool_of_call(const struct call *c, CUmemoryPool *h, int *ord)
 }
 
 /* The capture ended around a captured allocation (another thread may end it; no pool was looked at before): had it
- * ended before the call, the driver made the allocation the pool's. One that grew its pool past the charge (or whose
- * pool cannot be read) is settled as any pool allocation; one that did not is left to the books as they stand (the
- * graph's, or served from the pool's cache: the charge holds what the device holds; such an allocation is not in
- * the pool's in-use count, which a race this narrow leaves low until the pool's next reconcile). */
+ * ended before the call, the driver made the allocation the pool's. It is settled as any pool allocation: tracked,
+ * and the pool's growth past its charge reserved (or undone and refused past the limit). Had it ended after the call
+ * the allocation is the graph's; tracked all the same, it only keeps a destroyed pool's charge until it is freed (the
+ * safe side: not tracked, a pool allocation's pool could be destroyed and its charge given back while it lives). */
 static CUresult ended_alloc(const char *what, struct call *c)
 {
     CUmemoryPool h;
@@ -306,13 +306,8 @@ static CUresult ended_alloc(const char *what, struct call *c)
     pthread_mutex_lock(&g_pool_lock);
     struct pool *p = find(h);
     if (!p) p = ord >= 0 ? add(h, ord, 0) : get(h);
-    CUresult r = CUDA_SUCCESS;
-    uint64_t after;
-    if (p && !p->uncounted && (reserved_of(p->h, &after) || after > p->charged)) {
-        GS_DEBUG("%s of %zu bytes into a capture that ended around it: the pool grew (or cannot be read); counted "
-                 "as the pool's", what, c->size);
-        r = settle_locked(what, p, c);
-    }
+    GS_DEBUG("%s of %zu bytes into a capture that ended around it: counted as the pool's", what, c->size);
+    CUresult r = p && !p->uncounted ? settle_locked(what, p, c) : CUDA_SUCCESS;
     pthread_mutex_unlock(&g_pool_lock);
     return r;
 }
