@@ -260,15 +260,22 @@ static void s_undo_during_a_capture_elsewhere(void)
  * enforcer did not see, a pass-through): it is never undone on the capturing stream (a free and a wait there would
  * join or invalidate the user's graph) nor refused. */
 CUresult gsdouble_alloc_async_unseen(CUdeviceptr *p, size_t b);
+/* The default pool of device 0, keeping its cache, holding 320 MiB the enforcer never saw (*u: 300 MiB of it). */
+static CUmemoryPool pool_ahead_of_the_books(CUdeviceptr *u)
+{
+    CUmemoryPool pool = default_pool(0);
+    keep_cache(pool);
+    CHECK_EQ(gsdouble_alloc_async_unseen(u, 300 * MiB), CUDA_SUCCESS); /* past the enforcer */
+    CHECK_EQ(reserved(pool), 320 * MiB);
+    return pool;
+}
+
 static void s_captured_alloc_beside_an_unseen_pool_growth(void)
 {
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 256 * MiB, CTX);
     up(0);
-    CUmemoryPool pool = default_pool(0);
-    keep_cache(pool);
     CUdeviceptr u = 0, g = 0;
-    CHECK_EQ(gsdouble_alloc_async_unseen(&u, 300 * MiB), CUDA_SUCCESS); /* past the enforcer */
-    CHECK_EQ(reserved(pool), 320 * MiB);
+    pool_ahead_of_the_books(&u);
     unsigned long n0 = gsdouble_graph_allocs, v0 = gsdouble_capture_violations, r0 = gsdouble_capture_calls;
     CUstream cap = (CUstream)0x5150;
     gsdouble_capture_stream = cap;
@@ -320,10 +327,8 @@ static void s_invalidated_capture_is_caught_up_at_its_end(void)
 {
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
     up(0);
-    CUmemoryPool pool = default_pool(0);
-    keep_cache(pool);
     CUdeviceptr u = 0, g = 0;
-    CHECK_EQ(gsdouble_alloc_async_unseen(&u, 300 * MiB), CUDA_SUCCESS); /* past the enforcer */
+    CUmemoryPool pool = pool_ahead_of_the_books(&u);
     CUstream cap = (CUstream)0x5150;
     unsigned long n0 = gsdouble_graph_allocs, r0 = gsdouble_capture_calls;
     gsdouble_capture_stream = cap;
