@@ -399,19 +399,27 @@ static void s_untracked_pool_captured_alloc_is_the_graphs(void)
 }
 
 /* An allocation the capture's end made the pool's (it ended between the question and the call) is tracked as the
- * pool's: destroying the pool while it lives keeps its charge, as for any live allocation. */
-static void s_pool_destroyed_after_the_race_keeps_its_charge(void)
+ * pool's, whether it grew the pool or the pool served it from its cache: destroying the pool while it lives keeps
+ * its charge, as for any live allocation (untracked, the charge went with the pool while the driver still held the
+ * memory). */
+static void race_then_destroy(int from_cache)
 {
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
     up(0);
     struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
     CUmemoryPool pool;
     CHECK_EQ(cuMemPoolCreate(&pool, &pp), CUDA_SUCCESS);
+    CUdeviceptr a = 0, b = 0;
+    if (from_cache) {
+        keep_cache(pool);
+        CHECK_EQ(cuMemAllocFromPoolAsync(&a, 100 * MiB, pool, NULL), CUDA_SUCCESS);
+        CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    }
     CUstream cap = (CUstream)0x5150;
-    CUdeviceptr b = 0;
     gsdouble_capture_stream = cap;
     gsdouble_capture_ends_after_query = 1;
-    CHECK_EQ(cuMemAllocFromPoolAsync(&b, 100 * MiB, pool, cap), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAllocFromPoolAsync(&b, from_cache ? 50 * MiB : 100 * MiB, pool, cap), CUDA_SUCCESS);
+    CHECK(gsdouble_capture_stream == (void *)-1, "the capture ended meanwhile");
     CHECK_EQ(t_used(0), CTX + 128 * MiB);
     CHECK_EQ(cuMemPoolDestroy(pool), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX + 128 * MiB); /* live: the driver keeps the destroyed pool until its last free */
@@ -419,31 +427,8 @@ static void s_pool_destroyed_after_the_race_keeps_its_charge(void)
     CHECK_EQ(t_used(0), CTX);
 }
 
-/* The capture ends before a captured allocation that the pool serves from its cache (no growth): it is the pool's
- * and tracked, so destroying its pool while it lives keeps the pool's charge (untracked, the charge went with the
- * pool while the driver still held the memory). */
-static void s_race_served_from_cache_keeps_its_pool_charged(void)
-{
-    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
-    up(0);
-    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
-    CUmemoryPool pool;
-    CHECK_EQ(cuMemPoolCreate(&pool, &pp), CUDA_SUCCESS);
-    keep_cache(pool);
-    CUdeviceptr a = 0, b = 0;
-    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 100 * MiB, pool, NULL), CUDA_SUCCESS);
-    CHECK_EQ(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
-    CHECK_EQ(t_used(0), CTX + 128 * MiB); /* cached */
-    CUstream cap = (CUstream)0x5150;
-    gsdouble_capture_stream = cap;
-    gsdouble_capture_ends_after_query = 1;
-    CHECK_EQ(cuMemAllocFromPoolAsync(&b, 50 * MiB, pool, cap), CUDA_SUCCESS);
-    CHECK(gsdouble_capture_stream == (void *)-1, "the capture ended meanwhile");
-    CHECK_EQ(cuMemPoolDestroy(pool), CUDA_SUCCESS);
-    CHECK_EQ(t_used(0), CTX + 128 * MiB); /* the driver keeps the destroyed pool until b's free */
-    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
-    CHECK_EQ(t_used(0), CTX);
-}
+static void s_pool_destroyed_after_the_race_keeps_its_charge(void) { race_then_destroy(0); }
+static void s_race_served_from_cache_keeps_its_pool_charged(void) { race_then_destroy(1); }
 
 /* cuMemAllocFromPoolAsync charges the pool's device, not the current context's. */
 static void s_explicit_pool_charges_its_device(void)
