@@ -57,7 +57,7 @@ static void s_first_launch_counts(void)
 /* A graph launched into another graph being captured is a node of that graph: its own first run, which backs its
  * memory, is still to come and is counted when it comes. */
 extern void *gsdouble_capture_stream;
-extern unsigned long gsdouble_capture_calls;
+extern __thread unsigned long gsdouble_capture_calls; /* this thread's (the double's comment) */
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 static void s_launch_into_a_capture_is_not_the_first_run(void)
 {

@@ -9,7 +9,8 @@
 
 CUresult cuThreadExchangeStreamCaptureMode(int *);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
-extern unsigned long gsdouble_capture_violations, gsdouble_capture_calls;
+extern unsigned long gsdouble_capture_violations;
+extern __thread unsigned long gsdouble_capture_calls; /* this thread's (the double's comment) */
 
 static const uint64_t KEEP_ALL = UINT64_MAX; /* PyTorch's cudaMallocAsync sets the threshold to this */
 

@@ -837,10 +837,11 @@ static CUresult violation(CUresult r)
  * enforcer asked such questions around a captured allocation, its pool reads in relaxed mode included (2026-12-06);
  * the H200 passed it when the enforcer asked none but cuStreamIsCapturing (7b50452, 2026-11-30). Which question the
  * driver minds is not known, so the double counts them all. */
-EXPORT unsigned long gsdouble_capture_calls;
+EXPORT __thread unsigned long gsdouble_capture_calls; /* the asking thread's: the pacer's poller, relaxed for good from
+                                                       * its start (which may fall inside a capture), asks on its own */
 static void capture_call(void)
 {
-    if (capture_active()) __atomic_add_fetch(&gsdouble_capture_calls, 1, __ATOMIC_RELAXED);
+    if (capture_active()) gsdouble_capture_calls++;
 }
 /* the capture on s ends (the dummy graph it made is not one the double's graph calls know) */
 EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
