@@ -3,7 +3,7 @@
 # tests, the memory acceptance, the nvidia-smi NVML check, the local-mode run and the compute
 # benchmark; print a short table last.
 # Usage (device tool, carry .whl — filled by bash bench/gpu/fetch_wheels.sh): bash bench/gpu_all.sh [STEP...]
-#   steps: build devices pytest-gpu memory-acceptance smi-nvml local-mode compute-bench (default: all;
+#   steps: build devices pytest-gpu capture-probe memory-acceptance smi-nvml local-mode compute-bench (default: all;
 #   all of them take about 16 minutes on an H100, so split them over two or three calls of the device tool).
 # Logs go to $OUT (or /tmp/gpuslice-out).
 set -u
@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export PYTHONUNBUFFERED=1
-ALL="build devices pytest-gpu memory-acceptance smi-nvml local-mode compute-bench"
+ALL="build devices pytest-gpu capture-probe memory-acceptance smi-nvml local-mode compute-bench"
 STEPS=${*:-$ALL}
 
 # Our pinned pure-Python dependencies that the GPU image may lack (.whl/, when carried there).
@@ -48,6 +48,9 @@ fi
 GPU_TESTS=$(grep -rlE "mark\.gpu" tests --include='test_*.py' | sort)
 wants pytest-gpu && GPUSLICE_REQUIRE_GPU=1 step pytest-gpu pytest.log 480 python3 -m pytest -m gpu -v -p no:cacheprovider \
   $GPU_TESTS
+# Which driver question inside a torch.cuda.graph capture breaks it (bare, one process per question; ~1 minute).
+wants capture-probe && PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync step capture-probe capture-probe.log 240 \
+  python3 bench/gpu/capture_pool_probe.py
 wants memory-acceptance && step memory-acceptance memory.log 330 bash bench/gpu_acceptance.sh
 wants smi-nvml && step smi-nvml smi-nvml.log 60 bash bench/gpu/smi_nvml.sh
 wants local-mode && step local-mode local.log 150 bash bench/local_mode_gpu.sh

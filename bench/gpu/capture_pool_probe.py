@@ -1,58 +1,101 @@
-"""What the device's default memory pool does when PyTorch (``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync``)
-allocates inside a CUDA graph capture: the pool's reserved and used bytes before the capture, inside it around a
-1-GiB allocation, and after a replay; one JSON line.
+"""Which question to the driver, asked inside a CUDA graph capture, breaks it: PyTorch
+(``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync``) captures a 1-GiB allocation in ``torch.cuda.graph``'s default
+(global) mode, with one question asked right before the allocation; one JSON line per question, each in a process
+of its own, run bare (no enforcer). Also the pool's reserved and used bytes before, around the allocation (relaxed
+reads) and after a replay, from the run that asks nothing.
 
-Why: on an H100 the enforcer refused such an allocation near a 2-GiB slice's limit
-(tests/enforcer/test_gpu_enforcer.py ``test_a_graph_capturing_stream_ordered_allocations_near_the_limit``,
-bench/results/2026-12-06-h100-gpu-tests-yieldcounters.txt). The enforcer reads the pool's size before and after a
-captured allocation (native/src/hooks/cuda_pool.c graph_alloc_locked): run bare, this says whether the driver grows
-the pool there; under the enforcer with ``GPUSLICE_LOG_LEVEL=debug`` its log says which path counted it. Its first
-run (2026-12-06, bench/results/2026-12-06-h100-capture-probe.txt) found the cause instead: a pool attribute read
-inside the global-mode capture fails (900) and invalidates it, the probe's own read and the enforcer's alike (the
-H200 had passed the test with code that made no such read). The question of growth is still open.
+Why: under the enforcer such a capture failed on an H100 (2026-12-06). A pool attribute read in global mode failed
+(900) and invalidated the capture (bench/results/2026-12-06-h100-capture-probe.txt); with the enforcer's reads made in
+relaxed mode, next to a look-up of the stream's device and the current pool, the capture still failed
+(2026-12-06-h100-gpu-tests-capture-after-fix.txt), while code that asked nothing but the capture status passed on the
+H200 (7b50452, 2026-11-30). The enforcer now asks nothing inside a capture (native/src/hooks/cuda_pool.c
+captured_alloc); this probe says which of those questions the driver minds, and whether the pool grows across a
+captured allocation.
 
-    PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/gpu/capture_pool_probe.py
+    PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/gpu/capture_pool_probe.py          # every question
+    PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/gpu/capture_pool_probe.py stream_device
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
+import subprocess
+import sys
 
 RESERVED, USED = 5, 7  # CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT
 RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
 
+# name -> (the driver calls asked, the mode they are asked in); "none" asks nothing (the baseline)
+QUESTIONS = {
+    "none": "nothing",
+    "ctx_device": "cuCtxGetDevice (global mode)",
+    "stream_device": "cuStreamGetDevice on the capturing stream (global mode)",
+    "current_pool": "cuDeviceGetMemPool (global mode)",
+    "current_pool_relaxed": "cuDeviceGetMemPool (relaxed mode)",
+    "pool_size_relaxed": "cuMemPoolGetAttribute(RESERVED_MEM_CURRENT) (relaxed mode)",
+    "pool_size_global": "cuMemPoolGetAttribute(RESERVED_MEM_CURRENT) (global mode)",
+    "mode_exchange": "cuThreadExchangeStreamCaptureMode to relaxed and back",
+}
 
-def main() -> None:
+
+def _ask(cu: ctypes.CDLL, question: str, stream: int) -> dict:
+    """Ask ``question`` now; the driver's answers (0 = success)."""
+    out: dict = {}
+    mode = ctypes.c_int(RELAXED)
+    relaxed = question.endswith("_relaxed") or question == "mode_exchange"
+    if relaxed:
+        out["exchange"] = cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    try:
+        d, h, v = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+        if question == "ctx_device":
+            out["answer"] = cu.cuCtxGetDevice(ctypes.byref(d))
+        elif question == "stream_device":
+            out["answer"] = cu.cuStreamGetDevice(ctypes.c_void_p(stream), ctypes.byref(d))
+        elif question.startswith("current_pool"):
+            out["answer"] = cu.cuDeviceGetMemPool(ctypes.byref(h), 0)
+        elif question.startswith("pool_size"):
+            cu.cuDeviceGetDefaultMemPool(ctypes.byref(h), 0)  # looked up before the capture's question counts
+            out["answer"] = cu.cuMemPoolGetAttribute(h, RESERVED, ctypes.byref(v))
+    finally:
+        if relaxed:
+            out["restore"] = cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    return out
+
+
+def _pool(cu: ctypes.CDLL) -> dict:
+    """The default pool's reserved and used bytes, read in relaxed mode (safe inside a capture? this probe's
+    ``pool_size_relaxed`` row says)."""
+    h, v, out, mode = ctypes.c_void_p(), ctypes.c_uint64(), {}, ctypes.c_int(RELAXED)
+    cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    try:
+        if cu.cuDeviceGetMemPool(ctypes.byref(h), 0) != 0:
+            return {"error": "cuDeviceGetMemPool"}
+        for name, attr in (("reserved", RESERVED), ("used", USED)):
+            r = cu.cuMemPoolGetAttribute(h, attr, ctypes.byref(v))
+            out[name] = v.value if r == 0 else f"error {r}"
+        return out
+    finally:
+        cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+
+
+def probe(question: str) -> dict:
     import torch
 
     cu = ctypes.CDLL("libcuda.so.1")
-
-    def pool() -> dict:
-        # asked in relaxed capture mode: in torch.cuda.graph's global mode a pool's attribute is a prohibited call
-        # that fails (900) and invalidates the capture (this probe's first H100 run, 2026-12-06)
-        h, v, out, mode = ctypes.c_void_p(), ctypes.c_uint64(), {}, ctypes.c_int(RELAXED)
-        cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
-        try:
-            if cu.cuDeviceGetMemPool(ctypes.byref(h), 0) != 0:
-                return {"error": "cuDeviceGetMemPool"}
-            for name, attr in (("reserved", RESERVED), ("used", USED)):
-                r = cu.cuMemPoolGetAttribute(h, attr, ctypes.byref(v))
-                out[name] = v.value if r == 0 else f"error {r}"
-            return out
-        finally:
-            cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
-
-    log: dict = {"device": torch.cuda.get_device_name(0)}
+    log: dict = {"question": question, "asks": QUESTIONS[question], "device": torch.cuda.get_device_name(0)}
     held = torch.empty(int(0.75 * 2**30), dtype=torch.uint8, device="cuda")
     x = torch.randn(1024, 1024, device="cuda")
     torch.cuda.synchronize()
-    log["before"] = pool()
+    if question == "none":
+        log["pool_before"] = _pool(cu)
 
     def step(v):
-        log["capture_before_alloc"] = pool()
+        log["asked"] = _ask(cu, question, torch.cuda.current_stream().cuda_stream)
         big = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-        log["capture_after_alloc"] = pool()
+        if question == "none":
+            log["pool_after_alloc"] = _pool(cu)
         big.fill_(1)
         return v @ v + big[:1].float()
 
@@ -62,13 +105,33 @@ def main() -> None:
             step(x)
         g.replay()
         torch.cuda.synchronize()
-        log["after_replay"] = pool()
-        log["ok"] = True
-    except Exception as exc:  # noqa: BLE001 - a refusal inside the capture is the finding
+        if question == "none":
+            log["pool_after_replay"] = _pool(cu)
+        log["captured"] = True
+    except Exception as exc:  # noqa: BLE001 - a broken capture is the finding
+        log["captured"] = False
         log["error"] = repr(exc)[:300]
     del held
-    print(json.dumps(log), flush=True)
+    return log
+
+
+def main(argv: list[str]) -> int:
+    if argv:
+        unknown = [q for q in argv if q not in QUESTIONS]
+        if unknown:
+            print(f"unknown question(s) {unknown}: allowed {', '.join(QUESTIONS)}", file=sys.stderr)
+            return 2
+        for q in argv:
+            print(json.dumps(probe(q)), flush=True)
+        return 0
+    for q in QUESTIONS:  # each in a process of its own: a broken capture leaves the context's state behind
+        r = subprocess.run([sys.executable, __file__, q], capture_output=True, text=True, env=dict(os.environ),
+                           timeout=300)
+        line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else json.dumps(
+            {"question": q, "exit": r.returncode, "stderr": r.stderr[-300:]})
+        print(line, flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))
