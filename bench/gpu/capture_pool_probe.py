@@ -1,8 +1,8 @@
 """Which question to the driver, asked inside a CUDA graph capture, breaks it: PyTorch
 (``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync``) captures a 1-GiB allocation in ``torch.cuda.graph``'s default
 (global) mode, with one question asked right before the allocation; one JSON line per question, each in a process
-of its own, run bare (no enforcer). Also the pool's reserved and used bytes before, around the allocation (relaxed
-reads) and after a replay, from the run that asks nothing.
+of its own, run bare (no enforcer). Every run also reads the pool's reserved and used bytes outside the capture,
+before it and after a replay; ``pool_growth`` reads them inside it too, around the allocation (relaxed).
 
 Why: under the enforcer such a capture failed on an H100 (2026-12-06). A pool attribute read in global mode failed
 (900) and invalidated the capture (bench/results/2026-12-06-h100-capture-probe.txt); with the enforcer's reads made in
@@ -37,11 +37,14 @@ QUESTIONS = {
     "pool_size_relaxed": "cuMemPoolGetAttribute(RESERVED_MEM_CURRENT) (relaxed mode)",
     "pool_size_global": "cuMemPoolGetAttribute(RESERVED_MEM_CURRENT) (global mode)",
     "mode_exchange": "cuThreadExchangeStreamCaptureMode to relaxed and back",
+    "pool_growth": "the pool's reserved and used bytes (relaxed) before and after the allocation, as the enforcer "
+                   "read them until 2026-12-06",
 }
 
 
-def _ask(cu: ctypes.CDLL, question: str, stream: int) -> dict:
-    """Ask ``question`` now; the driver's answers (0 = success)."""
+def _ask(cu: ctypes.CDLL, question: str, stream: int, pool: ctypes.c_void_p) -> dict:
+    """Ask ``question`` now (``pool``: the default pool, looked up before the capture); the driver's answers
+    (0 = success)."""
     out: dict = {}
     mode = ctypes.c_int(RELAXED)
     relaxed = question.endswith("_relaxed") or question == "mode_exchange"
@@ -56,8 +59,7 @@ def _ask(cu: ctypes.CDLL, question: str, stream: int) -> dict:
         elif question.startswith("current_pool"):
             out["answer"] = cu.cuDeviceGetMemPool(ctypes.byref(h), 0)
         elif question.startswith("pool_size"):
-            cu.cuDeviceGetDefaultMemPool(ctypes.byref(h), 0)  # looked up before the capture's question counts
-            out["answer"] = cu.cuMemPoolGetAttribute(h, RESERVED, ctypes.byref(v))
+            out["answer"] = cu.cuMemPoolGetAttribute(pool, RESERVED, ctypes.byref(v))
     finally:
         if relaxed:
             out["restore"] = cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
@@ -65,8 +67,8 @@ def _ask(cu: ctypes.CDLL, question: str, stream: int) -> dict:
 
 
 def _pool(cu: ctypes.CDLL) -> dict:
-    """The default pool's reserved and used bytes, read in relaxed mode (safe inside a capture? this probe's
-    ``pool_size_relaxed`` row says)."""
+    """The default pool's reserved and used bytes, read in relaxed mode (inside a capture only for ``pool_growth``:
+    whether that is safe is what the ``pool_size_relaxed`` row says)."""
     h, v, out, mode = ctypes.c_void_p(), ctypes.c_uint64(), {}, ctypes.c_int(RELAXED)
     cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
     try:
@@ -88,13 +90,16 @@ def probe(question: str) -> dict:
     held = torch.empty(int(0.75 * 2**30), dtype=torch.uint8, device="cuda")
     x = torch.randn(1024, 1024, device="cuda")
     torch.cuda.synchronize()
-    if question == "none":
-        log["pool_before"] = _pool(cu)
+    pool = ctypes.c_void_p()
+    cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0)
+    log["pool_before"] = _pool(cu)
 
     def step(v):
-        log["asked"] = _ask(cu, question, torch.cuda.current_stream().cuda_stream)
+        log["asked"] = _ask(cu, question, torch.cuda.current_stream().cuda_stream, pool)
+        if question == "pool_growth":
+            log["pool_before_alloc"] = _pool(cu)
         big = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-        if question == "none":
+        if question == "pool_growth":
             log["pool_after_alloc"] = _pool(cu)
         big.fill_(1)
         return v @ v + big[:1].float()
@@ -105,8 +110,7 @@ def probe(question: str) -> dict:
             step(x)
         g.replay()
         torch.cuda.synchronize()
-        if question == "none":
-            log["pool_after_replay"] = _pool(cu)
+        log["pool_after_replay"] = _pool(cu)
         log["captured"] = True
     except Exception as exc:  # noqa: BLE001 - a broken capture is the finding
         log["captured"] = False
