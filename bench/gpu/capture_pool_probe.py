@@ -26,6 +26,7 @@ import sys
 
 RESERVED, USED = 5, 7  # CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT
 RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
+QUESTION_TIMEOUT_S = 25
 
 # name -> (the driver calls asked, the mode they are asked in); "none" asks nothing (the baseline)
 QUESTIONS = {
@@ -91,7 +92,9 @@ def probe(question: str) -> dict:
     x = torch.randn(1024, 1024, device="cuda")
     torch.cuda.synchronize()
     pool = ctypes.c_void_p()
-    cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0)
+    if cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0) != 0 or not pool.value:
+        log["error"] = "cuDeviceGetDefaultMemPool failed: the pool_size questions cannot be asked"
+        return log
     log["pool_before"] = _pool(cu)
 
     def step(v):
@@ -129,8 +132,12 @@ def main(argv: list[str]) -> int:
             print(json.dumps(probe(q)), flush=True)
         return 0
     for q in QUESTIONS:  # each in a process of its own: a broken capture leaves the context's state behind
-        r = subprocess.run([sys.executable, __file__, q], capture_output=True, text=True, env=dict(os.environ),
-                           timeout=300)
+        try:  # ~10 s each on an H100; gpu_all.sh gives the whole step 240 s
+            r = subprocess.run([sys.executable, __file__, q], capture_output=True, text=True, env=dict(os.environ),
+                               timeout=QUESTION_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(json.dumps({"question": q, "error": f"no answer in {QUESTION_TIMEOUT_S} s"}), flush=True)
+            continue
         line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else json.dumps(
             {"question": q, "exit": r.returncode, "stderr": r.stderr[-300:]})
         print(line, flush=True)

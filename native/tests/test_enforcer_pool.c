@@ -372,6 +372,48 @@ static void s_free_inside_a_capture_asks_nothing(void)
                                                        * 100 MiB stay cached) */
 }
 
+/* Another thread ends the capture and begins a new one on the same stream around the allocation, which the driver
+ * then makes the pool's: the capture's id changed, so the allocation is counted as the pool's (the status alone,
+ * active before and after, would have taken it for the graph's and left real pool memory uncounted). */
+extern int gsdouble_capture_restarts_after_query;
+static void s_capture_restarted_around_an_allocation_is_counted(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    CUdeviceptr b = 0;
+    CUstream cap = (CUstream)0x5150;
+    unsigned long n0 = gsdouble_graph_allocs;
+    gsdouble_capture_stream = cap;
+    gsdouble_capture_restarts_after_query = 1;
+    CHECK_EQ(cuMemAllocAsync(&b, 100 * MiB, cap), CUDA_SUCCESS);
+    CHECK(gsdouble_capture_stream == cap && gsdouble_graph_allocs == n0, "the pool's, between two captures (%lu)",
+          gsdouble_graph_allocs - n0);
+    CHECK_EQ(t_used(0), CTX + 128 * MiB); /* counted at once */
+    CHECK_EQ(cuStreamEndCapture(cap, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemPoolTrimTo(default_pool(0), 0), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+}
+
+/* A capture that ends around an allocation from a pool past the 256 the enforcer tracks: the pool's allocation is
+ * counted by its size (no pool of ours records it) and given back at its free. */
+static void s_race_on_an_untracked_pool_is_counted_by_size(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
+    up(0);
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemoryPool pools[257];
+    for (int i = 0; i < 257; i++) CHECK_EQ(cuMemPoolCreate(&pools[i], &pp), CUDA_SUCCESS);
+    CUdeviceptr b = 0;
+    gsdouble_capture_stream = (CUstream)0x5150;
+    gsdouble_capture_ends_after_query = 1;
+    CHECK_EQ(cuMemAllocFromPoolAsync(&b, 100 * MiB, pools[256], (CUstream)0x5150), CUDA_SUCCESS);
+    CHECK(gsdouble_capture_stream == (void *)-1, "the capture ended meanwhile");
+    CHECK_EQ(t_used(0), CTX + 100 * MiB);
+    CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+}
+
 /* Past the 256 pools the enforcer tracks, allocations are counted by their size; one captured into a graph is the
  * graph's all the same: not counted, and nothing read or waited for inside the capture (counted by size it could
  * sleep there under oom_policy=wait, asking cuMemGetInfo between sleeps). */
@@ -512,6 +554,8 @@ int main(void)
     SCENARIO(s_untracked_pool_captured_alloc_is_the_graphs);
     SCENARIO(s_invalidated_capture_is_caught_up_at_its_end);
     SCENARIO(s_free_inside_a_capture_asks_nothing);
+    SCENARIO(s_capture_restarted_around_an_allocation_is_counted);
+    SCENARIO(s_race_on_an_untracked_pool_is_counted_by_size);
     fprintf(stderr, "test_enforcer_pool%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);
     return t_failures ? 1 : 0;

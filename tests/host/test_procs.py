@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -30,16 +31,36 @@ def test_running_out_of_file_descriptors_is_not_taken_for_a_process_that_ended(m
     assert err.value.errno == errno.EMFILE
 
 
-def test_an_environment_that_reads_empty_is_not_a_no() -> None:
-    """A process mid-exec reads an empty environment after its parent is back from Popen: taking that for
-    "unmarked" let the ledger miss a marked process (stop 36's CI). Empty means "cannot tell"."""
+def test_an_environment_still_being_laid_out_is_cannot_tell(tmp_path, monkeypatch) -> None:
+    """A process mid-exec reads an empty environment after its parent is back from Popen, and its stat line's
+    env_end (field 51) is still 0: "cannot tell", not "unmarked" (taking it for unmarked let the ledger miss a
+    marked process: stop 36's CI). Once laid out, an empty environment is a plain no."""
+    monkeypatch.setattr(procs, "PROC", tmp_path)
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "environ").write_bytes(b"")
+    fields = ["S"] + ["0"] * 49  # fields 3..52 of a stat line
+    (tmp_path / "7" / "stat").write_text("7 (a b) " + " ".join(fields) + "\n")
+    assert procs.environ_has(7, "GPUSLICE_SLICE=/s") is None
+    fields[48] = "140737488351000"  # env_end set: the environment is laid out, and empty
+    (tmp_path / "7" / "stat").write_text("7 (a b) " + " ".join(fields) + "\n")
+    assert procs.environ_has(7, "GPUSLICE_SLICE=/s") is False
+
+
+def test_a_real_process_environment_is_read_once_exec_is_done() -> None:
+    """The same on real processes: an empty environment reads as "no" and a marked one as "yes" once their exec
+    is done (until then, "cannot tell")."""
     bare = subprocess.Popen(["sleep", "60"], env={})
     marked = subprocess.Popen(["sleep", "60"], env={"GPUSLICE_SLICE": "/s"})
     try:
-        assert procs.environ_has(bare.pid, "GPUSLICE_SLICE=/s") is None
-        while (seen := procs.environ_has(marked.pid, "GPUSLICE_SLICE=/s")) is None:  # until its exec is done
-            assert marked.poll() is None
-        assert seen is True and procs.environ_has(marked.pid, "GPUSLICE_SLICE=/t") is False
+        deadline = time.monotonic() + 30
+        seen = {}
+        for name, p in (("bare", bare), ("marked", marked)):
+            while (answer := procs.environ_has(p.pid, "GPUSLICE_SLICE=/s")) is None:
+                assert time.monotonic() < deadline and p.poll() is None, f"{name}: never laid out"
+                time.sleep(0.01)
+            seen[name] = answer
+        assert seen == {"bare": False, "marked": True}
+        assert procs.environ_has(marked.pid, "GPUSLICE_SLICE=/t") is False
     finally:
         for p in (bare, marked):
             p.kill()

@@ -191,8 +191,10 @@ def _spawn(cmd: list[str], grant: GrantRecord | None = None, **kw) -> subprocess
         env["GPUSLICE_SLICE"] = grant.slice_file
     proc = subprocess.Popen(cmd, env=env, **kw)
     deadline = time.monotonic() + 30.0
-    while procs.environ_has(proc.pid, "GPUSLICE_SLICE=") is None:  # None until exec is done (env is not empty)
-        assert time.monotonic() < deadline and proc.poll() is None, f"{cmd}: its environment never became readable"
+    while procs.environ_has(proc.pid, "GPUSLICE_SLICE=") is None:  # None until exec is done
+        if time.monotonic() > deadline or proc.poll() is not None:
+            _reap(proc)
+            raise AssertionError(f"{cmd}: its environment never became readable")
         time.sleep(0.01)
     return proc
 

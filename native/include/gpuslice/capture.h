@@ -7,6 +7,8 @@
  * the enforcer records none into a capturing stream. */
 #ifndef GPUSLICE_CAPTURE_H
 #define GPUSLICE_CAPTURE_H
+#include <stdint.h>
+
 #include "gpuslice/cuda_types.h"
 
 struct gs_capture_mode {
@@ -24,4 +26,8 @@ void gs_capture_relax_for_good(void);
  * 2 invalidated); -1 when the driver answers an error (the legacy stream while a blocking stream captures), 0 when
  * it has no such function. Each caller decides what an error means for it. */
 int gs_capture_status(CUstream stream);
+/* The same, with the capture sequence's id (unique over the process's life) in *id while the status is active: two
+ * answers of one id are one capture, not one that ended and another that began between them. Asked with
+ * cuStreamGetCaptureInfo_v3 or _v2 (CUDA 12.3+ / 11.3+); without either, the status alone and *id 0. */
+int gs_capture_info(CUstream stream, uint64_t *id);
 #endif

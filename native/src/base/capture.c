@@ -1,4 +1,6 @@
 /* The calling thread's stream-capture mode around the enforcer's own driver calls (gpuslice/capture.h). */
+#include <pthread.h>
+
 #include "gpuslice/capture.h"
 #include "gpuslice/cuda_types.h"
 #include "gpuslice/log.h"
@@ -55,4 +57,30 @@ void gs_capture_relax_for_good(void)
     fn_exchange f = exchange();
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     tl_relaxed_for_good = f && f(&mode) == CUDA_SUCCESS;
+}
+
+typedef CUresult (*fn_info_v3)(CUstream, int *, uint64_t *, void *, void *, void *, size_t *);
+typedef CUresult (*fn_info_v2)(CUstream, int *, uint64_t *, void *, void *, size_t *);
+static fn_info_v3 g_info_v3;
+static fn_info_v2 g_info_v2;
+static pthread_once_t g_info_once = PTHREAD_ONCE_INIT;
+
+static void find_info(void)
+{
+    g_info_v3 = (fn_info_v3)gs_real("cuStreamGetCaptureInfo_v3");
+    if (!g_info_v3) g_info_v2 = (fn_info_v2)gs_real("cuStreamGetCaptureInfo_v2");
+}
+
+int gs_capture_info(CUstream stream, uint64_t *id)
+{
+    pthread_once(&g_info_once, find_info);
+    *id = 0;
+    if (!g_info_v3 && !g_info_v2) return gs_capture_status(stream);
+    int st = 0;
+    uint64_t got = 0;
+    CUresult r = g_info_v3 ? g_info_v3(stream, &st, &got, NULL, NULL, NULL, NULL)
+                           : g_info_v2(stream, &st, &got, NULL, NULL, NULL);
+    if (r != CUDA_SUCCESS) return -1;
+    if (st == 1) *id = got;
+    return st;
 }

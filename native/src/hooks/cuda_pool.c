@@ -267,7 +267,12 @@ static int stream_device(CUstream s)
 {
     CUresult (*get)(CUstream, CUdevice *) = REAL_FN(CUresult(*)(CUstream, CUdevice *), "cuStreamGetDevice");
     CUdevice d = -1;
-    if (s && s != STREAM_LEGACY && s != STREAM_PER_THREAD && get && get(s, &d) == CUDA_SUCCESS) return d;
+    if (s && s != STREAM_LEGACY && s != STREAM_PER_THREAD && get) {
+        struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of: asked also while other threads capture */
+        CUresult r = get(s, &d);
+        gs_capture_restore(&m);
+        if (r == CUDA_SUCCESS) return d;
+    }
     return gs_current_ordinal();
 }
 
@@ -293,6 +298,16 @@ static int pool_of_call(const struct call *c, CUmemoryPool *h, int *ord)
     return got == CUDA_SUCCESS && *h ? 0 : -1;
 }
 
+/* An allocation made already that no pool of ours records, counted by its size as pool_alloc counts one from an
+ * untracked pool (past the limit if need be: the driver holds it) and given back at its free (GS_FREED). */
+static CUresult by_size(int ord, const struct call *c)
+{
+    if (ord < 0) return CUDA_SUCCESS; /* no context: nothing the slice could be charged on */
+    gs_mem_charge(ord, c->size);
+    gs_track_add(GS_K_DPTR, *c->dptr, ord, c->size);
+    return CUDA_SUCCESS;
+}
+
 /* The capture ended around a captured allocation (another thread may end it; no pool was looked at before): had it
  * ended before the call, the driver made the allocation the pool's. It is settled as any pool allocation: tracked,
  * and the pool's growth past its charge reserved (or undone and refused past the limit). Had it ended after the call
@@ -302,12 +317,16 @@ static CUresult ended_alloc(const char *what, struct call *c)
 {
     CUmemoryPool h;
     int ord;
-    if (pool_of_call(c, &h, &ord)) return CUDA_SUCCESS; /* no pool to look at: the driver holds what it made */
+    GS_DEBUG("%s of %zu bytes into a capture that ended around it: counted as the pool's", what, c->size);
+    if (pool_of_call(c, &h, &ord)) return by_size(ord, c); /* no pool to look at */
     pthread_mutex_lock(&g_pool_lock);
     struct pool *p = find(h);
     if (!p) p = ord >= 0 ? add(h, ord, 0) : get(h);
-    GS_DEBUG("%s of %zu bytes into a capture that ended around it: counted as the pool's", what, c->size);
-    CUresult r = p && !p->uncounted ? settle_locked(what, p, c) : CUDA_SUCCESS;
+    if (!p) { /* past the pools we track */
+        pthread_mutex_unlock(&g_pool_lock);
+        return by_size(ord >= 0 ? ord : gs_current_ordinal(), c);
+    }
+    CUresult r = p->uncounted ? CUDA_SUCCESS : settle_locked(what, p, c);
     pthread_mutex_unlock(&g_pool_lock);
     return r;
 }
@@ -318,18 +337,21 @@ static CUresult ended_alloc(const char *what, struct call *c)
  * status: the H100's capture test failed while it also asked for the stream's device, the current pool and (in
  * relaxed mode) the pool's size around the allocation (2026-12-06), and passed on the H200 when it asked nothing
  * else (7b50452, 2026-11-30). What the pools and the graph memory did meanwhile is counted once the capture ended
- * (gs_pool_capture_ended, from cuStreamEndCapture's hook) or at the pool's next event. A capture still running,
- * invalidated or of unknown status after the call: the graph's. One that ended around it: ended_alloc. */
-static CUresult captured_alloc(const char *what, struct call *c)
+ * (gs_pool_capture_ended, from cuStreamEndCapture's hook) or at the pool's next event. The same capture still
+ * running (its id unchanged), invalidated or of unknown status after the call: the graph's. One that ended around
+ * it, or gave way to another capture of the stream: ended_alloc. */
+static CUresult captured_alloc(const char *what, struct call *c, uint64_t id)
 {
     CUresult r = invoke(c);
-    int st = gs_capture_status(capture_stream(c));
+    uint64_t now = 0;
+    int st = gs_capture_info(capture_stream(c), &now);
     if (r != CUDA_SUCCESS) { /* the H100's capture test failed here, its capture invalidated before (2026-12-06) */
         GS_DEBUG("%s of %zu bytes into a capture: the driver answered %d; its stream's capture status is now %d", what,
                  c->size, (int)r, st);
         return r;
     }
-    return st == 0 ? ended_alloc(what, c) : CUDA_SUCCESS;
+    /* another capture on the stream since (one ended and another began around the call): as ended */
+    return st == 0 || (st == 1 && now != id) ? ended_alloc(what, c) : CUDA_SUCCESS;
 }
 
 /* Whether the allocation goes into a graph being captured on its stream (capture status ACTIVE). Such an
@@ -338,9 +360,9 @@ static CUresult captured_alloc(const char *what, struct call *c)
  * inflated the pool's use until freed and, near the limit, trimmed the program's pools and refused inside the
  * capture (H200, 2026-11-30). An error (the legacy stream while a blocking stream captures) or an invalidated
  * capture is no capture here: the allocation is counted as the pool's, or the driver refuses it. */
-static int into_capture(const struct call *c, const char *what)
+static int into_capture(const struct call *c, const char *what, uint64_t *id)
 {
-    int st = gs_capture_status(capture_stream(c));
+    int st = gs_capture_info(capture_stream(c), id);
     if (st != 0 && st != 1)
         GS_DEBUG("%s of %zu bytes: its stream's capture status is %d; counted as the pool's", what, c->size, st);
     return st == 1; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
@@ -348,7 +370,8 @@ static int into_capture(const struct call *c, const char *what)
 
 static CUresult pool_alloc(const char *what, struct call *c)
 {
-    if (into_capture(c, what)) return captured_alloc(what, c);
+    uint64_t id;
+    if (into_capture(c, what, &id)) return captured_alloc(what, c, id);
     CUmemoryPool h;
     int ord;
     if (pool_of_call(c, &h, &ord)) {

@@ -177,6 +177,8 @@ static void capture_call(void); /* a question to the driver while a capture runs
  * ends it with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, as the driver does. */
 EXPORT int gsdouble_capture_invalidated_by_alloc;
 static int g_capture_invalidated;
+static int g_restart_pending;    /* the next allocation falls between two captures (capture_query) */
+static uint64_t g_capture_epoch; /* bumped by every end and restart: part of a capture's id */
 /* ---- init, devices */
 EXPORT CUresult cuInit(unsigned flags) { (void)flags; g_inited = 1; return ndev() ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE; }
 EXPORT CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
@@ -388,6 +390,10 @@ static int graph_owned(CUdeviceptr p)
 static int graph_alloc(CUdeviceptr *p, size_t b, CUstream s)
 {
     if (!s || (void *)s != __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED)) return 0;
+    if (__atomic_exchange_n(&g_restart_pending, 0, __ATOMIC_RELAXED)) { /* between two captures: the pool's */
+        __atomic_add_fetch(&g_capture_epoch, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
     pthread_once(&g_graph_once, graph_reserve);
     *p = __atomic_fetch_add(&g_graph_va, (b + 0xfffff) & ~0xfffffull, __ATOMIC_RELAXED);
     if (*p + b > g_graph_base + GRAPH_VA_SPAN) abort(); /* more than a test asks for */
@@ -849,6 +855,7 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
     void *cap = (void *)s;
     if (!__atomic_compare_exchange_n(&gsdouble_capture_stream, &cap, (void *)-1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return CUDA_ERROR_ILLEGAL_STATE;
+    __atomic_add_fetch(&g_capture_epoch, 1, __ATOMIC_RELAXED);
     if (__atomic_exchange_n(&g_capture_invalidated, 0, __ATOMIC_RELAXED)) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     static int dummy;
     if (g) *g = (CUgraph)&dummy;
@@ -879,15 +886,36 @@ EXPORT CUresult cuEventRecord_ptsz(void *e, CUstream s) { return cuEventRecord(e
 /* gsdouble_capture_ends_after_query: the capture ends right after the next "active" answer (another thread's
  * cuStreamEndCapture between the question and what the asker does next) */
 EXPORT int gsdouble_capture_ends_after_query;
-EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
+/* gsdouble_capture_restarts_after_query: right after the next "active" answer the capture ends and another begins on
+ * the same stream, with the next allocation made in between (the driver's: a pool allocation), as when another thread
+ * ends a capture and begins one around the asker's allocation; the capture's id changes. */
+EXPORT int gsdouble_capture_restarts_after_query;
+static CUresult capture_query(CUstream s, int *status, uint64_t *id)
 {
     __atomic_store_n(&gsdouble_last_capture_query, (void *)s, __ATOMIC_RELAXED);
     void *cap = __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED);
     if ((s == NULL || (void *)s == (void *)0x1) && cap == (void *)0x2) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     *status = (void *)s == cap ? (__atomic_load_n(&g_capture_invalidated, __ATOMIC_RELAXED) ? 2 : 1) : 0; /* ACTIVE, INVALIDATED */
+    if (id) *id = *status == 1 ? ((uint64_t)(uintptr_t)cap << 16) + __atomic_load_n(&g_capture_epoch, __ATOMIC_RELAXED) : 0;
     if (*status && __atomic_exchange_n(&gsdouble_capture_ends_after_query, 0, __ATOMIC_RELAXED))
         __atomic_store_n(&gsdouble_capture_stream, (void *)-1, __ATOMIC_RELAXED);
+    if (*status == 1 && __atomic_exchange_n(&gsdouble_capture_restarts_after_query, 0, __ATOMIC_RELAXED))
+        __atomic_store_n(&g_restart_pending, 1, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) { return capture_query(s, status, NULL); }
+/* CUDA 12.3's form; the enforcer asks it for the capture's id (the graph, dependencies and edges are not modelled:
+ * asked for, they are refused) */
+EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream s, int *status, uint64_t *id, void *graph, void *deps, void *edges,
+                                          size_t *ndeps)
+{
+    if (!status || graph || deps || edges || ndeps) return CUDA_ERROR_INVALID_VALUE;
+    return capture_query(s, status, id);
+}
+EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream s, int *status, uint64_t *id, void *graph, void *deps,
+                                               void *edges, size_t *ndeps)
+{
+    return cuStreamGetCaptureInfo_v3(s ? s : (CUstream)0x2, status, id, graph, deps, edges, ndeps);
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s ? s : (CUstream)0x2, status); }
 /* nonzero: every event stays pending (CUDA_ERROR_NOT_READY), as behind a long queue: a process's drain
@@ -934,7 +962,7 @@ static const struct { const char *name; void *fn; } g_syms[] = {
     F(cuGraphLaunch), F(cuGraphLaunch_ptsz), F(cuGraphInstantiateWithFlags), F(cuGraphInstantiateWithParams),
     F(cuGraphUpload), F(cuGraphExecDestroy), F(cuDeviceGraphMemTrim), F(cuDeviceGetGraphMemAttribute), F(cuStreamCreate), F(cuStreamDestroy_v2), F(cuStreamQuery),
     F(cuStreamSynchronize), F(cuEventCreate), F(cuEventDestroy_v2), F(cuEventRecord), F(cuEventRecord_ptsz),
-    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz), F(cuStreamEndCapture), F(cuStreamEndCapture_ptsz), F(cuThreadExchangeStreamCaptureMode), F(cuGetProcAddress), F(cuGetProcAddress_v2),
+    F(cuEventQuery), F(cuEventSynchronize), F(cuEventElapsedTime), F(cuStreamIsCapturing), F(cuStreamIsCapturing_ptsz), F(cuStreamEndCapture), F(cuStreamEndCapture_ptsz), F(cuStreamGetCaptureInfo_v3), F(cuStreamGetCaptureInfo_v3_ptsz), F(cuThreadExchangeStreamCaptureMode), F(cuGetProcAddress), F(cuGetProcAddress_v2),
     F(cuModuleLoadData), F(cuModuleGetFunction), F(cuDeviceGetDefaultMemPool), F(cuDeviceGetMemPool),
     F(cuDeviceSetMemPool), F(cuStreamGetDevice), F(cuMemPoolTrimTo), F(cuMemPoolGetAttribute),
     F(cuMemPoolSetAttribute), F(cuMemPoolGetAccess), F(cuMemAlloc), F(cuMemAllocPitch), F(cuMemFree),

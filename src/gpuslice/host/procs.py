@@ -123,19 +123,31 @@ def real_uid(pid: int) -> int | None:
 
 def environ_has(pid: int, entry: str) -> bool | None:
     """Whether ``pid``'s environment (as it was exec'd) holds ``entry`` (``NAME=value``); None when it cannot
-    be read (another user's process, a setuid program), the process is gone, or it reads empty.
+    be read (another user's process, a setuid program), the process is gone, or it is in the middle of ``exec``.
 
-    Empty is not "no": a process in the middle of ``exec`` reads empty until the kernel has laid out its new
-    stack, and its parent may already be back from ``Popen`` (the close-on-exec pipe closes first). A loaded
-    2-core CI box hit that window (stop 36: a marked process read as unmarked). A process whose environment
-    is truly empty carries no marker, so "cannot tell" costs it nothing but a later look."""
+    A process in the middle of ``exec`` reads an empty environment until the kernel has laid out its new stack,
+    and its parent may already be back from ``Popen`` (the close-on-exec pipe closes first): a loaded 2-core CI
+    box read a marked process as unmarked that way (stop 36). It is told from a process whose environment is
+    truly empty (``env -i``: a plain "no") by the environment's end address in its stat line, 0 until the kernel
+    has set it (:func:`_env_laid_out`)."""
     try:
         data = (PROC / str(pid) / "environ").read_bytes()
     except OSError:
         return None
     if not data:
-        return None
+        return False if _env_laid_out(pid) else None
     return entry.encode() in data.split(b"\0")
+
+
+def _env_laid_out(pid: int) -> bool:
+    """Whether the kernel has set ``pid``'s environment's end address (stat field 51, ``env_end``: 0 while an
+    ``exec`` has not laid out the new stack yet; absent before Linux 3.5, where nothing can be told: False)."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    fields = text[text.rfind(")") + 2:].split()  # fields[0] is field 3 (state)
+    return len(fields) > 48 and fields[48] != "0"
 
 
 def signal_exact(pid: int, start: int, signum: int) -> bool:

@@ -476,8 +476,8 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SlicePro
       while its leader is still the launched process (same start time: the pgid cannot have been reused;
       only the launcher's child could create that group, and only its session can join it);
     * once the leader is gone, the members carrying the grant's marker (``GPUSLICE_SLICE=<its slice
-      file>``) in their environment; a member whose environment cannot be read (or reads empty, as one in the
-      middle of ``exec`` does) is ``unsure``;
+      file>``) in their environment; a member whose environment cannot be read (or is still being laid out by
+      an ``exec``) is ``unsure``;
     * if the leader's pid now names another process, none of the group: a pid is reused only after its
       group has emptied;
     * **marker**: processes started since the holder that carry the marker (they left the group with
