@@ -373,8 +373,9 @@ static void s_free_inside_a_capture_asks_nothing(void)
 }
 
 /* Another thread ends the capture and begins a new one on the same stream around the allocation, which the driver
- * then makes the pool's: the capture's id changed, so the allocation is counted as the pool's (the status alone,
- * active before and after, would have taken it for the graph's and left real pool memory uncounted). */
+ * then makes the pool's: the capture's id changed, so the allocation is counted, by its size, at once (the status
+ * alone, active before and after, would have taken it for the graph's and left real pool memory uncounted), with
+ * nothing asked or undone on the stream that captures again. */
 extern int gsdouble_capture_restarts_after_query;
 static void s_capture_restarted_around_an_allocation_is_counted(void)
 {
@@ -382,17 +383,41 @@ static void s_capture_restarted_around_an_allocation_is_counted(void)
     up(0);
     CUdeviceptr b = 0;
     CUstream cap = (CUstream)0x5150;
-    unsigned long n0 = gsdouble_graph_allocs;
+    unsigned long n0 = gsdouble_graph_allocs, r0 = gsdouble_capture_calls;
     gsdouble_capture_stream = cap;
     gsdouble_capture_restarts_after_query = 1;
     CHECK_EQ(cuMemAllocAsync(&b, 100 * MiB, cap), CUDA_SUCCESS);
     CHECK(gsdouble_capture_stream == cap && gsdouble_graph_allocs == n0, "the pool's, between two captures (%lu)",
           gsdouble_graph_allocs - n0);
-    CHECK_EQ(t_used(0), CTX + 128 * MiB); /* counted at once */
+    CHECK(gsdouble_capture_calls == r0, "no question to the driver inside the new capture (%lu)", gsdouble_capture_calls - r0);
+    CHECK_EQ(t_used(0), CTX + 100 * MiB); /* counted at once, by its size */
     CHECK_EQ(cuStreamEndCapture(cap, NULL), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX + 100 * MiB + 128 * MiB); /* and the pool's growth once the capture ended: over, never under */
     CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
     CHECK_EQ(cuMemPoolTrimTo(default_pool(0), 0), CUDA_SUCCESS);
     CHECK_EQ(t_used(0), CTX);
+}
+
+/* The same race, the allocation captured into the new graph: counted by its size, past the limit if need be (an
+ * over-count while it lives), and nothing asked, undone or waited for on the stream that captures (an undo's free
+ * and wait there would join or invalidate the new graph). Its free gives the count back. */
+static void s_allocation_into_a_restarted_capture_is_never_undone(void)
+{
+    t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 64 * MiB, CTX);
+    up(0);
+    CUdeviceptr b = 0;
+    CUstream cap = (CUstream)0x5150;
+    unsigned long n0 = gsdouble_graph_allocs, v0 = gsdouble_capture_violations, r0 = gsdouble_capture_calls;
+    gsdouble_capture_stream = cap;
+    gsdouble_capture_restarts_after_query = 2;
+    CHECK_EQ(cuMemAllocAsync(&b, 100 * MiB, cap), CUDA_SUCCESS);
+    CHECK(gsdouble_graph_allocs == n0 + 1, "the new graph's (%lu)", gsdouble_graph_allocs - n0);
+    CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
+    CHECK(gsdouble_capture_calls == r0, "no question to the driver inside the new capture (%lu)", gsdouble_capture_calls - r0);
+    CHECK_EQ(t_used(0), CTX + 100 * MiB); /* over the limit, counted: over, never under */
+    CHECK_EQ(cuMemFreeAsync(b, cap), CUDA_SUCCESS);
+    CHECK_EQ(t_used(0), CTX);
+    CHECK_EQ(cuStreamEndCapture(cap, NULL), CUDA_SUCCESS);
 }
 
 /* A capture that ends around an allocation from a pool past the 256 the enforcer tracks: the pool's allocation is
@@ -555,6 +580,7 @@ int main(void)
     SCENARIO(s_invalidated_capture_is_caught_up_at_its_end);
     SCENARIO(s_free_inside_a_capture_asks_nothing);
     SCENARIO(s_capture_restarted_around_an_allocation_is_counted);
+    SCENARIO(s_allocation_into_a_restarted_capture_is_never_undone);
     SCENARIO(s_race_on_an_untracked_pool_is_counted_by_size);
     fprintf(stderr, "test_enforcer_pool%s: %d scenarios checked, %d failed\n", getenv("GS_TEST_PRELOAD") ? " (LD_PRELOAD)" : "",
             t_checks, t_failures);

@@ -44,6 +44,10 @@ def test_an_environment_still_being_laid_out_is_cannot_tell(tmp_path, monkeypatc
     fields[48] = "140737488351000"  # env_end set: the environment is laid out, and empty
     (tmp_path / "7" / "stat").write_text("7 (a b) " + " ".join(fields) + "\n")
     assert procs.environ_has(7, "GPUSLICE_SLICE=/s") is False
+    # the kernel sets env_end before it copies the environment's pointers: a copy that ends between two reads
+    reads = iter([b"", b"GPUSLICE_SLICE=/s\0"])
+    monkeypatch.setattr(procs, "_environ", lambda pid: next(reads))
+    assert procs.environ_has(7, "GPUSLICE_SLICE=/s") is True
 
 
 def test_a_real_process_environment_is_read_once_exec_is_done() -> None:

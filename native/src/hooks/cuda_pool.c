@@ -299,7 +299,8 @@ static int pool_of_call(const struct call *c, CUmemoryPool *h, int *ord)
 }
 
 /* An allocation made already that no pool of ours records, counted by its size as pool_alloc counts one from an
- * untracked pool (past the limit if need be: the driver holds it) and given back at its free (GS_FREED). */
+ * untracked pool (past the limit if need be: the driver holds it) and given back at its free (GS_FREED). For a
+ * graph's allocation that is an over-count until that free (its graph memory is counted once backed too). */
 static CUresult by_size(int ord, const struct call *c)
 {
     if (ord < 0) return CUDA_SUCCESS; /* no context: nothing the slice could be charged on */
@@ -339,7 +340,7 @@ static CUresult ended_alloc(const char *what, struct call *c)
  * else (7b50452, 2026-11-30). What the pools and the graph memory did meanwhile is counted once the capture ended
  * (gs_pool_capture_ended, from cuStreamEndCapture's hook) or at the pool's next event. The same capture still
  * running (its id unchanged), invalidated or of unknown status after the call: the graph's. One that ended around
- * it, or gave way to another capture of the stream: ended_alloc. */
+ * it: ended_alloc. One that gave way to another capture of the stream: by_size. */
 static CUresult captured_alloc(const char *what, struct call *c, uint64_t id)
 {
     CUresult r = invoke(c);
@@ -350,8 +351,16 @@ static CUresult captured_alloc(const char *what, struct call *c, uint64_t id)
                  c->size, (int)r, st);
         return r;
     }
-    /* another capture on the stream since (one ended and another began around the call): as ended */
-    return st == 0 || (st == 1 && now != id) ? ended_alloc(what, c) : CUDA_SUCCESS;
+    if (st == 0) return ended_alloc(what, c);
+    if (st == 1 && now != id) {
+        /* Another capture of the stream since (another thread ended one and began one around the call): the
+         * allocation is the new graph's, or the pool's if it fell between the two. Counted by its size, asking
+         * nothing (the stream captures again) and undoing nothing there: over-counted while it lives if the graph's
+         * (its graph memory is counted too once backed), never missed if the pool's. */
+        GS_DEBUG("%s of %zu bytes: its stream's capture changed around it; counted by its size", what, c->size);
+        return by_size(gs_current_ordinal(), c);
+    }
+    return CUDA_SUCCESS;
 }
 
 /* Whether the allocation goes into a graph being captured on its stream (capture status ACTIVE). Such an

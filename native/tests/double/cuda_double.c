@@ -177,7 +177,7 @@ static void capture_call(void); /* a question to the driver while a capture runs
  * ends it with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, as the driver does. */
 EXPORT int gsdouble_capture_invalidated_by_alloc;
 static int g_capture_invalidated;
-static int g_restart_pending;    /* the next allocation falls between two captures (capture_query) */
+static int g_restart_pending;    /* a restart around the next allocation (capture_query): 1 between, 2 into the new one */
 static uint64_t g_capture_epoch; /* bumped by every end and restart: part of a capture's id */
 /* ---- init, devices */
 EXPORT CUresult cuInit(unsigned flags) { (void)flags; g_inited = 1; return ndev() ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE; }
@@ -390,10 +390,9 @@ static int graph_owned(CUdeviceptr p)
 static int graph_alloc(CUdeviceptr *p, size_t b, CUstream s)
 {
     if (!s || (void *)s != __atomic_load_n(&gsdouble_capture_stream, __ATOMIC_RELAXED)) return 0;
-    if (__atomic_exchange_n(&g_restart_pending, 0, __ATOMIC_RELAXED)) { /* between two captures: the pool's */
-        __atomic_add_fetch(&g_capture_epoch, 1, __ATOMIC_RELAXED);
-        return 0;
-    }
+    int restart = __atomic_exchange_n(&g_restart_pending, 0, __ATOMIC_RELAXED);
+    if (restart) __atomic_add_fetch(&g_capture_epoch, 1, __ATOMIC_RELAXED);
+    if (restart == 1) return 0; /* between two captures: the pool's */
     pthread_once(&g_graph_once, graph_reserve);
     *p = __atomic_fetch_add(&g_graph_va, (b + 0xfffff) & ~0xfffffull, __ATOMIC_RELAXED);
     if (*p + b > g_graph_base + GRAPH_VA_SPAN) abort(); /* more than a test asks for */
@@ -887,8 +886,8 @@ EXPORT CUresult cuEventRecord_ptsz(void *e, CUstream s) { return cuEventRecord(e
  * cuStreamEndCapture between the question and what the asker does next) */
 EXPORT int gsdouble_capture_ends_after_query;
 /* gsdouble_capture_restarts_after_query: right after the next "active" answer the capture ends and another begins on
- * the same stream, with the next allocation made in between (the driver's: a pool allocation), as when another thread
- * ends a capture and begins one around the asker's allocation; the capture's id changes. */
+ * the same stream, as when another thread ends a capture and begins one around the asker's allocation; the capture's
+ * id changes. 1: the next allocation falls in between (the driver's: a pool allocation); 2: it is the new graph's. */
 EXPORT int gsdouble_capture_restarts_after_query;
 static CUresult capture_query(CUstream s, int *status, uint64_t *id)
 {
@@ -899,8 +898,8 @@ static CUresult capture_query(CUstream s, int *status, uint64_t *id)
     if (id) *id = *status == 1 ? ((uint64_t)(uintptr_t)cap << 16) + __atomic_load_n(&g_capture_epoch, __ATOMIC_RELAXED) : 0;
     if (*status && __atomic_exchange_n(&gsdouble_capture_ends_after_query, 0, __ATOMIC_RELAXED))
         __atomic_store_n(&gsdouble_capture_stream, (void *)-1, __ATOMIC_RELAXED);
-    if (*status == 1 && __atomic_exchange_n(&gsdouble_capture_restarts_after_query, 0, __ATOMIC_RELAXED))
-        __atomic_store_n(&g_restart_pending, 1, __ATOMIC_RELAXED);
+    int restart = *status == 1 ? __atomic_exchange_n(&gsdouble_capture_restarts_after_query, 0, __ATOMIC_RELAXED) : 0;
+    if (restart) __atomic_store_n(&g_restart_pending, restart, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) { return capture_query(s, status, NULL); }

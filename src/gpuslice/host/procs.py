@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,14 +130,29 @@ def environ_has(pid: int, entry: str) -> bool | None:
     and its parent may already be back from ``Popen`` (the close-on-exec pipe closes first): a loaded 2-core CI
     box read a marked process as unmarked that way (stop 36). It is told from a process whose environment is
     truly empty (``env -i``: a plain "no") by the environment's end address in its stat line, 0 until the kernel
-    has set it (:func:`_env_laid_out`)."""
+    has set it (:func:`_env_laid_out`), and by looking again: the kernel sets that address once before it copies
+    the environment's pointers, and the copy may finish between two reads."""
+    data = _environ(pid)
+    for _ in range(EMPTY_ENV_LOOKS):
+        if data != b"" or not _env_laid_out(pid):
+            break
+        # env_end is set (to env_start) before the kernel copies the pointers and again after: an empty read
+        # beside a set env_end is a truly empty environment only if it stays empty a little while
+        time.sleep(0.001)
+        data = _environ(pid)
+    if data is None or data == b"":
+        return False if data == b"" and _env_laid_out(pid) else None
+    return entry.encode() in data.split(b"\0")
+
+
+EMPTY_ENV_LOOKS = 3  # ~3 ms: longer than the kernel takes to lay out an environment, paid only by empty ones
+
+
+def _environ(pid: int) -> bytes | None:
     try:
-        data = (PROC / str(pid) / "environ").read_bytes()
+        return (PROC / str(pid) / "environ").read_bytes()
     except OSError:
         return None
-    if not data:
-        return False if _env_laid_out(pid) else None
-    return entry.encode() in data.split(b"\0")
 
 
 def _env_laid_out(pid: int) -> bool:
