@@ -48,6 +48,11 @@ def test_an_environment_still_being_laid_out_is_cannot_tell(tmp_path, monkeypatc
     reads = iter([b"", b"GPUSLICE_SLICE=/s\0"])
     monkeypatch.setattr(procs, "_environ", lambda pid: next(reads))
     assert procs.environ_has(7, "GPUSLICE_SLICE=/s") is True
+    # env_end set between the empty read and the look at it: still "cannot tell" (the answer is of the read)
+    monkeypatch.setattr(procs, "_environ", lambda pid: b"")
+    looks = iter([False, True, True, True])
+    monkeypatch.setattr(procs, "_env_laid_out", lambda pid: next(looks))
+    assert procs.environ_has(7, "GPUSLICE_SLICE=/s") is None
 
 
 def test_a_real_process_environment_is_read_once_exec_is_done() -> None:

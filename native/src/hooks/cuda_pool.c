@@ -309,6 +309,21 @@ static CUresult by_size(int ord, const struct call *c)
     return CUDA_SUCCESS;
 }
 
+/* The device an allocation is charged on, asking the driver nothing: a tracked pool's own (none, -1, for a host
+ * pool), else the current one (for cuMemAllocAsync on a stream of another device's context that is the wrong
+ * device: the stream's is not asked while it captures). */
+static int charged_device(const struct call *c)
+{
+    if (c->pool) {
+        pthread_mutex_lock(&g_pool_lock);
+        struct pool *p = find(c->pool);
+        int ord = !p ? -2 : p->uncounted ? -1 : p->ord; /* a host pool's memory is not the slice's: -1, nothing */
+        pthread_mutex_unlock(&g_pool_lock);
+        if (ord != -2) return ord;
+    }
+    return gs_current_ordinal();
+}
+
 /* The capture ended around a captured allocation (another thread may end it; no pool was looked at before): had it
  * ended before the call, the driver made the allocation the pool's. It is settled as any pool allocation: tracked,
  * and the pool's growth past its charge reserved (or undone and refused past the limit). Had it ended after the call
@@ -358,7 +373,7 @@ static CUresult captured_alloc(const char *what, struct call *c, uint64_t id)
          * nothing (the stream captures again) and undoing nothing there: over-counted while it lives if the graph's
          * (its graph memory is counted too once backed), never missed if the pool's. */
         GS_DEBUG("%s of %zu bytes: its stream's capture changed around it; counted by its size", what, c->size);
-        return by_size(gs_current_ordinal(), c);
+        return by_size(charged_device(c), c);
     }
     return CUDA_SUCCESS;
 }

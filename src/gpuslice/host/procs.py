@@ -134,15 +134,17 @@ def environ_has(pid: int, entry: str) -> bool | None:
     the environment's pointers, and the copy may finish between two reads."""
     data = _environ(pid)
     for _ in range(EMPTY_ENV_LOOKS):
-        if data != b"" or not _env_laid_out(pid):
+        if data != b"":
             break
+        if not _env_laid_out(pid):
+            return None  # still being laid out
         # env_end is set (to env_start) before the kernel copies the pointers and again after: an empty read
-        # beside a set env_end is a truly empty environment only if it stays empty a little while
+        # after a set env_end is a truly empty environment only if it stays empty a little while
         time.sleep(0.001)
         data = _environ(pid)
-    if data is None or data == b"":
-        return False if data == b"" and _env_laid_out(pid) else None
-    return entry.encode() in data.split(b"\0")
+    if data is None:
+        return None
+    return entry.encode() in data.split(b"\0") if data else False
 
 
 EMPTY_ENV_LOOKS = 3  # ~3 ms: longer than the kernel takes to lay out an environment, paid only by empty ones
