@@ -421,19 +421,26 @@ static void s_allocation_into_a_restarted_capture_is_never_undone(void)
     CHECK_EQ(t_used(0), CTX); /* the catch-up finds the pool as it was: nothing */
 }
 
+/* A device-0 pool created after the 256 the enforcer tracks (none of them used). */
+static CUmemoryPool pool_past_the_tracked(void)
+{
+    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemoryPool pool = NULL;
+    for (int i = 0; i < 257; i++) CHECK_EQ(cuMemPoolCreate(&pool, &pp), CUDA_SUCCESS);
+    return pool;
+}
+
 /* A capture that ends around an allocation from a pool past the 256 the enforcer tracks: the pool's allocation is
  * counted by its size (no pool of ours records it) and given back at its free. */
 static void s_race_on_an_untracked_pool_is_counted_by_size(void)
 {
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
     up(0);
-    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
-    CUmemoryPool pools[257];
-    for (int i = 0; i < 257; i++) CHECK_EQ(cuMemPoolCreate(&pools[i], &pp), CUDA_SUCCESS);
+    CUmemoryPool untracked = pool_past_the_tracked();
     CUdeviceptr b = 0;
     gsdouble_capture_stream = (CUstream)0x5150;
     gsdouble_capture_ends_after_query = 1;
-    CHECK_EQ(cuMemAllocFromPoolAsync(&b, 100 * MiB, pools[256], (CUstream)0x5150), CUDA_SUCCESS);
+    CHECK_EQ(cuMemAllocFromPoolAsync(&b, 100 * MiB, untracked, (CUstream)0x5150), CUDA_SUCCESS);
     CHECK(gsdouble_capture_stream == (void *)-1, "the capture ended meanwhile");
     CHECK_EQ(t_used(0), CTX + 100 * MiB);
     CHECK_EQ(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
@@ -447,16 +454,14 @@ static void s_untracked_pool_captured_alloc_is_the_graphs(void)
 {
     t_slice("memory_limit=%llu\ncontext_overhead=%llu\n", CTX + 512 * MiB, CTX);
     up(0);
-    struct t_pool_props pp = t_pool_on(CU_MEM_LOCATION_TYPE_DEVICE, 0);
-    CUmemoryPool pools[257];
-    for (int i = 0; i < 257; i++) CHECK_EQ(cuMemPoolCreate(&pools[i], &pp), CUDA_SUCCESS);
+    CUmemoryPool untracked = pool_past_the_tracked();
     CUdeviceptr a = 0, g = 0;
-    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 100 * MiB, pools[256], NULL), CUDA_SUCCESS); /* untracked: by its size */
+    CHECK_EQ(cuMemAllocFromPoolAsync(&a, 100 * MiB, untracked, NULL), CUDA_SUCCESS); /* untracked: by its size */
     CHECK_EQ(t_used(0), CTX + 100 * MiB);
     unsigned long n0 = gsdouble_graph_allocs, v0 = gsdouble_capture_violations, r0 = gsdouble_capture_calls;
     CUstream cap = (CUstream)0x5150;
     gsdouble_capture_stream = cap;
-    CHECK_EQ(cuMemAllocFromPoolAsync(&g, 600 * MiB, pools[256], cap), CUDA_SUCCESS); /* past the limit: the graph's */
+    CHECK_EQ(cuMemAllocFromPoolAsync(&g, 600 * MiB, untracked, cap), CUDA_SUCCESS); /* past the limit: the graph's */
     CHECK(gsdouble_graph_allocs == n0 + 1, "the graph's (%lu)", gsdouble_graph_allocs - n0);
     CHECK(gsdouble_capture_violations == v0, "no call the capture forbids (%lu)", gsdouble_capture_violations - v0);
     CHECK(gsdouble_capture_calls == r0, "no question to the driver inside the capture (%lu)", gsdouble_capture_calls - r0);

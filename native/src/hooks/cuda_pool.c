@@ -263,7 +263,7 @@ static CUstream capture_stream(const struct call *c)
     return !c->s && c->ptsz ? STREAM_PER_THREAD : c->s;
 }
 
-static int stream_device(CUstream s)
+int gs_stream_device(CUstream s)
 {
     CUresult (*get)(CUstream, CUdevice *) = REAL_FN(CUresult(*)(CUstream, CUdevice *), "cuStreamGetDevice");
     CUdevice d = -1;
@@ -276,26 +276,29 @@ static int stream_device(CUstream s)
     return gs_current_ordinal();
 }
 
-int gs_stream_device(CUstream s)
-{
-    return stream_device(s);
-}
-
 /* The pool an allocation draws on (the call's, else the current pool of the stream's device) and the device it
  * charges (*ord; -1 for a call's pool until it is looked up). -1 when there is no pool to look at: *ord then says
  * the device, -1 without a context. */
+/* The current pool of device `ord` (cuDeviceGetMemPool), NULL when there is none to look at. */
+static CUmemoryPool current_pool(int ord)
+{
+    CUresult (*cur)(CUmemoryPool *, CUdevice) = REAL_FN(CUresult(*)(CUmemoryPool *, CUdevice), "cuDeviceGetMemPool");
+    CUmemoryPool h = NULL;
+    if (ord < 0 || !cur) return NULL;
+    struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
+    if (cur(&h, ord) != CUDA_SUCCESS) h = NULL;
+    gs_capture_restore(&m);
+    return h;
+}
+
 static int pool_of_call(const struct call *c, CUmemoryPool *h, int *ord)
 {
     *h = c->pool;
     *ord = -1;
     if (*h) return 0;
-    CUresult (*cur)(CUmemoryPool *, CUdevice) = REAL_FN(CUresult(*)(CUmemoryPool *, CUdevice), "cuDeviceGetMemPool");
-    *ord = stream_device(c->s);
-    if (*ord < 0) return -1;
-    struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
-    CUresult got = cur ? cur(h, *ord) : CUDA_ERROR_NOT_FOUND;
-    gs_capture_restore(&m);
-    return got == CUDA_SUCCESS && *h ? 0 : -1;
+    *ord = gs_stream_device(c->s);
+    *h = current_pool(*ord);
+    return *h ? 0 : -1;
 }
 
 /* An allocation made already that no pool of ours records, counted by its size as pool_alloc counts one from an
@@ -528,13 +531,7 @@ void gs_pool_forget_device(int ordinal)
  * of the stream's device included (a captured cudaMallocAsync may be the first use of it: nothing looked it up). */
 void gs_pool_capture_ended(int ordinal)
 {
-    CUresult (*cur)(CUmemoryPool *, CUdevice) = REAL_FN(CUresult(*)(CUmemoryPool *, CUdevice), "cuDeviceGetMemPool");
-    CUmemoryPool h = NULL;
-    if (ordinal >= 0 && cur) {
-        struct gs_capture_mode m = gs_capture_relax(); /* see reserved_of */
-        if (cur(&h, ordinal) != CUDA_SUCCESS) h = NULL;
-        gs_capture_restore(&m);
-    }
+    CUmemoryPool h = current_pool(ordinal);
     pthread_mutex_lock(&g_pool_lock);
     if (h && !find(h)) add(h, ordinal, 0);
     for (int i = 0; i < g_npools; i++) reconcile(&g_pools[i]);
