@@ -583,10 +583,12 @@ def _mode_goals(kind: str, mode: str, phs: list[dict], p50a, p99a, bound, talone
                    + ("met" if r >= 0.8 else f"MISSED by {100 * (0.8 - r):.0f} points") + note)
     plain_p99 = _pooled(phs, kind, "plain", 0.99)
     plain_tr = _mean(_vals(phs, kind, "plain", "trainer", "it_per_s"))
-    if plain_p99 and plain_tr and tr is not None and mode in PREEMPTIVE_MODES:
+    # The floor for the low-priority side under every mode that protects the server (the time-sliced
+    # preemptive and the spatial engine alike): never less than plain time-slicing where plain protects as well.
+    if plain_p99 and plain_tr and tr is not None and mode in (*PREEMPTIVE_MODES, *SPATIAL_MODES):
         protected = plain_p99 <= 1.10 * p99a
         out.append(f"{kind}: plain time-slicing gives p99 {plain_p99 / p99a:.2f}x alone and the trainer "
-                   f"{plain_tr:.2f} it/s vs preemptive {tr:.2f}: "
+                   f"{plain_tr:.2f} it/s vs {mode} {tr:.2f}: "
                    + (("met" if tr >= plain_tr else f"MISSED: plain protects the tail too and the trainer got "
                        f"{100 * (1 - tr / plain_tr):.0f} % more there") if protected
                       else "plain does not give the same p99 protection, so it is no floor here"))

@@ -526,3 +526,23 @@ def test_coloc_synthetic_neighbour_is_named_and_not_judged(tmp_path: Path, monke
     assert mixed.returncode == 2 and "one table holds one neighbour" in mixed.stderr, mixed.stderr
     same = run("--report", str(tmp_path / "a.json"), str(tmp_path / "a.json"))
     assert same.returncode == 0 and "synthetic neighbour **alu**" in same.stdout, same.stderr
+
+
+def test_coloc_plain_floor_judges_the_spatial_engine_too() -> None:
+    """The issue's floor (the trainer never below plain time-slicing where plain gives the same p99 protection) is
+    judged for the default spatial engine as well as the time-sliced preemptive mode, naming the judged mode; where
+    plain does not protect the tail it is no floor; shared (no protection promised) and mps are not judged."""
+    bench = _bench_module()
+
+    def ph(mode: str, lat: float, it: float | None) -> dict:
+        p = {"kind": "gpu", "mode": mode, "rep": 0, "server": {"lat_ms": [lat], "p50_ms": lat, "p99_ms": lat}}
+        return p if it is None else {**p, "trainer": {"it_per_s": it}}
+    phs = [ph("alone", 10.0, None), ph("plain", 10.5, 50.0), ph("spatial", 10.2, 40.0), ph("preemptive", 10.1, 55.0),
+           ph("shared", 12.0, 60.0)]
+    floor = [g for g in bench._goals("gpu", phs, 10.0, 10.0, 30.0, 60.0, 0.5) if "plain time-slicing gives" in g]
+    assert floor == ["gpu: plain time-slicing gives p99 1.05x alone and the trainer 50.00 it/s vs preemptive 55.00: met",
+                     "gpu: plain time-slicing gives p99 1.05x alone and the trainer 50.00 it/s vs spatial 40.00: "
+                     "MISSED: plain protects the tail too and the trainer got 20 % more there"]
+    phs[1] = ph("plain", 12.0, 50.0)  # plain's tail 1.20x alone: it protects nothing, so it is no floor
+    floor = [g for g in bench._goals("gpu", phs, 10.0, 10.0, 30.0, 60.0, 0.5) if "plain time-slicing gives" in g]
+    assert len(floor) == 2 and all(g.endswith("so it is no floor here") for g in floor)
