@@ -10,7 +10,9 @@ relaxed mode, next to a look-up of the stream's device and the current pool, the
 (2026-12-06-h100-gpu-tests-capture-after-fix.txt), while code that asked nothing but the capture status passed on the
 H200 (7b50452, 2026-11-30). The enforcer now asks nothing inside a capture (native/src/hooks/cuda_pool.c
 captured_alloc); this probe says which of those questions the driver minds, and whether the pool grows across a
-captured allocation.
+captured allocation. On the H100 (bench/results/2026-12-06-h100-capture-probe-s38.txt) cuStreamGetDevice and the
+pool's size read in global mode broke the capture (900); every other process aborted once its graph was torn down,
+before it printed, so each process now prints its line while the graph lives.
 
     PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/gpu/capture_pool_probe.py          # every question
     PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/gpu/capture_pool_probe.py stream_device
@@ -118,8 +120,24 @@ def probe(question: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - a broken capture is the finding
         log["captured"] = False
         log["error"] = repr(exc)[:300]
+    # Said while the graph still lives: on the H100 (2026-12-06) every process whose capture succeeded aborted when
+    # the graph was torn down at the function's end, so a line printed after the return was never seen.
+    print(json.dumps(log), flush=True)
     del held
     return log
+
+
+def _answer(question: str, r: subprocess.CompletedProcess) -> dict:
+    """One question's line: the child's own, or its exit alone; a child that died (after its line or before it)
+    adds its exit status and the start and end of its stderr (the reason comes first, the stack last)."""
+    lines = r.stdout.strip().splitlines()
+    out = json.loads(lines[-1]) if lines else {"question": question}
+    if r.returncode:
+        out["exit"] = r.returncode
+        out["exit_after_line"] = bool(lines)
+        err = r.stderr.strip()
+        out["stderr"] = err if len(err) <= 1200 else err[:900] + " [...] " + err[-300:]
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -129,7 +147,7 @@ def main(argv: list[str]) -> int:
             print(f"unknown question(s) {unknown}: allowed {', '.join(QUESTIONS)}", file=sys.stderr)
             return 2
         for q in argv:
-            print(json.dumps(probe(q)), flush=True)
+            probe(q)  # prints its own line
         return 0
     for q in QUESTIONS:  # each in a process of its own: a broken capture leaves the context's state behind
         try:  # ~10 s each on an H100; gpu_all.sh gives the whole step 240 s
@@ -138,9 +156,7 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             print(json.dumps({"question": q, "error": f"no answer in {QUESTION_TIMEOUT_S} s"}), flush=True)
             continue
-        line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else json.dumps(
-            {"question": q, "exit": r.returncode, "stderr": r.stderr[-300:]})
-        print(line, flush=True)
+        print(json.dumps(_answer(q, r)), flush=True)
     return 0
 
 
