@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,10 +23,10 @@ def test_a_process_that_does_not_exist_is_gone() -> None:
 def test_running_out_of_file_descriptors_is_not_taken_for_a_process_that_ended(monkeypatch) -> None:
     """A tenant's connection flood made /proc unreadable (EMFILE); taking that for "gone" would let the
     reclaimer free a grant whose processes still run."""
-    def emfile(self: Path, *a, **k) -> str:
+    def emfile(self: Path, *a, **k) -> bytes:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(Path, "read_text", emfile)
+    monkeypatch.setattr(Path, "read_bytes", emfile)
     with pytest.raises(OSError) as err:
         procs.stat(os.getpid())
     assert err.value.errno == errno.EMFILE
@@ -74,3 +75,35 @@ def test_a_real_process_environment_is_read_once_exec_is_done() -> None:
         for p in (bare, marked):
             p.kill()
             p.wait()
+
+
+def test_a_process_name_that_is_not_utf8_is_read(tmp_path, monkeypatch) -> None:
+    """A process's name is its owner's to set to any bytes; one that is not UTF-8 (in stat, status and comm) made
+    every scan of the processes raise, and with it every `gpuslice run` on the machine end in a traceback (helper
+    40, stop 38). It reads as a name like any other, its fields intact."""
+    monkeypatch.setattr(procs, "PROC", tmp_path)
+    (tmp_path / "9").mkdir()
+    fields = ["S", "1", "9"] + ["0"] * 16 + ["4242"] + ["0"] * 28 + ["140737488351000", "0"]
+    (tmp_path / "9" / "stat").write_bytes(b"9 (ab\xff) c) " + " ".join(fields).encode() + b"\n")
+    (tmp_path / "9" / "status").write_bytes(b"Name:\tab\xff) c\nUid:\t1000\t1000\t1000\t1000\n")
+    (tmp_path / "9" / "comm").write_bytes(b"ab\xff) c\n")
+    assert procs.stat(9) == procs.ProcStat(pid=9, ppid=1, pgrp=9, start=4242, state="S")
+    assert procs.real_uid(9) == 1000 and procs._env_laid_out(9)
+    assert procs.read_text(9, "comm").strip().encode("utf-8", "surrogateescape") == b"ab\xff) c"
+    assert [p.pid for p in procs.all_stats()] == [9]
+
+
+def test_a_real_process_renamed_to_bytes_that_are_not_utf8_is_scanned() -> None:
+    """The same on a real process that renames itself (prctl PR_SET_NAME) to a name with byte 0xff: the scan of
+    every process and its descendants still reads it."""
+    code = ("import ctypes, sys, time; ctypes.CDLL(None).prctl(15, b'gs\\xffname', 0, 0, 0); "
+            "print('renamed', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"renamed\n"
+        assert procs.read_text(child.pid, "comm").strip().encode("utf-8", "surrogateescape") == b"gs\xffname"
+        assert child.pid in {p.pid for p in procs.all_stats()}
+        assert child.pid in procs.descendants(os.getpid())
+    finally:
+        child.kill()
+        child.wait()

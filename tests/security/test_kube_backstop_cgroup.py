@@ -102,3 +102,13 @@ def test_a_new_container_is_looked_up_at_once_not_after_the_pod_cache_expires(tm
     pods[:] = PODS
     now[0] = 1.5  # well within the pods' 60 s cache: an unattributed process refreshes it
     assert guard.check_once().unattributed == ()
+
+
+def test_a_cgroup_name_that_is_not_utf8_stops_no_attribution(tmp_path):
+    """A container with cgroup delegation names its own cgroups, with any bytes: one that is not UTF-8 is read like
+    any other path (it belongs to no granted container here) and the other processes are still attributed."""
+    root = _fake_proc(tmp_path)
+    (root / "601").mkdir()
+    (root / "601" / "cgroup").write_bytes(f"0::/kubepods.slice/cri-containerd-{CID_OTHER}.scope/x\xff\n".encode("latin-1"))
+    found = attribute_by_cgroup(container_grants(_ledger(), PODS), [101, 601, 201], root)
+    assert found == {101: formats.grant_id_for("0f0e-pod-a", "main"), 201: formats.grant_id_for("0f0e-pod-a", "side")}

@@ -222,7 +222,7 @@ class MpsControl:
         ``nvidia-cuda-mps-control`` with another tenant's pipe directory in its environment was adopted as that
         tenant's daemon (issue 15, attacker's review)."""
         try:
-            comm = (procs.PROC / str(pid) / "comm").read_text().strip()
+            comm = procs.read_text(pid, "comm").strip()
         except OSError:
             return False
         if not comm.startswith(MPS_COMM) or procs.real_uid(pid) != self._daemon_uid() or self._program(pid) is None:

@@ -38,10 +38,19 @@ class ProcStat:
     state: str
 
 
+def read_text(pid: int, name: str) -> str:
+    """``/proc/<pid>/<name>`` as text, whatever its bytes: a process's name (in ``stat``, ``status`` and ``comm``)
+    is its owner's to set to any bytes (``prctl(PR_SET_NAME)``), and one name that is not UTF-8 made every
+    ``gpuslice run`` on the machine end in a traceback when it scanned the processes (helper 40, stop 38).
+    Undecodable bytes are kept as surrogate escapes, so the name still compares as what it is. OSError as the
+    read raises it."""
+    return (PROC / str(pid) / name).read_bytes().decode("utf-8", "surrogateescape")
+
+
 def stat(pid: int) -> ProcStat | None:
     """The stat line of ``pid``, or None if it does not exist (or is a zombie: it is already over)."""
     try:
-        text = (PROC / str(pid) / "stat").read_text()
+        text = read_text(pid, "stat")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     except OSError as exc:
@@ -113,7 +122,7 @@ def real_uid(pid: int) -> int | None:
     """The real uid of ``pid`` (``Uid:`` in /proc/<pid>/status): the user who may signal it (the kernel lets a
     sender whose uid is the target's real or saved uid); None if gone."""
     try:
-        text = (PROC / str(pid) / "status").read_text()
+        text = read_text(pid, "status")
     except OSError:
         return None
     for line in text.splitlines():
@@ -161,7 +170,7 @@ def _env_laid_out(pid: int) -> bool:
     """Whether the kernel has set ``pid``'s environment's end address (stat field 51, ``env_end``: 0 while an
     ``exec`` has not laid out the new stack yet; absent before Linux 3.5, where nothing can be told: False)."""
     try:
-        text = (PROC / str(pid) / "stat").read_text()
+        text = read_text(pid, "stat")
     except OSError:
         return False
     fields = text[text.rfind(")") + 2:].split()  # fields[0] is field 3 (state)

@@ -62,7 +62,9 @@ def attribute_by_cgroup(by_container: dict[str, str], pids: Sequence[int],
     out = {}
     for pid in pids:
         try:
-            text = (proc_root / str(pid) / "cgroup").read_text()
+            # bytes, not text: a container may name its own cgroups (delegation) with any bytes, and one that is
+            # not UTF-8 must not stop the backstop for every pod (procs.read_text says the same of names)
+            text = (proc_root / str(pid) / "cgroup").read_bytes().decode("utf-8", "surrogateescape")
         except OSError:
             continue
         cid = container_of(text)
