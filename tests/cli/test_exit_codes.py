@@ -40,7 +40,9 @@ CASES: dict[str, list[tuple[list[str], int, str]]] = {
             (["run", "--policy", "tetris", "--", "true"], 2, "'--policy'"),
             (["run", "--memory", "4", "GiB", "--", "true"], 2, "--memory 4GiB"),
             (["run"], 2, "Missing argument"),
-            (["run", "--device", "9", "--", "true"], 1, "device")],  # this node has no GPU 9
+            (["run", "--device", "9", "--", "true"], 1, "device"),  # this node has no GPU 9
+            (["run", "--device", "abc", "--", "true"], 2, "a comma list of device indexes"),  # none has one
+            (["run", "--device", "0,", "--", "true"], 2, "'--device'")],
     "ps": [(["ps"], 0, "slices"), (["ps", "--jsn"], 2, "No such option"),
            (["ps"], 1, "state")],  # with the state dir on a file (see _env)
     "resize": [(["resize", "g-00000000", "--memory", "1GiB"], 1, "not in the ledger"),

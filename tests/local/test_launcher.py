@@ -26,3 +26,16 @@ def test_child_environment_prepends_the_enforcer(tmp_path):
 
 def test_shell_codes():
     assert shell_code(3) == 3 and shell_code(-15) == 143 and shell_code(-9) == 137
+
+
+def test_a_device_name_no_node_could_have_is_a_usage_error():
+    """--device takes indexes and NVML's UUIDs (GPU-…, MIG-…, the older MIG-GPU-<uuid>/<gi>/<ci>); anything else is
+    wrong on every node, so it is refused before any node is asked (exit 2), naming the field and what it takes."""
+    from gpuslice.local.launcher import device_names
+
+    assert device_names("1, 0") == ["1", "0"] and device_names(None) == []
+    assert device_names(f"{DEVICES[3].uuid},MIG-GPU-5f1d2a3b-aaaa-bbbb-cccc-0123456789ab/1/0")[1].endswith("/1/0")
+    for bad in ("abc", "0,,1", "0,", "-1", "GPU-", "gpu 0"):
+        with pytest.raises(SpecError) as err:
+            device_names(bad)
+        assert err.value.field == "device" and "device indexes (0,1) or UUIDs" in err.value.allowed

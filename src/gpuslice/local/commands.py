@@ -159,6 +159,7 @@ def run(
                                         "tidal_schedule": tidal_schedule})
         parse_policy(policy)
         oom = OomPolicy(oom_policy, None if oom_wait is None else _wait_ms(oom_wait))
+        launcher.device_names(device)
     except SpecError as exc:
         raise _usage_error(exc) from None
     if request.compute_only:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shlex
 import signal
 import sys
@@ -41,6 +42,23 @@ grace_seconds = procs.grace_seconds  # $GPUSLICE_KILL_GRACE; the ledger's reclai
 
 
 # ------------------------------------------------------------------------------------------ devices
+# what a device can be called on any node: an index, or a GPU's or MIG instance's UUID as NVML spells them
+# (GPU-<hex groups>, MIG-<hex groups>, the older MIG-GPU-<uuid>/<gi>/<ci>)
+_DEVICE_NAME = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z/-]+")
+
+
+def device_names(text: str | None) -> list[str]:
+    """``--device``'s entries; one no node could have (not an index or a GPU-/MIG- UUID, or empty) is a usage
+    error (exit 2), whatever the devices here are."""
+    if not text:
+        return []
+    parts = [p.strip() for p in text.split(",")]
+    for part in parts:
+        if not _DEVICE_NAME.fullmatch(part):
+            raise SpecError("device", part, "a comma list of device indexes (0,1) or UUIDs (GPU-…, MIG-…)")
+    return parts
+
+
 def resolve_devices(text: str | None, devices: Sequence[Device]) -> tuple[str, ...]:
     """``--device 0,1`` or ``--device GPU-…`` → UUIDs; every entry must name a device of this node."""
     if not text:
@@ -48,7 +66,7 @@ def resolve_devices(text: str | None, devices: Sequence[Device]) -> tuple[str, .
     by_index = {str(d.index): d.uuid for d in devices}
     uuids = {d.uuid for d in devices} | {m.uuid for d in devices for m in d.mig_instances}
     chosen = []
-    for part in (p.strip() for p in text.split(",")):
+    for part in device_names(text):
         if part in by_index:
             chosen.append(by_index[part])
         elif part in uuids:
