@@ -248,3 +248,47 @@ def test_the_hold_is_bounded_whatever_troubles_json_or_the_clock_say(daemons: Mp
     (daemons.root / "troubles.json").mkdir()  # cannot be replaced by a file: every write fails
     daemons._note_trouble(A.name)
     assert daemons.held_for(A.name) == 0
+
+
+def _deep_tree(top: Path, levels: int = 1200) -> None:
+    """What a tenant can make in its own pipe or log folder in a second: folders nested deeper than Python's
+    recursion limit (made level by level through directory descriptors, as an attacker's loop would)."""
+    import os
+
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_too_deep_to_remove_in_a_daemons_folders_fails_no_pass(daemons: MpsDaemons, root: Path) -> None:
+    """A tenant nested ~1,200 folders in its daemon's pipe and log folders (helper 41): shutil.rmtree raised
+    RecursionError through ignore_errors and every ledger transaction failed with it. Now the daemon still stops,
+    its folder goes (what could not be removed is moved into the root's .left, out of every path), its next start
+    gets fresh folders, and the pass reports nothing raised."""
+    daemons.reconcile({A})
+    ctl = daemons.control(A)
+    _deep_tree(ctl.pipe_dir)
+    _deep_tree(ctl.log_dir)
+    done = daemons.reconcile(set())
+    assert done.stopped == [A] and not daemons.folder(A).exists() and mps_processes(root) == []
+    assert daemons.known() == {}  # .left is no daemon's folder
+    assert (daemons.root / ".left").is_dir()
+    # the same for a running daemon's fresh start after a crash: its folders are made anew
+    daemons.reconcile({A})
+    ctl = daemons.control(A)
+    _deep_tree(ctl.pipe_dir)
+    with contextlib.suppress(MpsError):
+        ctl.query("standin_crash")
+    done = daemons.reconcile({A})
+    assert done.started == [A] and not (ctl.pipe_dir / "d").exists()
+    daemons.stop_all()
+    assert mps_processes(root) == []
+    import subprocess  # the fixture's own rmtree would recurse as the product's did: GNU rm walks any depth
+
+    subprocess.run(["rm", "-rf", "--", str(daemons.root / ".left")], check=True, timeout=60)

@@ -393,3 +393,24 @@ def test_the_socket_api_grants_spatial_slices_and_shows_their_daemon(env: dict[s
             assert mps_processes(root) == []
     finally:
         agent.stop()
+
+
+def test_a_failing_mps_pass_fails_no_grant_or_release(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MPS pass runs inside every grant, release and reclaim transaction; whatever it raises (helper 41: a
+    RecursionError from a tenant's deep tree) is kept as the daemons' problem for ps, and the ledger's own change
+    stands."""
+    first = ledger.acquire(ask())
+    assert isinstance(first, GrantRecord)
+
+    def broken(*a, **k):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(ledger.mps, "reconcile", broken)
+    second = ledger.acquire(ask("8GiB"))
+    assert isinstance(second, GrantRecord)
+    assert any("RecursionError" in p for p in ledger.mps_problems.values())
+    ledger.release(second.grant_id)
+    assert [g.grant_id for g in ledger.grants()] == [first.grant_id]
+    monkeypatch.undo()
+    ledger.release(first.grant_id)
+    assert daemon_devices(ledger) == []

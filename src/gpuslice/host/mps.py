@@ -22,6 +22,7 @@ tests drive this class with a stand-in executable that behaves like the control 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -36,6 +37,32 @@ from gpuslice.host import procs
 from gpuslice.spec import Engine, GpusliceError, Priority, Slice
 from gpuslice.spec.model import Colocation
 from gpuslice.spec.files import open_regular
+
+log = logging.getLogger("gpuslice.mps")
+
+LEFT = ".left"  # beside the daemons' folders: tenant trees that could not be removed, moved out of every path
+
+
+def remove_tree(path: Path, aside: Path) -> None:
+    """Remove ``path``, a folder its tenant can fill (a daemon's pipe, log and shm folders are the slice user's),
+    never raising: a reclaim or release pass must not fail because of what a tenant put there. A tree nested
+    deeper than Python's recursion limit (a tenant can make ~1,100 levels in seconds) made ``shutil.rmtree``
+    raise RecursionError through ``ignore_errors`` and, with it, every ledger transaction fail until an admin
+    removed the tree (helper 41, stop 38). What cannot be removed is renamed into ``aside`` (root's; one rename,
+    whatever the depth) so that a fresh folder can take its place; its inodes stay the tenant's, for an admin."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        pass
+    if not os.path.lexists(path):
+        return
+    try:
+        aside.mkdir(mode=0o700, exist_ok=True)
+        target = aside / f"{path.parent.name}-{path.name}-{time.time_ns()}"
+        os.rename(path, target)
+        log.warning("%s could not be removed (too deep, or not ours to remove): moved to %s", path, target)
+    except OSError as exc:
+        log.warning("%s could not be removed or moved aside: %s", path, exc)
 
 CONTROL_ENV = "GPUSLICE_MPS_CONTROL"  # path of nvidia-cuda-mps-control (default: found on PATH)
 CONTROL_NAME = "nvidia-cuda-mps-control"
@@ -302,7 +329,7 @@ class MpsControl:
     def _fresh_folders(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         for folder in (self.pipe_dir, self.log_dir, *((self.shm_dir,) if self.shm else ())):
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_tree(folder, self.folder.parent / LEFT)
             folder.mkdir(mode=0o700)
             if self._other_user():
                 os.chown(folder, self.uid, -1)  # the daemon runs as the slice's user and writes here
@@ -379,8 +406,8 @@ class MpsControl:
             while (left := self.mps_processes()) and not _any_stopped(left) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self._kill_all()
-        shutil.rmtree(self.pipe_dir, ignore_errors=True)
-        shutil.rmtree(self.shm_dir, ignore_errors=True)
+        remove_tree(self.pipe_dir, self.folder.parent / LEFT)
+        remove_tree(self.shm_dir, self.folder.parent / LEFT)
         self.record_file.unlink(missing_ok=True)
 
     def _kill_all(self) -> None:

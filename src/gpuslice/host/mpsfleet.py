@@ -51,14 +51,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from gpuslice.host.mps import DaemonRecord, MpsControl, MpsError, find_control
+from gpuslice.host.mps import LEFT, DaemonRecord, MpsControl, MpsError, find_control, remove_tree
 
 LOCK = ".lock"
 LOGS = "logs"
@@ -366,7 +365,7 @@ class MpsDaemons:
         if key is not None and faults:
             self._faulted(ctl, key, "retired", faults, restarted=False)
         self._keep_logs(ctl)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_tree(folder, self.root / LEFT)
         if key is not None:
             done.stopped.append(key)
 
@@ -387,9 +386,12 @@ class MpsDaemons:
         if not ctl.log_dir.is_dir():
             return
         target = self.root / LOGS / ctl.folder.name
-        shutil.rmtree(target, ignore_errors=True)
+        remove_tree(target, self.root / LEFT)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(ctl.log_dir), str(target))
+        try:  # one rename (the same file system): a copy of a tenant's tree would recurse as rmtree did
+            os.rename(ctl.log_dir, target)
+        except OSError:
+            remove_tree(ctl.log_dir, self.root / LEFT)
 
     def _keep(self, key: DaemonKey, busy: Callable[[DaemonKey], bool], done: Reconciled) -> None:
         ctl = self.control(key)

@@ -32,6 +32,7 @@ devices do not wait behind it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import signal
@@ -430,7 +431,13 @@ class Ledger:
         def busy(key: DaemonKey) -> bool:  # a live process of a slice served by the daemon: a client
             return any(self.region_pids(g) for g in owners.get(key, ()))
 
-        done = self.mps.reconcile(owners, busy)
+        try:
+            done = self.mps.reconcile(owners, busy)
+        except Exception as exc:  # noqa: BLE001 - see the docstring: whatever a tenant left in its daemon's
+            # folders (helper 41: a tree too deep to remove) must not fail every grant, release and reclaim
+            logging.getLogger("gpuslice.mps").warning("reconciling the MPS daemons failed: %r", exc)
+            self.mps_problems = {key: f"reconciling the MPS daemons: {exc!r}" for key in owners}
+            return None
         self.mps_problems = dict(done.problems)
         return done
 
