@@ -4,8 +4,10 @@ open and keeps every grant and waiter; a newer version is refused with a clear e
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,23 @@ def test_a_new_ledger_starts_at_the_current_version(tmp_path):
     ledger = Ledger(StateDir(tmp_path / "state"), DEVICES, node_name="n1")
     ledger.close()
     assert _raw(ledger.state) == (ledgerdb.SCHEMA_VERSION, [])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's ledger: the mode is set only when root opens it")
+def test_roots_ledger_and_its_wal_files_are_root_only(tmp_path):
+    """Readable by every user (the umask's 0644), the -shm file let anyone take a read lock on the WAL's write-lock
+    byte and fail every grant and release (helper 41): root's ledger, its -wal and -shm are 0600, and a ledger
+    made before is brought to 0600 on open."""
+    path = tmp_path / "ledger.db"
+    db = ledgerdb.connect(path)
+    with ledgerdb.immediate(db):
+        db.execute("INSERT INTO grants (id, record) VALUES ('g-probe', '{}')")
+    modes = {side: stat.S_IMODE(os.stat(f"{path}{side}").st_mode) for side in ("", "-wal", "-shm")}
+    assert modes == {"": 0o600, "-wal": 0o600, "-shm": 0o600}
+    db.close()
+    for side in ("", "-wal", "-shm"):
+        if os.path.exists(f"{path}{side}"):
+            os.chmod(f"{path}{side}", 0o644)
+    ledgerdb.connect(path).close()
+    assert all(stat.S_IMODE(os.stat(f"{path}{side}").st_mode) == 0o600 for side in ("", "-wal", "-shm")
+               if os.path.exists(f"{path}{side}"))

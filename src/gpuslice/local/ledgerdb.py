@@ -18,6 +18,7 @@ version  what changed
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -47,8 +48,31 @@ CREATE TABLE IF NOT EXISTS waiters (
 BUSY_TIMEOUT_S = 30.0
 
 
+def _root_only(path: Path) -> None:
+    """Root's ledger is root's alone (0600; SQLite makes its -wal and -shm files with the database's mode): users
+    reach it through the agent's socket. Readable by all (the umask's 0644), any user could take a POSIX read lock
+    on the WAL's write-lock byte in ``-shm`` and so make every grant, release and reclaim wait out the busy
+    timeout and fail, the agent stalled behind them (helper 41, stop 38). A file made before is brought to 0600."""
+    if os.geteuid() != 0:
+        return  # a user's own ledger, or a state dir its users chose to share: their umask's choice
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for side in ("-wal", "-shm"):
+        try:
+            os.chmod(f"{path}{side}", 0o600, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """Open (creating or migrating) the ledger at ``path``; :class:`LedgerError` naming the file if it cannot."""
+    try:
+        _root_only(path)
+    except OSError as exc:
+        raise LedgerError(f"cannot open the ledger {path}: {exc}") from None
     try:
         db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         try:
