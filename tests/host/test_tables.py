@@ -111,3 +111,22 @@ def test_fit_table_drops_highest_keep_first_and_never_keep_zero() -> None:
 def test_short_names_drop_the_shared_prefix() -> None:
     assert short_names(["openb_pod_list_default", "openb_pod_list_gpushare40"]) == ["default", "gpushare40"]
     assert short_names(["openb_pod_list_default"]) == ["openb_pod_list_default"]
+
+
+def test_a_tenants_text_is_shown_as_written_and_nothing_more(tmp_path: Path) -> None:
+    """A command line and an owner are anyone's to write: one with ``[/x]`` (rich markup) made ``ps`` and ``top``
+    fail for every user, and one with ESC sequences cleared and rewrote the screen of whoever ran them (helper
+    41). Both show as written, the control characters as escapes, at any width and with --wide."""
+    evil = "train.py [/x] [bold]big[/bold] \x1b[2J\x1b]0;owned\x07 \x9b"
+    grants = [Watched(Grant("g-0000000e", (Slice(DEVICES[0].uuid, 4 * GiB, 30),)), owner="eve[/]",
+                      region_file=str(tmp_path / "r"), created=time.time(), command=evil)]
+    waiter = Waiter(7, 1, time.time(), os.getpid(), 0, "mallory[/x]", Request(count=1, memory=parse_memory("4GiB")))
+    view = Monitor(DEVICES, "node-a").sample(grants, [waiter])
+    for width, wide in ((80, False), (200, True)):
+        console = Console(width=width, record=True, file=open(os.devnull, "w"), force_terminal=True)
+        print_table(console, view_renderable(view, wide), wide)
+        raw = console.export_text(styles=True)
+        assert "\x1b[2J" not in raw and "\x07" not in raw and "\x9b" not in raw
+    text = _render(view_renderable(view, True), 250, wide=True)
+    assert r"train.py [/x] [bold]big[/bold] \x1b[2J\x1b]0;owned\x07 \x9b" in text
+    assert "eve[/]" in text and "mallory[/x]" in text

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 from rich.console import Console, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -66,6 +67,17 @@ class Column:
     justify: str = "left"
     wrap: bool = False
     short: list[str] | None = None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def literal(text: str) -> str:
+    """A cell of text someone else wrote (a command line, an owner, a daemon's log line) shown as written and
+    nothing more: control characters as escapes (``\\x1b``, not an instruction to the reader's terminal) and
+    square brackets escaped (not rich markup). Unescaped, a command with ``[/x]`` made ``ps`` and ``top`` fail for
+    every user, and one with ESC sequences rewrote the screen of whoever ran them (helper 41, stop 38)."""
+    return escape(_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text))
 
 
 def _cell_width(text: str, wrap: bool) -> int:

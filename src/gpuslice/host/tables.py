@@ -16,7 +16,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpuslice.host.console import Column, fit_table
+from gpuslice.host.console import Column, fit_table, literal
 from gpuslice.host.monitor import NodeView
 from gpuslice.spec import human_bytes
 
@@ -45,7 +45,7 @@ def _set(share: int, whole: bool, engine: str = "timeslice") -> str:
 
 
 def _command(text: str, wide: bool) -> str:
-    return text if wide or len(text) <= COMMAND_SHORT else text[:COMMAND_SHORT - 1] + "…"
+    return literal(text if wide or len(text) <= COMMAND_SHORT else text[:COMMAND_SHORT - 1] + "…")
 
 
 def describe_request(r: dict) -> str:
@@ -78,7 +78,7 @@ def slices_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
     s = view.slices
     columns = [
         Column("grant", [x.grant_id for x in s]),
-        Column("owner", [x.owner for x in s], keep=4),  # keep: see the module's docstring
+        Column("owner", [literal(x.owner) for x in s], keep=4),  # keep: see the module's docstring
         Column("gpu", [str(x.device_index) for x in s], justify="right"),
         Column("memory\nused", [human_bytes(x.memory_used) for x in s], justify="right"),
         Column("limit", [human_bytes(x.memory_limit) for x in s], justify="right"),
@@ -115,7 +115,7 @@ def mps_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
         Column("pid", [str(d["pid"] or "-") for d in m], keep=2, justify="right"),
         Column("state", [d["state"] for d in m]),
         Column("restarts", [_restarts(d) for d in m], keep=1),
-        Column("last fault", [f if wide else f[:80] for f in last], keep=1, wrap=True),
+        Column("last fault", [literal(f if wide else f[:80]) for f in last], keep=1, wrap=True),
     ]
     return fit_table(columns, width, wide=wide, title="MPS daemons (spatial slices)", title_justify="left")
 
@@ -140,7 +140,7 @@ def queue_table(view: NodeView, width: int = 200, wide: bool = False) -> Table:
         indexes = w.get("device_indexes") or []
         devices = ",".join(str(x) if x >= 0 else "?" for x in indexes) if indexes else "any"
         age = w.get("age_seconds", max(0.0, view.time - w.get("enqueued", view.time)))
-        rows.append((str(w.get("position", i)), str(w["ticket"]), w["owner"], "high" if w["priority"] == 0 else "low",
+        rows.append((str(w.get("position", i)), str(w["ticket"]), literal(w["owner"]), "high" if w["priority"] == 0 else "low",
                      _age(age), devices, describe_request(w["request"])))
     spec = [("#", 0, "right", False), ("ticket", 2, "right", False), ("owner", 3, "left", False),
             ("priority", 1, "left", False), ("waiting", 0, "right", False), ("devices", 1, "left", False),
