@@ -10,6 +10,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from gpuslice.spec import SpecError
 
@@ -133,27 +134,51 @@ def real_uid(pid: int) -> int | None:
 
 def environ_has(pid: int, entry: str) -> bool | None:
     """Whether ``pid``'s environment (as it was exec'd) holds ``entry`` (``NAME=value``); None when it cannot
-    be read (another user's process, a setuid program), the process is gone, or it is in the middle of ``exec``.
+    be read (another user's process, a setuid program), the process is gone, or it is in the middle of ``exec``
+    (:func:`environments` says how that is told)."""
+    env = environments([pid])[pid]
+    return None if env is None else entry.encode() in env
+
+
+def environments(pids: Iterable[int]) -> dict[int, frozenset[bytes] | None]:
+    """Each pid's environment entries (as it was exec'd); None when it cannot be read (another user's process, a
+    setuid program), the process is gone, or it is in the middle of ``exec``.
 
     A process in the middle of ``exec`` reads an empty environment until the kernel has laid out its new stack,
     and its parent may already be back from ``Popen`` (the close-on-exec pipe closes first): a loaded 2-core CI
     box read a marked process as unmarked that way (stop 36). It is told from a process whose environment is
-    truly empty (``env -i``: a plain "no") by the environment's end address in its stat line, 0 until the kernel
+    truly empty (``env -i``: no entries) by the environment's end address in its stat line, 0 until the kernel
     has set it (:func:`_env_laid_out`), and by looking again: the kernel sets that address once before it copies
-    the environment's pointers, and the copy may finish between two reads."""
-    data = _environ(pid)
-    for _ in range(EMPTY_ENV_LOOKS):
-        if data != b"":
-            break
-        if not _env_laid_out(pid):
-            return None  # still being laid out
-        # env_end is set (to env_start) before the kernel copies the pointers and again after: an empty read
-        # after a set env_end is a truly empty environment only if it stays empty a little while
-        time.sleep(0.001)
+    the environment's pointers, and the copy may finish between two reads. The looks again are one wait for
+    all the pids asked about (up to EMPTY_ENV_LOOKS x 1 ms): a wait per process let a user with a few thousand
+    ``env -i`` processes add seconds to every ledger transaction that scanned them (helper 41, stop 38)."""
+    out: dict[int, frozenset[bytes] | None] = {}
+    pending = []
+    for pid in pids:
         data = _environ(pid)
-    if data is None:
-        return None
-    return entry.encode() in data.split(b"\0") if data else False
+        if data == b"" and _env_laid_out(pid):
+            pending.append(pid)  # empty and laid out: truly empty, or the pointers' copy is under way
+        else:
+            out[pid] = _entries(data)  # None also while still being laid out (env_end 0)
+    for _ in range(EMPTY_ENV_LOOKS):
+        if not pending:
+            break
+        time.sleep(0.001)
+        still = []
+        for pid in pending:
+            data = _environ(pid)
+            if data == b"":
+                still.append(pid)
+            else:
+                out[pid] = _entries(data)
+        pending = still
+    out.update((pid, frozenset()) for pid in pending)
+    return out
+
+
+def _entries(data: bytes | None) -> frozenset[bytes] | None:
+    """An environ file's entries; None for no answer, and for an empty read (not laid out yet)."""
+    return frozenset(data.split(b"\0")) - {b""} if data else None
 
 
 EMPTY_ENV_LOOKS = 3  # ~3 ms: longer than the kernel takes to lay out an environment, paid only by empty ones

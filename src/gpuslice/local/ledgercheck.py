@@ -85,10 +85,11 @@ def lost_grants(state: StateDir, recorded: set[str]) -> list[LostGrant]:
     if not folders:
         return []
     stats = procs.all_stats()
+    envs = procs.environments(s.pid for s in stats)  # each read once, one wait for all (procs.environments)
     out = []
     for folder in sorted(folders):
-        marker = f"GPUSLICE_SLICE={folder / 'slice'}"
-        out.append(LostGrant(folder.name, tuple(s.pid for s in stats if procs.environ_has(s.pid, marker))))
+        marker = f"GPUSLICE_SLICE={folder / 'slice'}".encode()
+        out.append(LostGrant(folder.name, tuple(s.pid for s in stats if marker in (envs[s.pid] or ()))))
     return out
 
 
