@@ -208,3 +208,37 @@ print(reads + errors)
                               [str(Path(__file__).resolve().parents[2] / "src"), os.environ.get("PYTHONPATH", "")])})
     assert done.returncode == 0, (done.returncode, done.stderr[-500:])  # -7 would be SIGBUS
     assert int(done.stdout) > 10
+
+
+def test_regions_held_odd_share_one_wait_within_a_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant may hold its regions' sequence odd on purpose; a monitor reading every grant's region under one
+    lock waited the timeout for each (40 such regions: 2 s a sample, every other user's API call behind it:
+    helper 41). Within ``wait_budget`` all reads together wait at most the budget, and each still returns its
+    copy, flagged; outside one, each region keeps its own timeout."""
+    from gpuslice.enforcer import region as mod
+
+    class Clock:  # the reader's clock, advanced only by its own sleeps: the waits are counted, not timed
+        t = 0.0
+
+        def monotonic(self) -> float:
+            return self.t
+
+        def sleep(self, d: float) -> None:
+            self.t += d
+
+    paths = []
+    for k in range(40):
+        paths.append(tmp_path / f"r{k}")
+        create_region(paths[-1], [U0], {U0: MiB})
+        with open(paths[-1], "r+b") as f:
+            f.seek(40)
+            f.write(struct.pack("<Q", 7))
+    clock = Clock()
+    monkeypatch.setattr(mod, "time", clock)
+    with mod.wait_budget(0.05):
+        snaps = [read_region(p, timeout=0.05) for p in paths]
+    assert clock.t < 0.05 + 0.001 and all(not s.consistent and s.limit(U0) == MiB for s in snaps)
+    clock.t = 0.0
+    read_region(paths[0], timeout=0.05)
+    read_region(paths[1], timeout=0.05)
+    assert clock.t >= 0.1  # no budget: each region its own timeout

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from gpuslice.enforcer import devstate as compute_state
+from gpuslice.enforcer.region import wait_budget
 from gpuslice.host import procs
 from gpuslice.host.mpsfleet import DaemonStatus, MpsDaemons
 from gpuslice.host.usage import GrantUsage, Watched, read_grant_usage
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 UsageReader = Callable[[Watched], GrantUsage]
 RATE_WINDOW_S = 2.0  # busy-time rates average over about this long
+REGION_WAIT_S = 0.05  # what one sample waits, all regions together, for seqlocks held odd (one region's timeout)
 
 
 class Waiting(Protocol):
@@ -138,8 +140,9 @@ class Monitor:
         paced = self._compute(errors)
         daemons, mps_faults = self._daemons(errors, now)
         stats = procs.all_stats() if grants else []
-        for watched in grants:
-            slices += self._slices(watched, paced, stats, now, errors, seen)
+        with wait_budget(REGION_WAIT_S):  # one budget for every region of the sample (region.wait_budget)
+            for watched in grants:
+                slices += self._slices(watched, paced, stats, now, errors, seen)
         slices = [_with_daemon(s, daemons) for s in slices]
         self._last = {k: v for k, v in self._last.items() if k in seen}
         return NodeView(time=now, node=self.node, devices=tuple(self._devices(slices)), slices=tuple(slices),
