@@ -39,3 +39,13 @@ def test_a_device_name_no_node_could_have_is_a_usage_error():
         with pytest.raises(SpecError) as err:
             device_names(bad)
         assert err.value.field == "device" and "device indexes (0,1) or UUIDs" in err.value.allowed
+
+
+def test_a_command_line_of_bytes_that_are_not_utf8_is_recorded_as_text_any_answer_can_carry():
+    """Python hands argv bytes that are not UTF-8 over as surrogate escapes; recorded as they are, no JSON answer
+    or table holding them could be encoded (helper 42). They are recorded as U+FFFD."""
+    from gpuslice.local.launcher import command_text
+
+    text = command_text(["python", "caf\udce9.py", "--x"])
+    assert text == "python 'caf\ufffd.py' --x" and text.encode("utf-8")
+    assert len(command_text(["x" * 600])) == 500

@@ -38,3 +38,19 @@ def test_ask_refuses_missing_fields():
         Ask.from_json({"owner": "x", "holder_start": 1, "request": {}})
     with pytest.raises(SpecError, match="compute"):
         Ask.from_json({"owner": "x", "holder_pid": 1, "holder_start": 1, "request": {"compute": 130}})
+
+
+def test_an_ask_with_text_utf8_cannot_carry_is_refused_naming_the_field():
+    """JSON's "\\udcff" decodes to a lone surrogate, which no UTF-8 answer can carry: stored as a command, it made
+    every agent answer that held it fail (ps, top and the dashboard, for every user: helper 42). It is refused at
+    the door, naming the field; a device name must be ASCII."""
+    base = {"holder_pid": 1, "holder_start": 1, "request": {}, "owner": "x"}
+    for field, value in (("command", "sleep \udcff"), ("owner", "\ud800x"), ("policy", "binpack\udcff")):
+        with pytest.raises(SpecError) as err:
+            Ask.from_json(json.loads(json.dumps({**base, field: value})))
+        assert err.value.field == field and "valid Unicode" in err.value.allowed
+        json.dumps(str(err.value)).encode("utf-8")  # the refusal itself can be sent
+    with pytest.raises(SpecError) as err:
+        Ask.from_json({**base, "devices": ["GPU-\udcff"]})
+    assert err.value.field == "devices"
+    assert Ask.from_json({**base, "command": "python zürich.py ✓"}).command == "python zürich.py ✓"

@@ -236,6 +236,9 @@ def _parse(path: str, data: bytes, consistent: bool) -> RegionSnapshot:
     return RegionSnapshot(path, h[1], h[11], tuple(devices), tuple(procs), consistent)
 
 
+FLOOR_S = 0.001  # what a read may wait for an odd sequence even when a wait_budget is spent
+
+
 class _WaitBudget:
     def __init__(self, seconds: float) -> None:
         self.left = seconds
@@ -279,10 +282,13 @@ def read_region(path: str | os.PathLike[str], timeout: float = 0.05) -> RegionSn
         # Magic and version first, so a file of another layout gets the version error, not a size one.
         _check_header(path, os.pread(fd, min(size, TOTAL_SIZE), 0))
         budget = _BUDGET.get()
-        wait = timeout if budget is None else max(0.0, min(timeout, budget.left))
+        # every read may wait FLOOR_S whatever the budget says (an honest writer holds the lock for microseconds,
+        # so a region caught mid-update still reads whole once the budget is gone: helper 42); only waiting
+        # beyond it is charged
+        wait = timeout if budget is None else min(timeout, max(FLOOR_S, budget.left))
         snap, waited = _copy(path, fd, wait)
         if budget is not None:
-            budget.left -= waited
+            budget.left -= max(0.0, waited - FLOOR_S)
         return snap
     finally:
         os.close(fd)

@@ -77,7 +77,12 @@ def literal(text: str) -> str:
     nothing more: control characters as escapes (``\\x1b``, not an instruction to the reader's terminal) and
     square brackets escaped (not rich markup). Unescaped, a command with ``[/x]`` made ``ps`` and ``top`` fail for
     every user, and one with ESC sequences rewrote the screen of whoever ran them (helper 41, stop 38)."""
-    return escape(_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text))
+    return escape(visible(text))
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters as escapes, for plain (non-markup) output of what others wrote."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _cell_width(text: str, wrap: bool) -> int:

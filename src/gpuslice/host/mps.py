@@ -28,6 +28,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,24 +46,31 @@ LEFT = ".left"  # beside the daemons' folders: tenant trees that could not be re
 
 def remove_tree(path: Path, aside: Path) -> None:
     """Remove ``path``, a folder its tenant can fill (a daemon's pipe, log and shm folders are the slice user's),
-    never raising: a reclaim or release pass must not fail because of what a tenant put there. A tree nested
-    deeper than Python's recursion limit (a tenant can make ~1,100 levels in seconds) made ``shutil.rmtree``
-    raise RecursionError through ``ignore_errors`` and, with it, every ledger transaction fail until an admin
-    removed the tree (helper 41, stop 38). What cannot be removed is renamed into ``aside`` (root's; one rename,
-    whatever the depth) so that a fresh folder can take its place; its inodes stay the tenant's, for an admin."""
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
-        pass
+    never raising and never waiting on what is inside: a reclaim or release pass, under the ledger's lock, must not
+    fail or stall because of what a tenant put there. It is renamed into ``aside`` (root's) at once, one step
+    whatever it holds, and deleted there by a background thread. Deleted in place, a tree nested deeper than
+    Python's recursion limit (a tenant makes ~1,100 levels in seconds) raised RecursionError through
+    ``ignore_errors`` and failed every ledger transaction (helper 41), and millions of files held the lock for
+    minutes (helper 42). What the thread cannot delete (such a deep tree) stays in ``aside`` for an admin (``rm
+    -rf`` walks any depth); a process that ends first leaves the rest there too."""
     if not os.path.lexists(path):
         return
+    target = aside / f"{path.parent.name}-{path.name}-{time.time_ns()}"
     try:
         aside.mkdir(mode=0o700, exist_ok=True)
-        target = aside / f"{path.parent.name}-{path.name}-{time.time_ns()}"
         os.rename(path, target)
-        log.warning("%s could not be removed (too deep, or not ours to remove): moved to %s", path, target)
     except OSError as exc:
-        log.warning("%s could not be removed or moved aside: %s", path, exc)
+        log.warning("%s could not be moved aside for removal: %s", path, exc)
+        return
+    threading.Thread(target=_delete, args=(target,), name="gpuslice-remove", daemon=True).start()
+
+
+def _delete(target: Path) -> None:
+    try:
+        shutil.rmtree(target, ignore_errors=True)
+    except RecursionError:
+        log.warning("%s is nested too deep to delete here: left for an admin (rm -rf)", target)
+
 
 CONTROL_ENV = "GPUSLICE_MPS_CONTROL"  # path of nvidia-cuda-mps-control (default: found on PATH)
 CONTROL_NAME = "nvidia-cuda-mps-control"

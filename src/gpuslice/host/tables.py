@@ -16,7 +16,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpuslice.host.console import Column, fit_table, literal
+from gpuslice.host.console import Column, fit_table, literal, visible
 from gpuslice.host.monitor import NodeView
 from gpuslice.spec import human_bytes
 
@@ -196,6 +196,6 @@ def view_renderable(view: NodeView, wide: bool = False) -> Fitted:
         if (view.backstop or {}).get("overruns") or (view.backstop or {}).get("unattributed"):
             parts.append(backstop_table(view, width, wide))
         if view.errors:  # what the node could not read (a region, a slice record file, a ledger row): never hidden
-            parts.append(Text("\n".join(f"problem: {e}" for e in view.errors), style="yellow"))
+            parts.append(Text("\n".join(f"problem: {visible(e)}" for e in view.errors), style="yellow"))
         return Group(*parts)
     return Fitted(build)

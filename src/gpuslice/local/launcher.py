@@ -403,4 +403,6 @@ def describe_grant(grant: GrantRecord) -> str:
 
 
 def command_text(cmd: Sequence[str]) -> str:
-    return shlex.join(cmd)[:500]
+    """The command line as the ledger shows it: its first 500 characters, bytes that are not UTF-8 (Python hands
+    them over as surrogate escapes) as U+FFFD, so every answer and table that carries it can be encoded."""
+    return shlex.join(cmd).encode("utf-8", "surrogateescape").decode("utf-8", "replace")[:500]

@@ -499,7 +499,6 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SlicePro
     pids it lists prove nothing (issue 15: a pid planted in a root grant's region made root kill it).
     """
     by_pid = {s.pid: s for s in stats}
-    marker = grant.marker.encode()
     ours: dict[int, procs.ProcStat] = {}
     unsure = 0
     if grant.child_pid > 0:
@@ -508,20 +507,20 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SlicePro
         if leader is not None and leader.start == grant.child_start:
             ours.update((s.pid, s) for s in members)
         elif leader is None:
-            envs = procs.environments(s.pid for s in members) if grant.marker else {}
+            envs = procs.marked((s.pid for s in members), [grant.marker]) if grant.marker else {}
             for s in members:
                 env = envs.get(s.pid)
                 if env is None:
                     unsure += 1
-                elif marker in env:
+                elif grant.marker in env:
                     ours[s.pid] = s
     if grant.marker:
         me = os.getpid()
         later = [s for s in stats if s.pid not in ours and s.pid != me and s.start >= grant.holder_start]
-        envs = procs.environments(s.pid for s in later)  # one wait for all (procs.environments)
+        envs = procs.marked((s.pid for s in later), [grant.marker])  # one wait for all (procs.marked)
         for s in later:
             env = envs[s.pid]
-            if env is not None and marker in env and _owners(grant, s.pid):
+            if env is not None and grant.marker in env and _owners(grant, s.pid):
                 ours[s.pid] = s
     if grant.uid > 0:  # a user's grant: never signal another user's process
         strangers = [pid for pid in ours if procs.uid_of(pid) not in (grant.uid, None)]

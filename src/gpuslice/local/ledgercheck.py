@@ -85,12 +85,10 @@ def lost_grants(state: StateDir, recorded: set[str]) -> list[LostGrant]:
     if not folders:
         return []
     stats = procs.all_stats()
-    envs = procs.environments(s.pid for s in stats)  # each read once, one wait for all (procs.environments)
-    out = []
-    for folder in sorted(folders):
-        marker = f"GPUSLICE_SLICE={folder / 'slice'}".encode()
-        out.append(LostGrant(folder.name, tuple(s.pid for s in stats if marker in (envs[s.pid] or ()))))
-    return out
+    markers = {folder: f"GPUSLICE_SLICE={folder / 'slice'}" for folder in sorted(folders)}
+    envs = procs.marked((s.pid for s in stats), markers.values())  # each read once, one wait for all
+    return [LostGrant(folder.name, tuple(s.pid for s in stats if marker in (envs[s.pid] or ())))
+            for folder, marker in markers.items()]
 
 
 def refusal(ledger: str, live: Sequence[LostGrant]) -> str:

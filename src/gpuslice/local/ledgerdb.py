@@ -52,19 +52,20 @@ def _root_only(path: Path) -> None:
     """Root's ledger is root's alone (0600; SQLite makes its -wal and -shm files with the database's mode): users
     reach it through the agent's socket. Readable by all (the umask's 0644), any user could take a POSIX read lock
     on the WAL's write-lock byte in ``-shm`` and so make every grant, release and reclaim wait out the busy
-    timeout and fail, the agent stalled behind them (helper 41, stop 38). A file made before is brought to 0600."""
+    timeout and fail, the agent stalled behind them (helper 41, stop 38). A file made before is brought to 0600;
+    a user who opened it while it was readable keeps that descriptor until the process ends (restart the machine's
+    users' processes, or the machine, after upgrading to be sure)."""
     if os.geteuid() != 0:
         return  # a user's own ledger, or a state dir its users chose to share: their umask's choice
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for side in ("-wal", "-shm"):
-        try:
-            os.chmod(f"{path}{side}", 0o600, follow_symlinks=False)
+    for name, create in ((str(path), os.O_CREAT), (f"{path}-wal", 0), (f"{path}-shm", 0)):
+        try:  # opened, not chmod'ed by name: chmod without following links is ENOTSUP before glibc 2.32 (helper 42)
+            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | create, 0o600)
         except FileNotFoundError:
-            pass
+            continue  # no -wal or -shm yet: SQLite makes them with the database's mode
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def connect(path: Path) -> sqlite3.Connection:

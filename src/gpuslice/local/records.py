@@ -89,7 +89,7 @@ class Ask:
                 raise SpecError(key, None, f"field {key} in the grant request")
         devices = data.get("devices") or []
         if not isinstance(devices, list) or len(devices) > MAX_DEVICE_LIST \
-                or not all(isinstance(d, str) and 0 < len(d) <= MAX_UUID for d in devices):
+                or not all(isinstance(d, str) and 0 < len(d) <= MAX_UUID and d.isascii() for d in devices):
             raise SpecError("devices", devices, f"a list of at most {MAX_DEVICE_LIST} device UUIDs "
                                                 f"(each at most {MAX_UUID} characters)")
         return cls(request=request_from_json(data.get("request", {})),
@@ -102,10 +102,21 @@ class Ask:
 
 
 def bounded_text(field_name: str, value: Any, limit: int) -> str:
-    """``value`` if it is a string of at most ``limit`` characters without NUL; SpecError naming the field."""
-    if not isinstance(value, str) or len(value) > limit or "\0" in value:
-        raise SpecError(field_name, value, f"a string of at most {limit} characters")
+    """``value`` if it is a string of at most ``limit`` characters without NUL that UTF-8 can carry (a lone
+    surrogate from JSON's ``\\udcff`` cannot: stored, it made every answer that held it fail, ``ps`` and the
+    dashboard for every user: helper 42); SpecError naming the field."""
+    if not isinstance(value, str) or len(value) > limit or "\0" in value or not _utf8(value):
+        raise SpecError(field_name, ascii(value) if isinstance(value, str) else value,
+                        f"a string of at most {limit} characters, valid Unicode, no NUL")
     return value
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
