@@ -41,7 +41,7 @@ from gpuslice.spec.files import open_regular
 
 log = logging.getLogger("gpuslice.mps")
 
-LEFT = ".left"  # beside the daemons' folders: tenant trees that could not be removed, moved out of every path
+LEFT = ".left"  # beside the daemons' folders: tenant trees being removed (remove_tree), out of every path
 
 
 def remove_tree(path: Path, aside: Path) -> None:
