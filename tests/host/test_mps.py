@@ -52,6 +52,25 @@ def test_start_answers_and_stop_leaves_nothing(control: MpsControl, root: Path) 
     assert not control.pipe_dir.exists() and not control.record_file.exists()
 
 
+def test_the_daemon_inherits_no_variable_of_its_starter_but_paths_and_locale(control: MpsControl,
+                                                                             monkeypatch) -> None:
+    """The daemon runs as the tenant, who reads its /proc/<pid>/environ: what the agent starting it holds in its
+    environment (a token, its configuration, a preload) must not be there; PATH and the daemon's own folders are."""
+    monkeypatch.setenv("GPUSLICE_AGENT_TOKEN", "s3cret")
+    monkeypatch.setenv("KUBECONFIG", "/root/.kube/admin.conf")
+    monkeypatch.setenv("LD_PRELOAD", "/opt/agent/libhook.so")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    pid = control.start()
+    try:
+        env = dict(e.split(b"=", 1) for e in (procs.PROC / str(pid) / "environ").read_bytes().split(b"\0") if e)
+    finally:
+        control.stop()
+    assert not {b"GPUSLICE_AGENT_TOKEN", b"KUBECONFIG", b"LD_PRELOAD"} & env.keys(), sorted(env)
+    assert env[b"PATH"] == os.environ["PATH"].encode() and env[b"LANG"] == b"C.UTF-8"
+    assert env[b"CUDA_MPS_PIPE_DIRECTORY"] == str(control.pipe_dir).encode()
+    assert env[b"CUDA_VISIBLE_DEVICES"] == DEV.encode()
+
+
 def test_a_crashed_daemon_is_seen_and_its_orphaned_server_and_stale_pipes_are_cleared(control: MpsControl,
                                                                                         root: Path) -> None:
     pid = control.start()

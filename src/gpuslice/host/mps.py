@@ -175,6 +175,14 @@ class DaemonRecord:
                    tenant=str(data.get("tenant", "")))
 
 
+# What an MPS daemon inherits of the environment of the process starting it (the agent, the ledger's `gpuslice run`,
+# the device plugin): where its programs and the driver's libraries are, and the locale. Nothing more: the daemon
+# runs as the tenant, who can read its /proc/<pid>/environ, and the agent's own variables (a kubeconfig path or
+# token, its configuration, the admin's shell) are not the tenant's to read (stop 39: the whole environment was
+# passed before). The daemon also gets CUDA_VISIBLE_DEVICES and its pipe and log folders (MpsControl.env).
+DAEMON_INHERITS = frozenset({"PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ"})
+
+
 class MpsControl:
     """The MPS control daemon of ``device`` for user ``uid`` (-1: the user running this code), in ``folder``.
 
@@ -212,8 +220,9 @@ class MpsControl:
         return self.folder / "daemon.json"
 
     def env(self) -> dict[str, str]:
-        """The daemon's environment (and that of control commands sent to it)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_MPS_", "LD_PRELOAD", "GPUSLICE_SLICE"))}
+        """The daemon's environment (and that of control commands sent to it): :data:`DAEMON_INHERITS` of this
+        process's, and where the daemon's pipes, logs and device are."""
+        env = {k: v for k, v in os.environ.items() if k in DAEMON_INHERITS}
         env.update(CUDA_MPS_PIPE_DIRECTORY=str(self.pipe_dir), CUDA_MPS_LOG_DIRECTORY=str(self.log_dir),
                    CUDA_VISIBLE_DEVICES=self.device)
         return env
