@@ -6,6 +6,8 @@ and test_dra_plugin.py."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -303,6 +305,12 @@ def test_unprepare_removes_everything_and_is_idempotent_even_without_the_checkpo
     state = tmp_path / "state" / "kube"
     (state / "regions" / "dra-c1" / "region").write_bytes(b"x")
     (state / "regions" / "dra-c1" / "link").symlink_to(tmp_path / "cdi")  # a container's mischief
+    fd = os.open(state / "regions" / "dra-c1", os.O_RDONLY)
+    for _ in range(1500):  # and folders nested past rmtree's recursion (it raised out of unprepare: helper 43)
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
     driver.cfg.checkpoint_path.unlink()  # unprepare must not need it
     _, fresh = make_driver(tmp_path)
     assert fresh.unprepare([ClaimRef("ml", "c1", "small")]) == {"c1": ""}
@@ -314,6 +322,8 @@ def test_unprepare_removes_everything_and_is_idempotent_even_without_the_checkpo
     assert "dra-c1" not in read_policies(tmp_path / "state" / "devices", H100[0].uuid)  # off the roster
     assert fresh.unprepare([ClaimRef("ml", "c1", "small")]) == {"c1": ""}
     assert fresh.unprepare([ClaimRef("ml", "never-seen", "x")]) == {"never-seen": ""}
+    assert all(n.startswith(("regions-dra-c1-", "grants-dra-c1-")) for n in os.listdir(state / ".left"))
+    subprocess.run(["rm", "-rf", "--", str(state / ".left")], check=True, timeout=60)  # GNU rm walks any depth
 
 
 def test_each_claim_is_answered_on_its_own(tmp_path: Path) -> None:

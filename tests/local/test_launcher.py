@@ -35,7 +35,7 @@ def test_a_device_name_no_node_could_have_is_a_usage_error():
 
     assert device_names("1, 0") == ["1", "0"] and device_names(None) == []
     assert device_names(f"{DEVICES[3].uuid},MIG-GPU-5f1d2a3b-aaaa-bbbb-cccc-0123456789ab/1/0")[1].endswith("/1/0")
-    for bad in ("abc", "0,,1", "0,", "-1", "GPU-", "gpu 0"):
+    for bad in ("abc", "0,,1", "0,", "-1", "GPU-", "gpu 0", "\u0661"):  # an Arabic-Indic one: not an index
         with pytest.raises(SpecError) as err:
             device_names(bad)
         assert err.value.field == "device" and "device indexes (0,1) or UUIDs" in err.value.allowed

@@ -1,5 +1,5 @@
 """write_atomic: readers see the old file or the new one, never a part, and a failed write leaves the old
-file and no temporary behind."""
+file and no temporary behind. remove_tree: a tenant's folder leaves its place in one step, or stays whole."""
 
 from __future__ import annotations
 
@@ -47,3 +47,23 @@ def test_a_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
         write_atomic(target, "naïve", encoding="ascii")
     assert target.read_text() == "old"
     assert os.listdir(tmp_path) == ["slice"]
+
+
+def test_remove_tree_moves_the_folder_aside_at_once_and_keeps_it_when_it_cannot(tmp_path: Path) -> None:
+    """remove_tree takes a tenant's folder out of its place in one rename (never a walk under the caller's lock) and
+    deletes it in the background; where it cannot move it (here the aside folder cannot be made) it says so with
+    False and leaves it whole, so a caller can report it and try again."""
+    from gpuslice.spec.files import LEFT, remove_tree
+
+    tree = tmp_path / "grants" / "g1"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "f").write_text("x")
+    (tree / "link").symlink_to(tmp_path / "grants")  # removed, never followed
+    assert remove_tree(tree, tmp_path / LEFT) is True
+    assert not tree.exists() and (tmp_path / "grants").is_dir()
+    assert all(n.startswith("grants-g1-") for n in os.listdir(tmp_path / LEFT))
+    assert remove_tree(tree, tmp_path / LEFT) is True  # nothing there: nothing to do
+    (tmp_path / "file").write_text("")
+    (tree / "sub").mkdir(parents=True)
+    assert remove_tree(tree, tmp_path / "file" / LEFT) is False
+    assert (tree / "sub").is_dir()

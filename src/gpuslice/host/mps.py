@@ -22,13 +22,11 @@ tests drive this class with a stand-in executable that behaves like the control 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,39 +35,7 @@ from typing import Callable, Mapping
 from gpuslice.host import procs
 from gpuslice.spec import Engine, GpusliceError, Priority, Slice
 from gpuslice.spec.model import Colocation
-from gpuslice.spec.files import open_regular
-
-log = logging.getLogger("gpuslice.mps")
-
-LEFT = ".left"  # beside the daemons' folders: tenant trees being removed (remove_tree), out of every path
-
-
-def remove_tree(path: Path, aside: Path) -> None:
-    """Remove ``path``, a folder its tenant can fill (a daemon's pipe, log and shm folders are the slice user's),
-    never raising and never waiting on what is inside: a reclaim or release pass, under the ledger's lock, must not
-    fail or stall because of what a tenant put there. It is renamed into ``aside`` (root's) at once, one step
-    whatever it holds, and deleted there by a background thread. Deleted in place, a tree nested deeper than
-    Python's recursion limit (a tenant makes ~1,100 levels in seconds) raised RecursionError through
-    ``ignore_errors`` and failed every ledger transaction (helper 41), and millions of files held the lock for
-    minutes (helper 42). What the thread cannot delete (such a deep tree) stays in ``aside`` for an admin (``rm
-    -rf`` walks any depth); a process that ends first leaves the rest there too."""
-    if not os.path.lexists(path):
-        return
-    target = aside / f"{path.parent.name}-{path.name}-{time.time_ns()}"
-    try:
-        aside.mkdir(mode=0o700, exist_ok=True)
-        os.rename(path, target)
-    except OSError as exc:
-        log.warning("%s could not be moved aside for removal: %s", path, exc)
-        return
-    threading.Thread(target=_delete, args=(target,), name="gpuslice-remove", daemon=True).start()
-
-
-def _delete(target: Path) -> None:
-    try:
-        shutil.rmtree(target, ignore_errors=True)
-    except RecursionError:
-        log.warning("%s is nested too deep to delete here: left for an admin (rm -rf)", target)
+from gpuslice.spec.files import LEFT, open_regular, remove_tree
 
 
 CONTROL_ENV = "GPUSLICE_MPS_CONTROL"  # path of nvidia-cuda-mps-control (default: found on PATH)

@@ -57,7 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from gpuslice.host.mps import LEFT, DaemonRecord, MpsControl, MpsError, find_control, remove_tree
+from gpuslice.host.mps import DaemonRecord, MpsControl, MpsError, find_control
+from gpuslice.spec.files import LEFT, remove_tree
 
 LOCK = ".lock"
 LOGS = "logs"

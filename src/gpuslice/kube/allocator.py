@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
 import threading
 import time
@@ -46,7 +45,7 @@ from gpuslice.spec import Device, Engine, GpusliceError, Slice, SpecError
 from gpuslice.enforcer.policy import (MAX_GRANTS_PER_DEVICE, SUFFIX as POLICY_SUFFIX, RosterChanges, reconcile_policies,
                                       write_policies)
 from gpuslice.enforcer.slicerecords import SHARED_MODE, prune_records, write_records
-from gpuslice.spec.files import write_atomic
+from gpuslice.spec.files import LEFT, remove_tree, write_atomic
 
 log = logging.getLogger("gpuslice.deviceplugin")
 
@@ -378,11 +377,10 @@ class Allocator:
                     continue
                 if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or now - st.st_mtime < older_than:
                     continue
-                try:  # fd-based on Linux: links inside are removed, not followed
-                    shutil.rmtree(path, ignore_errors=True)
-                except RecursionError:  # a tree too deep for Python 3.11's rmtree: the next ones still go
-                    continue
-                gone.add(name)
+                # a container writes in its region folder: moved aside at once, deleted in the background (links
+                # inside are removed, not followed; a tree too deep for rmtree stays in .left, no pass fails)
+                if remove_tree(path, root / LEFT):
+                    gone.add(name)
         return gone
 
     def response(self, grant: formats.ContainerGrant, mps: DaemonKey | None = None) -> dict[str, Any]:

@@ -44,7 +44,7 @@ grace_seconds = procs.grace_seconds  # $GPUSLICE_KILL_GRACE; the ledger's reclai
 # ------------------------------------------------------------------------------------------ devices
 # what a device can be called on any node: an index, or a GPU's or MIG instance's UUID as NVML spells them
 # (GPU-<hex groups>, MIG-<hex groups>, the older MIG-GPU-<uuid>/<gi>/<ci>)
-_DEVICE_NAME = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z/-]+")
+_DEVICE_NAME = re.compile(r"[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+")  # [0-9]: \d takes any script's digits
 
 
 def device_names(text: str | None) -> list[str]:

@@ -4,14 +4,26 @@
 the same directory, then rename): the slice files the enforcer reads, ``agent.json``, ``ld.so.preload``.
 ``open_regular``: a plain file only, never a link, FIFO or device (a tenant's planted name cannot steer or hang
 root). ``ensure_owned_file``: an empty file made ``O_EXCL`` and handed to its owner, or the owner's existing one
-kept (the per-slice record files, :mod:`gpuslice.enforcer.slicerecords`)."""
+kept (the per-slice record files, :mod:`gpuslice.enforcer.slicerecords`). ``remove_tree``: a folder a tenant
+could fill, moved aside at once and deleted in the background (MPS daemons' folders, Kubernetes grant folders)."""
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import shutil
 import stat
 import tempfile
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger("gpuslice.files")
+
+# The folder, beside the entries of a root-owned parent, where remove_tree moves tenant trees being removed: no
+# daemon, grant or claim is named so, so every listing of those entries passes it by.
+LEFT = ".left"
 
 
 def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644, encoding: str = "utf-8") -> None:
@@ -125,3 +137,34 @@ def _remove(dfd: int, name: str) -> bool:
     """Unlink ``name`` (never followed; a folder raises IsADirectoryError); False, for :func:`_keep_owned`."""
     os.unlink(name, dir_fd=dfd)
     return False
+
+
+def remove_tree(path: Path, aside: Path) -> bool:
+    """Remove ``path``, a folder a tenant can fill (an MPS daemon's pipe, log and shm folders are the slice user's;
+    a Kubernetes grant's region folder is the container's), never raising and never waiting on what is inside: a
+    pass under a lock (the ledger's, a claim's) must not fail or stall because of what a tenant put there. It is
+    renamed into ``aside`` (root's, on the same file system) at once, one step whatever it holds, and deleted
+    there by a background thread. Deleted in place, a tree nested deeper than Python's recursion limit (a tenant
+    makes ~1,100 levels in seconds) raised RecursionError through ``ignore_errors`` and failed every ledger
+    transaction (helper 41), and millions of files held the lock for minutes (helper 42). What the thread cannot
+    delete (such a deep tree) stays in ``aside`` for an admin (``rm -rf`` walks any depth); a process that ends
+    first leaves the rest there too. True when ``path`` is gone from its place (or never was); False when it
+    could not be moved (logged)."""
+    if not os.path.lexists(path):
+        return True
+    target = aside / f"{path.parent.name}-{path.name}-{time.time_ns()}"
+    try:
+        aside.mkdir(mode=0o700, exist_ok=True)
+        os.rename(path, target)
+    except OSError as exc:
+        log.warning("%s could not be moved aside for removal: %s", path, exc)
+        return False
+    threading.Thread(target=_delete, args=(target,), name="gpuslice-remove", daemon=True).start()
+    return True
+
+
+def _delete(target: Path) -> None:
+    try:
+        shutil.rmtree(target, ignore_errors=True)
+    except RecursionError:
+        log.warning("%s is nested too deep to delete here: left for an admin (rm -rf)", target)

@@ -22,7 +22,6 @@ know (an unknown claim is already unprepared: success). Both are idempotent; cal
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from collections import defaultdict
@@ -43,6 +42,7 @@ from gpuslice.kube.dra.claims import ClaimAllocation, claim_grant, grant_id, rea
 from gpuslice.kube.dra.resourceslice import DRIVER, Sharing, device_name, slice_devices
 from gpuslice.kube.resources import HighPriorityNamespaces
 from gpuslice.spec import ComputeMode, Device, Grant, GpusliceError, SpecError
+from gpuslice.spec.files import LEFT, remove_tree
 
 log = logging.getLogger("gpuslice.dra")
 
@@ -245,10 +245,11 @@ class DraDriver:
             remove_policies(paths["devices"], grant_id(ref.uid))
             remove_records(paths["devices"], grant_id(ref.uid))
             for folder in (paths["slice"].parent, paths["region"]):
-                # rmtree does not follow links (fd-based on Linux): what a container put in its region folder
-                # cannot point it elsewhere.
-                if folder.exists():
-                    shutil.rmtree(folder)
+                # the container writes in its region folder: moved aside at once and deleted in the background,
+                # never through a link inside; a tree too deep or too big to delete fails no unprepare (it raised
+                # RecursionError, or held the claim's lock for as long as it took)
+                if not remove_tree(folder, paths["region"].parent.parent / LEFT):  # kept: the kubelet asks again
+                    raise GpusliceError(f"claim {ref.uid}: {folder} could not be removed (the node's log says why)")
             if self.checkpoint.drop(ref.uid):
                 log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
         with self._guard:
