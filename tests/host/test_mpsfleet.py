@@ -12,6 +12,7 @@ import pytest
 
 from gpuslice.host.mps import MpsError
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons
+from deeptree import make_deep_tree, remove_any_depth
 from mpskit import failing_control, install_standin, mps_processes, short_root
 
 A = DaemonKey("GPU-aaaaaaaa-1111-2222-3333-444444444444")
@@ -250,31 +251,23 @@ def test_the_hold_is_bounded_whatever_troubles_json_or_the_clock_say(daemons: Mp
     assert daemons.held_for(A.name) == 0
 
 
-def _deep_tree(top: Path, levels: int = 1200) -> None:
-    """What a tenant can make in its own pipe or log folder in a second: folders nested deeper than Python's
-    recursion limit (made level by level through directory descriptors, as an attacker's loop would)."""
-    import os
-
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(levels):
-            os.mkdir("d", dir_fd=fd)
-            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    finally:
-        os.close(fd)
-
-
 def test_a_tree_too_deep_to_remove_in_a_daemons_folders_fails_no_pass(daemons: MpsDaemons, root: Path) -> None:
     """A tenant nested ~1,200 folders in its daemon's pipe and log folders (helper 41): shutil.rmtree raised
     RecursionError through ignore_errors and every ledger transaction failed with it. Now the daemon still stops,
     its folder goes (what could not be removed is moved into the root's .left, out of every path), its next start
     gets fresh folders, and the pass reports nothing raised."""
+    try:
+        _deep_trees_fail_no_pass(daemons, root)
+    finally:  # the fixture's own rmtree (and pytest's) would recurse as the product's did
+        daemons.stop_all()
+        remove_any_depth(daemons.root)
+
+
+def _deep_trees_fail_no_pass(daemons: MpsDaemons, root: Path) -> None:
     daemons.reconcile({A})
     ctl = daemons.control(A)
-    _deep_tree(ctl.pipe_dir)
-    _deep_tree(ctl.log_dir)
+    make_deep_tree(ctl.pipe_dir)
+    make_deep_tree(ctl.log_dir)
     done = daemons.reconcile(set())
     assert done.stopped == [A] and not daemons.folder(A).exists() and mps_processes(root) == []
     assert daemons.known() == {}  # .left is no daemon's folder
@@ -282,13 +275,10 @@ def test_a_tree_too_deep_to_remove_in_a_daemons_folders_fails_no_pass(daemons: M
     # the same for a running daemon's fresh start after a crash: its folders are made anew
     daemons.reconcile({A})
     ctl = daemons.control(A)
-    _deep_tree(ctl.pipe_dir)
+    make_deep_tree(ctl.pipe_dir)
     with contextlib.suppress(MpsError):
         ctl.query("standin_crash")
     done = daemons.reconcile({A})
     assert done.started == [A] and not (ctl.pipe_dir / "d").exists()
     daemons.stop_all()
     assert mps_processes(root) == []
-    import subprocess  # the fixture's own rmtree would recurse as the product's did: GNU rm walks any depth
-
-    subprocess.run(["rm", "-rf", "--", str(daemons.root / ".left")], check=True, timeout=60)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from deeptree import make_deep_tree, remove_any_depth
 from fakedra import FakeDraAPI, allocated_claim
 from gpuslice.enforcer.policy import read_policies
 from gpuslice.enforcer.slicefile import read_slice_file
@@ -305,13 +305,16 @@ def test_unprepare_removes_everything_and_is_idempotent_even_without_the_checkpo
     state = tmp_path / "state" / "kube"
     (state / "regions" / "dra-c1" / "region").write_bytes(b"x")
     (state / "regions" / "dra-c1" / "link").symlink_to(tmp_path / "cdi")  # a container's mischief
-    fd = os.open(state / "regions" / "dra-c1", os.O_RDONLY)
-    for _ in range(1500):  # and folders nested past rmtree's recursion (it raised out of unprepare: helper 43)
-        os.mkdir("d", dir_fd=fd)
-        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
-        os.close(old)
-    os.close(fd)
+    # and folders nested past rmtree's recursion (it raised out of every unprepare; stop 39)
+    make_deep_tree(state / "regions" / "dra-c1", 1500)
     driver.cfg.checkpoint_path.unlink()  # unprepare must not need it
+    try:
+        _unprepare_removes_everything(tmp_path, state)
+    finally:  # pytest's clean-up would recurse as rmtree does
+        remove_any_depth(state)
+
+
+def _unprepare_removes_everything(tmp_path: Path, state: Path) -> None:
     _, fresh = make_driver(tmp_path)
     assert fresh.unprepare([ClaimRef("ml", "c1", "small")]) == {"c1": ""}
     assert not (state / "grants" / "dra-c1").exists() and not (state / "regions" / "dra-c1").exists()
@@ -323,7 +326,6 @@ def test_unprepare_removes_everything_and_is_idempotent_even_without_the_checkpo
     assert fresh.unprepare([ClaimRef("ml", "c1", "small")]) == {"c1": ""}
     assert fresh.unprepare([ClaimRef("ml", "never-seen", "x")]) == {"never-seen": ""}
     assert all(n.startswith(("regions-dra-c1-", "grants-dra-c1-")) for n in os.listdir(state / ".left"))
-    subprocess.run(["rm", "-rf", "--", str(state / ".left")], check=True, timeout=60)  # GNU rm walks any depth
 
 
 def test_each_claim_is_answered_on_its_own(tmp_path: Path) -> None:

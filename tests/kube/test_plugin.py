@@ -362,7 +362,8 @@ def test_ended_pods_folders_are_pruned_and_a_tree_too_deep_stops_none_of_the_oth
     is moved aside into kube/.left at once (deleted there in the background; what is too deep stays for an admin):
     the deep one is gone from its place too, and the pass never waited on it."""
     import os
-    import subprocess
+
+    from deeptree import make_deep_tree, remove_any_depth
 
     from gpuslice.kube.allocator import Allocator
 
@@ -372,18 +373,15 @@ def test_ended_pods_folders_are_pruned_and_a_tree_too_deep_stops_none_of_the_oth
     kube = folder / "state" / "kube"
     for sub, name in (("regions", "k-deep"), ("grants", "k-old"), ("grants", "k-kept"), ("regions", "k-old")):
         (kube / sub / name).mkdir(parents=True)
-    fd = os.open(kube / "regions" / "k-deep", os.O_RDONLY)
-    for _ in range(3000):  # by descriptor: the path would pass PATH_MAX long before
-        os.mkdir("d", dir_fd=fd)
-        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
-        os.close(old)
-    os.close(fd)
-    gone = alloc.prune_grant_folders(["k-kept"], older_than=0, now=time.time() + 60)
-    assert set(gone) == {"k-old", "k-deep"}
-    assert sorted(os.listdir(kube / "grants")) == ["k-kept"] and os.listdir(kube / "regions") == []
-    # moved aside (what rmtree cannot delete stays there; Pythons whose rmtree walks any depth delete it too)
-    assert all(n.startswith(("regions-k-", "grants-k-")) for n in os.listdir(kube / ".left"))
-    subprocess.run(["rm", "-rf", "--", str(kube / ".left")], check=True, timeout=60)  # GNU rm walks any depth
+    try:
+        make_deep_tree(kube / "regions" / "k-deep", 3000)
+        gone = alloc.prune_grant_folders(["k-kept"], older_than=0, now=time.time() + 60)
+        assert set(gone) == {"k-old", "k-deep"}
+        assert sorted(os.listdir(kube / "grants")) == ["k-kept"] and os.listdir(kube / "regions") == []
+        # moved aside (what rmtree cannot delete stays there; Pythons whose rmtree walks any depth delete it too)
+        assert all(n.startswith(("regions-k-", "grants-k-")) for n in os.listdir(kube / ".left"))
+    finally:  # pytest's clean-up would recurse as rmtree does
+        remove_any_depth(kube)
 
 
 def test_ended_pods_record_files_are_pruned_with_their_folders(folder):

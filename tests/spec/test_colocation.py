@@ -22,6 +22,7 @@ def test_schedules_are_canonical(text: str, canonical: str) -> None:
 @pytest.mark.parametrize("text,why", [
     ("8-20", "spans"), ("8-25:10", "hours"), ("24-2:10", "hours"), ("5-5:10", "hours"), ("1-2:0", "percent"),
     ("1-2:101", "percent"), ("22-6:10,5-7:3", "overlap"), ("1-2:5;3-4:5", "spans"), (",", "span"), ("x", "spans"),
+    ("\u0668-20:30", "spans"),  # digits of another script: the C parser reads ASCII ones only
 ])
 def test_bad_schedules_name_the_field_and_what_is_allowed(text: str, why: str) -> None:
     with pytest.raises(SpecError) as e:

@@ -21,7 +21,7 @@ import re
 from gpuslice.spec.errors import SpecError
 
 MAX_SPANS = 24
-_SPAN = re.compile(r"(\d{1,3})-(\d{1,3}):(\d{1,3})")
+_SPAN = re.compile(r"([0-9]{1,3})-([0-9]{1,3}):([0-9]{1,3})")  # ASCII, as the enforcer's C parser
 
 
 class Colocation(str, enum.Enum):

@@ -365,7 +365,7 @@ class Device:
             raise SpecError("mig_enabled", self.mig_enabled, "true or false")
         if self.compute_mode not in COMPUTE_MODES:
             raise SpecError("compute_mode", self.compute_mode, "one of " + ", ".join(COMPUTE_MODES))
-        if not isinstance(self.compute_capability, str) or not re.fullmatch(r"(\d{1,3}\.\d{1,3})?",
+        if not isinstance(self.compute_capability, str) or not re.fullmatch(r"([0-9]{1,3}\.[0-9]{1,3})?",
                                                                             self.compute_capability):
             raise SpecError("compute_capability", self.compute_capability, "major.minor like 9.0, or empty (unknown)")
         self._check_mig()
