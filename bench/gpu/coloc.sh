@@ -14,7 +14,8 @@
 #        GS_COLOC_STEPS=1,2,3 GS_COLOC_MODES=alone,trainer,plain,preemptive GS_COLOC_BUDGET=420 bash bench/gpu/coloc.sh
 #            all three kinds, the modes that judge preemptive (24 phases, 2 ABBA repeats): ~7.5 minutes, one call
 #   GS_COLOC_MODES (all but tidal): a comma list of alone,trainer,plain,mps,preemptive,shared,spatial,tidal
-#   (opt-in: solo-mps, solo-spatial: the server alone as under mps / spatial; solo-trainer: the trainer alone as
+#   (opt-in: default: issue 13's commands as written, gpuslice run --priority high / low with no --engine, the
+#   engine gpuslice's choice and each process's grant line kept; solo-mps, solo-spatial: the server alone as under mps / spatial; solo-trainer: the trainer alone as
 #   under spatial, with GS_COLOC_SPATIAL_TRAINER_COMPUTE: what that SM cap costs it without a server; spatial-full:
 #   spatial with the trainer on every SM, --compute 100, to judge the yield cap within one run; spatial-gate:
 #   spatial with both processes asking for the yield gate, GPUSLICE_SPATIAL_YIELD=1; spatial-gate-full: the gate
@@ -23,7 +24,8 @@
 #   (no drain records) or -DGS_CTL_DRAIN_SPIN_NS=50000LL -DGS_CTL_DRAIN_POLL_NS=200000LL (fewer drain looks);
 #   preemptive-variant: preemptive on that build)
 #   (spatial: gpuslice's MPS engine, the trainer a below-normal client; needs the MPS binaries, as mps does).
-#   Every phase records the SM clock over its window (NVML): the table's "SM MHz" column.
+#   Every phase records the SM clock and NVML's memory utilization over its window: the table's "SM MHz" and
+#   "memory busy %" columns.
 #   GS_COLOC_SLOT (unset): the paired protocol: the trainer works in half the slots of this many seconds of one
 #   phase (Thue-Morse order, so a drift over the window cancels) and each co-located server is also judged against
 #   itself in the slots between (a table of its own; the server alone, split the same way, is the null). The

@@ -8,12 +8,17 @@ batch 32), ``decode`` (a decoder's loop of many tiny kernels, a sync per token).
   plain       both, no gpuslice (the driver time-slices the two contexts)
   mps         both as clients of a private MPS daemon (started by coloc.sh), the trainer at
               CUDA_MPS_CLIENT_PRIORITY=1 (below normal), the server at 0: the best MPS offers for priority
-  preemptive  gpuslice run --priority high (server) / --priority low (trainer), colocation preemptive (default)
+  preemptive  gpuslice run --engine timeslice --priority high (server) / --priority low (trainer), colocation
+              preemptive (default): the time-sliced engine's yield path
   shared      colocation shared, soft shares: the server gets its alone busy share x 1.25 + 5 points (what a
               user who measured it would set), the trainer the rest
   spatial     gpuslice run --engine spatial --priority high / low: both clients of the MPS daemon gpuslice starts for
               the device, the low-priority trainer below normal (CUDA_MPS_CLIENT_PRIORITY=1, set by gpuslice); only
               where the MPS binaries are (coloc.sh's private daemon started)
+  default     (only when named in --modes) issue 13's commands as a new user writes them: gpuslice run --priority
+              high / --priority low and nothing else; the engine is gpuslice's choice (--engine auto: spatial where
+              the node has MPS) and each process's grant line is kept in the raw results (what it chose); judged as
+              spatial
   spatial-full (only when named in --modes) spatial with the trainer's --compute 100: every SM, still a
               below-normal client (what gpuslice's yield cap, 60 % of the SMs for a yielding trainer started beside
               a high-priority slice, changes: spatial against spatial-full in the same ABBA run)
@@ -94,13 +99,13 @@ STARTUP_S = 11.5
 
 
 ALL_MODES = ("alone", "solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "trainer", "solo-trainer",
-             "plain", "mps", "preemptive", "preemptive-variant", "shared", "spatial", "spatial-full", "spatial-gate",
+             "plain", "mps", "preemptive", "preemptive-variant", "shared", "spatial", "default", "spatial-full", "spatial-gate",
              "spatial-gate-full", "spatial-gate-variant", "tidal")
-OPT_IN = ("solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "solo-trainer", "spatial-full",
+OPT_IN = ("solo-mps", "solo-mps-pinned", "solo-mps-enforced", "solo-spatial", "solo-trainer", "default", "spatial-full",
           "spatial-gate", "spatial-gate-full", "spatial-gate-variant", "preemptive-variant",
           "tidal")  # run only when named (tidal also by --tidal)
 # co-located spatial, judged alike
-SPATIAL_MODES = ("spatial", "spatial-full", "spatial-gate", "spatial-gate-full", "spatial-gate-variant")
+SPATIAL_MODES = ("spatial", "default", "spatial-full", "spatial-gate", "spatial-gate-full", "spatial-gate-variant")
 SOLO = {"solo-mps": "mps", "solo-mps-pinned": "mps", "solo-mps-enforced": "mps",
         "solo-spatial": "spatial"}  # the server alone, set up as in the co-located mode (Bench.command: how)
 SPATIAL_PINNED = "0=16384M"  # what gpuslice's spatial engine sets for the bench's --memory 16GiB (mps.client_env)
@@ -152,12 +157,16 @@ def runnable(mode: str, args: argparse.Namespace) -> bool:
 
 class ClockSampler(threading.Thread):
     """The GPU's SM clock (NVML, nvidia-ml-py) every `every` s from t0 to t0 + window: whether 'alone' ran at
-    lower clocks than the co-located phases (an idle GPU between requests may drop its clocks: issue 13)."""
+    lower clocks than the co-located phases (an idle GPU between requests may drop its clocks: issue 13). Also
+    NVML's memory utilization (the percent of its last sample period, 1/6-1 s, in which device memory was read
+    or written): how much the neighbour keeps the memory system busy, the leading suspect for what the spatial
+    engine's SM partition does not protect (a streaming neighbour cost the decoder 3.2 %, README Limits)."""
 
     def __init__(self, t0: float, window: float, index: int = 0, every: float = 0.05):
         super().__init__(daemon=True)
         self.t0, self.window, self.index, self.every = t0, window, index, every
         self.mhz: list[int] = []
+        self.mem: list[int] = []
         self.max_mhz: int | None = None
         self.error = ""
 
@@ -173,6 +182,7 @@ class ClockSampler(threading.Thread):
                     time.sleep(0.005)
                 while time.time() < self.t0 + self.window:
                     self.mhz.append(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+                    self.mem.append(pynvml.nvmlDeviceGetUtilizationRates(h).memory)
                     time.sleep(self.every)
             finally:
                 pynvml.nvmlShutdown()
@@ -183,7 +193,8 @@ class ClockSampler(threading.Thread):
         if not self.mhz:
             return {"error": self.error or "no samples"}
         return {"mean": round(statistics.fmean(self.mhz), 1), "min": min(self.mhz), "max": max(self.mhz),
-                "p10": sorted(self.mhz)[len(self.mhz) // 10], "n": len(self.mhz), "max_sm_mhz": self.max_mhz}
+                "p10": sorted(self.mhz)[len(self.mhz) // 10], "n": len(self.mhz), "max_sm_mhz": self.max_mhz,
+                "mem_util_pct": round(statistics.fmean(self.mem), 1) if self.mem else None}
 
 
 class Bench:
@@ -222,13 +233,15 @@ class Bench:
                 env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = SPATIAL_PINNED
             if variant == "solo-mps-enforced":  # a time-sliced slice keeps the caller's MPS pipe: the private daemon
                 return [sys.executable, "-m", "gpuslice.cli", "run", "--device", "0", "--memory", "16GiB",
-                        "--priority", "high", "--", *w], env
+                        "--engine", "timeslice", "--priority", "high", "--", *w], env
             return w, env
-        if mode not in ("preemptive", "shared", "tidal", "spatial"):
+        if mode not in ("preemptive", "shared", "tidal", "spatial", "default"):
             return w, env
         if variant.endswith("-variant"):  # both processes on the build with measurement switches
             env["GPUSLICE_ENFORCER_LIB"] = self.args.variant_lib
         opts = ["run", "--device", "0", "--memory", "16GiB", "--priority", "high" if role == "server" else "low"]
+        if mode in ("preemptive", "shared", "tidal"):  # the time-sliced engine, named (auto would choose spatial)
+            opts += ["--engine", "timeslice"]
         if mode == "spatial":  # gpuslice's MPS engine: the low-priority trainer a below-normal client of its daemon
             opts += ["--engine", "spatial"]
             if variant in ("spatial-gate", "spatial-gate-full", "spatial-gate-variant"):  # both ask for the yield gate
@@ -289,7 +302,8 @@ class Bench:
         clock = ClockSampler(t0, self.args.window)
         clock.start()
         time.sleep(0.5 + self.args.window / 2)
-        rec["paths"] = self.pacer_paths() if base_mode(mode) in ("preemptive", "shared", "tidal", "spatial") else {}
+        rec["paths"] = self.pacer_paths() if base_mode(mode) in ("preemptive", "shared", "tidal", "spatial",
+                                                                  "default") else {}
         for role, p in procs.items():
             try:
                 p.wait(timeout=self.args.window + 60)
@@ -299,6 +313,9 @@ class Bench:
             f = folder / f"out.{role}.json"
             rec[role] = json.loads(f.read_text()) if f.exists() else {"error": f"no result (exit {p.returncode})"}
             rec[role]["exit"] = p.returncode
+            grant = grant_line(self.logs / f"{kind}-{mode}-{rep}-{role}.log")
+            if grant:  # what gpuslice granted (its engine, its SM cap): the default mode's evidence
+                rec[role]["grant"] = grant
         clock.join(timeout=5)
         rec["sm_clock_mhz"] = clock.result()
         if mode == "alone" and "busy_fraction" in rec.get("server", {}):
@@ -314,6 +331,36 @@ class Bench:
         for kind, mode, rep in plan:
             self.run_phase(kind, mode, rep)
             (self.out / "coloc-raw.json").write_text(json.dumps(self.raw, indent=1))
+
+
+def grant_line(log: Path) -> str | None:
+    """The grant line `gpuslice run` wrote in a process's log (``gpuslice: grant g-…: <device> memory … compute
+    …``), without its prefix."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    lead = "gpuslice: grant g-"
+    return next((line.strip()[len("gpuslice: "):] for line in text.splitlines() if line.startswith(lead)), None)
+
+
+def chosen_engines(phs: list[dict], kind: str) -> list[str]:
+    """What gpuslice granted in the default mode's phases (no --engine): each role's engines, from its grant lines."""
+    got = [p for p in phs if p["kind"] == kind and p["mode"] == "default"]
+    if not got:
+        return []
+    said = []
+    for role in ("server", "trainer"):
+        lines = [p.get(role, {}).get("grant") for p in got]
+        engines = sorted({granted_engine(g) for g in lines if g})
+        said.append(f"the {role} {' / '.join(engines) or 'no grant line'} in {sum(1 for g in lines if g)} of "
+                    f"{len(got)} phases")
+    return [f"Default mode (issue 13's commands, no --engine): gpuslice granted {'; '.join(said)}.", ""]
+
+
+def granted_engine(line: str) -> str:
+    """The engine a grant line names: ``spatial`` (an MPS client: the line says so) or ``timeslice``."""
+    return "spatial" if "(spatial, MPS" in line else "timeslice"
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -455,6 +502,13 @@ def _clock(phs: list[dict], kind: str, mode: str) -> str:
     return f"{statistics.fmean(c['mean'] for c in ok):.0f} [min {min(c['min'] for c in ok)}]"
 
 
+def _mem_busy(phs: list[dict], kind: str, mode: str) -> str:
+    """NVML's memory utilization over the phase's window: mean of the repeats' means [their range], or '-'."""
+    got = [c["mem_util_pct"] for p in phs if p["kind"] == kind and p["mode"] == mode
+           for c in [p.get("sm_clock_mhz") or {}] if isinstance(c.get("mem_util_pct"), (int, float))]
+    return f"{statistics.fmean(got):.0f} [{min(got):.0f}-{max(got):.0f}]" if got else "-"
+
+
 def _fmt(v: list[float], ref: float | None = None, digits: int = 2, main: float | None = None) -> str:
     """main (default: the mean) [min-max of the repeats] (x ref)"""
     if not v:
@@ -491,8 +545,9 @@ def report(raw: dict) -> str:
                   f"Alone: the server keeps the device busy {100 * busy:.1f} % of the time (idle {100 * idle:.1f} %); "
                   f"between requests {100 * between:.1f} % of the time; trainer alone {talone:.2f} it/s, so the idle bound "
                   f"is {bound:.2f} it/s." if busy is not None and talone and between else "Alone: not measured.", "",
-                  "| mode | server p50 ms | server p99 ms | trainer it/s | trainer / idle bound | SM MHz | pacer paths |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| mode | server p50 ms | server p99 ms | trainer it/s | trainer / idle bound | SM MHz | memory busy % "
+                  "| pacer paths |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for mode in ALL_MODES:
             p50, p99 = _vals(phs, kind, mode, "server", "p50_ms"), _vals(phs, kind, mode, "server", "p99_ms")
             tr = _vals(phs, kind, mode, "trainer", "it_per_s")
@@ -502,8 +557,9 @@ def report(raw: dict) -> str:
             lines.append(f"| {mode} | {_fmt(p50, p50a if mode != 'alone' else None, main=_pooled(phs, kind, mode, 0.5))} | "
                          f"{_fmt(p99, p99a if mode != 'alone' else None, main=_pooled(phs, kind, mode, 0.99))} | {_fmt(tr, talone if mode != 'trainer' else None)} | "
                          f"{f'{_mean(tr) / bound:.2f}' if tr and bound and mode not in ('trainer', *SOLO_TRAINER) else '-'} | "
-                         f"{_clock(phs, kind, mode)} | {', '.join(paths) or '-'} |")
+                         f"{_clock(phs, kind, mode)} | {_mem_busy(phs, kind, mode)} | {', '.join(paths) or '-'} |")
         lines.append("")
+        lines += chosen_engines(phs, kind)
         lines += yield_table(phs, kind, raw.get("window_s"))
         lines += paired(phs, kind)
         goals += _goals(kind, phs, p50a, p99a, bound, talone, between)

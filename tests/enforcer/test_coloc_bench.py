@@ -146,7 +146,8 @@ def test_coloc_solo_mps_variants_split_the_spatial_engine() -> None:
     assert pinned == plain and env == {**env0, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": mod.SPATIAL_PINNED}
     enforced, env = bench.command("solo-mps-enforced", "server", "launch", Path("/f"))
     assert env == env0 and enforced[enforced.index("--") + 1:] == plain
-    assert enforced[enforced.index("--priority") + 1] == "high" and "--engine" not in enforced
+    # the time-sliced engine, named: without --engine a slice naming its priority is spatial where MPS is
+    assert enforced[enforced.index("--priority") + 1] == "high" and enforced[enforced.index("--engine") + 1] == "timeslice"
     ns = mod.argparse.Namespace(steps="1", reps=2, tidal=False, modes="", mps_pipe="/p", dry=False)
     assert not {m for _, m, _ in mod.phases(ns)} & {"solo-mps-pinned", "solo-mps-enforced"}
     ns.modes = "alone,solo-mps-pinned,solo-mps-enforced"
@@ -190,6 +191,39 @@ def test_coloc_spatial_full_is_spatial_with_the_trainer_on_every_sm() -> None:
     assert bench.command("spatial-full", "server", "decode", Path("/f")) == bench.command("spatial", "server", "decode", Path("/f"))
     ns = mod.argparse.Namespace(steps="3", reps=2, tidal=False, modes="spatial,spatial-full", mps_pipe="/p", dry=False)
     assert [m for _, m, _ in mod.phases(ns)] == ["spatial", "spatial-full", "spatial-full", "spatial"]
+
+
+def test_coloc_default_mode_runs_the_issues_commands_as_written(tmp_path: Path) -> None:
+    """default (opt-in) is issue 13's pair as a new user types it: `gpuslice run --priority high|low` with no
+    --engine (gpuslice chooses); preemptive, shared and tidal name the time-sliced engine they measure. What each
+    process was granted is read from its grant line and reported per role."""
+    mod = _bench_module()
+    bench = mod.Bench.__new__(mod.Bench)
+    bench.args = mod.argparse.Namespace(window=1, dry=False, mps_pipe="/p", spatial_trainer_compute=0)
+    bench.env, bench.busy = {}, {}
+    for role, prio in (("server", "high"), ("trainer", "low")):
+        cmd, _ = bench.command("default", role, "decode", Path("/f"))
+        opts = cmd[cmd.index("run"):cmd.index("--")]
+        assert opts == ["run", "--device", "0", "--memory", "16GiB", "--priority", prio]
+        spatial, _ = bench.command("spatial", role, "decode", Path("/f"))
+        assert spatial[spatial.index("--engine") + 1] == "spatial"
+        for mode in ("preemptive", "shared"):
+            cmd, _ = bench.command(mode, role, "decode", Path("/f"))
+            assert cmd[cmd.index("--engine") + 1] == "timeslice", (mode, cmd)
+    ns = mod.argparse.Namespace(steps="3", reps=2, tidal=False, modes="", mps_pipe="/p", dry=False)
+    assert "default" not in {m for _, m, _ in mod.phases(ns)}
+    log = tmp_path / "x.log"
+    log.write_text("warming\ngpuslice: grant g-1a2b: GPU-x memory 16.0 GiB compute: every SM, 60% beside a "
+                   "high-priority slice (spatial, MPS, below-normal client)\n{}\n")
+    line = mod.grant_line(log)
+    assert line.startswith("grant g-1a2b:") and mod.granted_engine(line) == "spatial"
+    assert mod.granted_engine("grant g-1: GPU-x memory 1.0 GiB compute unpaced") == "timeslice"
+    assert mod.grant_line(tmp_path / "none.log") is None
+    phs = [{"kind": "decode", "mode": "default", "rep": r, "server": {"grant": "grant g-2: GPU-x (spatial, MPS)"},
+            "trainer": {"grant": line}} for r in (0, 1)]
+    said = " ".join(mod.chosen_engines(phs, "decode"))
+    assert "the server spatial in 2 of 2 phases" in said and "the trainer spatial in 2 of 2 phases" in said
+    assert mod.chosen_engines(phs, "gpu") == []
 
 
 def _variant_bench():
@@ -392,7 +426,8 @@ def test_coloc_clock_sampler_reads_the_window(monkeypatch) -> None:
     calls = []
     fake = types.SimpleNamespace(NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
                                  nvmlDeviceGetHandleByIndex=lambda i: ("h", i),
-                                 nvmlDeviceGetMaxClockInfo=lambda h, c: 1980)
+                                 nvmlDeviceGetMaxClockInfo=lambda h, c: 1980,
+                                 nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=99, memory=40))
 
     def clock(h, c):
         calls.append(time.time())
@@ -407,7 +442,7 @@ def test_coloc_clock_sampler_reads_the_window(monkeypatch) -> None:
     res = s.result()
     assert calls and min(calls) >= t0 and max(calls) <= t0 + 0.3 + 0.05, (t0, calls)
     assert res["min"] == 1755 and res["max"] == 1980 and res["max_sm_mhz"] == 1980 and res["n"] == len(calls)
-    assert 1755 < res["mean"] < 1980
+    assert 1755 < res["mean"] < 1980 and res["mem_util_pct"] == 40
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails: no NVML
     s = mod.ClockSampler(time.time(), 0.05)
     s.start()
@@ -416,6 +451,7 @@ def test_coloc_clock_sampler_reads_the_window(monkeypatch) -> None:
     phs = [{"kind": "launch", "mode": "alone", "sm_clock_mhz": res}, {"kind": "launch", "mode": "plain",
                                                                       "sm_clock_mhz": {"error": "no samples"}}]
     assert mod._clock(phs, "launch", "alone").endswith(f"[min 1755]") and mod._clock(phs, "launch", "plain").startswith("n/a")
+    assert mod._mem_busy(phs, "launch", "alone") == "40 [40-40]" and mod._mem_busy(phs, "launch", "plain") == "-"
 
 
 def test_drain_cost_probe_builds_and_runs_every_scenario(native_build: Path, tmp_path: Path) -> None:

@@ -105,7 +105,9 @@ def run(
                                          "slice shares the device), else the whole device."),
     compute: str = typer.Option("0", "--compute", metavar="PCT",
                                 help="Compute share of each device in percent (0 = not paced)."),
-    priority: str = typer.Option("low", "--priority", metavar="high|low", help="high or low."),
+    priority: Optional[str] = typer.Option(None, "--priority", metavar="high|low",
+                                           help="high or low (default low). Naming it makes the default engine "
+                                           "spatial (see --engine)."),
     mode: str = typer.Option("hard", "--mode", metavar="hard|soft|off",
                              help="Compute sharing mode: hard, soft or off."),
     exclusive: bool = typer.Option(False, "--exclusive", help="Whole idle devices, shared with nobody."),
@@ -117,11 +119,15 @@ def run(
     policy: str = typer.Option("binpack", "--policy", metavar="POLICY",
                                help="Placement policy: binpack, spread, bestfit, fgd, "
                                "random, or node=<policy>,gpu=<policy>."),
-    engine: str = typer.Option("timeslice", "--engine", help="How the device's compute is shared: timeslice "
-                               "(launches paced, exact shares) or spatial (an MPS client: kernels of the device's "
-                               "spatial slices run at once, the share is its fraction of the SMs; one device; a low "
-                               "priority one with no share gets 60 % of the SMs if it starts beside a high priority "
-                               "one, --compute 100 keeps every SM)."),
+    engine: str = typer.Option("auto", "--engine", metavar="auto|timeslice|spatial",
+                               help="How the device's compute is shared: timeslice (launches paced, exact shares) or "
+                               "spatial (an MPS client: kernels of the device's spatial slices run at once, the share "
+                               "is its fraction of the SMs; one device; a low priority one with no share gets 60 % of "
+                               "the SMs if it starts beside a high priority one, --compute 100 keeps every SM). auto "
+                               "(default): spatial for a slice that names --priority and takes one device with no "
+                               "--compute share (a server and a trainer given priorities), where the node has MPS; "
+                               "timeslice otherwise; either takes the other engine where only that one fits (the "
+                               "device runs it)."),
     oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill|wait",
                                    help="When memory runs out: return the error (default); kill the process at "
                                    "the limit; or wait: an allocation that fits the slice but not the device (the "
@@ -148,15 +154,20 @@ def run(
     from gpuslice.host import procs
     from gpuslice.enforcer.library import find_enforcer
     from gpuslice.local.ledger import parse_policy
-    from gpuslice.local.records import Ask, OomPolicy
-    from gpuslice.spec import Request, SpecError
+    from gpuslice.local.records import ENGINE_AUTO, Ask, OomPolicy, auto_request
+    from gpuslice.spec import Engine, Request, SpecError
 
     _split_unit(memory, compute, cmd)
     try:  # values wrong whatever the node: usage errors
-        request = Request.from_mapping({"count": gpus, "memory": memory, "compute": compute,
-                                        "priority": priority, "mode": mode, "exclusive": exclusive,
-                                        "engine": engine, "colocation": colocation,
-                                        "tidal_schedule": tidal_schedule})
+        fields = {"count": gpus, "memory": memory, "compute": compute, "mode": mode, "exclusive": exclusive,
+                  "colocation": colocation, "tidal_schedule": tidal_schedule,
+                  **({} if priority is None else {"priority": priority})}
+        auto = engine.strip().lower() == ENGINE_AUTO
+        try:
+            named = None if auto else Engine.parse(engine)
+        except SpecError as exc:
+            raise SpecError("engine", engine, f"{ENGINE_AUTO} (the default) or {exc.allowed}") from None
+        request = auto_request(fields) if auto else Request.from_mapping({**fields, "engine": named})
         parse_policy(policy)
         oom = OomPolicy(oom_policy, None if oom_wait is None else _wait_ms(oom_wait))
         launcher.device_names(device)
@@ -175,7 +186,7 @@ def run(
         ask = Ask(request=request, owner=getpass.getuser(), holder_pid=os.getpid(),
                   holder_start=procs.start_time(os.getpid()), uid=os.getuid(),
                   devices=launcher.resolve_devices(device, devices), command=launcher.command_text(cmd),
-                  policy=policy, oom=oom)
+                  policy=policy, oom=oom, engine_auto=auto)
         code = launcher.run_command(service, ask, cmd, wait=wait, enforcer=enforcer, say=_say)
     except SpecError as exc:
         raise cli_spec_error(exc) from None

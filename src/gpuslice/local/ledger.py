@@ -60,7 +60,7 @@ from gpuslice.local.nofit import device_names, local_words
 from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
 from gpuslice.local.resize import Resized, evict, resized_request, share_live
 from gpuslice.host.usage import below_usage
-from gpuslice.placement import NodeState, NoFit, PlacementPolicy, place, resize, resized_slices
+from gpuslice.placement import NodeState, NoFit, Placement, PlacementPolicy, place, resize, resized_slices
 from gpuslice.placement.model import describe_free
 from gpuslice.spec import (
     Device, Engine, Grant, GpusliceError, HoldsGrant, Resize, SpecError, request_from_json, request_to_json,
@@ -85,6 +85,41 @@ def _no_region_pids(grant: GrantRecord) -> list[int]:
 def recorded_pids(grant: GrantRecord) -> list[int]:
     """The live pids the enforcer recorded in the grant's region (MPS client evidence, see RegionPids)."""
     return region_pids(grant.watched())
+
+
+log = logging.getLogger("gpuslice.ledger")
+
+
+class SpatialUnavailable(GpusliceError):
+    """A spatial grant whose device's MPS daemon could not be started (the message says why): nothing granted."""
+
+
+def place_ask(ask: Ask, nodes: Sequence[NodeState], policy: PlacementPolicy) -> tuple[Placement, Ask]:
+    """Placement of ``ask`` on ``nodes``, and the ask as placed. One whose engine was left to gpuslice
+    (``Ask.engine_auto``) and that fits only with the other engine (a device runs one engine at a time: the one
+    it would share runs the other) takes that one; where neither fits, the preferred engine's refusal is raised."""
+    try:
+        return place(ask.request, nodes, policy), ask
+    except NoFit as preferred:
+        other = _other_engine(ask)
+        if other is None:
+            raise
+        try:
+            return place(other.request, nodes, policy), other
+        except NoFit:
+            raise preferred from None
+
+
+def _other_engine(ask: Ask) -> Ask | None:
+    """The auto ask with the other engine, or None (its engine was named, or the other cannot serve it: a
+    spatial request covers one device, a tidal one needs the time-sliced engine)."""
+    if not ask.engine_auto:
+        return None
+    other = Engine.TIMESLICE if ask.request.engine is Engine.SPATIAL else Engine.SPATIAL
+    try:
+        return replace(ask, request=replace(ask.request, engine=other))
+    except SpecError:
+        return None
 
 
 class Ledger:
@@ -165,9 +200,24 @@ class Ledger:
 
         Raises :class:`SpecError` (naming the field) for a request that cannot fit even on an empty node,
         and :class:`NoFit` when it does not fit now and ``wait`` is false. A compute-only request is granted
-        the same fraction of each device's memory (:meth:`Request.with_default_memory`), and recorded so."""
+        the same fraction of each device's memory (:meth:`Request.with_default_memory`), and recorded so. An
+        ask whose engine was left to gpuslice (``Ask.engine_auto``) and placed spatial whose MPS daemon cannot
+        start is granted time-sliced instead (the failure is logged): the default never fails where the
+        time-sliced engine would serve."""
+        try:
+            return self._acquire(ask, wait=wait, ticket=ticket)
+        except SpatialUnavailable as exc:
+            if not ask.engine_auto:
+                raise
+            log.warning("engine auto: %s; granting the time-sliced engine instead", exc)
+            timesliced = replace(ask, request=replace(ask.request, engine=Engine.TIMESLICE), engine_auto=False)
+            return self._acquire(timesliced, wait=wait, ticket=ticket)
+
+    def _acquire(self, ask: Ask, *, wait: bool, ticket: int | None) -> GrantRecord | Queued:
         ask = replace(ask, request=ask.request.with_default_memory())
         policy = parse_policy(ask.policy)
+        if ask.engine_auto and not self.mps.available():  # no MPS here: the time-sliced engine, no other
+            ask = replace(ask, request=replace(ask.request, engine=Engine.TIMESLICE), engine_auto=False)
         if ask.request.engine is Engine.SPATIAL and not self.mps.available():
             raise SpecError("engine", "spatial", "timeslice on this node: it has no nvidia-cuda-mps-control (the "
                             "driver's MPS binaries; GPUSLICE_MPS_CONTROL names another path)")
@@ -189,7 +239,7 @@ class Ledger:
             granted = self._grants(db)
             node = self.node_state([*granted, *(b.grant for b in self._bad if b.grant is not None)], ask.devices)
             try:
-                placed = place(ask.request, [restrict(node, drop=reserved)], policy)
+                placed, ask = place_ask(ask, [restrict(node, drop=reserved)], policy)
             except NoFit as exc:
                 reason, plain = self._why_waiting(ask, node, policy, len(ahead))
                 if not wait:
@@ -217,7 +267,7 @@ class Ledger:
                     self.mps.ensure(key)
             except MpsError as exc:
                 remove_grant_files(record.grant_id, self.state)
-                raise GpusliceError(f"engine spatial: {exc}") from None
+                raise SpatialUnavailable(f"engine spatial: {exc}") from None
             except BaseException:
                 remove_grant_files(record.grant_id, self.state)
                 raise
@@ -246,7 +296,7 @@ class Ledger:
         placement's own reason when it does not fit even ignoring the queue (None: only waiters ahead of it
         hold it back)."""
         try:
-            place(ask.request, [node], policy)
+            place_ask(ask, [node], policy)
         except NoFit as plain:  # it does not fit even ignoring the queue: say what is free
             text = (f"{local_words(plain.reason, node, self.devices)}; "
                     f"free now: {describe_free(node, device_names(self.devices))}")

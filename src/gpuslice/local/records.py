@@ -7,12 +7,12 @@ other wire.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
 
 from gpuslice.host.usage import Watched
 from gpuslice.spec import (
-    Grant, HoldsGrant, Request, SpecError, grant_from_json, grant_to_json, request_from_json, request_to_json, whole_number,
+    Colocation, Engine, Grant, HoldsGrant, Request, SpecError, grant_from_json, grant_to_json, request_from_json, request_to_json, whole_number,
 )
 
 
@@ -62,7 +62,11 @@ class OomPolicy:
 
 @dataclass(frozen=True)
 class Ask:
-    """A request plus who asks: the holder process (pid + start time) keeps the grant alive."""
+    """A request plus who asks: the holder process (pid + start time) keeps the grant alive.
+
+    ``engine_auto``: the engine was left to gpuslice (``gpuslice run`` without ``--engine``, ``"engine": "auto"``
+    in a socket API request): ``request.engine`` is the one :func:`auto_request` prefers, and the ledger takes the
+    other where only that one fits (the device runs it) and timeslice on a node without MPS."""
 
     request: Request
     owner: str
@@ -73,11 +77,13 @@ class Ask:
     command: str = ""
     policy: str = "binpack"
     oom: OomPolicy = field(default_factory=lambda: OomPolicy())
+    engine_auto: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"request": request_to_json(self.request), "owner": self.owner, "holder_pid": self.holder_pid,
                 "holder_start": self.holder_start, "uid": self.uid, "devices": list(self.devices),
-                "command": self.command, "policy": self.policy, **self.oom.to_json()}
+                "command": self.command, "policy": self.policy, **self.oom.to_json(),
+                **({"engine_auto": True} if self.engine_auto else {})}
 
     @classmethod
     def from_json(cls, data: Any) -> "Ask":
@@ -92,13 +98,45 @@ class Ask:
                 or not all(isinstance(d, str) and 0 < len(d) <= MAX_UUID and d.isascii() for d in devices):
             raise SpecError("devices", devices, f"a list of at most {MAX_DEVICE_LIST} device UUIDs "
                                                 f"(each at most {MAX_UUID} characters)")
-        return cls(request=request_from_json(data.get("request", {})),
+        request, auto = _request_and_auto(data)
+        return cls(request=request, engine_auto=auto,
                    owner=bounded_text("owner", data["owner"], MAX_OWNER),
                    holder_pid=whole_number("holder_pid", data["holder_pid"], 1, PID_MAX),
                    holder_start=whole_number("holder_start", data["holder_start"], 0, MAX_TICKS),
                    uid=whole_number("uid", data.get("uid", -1), -1, MAX_UID),
                    devices=tuple(devices), command=bounded_text("command", data.get("command", ""), MAX_COMMAND),
                    policy=bounded_text("policy", data.get("policy", "binpack"), MAX_POLICY), oom=OomPolicy.from_json(data))
+
+
+ENGINE_AUTO = "auto"  # the engine left to gpuslice: a front end's word (CLI, socket API), never on a slice's wire
+
+
+def auto_request(fields: Mapping[str, Any]) -> Request:
+    """The request an engine left to gpuslice means, from its fields as given (the CLI's options, a socket API
+    request; any "engine" among them is ignored). ``spatial`` when it names a priority (high or low) and takes
+    one device with no compute share of its own and no exclusivity, co-locating ``preemptive`` (the default):
+    issue 13's pair, a server and a trainer given only priorities, whose time-sliced form costs the server a
+    context switch per gap and the trainer most of its time (README Limits; H100 2026-12-06: the trainer at 0.32
+    of its idle bound beside a decoder) where MPS runs both at once, the low one a below-normal client on 60 %
+    of the SMs. ``timeslice`` for anything else: a slice that names no priority keeps exact, paced shares."""
+    request = Request.from_mapping({k: v for k, v in fields.items() if k != "engine"})
+    named = fields.get("priority") is not None
+    if named and request.count == 1 and request.compute == 0 and not request.exclusive \
+            and request.colocation is Colocation.PREEMPTIVE:
+        return replace(request, engine=Engine.SPATIAL)
+    return request
+
+
+def _request_and_auto(data: dict) -> tuple[Request, bool]:
+    """An Ask's request and whether its engine was left to gpuslice: ``"engine": "auto"`` in the request (an API
+    client's), or ``"engine_auto": true`` beside a request whose engine is the preferred one (gpuslice run's)."""
+    raw = data.get("request", {})
+    if isinstance(raw, dict) and isinstance(raw.get("engine"), str) and raw["engine"].strip().lower() == ENGINE_AUTO:
+        return auto_request({k: v for k, v in raw.items() if v is not None}), True
+    auto = data.get("engine_auto", False)
+    if not isinstance(auto, bool):
+        raise SpecError("engine_auto", auto, "true or false")
+    return request_from_json(raw), auto
 
 
 def bounded_text(field_name: str, value: Any, limit: int) -> str:
