@@ -171,7 +171,7 @@ log "results: $RES"
 echo
 echo "== co-location on $GPU ($(( $(date +%s) - T0 )) s)"
 # (not the yield-split table's rows: " % |" cells, whose header this short table leaves out)
-grep -E '^(###|\| (alone|solo-mps|solo-spatial|trainer|solo-trainer|plain|mps|preemptive|shared|spatial|spatial-full|tidal) )' "$W/coloc.md" 2>/dev/null \
+grep -E '^(###|\| (alone|solo-mps|solo-spatial|trainer|solo-trainer|plain|mps|preemptive|shared|spatial|default|spatial-full|tidal) )' "$W/coloc.md" 2>/dev/null \
   | grep -v ' % |' | cut -c1-150
 grep -E 'MISSED|: met' "$W/coloc.md" 2>/dev/null | sed 's/^- /  /' | cut -c1-200
 if [ "${GS_COLOC_TAR:-1}" = 1 ] && tar czf "$OUT/$NAME-raw.tgz" -C "$OUT" coloc-run; then rm -rf "$W"; fi
