@@ -325,7 +325,8 @@ def _unprepare_removes_everything(tmp_path: Path, state: Path) -> None:
     assert "dra-c1" not in read_policies(tmp_path / "state" / "devices", H100[0].uuid)  # off the roster
     assert fresh.unprepare([ClaimRef("ml", "c1", "small")]) == {"c1": ""}
     assert fresh.unprepare([ClaimRef("ml", "never-seen", "x")]) == {"never-seen": ""}
-    assert all(n.startswith(("regions-dra-c1-", "grants-dra-c1-")) for n in os.listdir(state / ".left"))
+    assert all(n.startswith("regions-dra-c1-") for n in os.listdir(state / "regions" / ".left"))
+    assert all(n.startswith("grants-dra-c1-") for n in os.listdir(state / "grants" / ".left"))
 
 
 def test_each_claim_is_answered_on_its_own(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from gpuslice.local.ledger import Ledger
 from gpuslice.local.paths import StateDir
 from gpuslice.local.records import Ask, GrantRecord, auto_request
 from gpuslice.placement import NoFit
-from gpuslice.spec import Engine, GpusliceError, SpecError
+from gpuslice.spec import Engine, GpusliceError, Priority, Request, SpecError, parse_memory
 from mpskit import failing_control, install_standin, mps_processes, short_root
 from nodekit import AgentProcess, gpuslice
 from gpuslice.host.devices import load_snapshot
@@ -39,10 +39,10 @@ def ledger(root: Path) -> Ledger:
                                                                  start_timeout=10))
 
 
-def auto(devices: tuple[str, ...] = (), **fields) -> Ask:
+def auto(devices: tuple[str, ...] = (), uid: int = -1, **fields) -> Ask:
     """An ask as `gpuslice run` builds it without --engine: the preferred engine, engine_auto set."""
     return Ask(request=auto_request({"memory": "4GiB", **fields}), owner="t", holder_pid=os.getpid(),
-               holder_start=procs.start_time(os.getpid()), devices=devices, engine_auto=True)
+               holder_start=procs.start_time(os.getpid()), devices=devices, engine_auto=True, uid=uid)
 
 
 @pytest.mark.parametrize("fields,engine", [
@@ -85,6 +85,61 @@ def test_the_pair_given_only_priorities_shares_one_device_through_mps(ledger: Le
     assert mps_processes(root) == []
 
 
+def test_the_default_never_joins_another_users_mps_daemon(root: Path) -> None:
+    """MPS serves each user apart: another user's spatial slice on the device is time-sliced against this user's
+    daemon with no priority between them. A default ask is spatial only where no other user's spatial slice is,
+    and does not join one by the other-engine rule either (that user's high-priority server would be disturbed
+    as by plain time-slicing); a named --engine spatial still may. (Root runs each daemon as its user: the
+    stand-in and its interpreter are ones they may run.)"""
+    from tenantkit import tenant_python
+
+    if os.geteuid() != 0:
+        pytest.skip("daemons of two users: needs root")
+    root.chmod(0o755)
+    state = StateDir(root / "s")
+    ledger = Ledger(state, DEVICES, node_name="n1",
+                    mps=MpsDaemons(state.mps, install_standin(root / "bin", tenant_python()), start_timeout=10))
+    alice = ledger.acquire(auto(devices=(GPU0,), uid=1001, priority="high"))
+    assert alice.slices[0].engine is Engine.SPATIAL
+    for fields in ({"priority": "low"}, {}):  # bob's trainer, bob's plain job: both refused on alice's device
+        with pytest.raises(NoFit, match="spatial"):
+            ledger.acquire(auto(devices=(GPU0,), uid=1002, **fields))
+    trainer = ledger.acquire(auto(uid=1002, priority="low"))  # anywhere: a device of bob's own
+    assert trainer.slices[0].engine is Engine.SPATIAL and trainer.uuids != alice.uuids
+    assert len(mps_processes(root)) == 2
+    own = ledger.acquire(auto(devices=(GPU0,), uid=1001))  # alice's own plain job joins her daemon
+    assert own.slices[0].engine is Engine.SPATIAL and own.mps_pipe_dir == alice.mps_pipe_dir
+    named = Ask(request=Request(memory=parse_memory("4GiB"), engine=Engine.SPATIAL), owner="bob", holder_pid=os.getpid(), holder_start=procs.start_time(os.getpid()), devices=(GPU0,),
+                uid=1002)
+    assert ledger.acquire(named).uuids == alice.uuids  # named: bob's choice, as before
+    for g in ledger.grants():
+        ledger.release(g.grant_id)
+    assert mps_processes(root) == []
+
+
+def test_a_compute_share_keeps_its_engine(ledger: Ledger) -> None:
+    """A share of the device's time (time-sliced) would become a share of its SMs if the default took the spatial
+    engine where a device runs it: such a request keeps its engine and is refused there, saying why."""
+    pair = ledger.acquire(auto(devices=(GPU0,), priority="high"))
+    with pytest.raises(NoFit, match="spatial"):
+        ledger.acquire(auto(devices=(GPU0,), compute=30, mode="soft"))
+    ledger.release(pair.grant_id)
+
+
+def test_the_wire_says_auto_and_reads_back_the_same_ask() -> None:
+    """An auto ask travels as "engine": "auto" (an agent that predates it refuses it, naming the field) and reads
+    back as the same ask, the priority it counted as named included."""
+    for fields in ({"priority": "high"}, {"priority": "low"}, {}, {"priority": "high", "compute": 30},
+                   {"priority": "low", "compute": 30}, {"count": 2, "priority": "high"}):
+        ask = auto(**fields)
+        wire = ask.to_json()
+        assert wire["request"]["engine"] == "auto" and "engine_auto" not in wire
+        assert Ask.from_json(wire) == ask, fields
+    plain = Ask(request=Request(memory=parse_memory("4GiB"), priority=Priority.HIGH), owner="t", holder_pid=1,
+                holder_start=0)
+    assert "engine" not in plain.to_json()["request"] and Ask.from_json(plain.to_json()) == plain
+
+
 def test_without_mps_or_with_a_daemon_that_cannot_start_the_default_is_time_sliced(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUSLICE_MPS_CONTROL", raising=False)
@@ -92,8 +147,8 @@ def test_without_mps_or_with_a_daemon_that_cannot_start_the_default_is_time_slic
     bare = Ledger(StateDir(root / "bare"), DEVICES)
     got = bare.acquire(auto(priority="high"))
     assert got.slices[0].engine is Engine.TIMESLICE and got.request.engine is Engine.TIMESLICE
-    named = Ask(request=got.request.__class__(engine=Engine.SPATIAL), owner="t", holder_pid=os.getpid(),
-                holder_start=procs.start_time(os.getpid()))
+    named = Ask(request=Request(memory=parse_memory("4GiB"), engine=Engine.SPATIAL), owner="t",
+                holder_pid=os.getpid(), holder_start=procs.start_time(os.getpid()))
     with pytest.raises(SpecError) as info:  # a named spatial engine is still refused, saying why
         bare.acquire(named)
     assert info.value.field == "engine" and "no nvidia-cuda-mps-control" in info.value.allowed
@@ -127,6 +182,7 @@ def test_run_without_engine_gives_a_priority_slice_its_mps_client_settings(env: 
     assert proc.returncode == 0, err
     assert "CUDA_MPS_CLIENT_PRIORITY=1" in out.splitlines() and "CUDA_MPS_PIPE_DIRECTORY=" in out
     assert "(spatial, MPS, below-normal client)" in err
+    assert "gpuslice's choice (--engine auto)" in err and "--engine timeslice keeps" in err
     proc = gpuslice("run", "--memory", "1GiB", "--", "sh", "-c", show, env=env)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err

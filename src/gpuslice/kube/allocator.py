@@ -377,9 +377,10 @@ class Allocator:
                     continue
                 if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or now - st.st_mtime < older_than:
                     continue
-                # a container writes in its region folder: moved aside at once, deleted in the background (links
-                # inside are removed, not followed; a tree too deep for rmtree stays in .left, no pass fails)
-                if remove_tree(path, root / LEFT):
+                # moved aside at once into .left beside it (the same file system; not a k- name, so no pass takes
+                # it for a grant), deleted in the background: links inside are removed, not followed, and a tree
+                # too deep for rmtree stays there, failing no pass
+                if remove_tree(path, root / sub / LEFT):
                     gone.add(name)
         return gone
 

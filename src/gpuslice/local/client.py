@@ -15,8 +15,7 @@ and the caller's own (the waiter's holder process). A bare number of ``request.m
 ``slice_file``, ``region_file``, ``ending_since``, and ``mps_pipe_dir`` for a spatial grant, ``generation``
 once resized, ``oom_policy``/``oom_wait_ms`` when not the default). An Ask's ``request`` may say
 ``"engine": "spatial"`` (MPS-backed; one device) or ``"engine": "auto"`` (gpuslice chooses as ``gpuslice run``
-without ``--engine`` does: records.auto_request; with no "engine" the request is time-sliced, as before; an Ask
-built that way may instead carry ``"engine_auto": true`` beside a request naming the preferred engine),
+without ``--engine`` does: records.auto_request; a request with no "engine" is time-sliced, as before),
 ``"colocation": "preemptive"|"shared"|"tidal"``
 and ``"tidal_schedule": "8-20:30,20-8:100"`` (issue 13; refusals name the field and what is allowed); an Ask may
 carry ``"oom_policy": "return"|"kill"|"wait"`` and, with wait, ``"oom_wait_ms"`` (0..86400000).

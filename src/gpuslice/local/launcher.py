@@ -316,6 +316,10 @@ def run_command(service: GrantService, ask: Ask, cmd: Sequence[str], *, wait: bo
         return 130
     try:
         say(describe_grant(grant))
+        if ask.engine_auto and any(s.engine.value == "spatial" for s in grant.slices):
+            say("engine spatial, gpuslice's choice (--engine auto) for a slice that names its priority: an MPS client, "
+                "so a fault in one of your spatial processes on the device ends the others there too, and the slice "
+                "cannot be resized in place; --engine timeslice keeps the time-sliced engine")
         become_subreaper()
         tty = _tty_fd()
         with forwarding(grace_seconds()) as tree:

@@ -94,26 +94,39 @@ class SpatialUnavailable(GpusliceError):
     """A spatial grant whose device's MPS daemon could not be started (the message says why): nothing granted."""
 
 
-def place_ask(ask: Ask, nodes: Sequence[NodeState], policy: PlacementPolicy) -> tuple[Placement, Ask]:
-    """Placement of ``ask`` on ``nodes``, and the ask as placed. One whose engine was left to gpuslice
+def place_ask(ask: Ask, node: NodeState, policy: PlacementPolicy,
+              foreign: frozenset[str] = frozenset()) -> tuple[Placement, Ask]:
+    """Placement of ``ask`` on ``node``, and the ask as placed. One whose engine was left to gpuslice
     (``Ask.engine_auto``) and that fits only with the other engine (a device runs one engine at a time: the one
-    it would share runs the other) takes that one; where neither fits, the preferred engine's refusal is raised."""
+    it would share runs the other) takes that one; where neither fits, the preferred engine's refusal is raised.
+    Such an ask is spatial only on a device none of ``foreign`` (devices with another user's spatial slices: MPS
+    serves each user apart, so their daemons are time-sliced against each other, with no priority between them:
+    a default that joined one would disturb that user's high-priority server unbounded)."""
     try:
-        return place(ask.request, nodes, policy), ask
+        return place(ask.request, [_for_auto(ask, node, foreign)], policy), ask
     except NoFit as preferred:
         other = _other_engine(ask)
         if other is None:
             raise
         try:
-            return place(other.request, nodes, policy), other
+            return place(other.request, [_for_auto(other, node, foreign)], policy), other
         except NoFit:
             raise preferred from None
 
 
+def _for_auto(ask: Ask, node: NodeState, foreign: frozenset[str]) -> NodeState:
+    spatial = ask.engine_auto and ask.request.engine is Engine.SPATIAL
+    return restrict(node, drop=foreign) if spatial and foreign else node
+
+
 def _other_engine(ask: Ask) -> Ask | None:
-    """The auto ask with the other engine, or None (its engine was named, or the other cannot serve it: a
-    spatial request covers one device, a tidal one needs the time-sliced engine)."""
+    """The auto ask with the other engine, or None: its engine was named; the other cannot serve it (a spatial
+    request covers one device, a tidal one needs the time-sliced engine); or it would change what the request
+    means (a compute share is a share of the device's time on the time-sliced engine, of its SMs on the spatial
+    one, where the mode means nothing: such a request keeps its engine)."""
     if not ask.engine_auto:
+        return None
+    if ask.request.engine is Engine.TIMESLICE and ask.request.compute:
         return None
     other = Engine.TIMESLICE if ask.request.engine is Engine.SPATIAL else Engine.SPATIAL
     try:
@@ -239,9 +252,9 @@ class Ledger:
             granted = self._grants(db)
             node = self.node_state([*granted, *(b.grant for b in self._bad if b.grant is not None)], ask.devices)
             try:
-                placed, ask = place_ask(ask, [restrict(node, drop=reserved)], policy)
+                placed, ask = place_ask(ask, restrict(node, drop=reserved), policy, _foreign_spatial(granted, ask))
             except NoFit as exc:
-                reason, plain = self._why_waiting(ask, node, policy, len(ahead))
+                reason, plain = self._why_waiting(ask, node, policy, len(ahead), _foreign_spatial(granted, ask))
                 if not wait:
                     if plain is None:  # it fits, but only on devices that waiters ahead of it want
                         raise NoFit(reason + "; use --wait to queue behind them", exc.per_node) from None
@@ -265,7 +278,7 @@ class Ledger:
                 write_grant_files(record, self.state)
                 for key in keys:  # first use of the device's daemon starts it
                     self.mps.ensure(key)
-            except MpsError as exc:
+            except (MpsError, OSError) as exc:  # OSError: its folders could not be made
                 remove_grant_files(record.grant_id, self.state)
                 raise SpatialUnavailable(f"engine spatial: {exc}") from None
             except BaseException:
@@ -291,12 +304,13 @@ class Ledger:
         node = NodeState.from_devices(self.node_name, self.devices)
         return restrict(node, only) if only else node
 
-    def _why_waiting(self, ask: Ask, node: NodeState, policy: PlacementPolicy, ahead: int) -> tuple[str, str | None]:
+    def _why_waiting(self, ask: Ask, node: NodeState, policy: PlacementPolicy, ahead: int,
+                     foreign: frozenset[str] = frozenset()) -> tuple[str, str | None]:
         """Why a request is not placed now, in one line (the queue shows it), devices named by index; and
         placement's own reason when it does not fit even ignoring the queue (None: only waiters ahead of it
         hold it back)."""
         try:
-            place_ask(ask, [node], policy)
+            place_ask(ask, node, policy, foreign)
         except NoFit as plain:  # it does not fit even ignoring the queue: say what is free
             text = (f"{local_words(plain.reason, node, self.devices)}; "
                     f"free now: {describe_free(node, device_names(self.devices))}")
@@ -578,6 +592,12 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SlicePro
             del ours[pid]
         unsure += len(strangers)
     return SliceProcesses(tuple(ours.values()), unsure)
+
+
+def _foreign_spatial(grants: Sequence[GrantRecord], ask: Ask) -> frozenset[str]:
+    """The devices with spatial slices of users other than the ask's (another MPS daemon: place_ask)."""
+    uid = _owner_uid(ask)
+    return frozenset(s.device_uuid for g in grants if g.uid != uid for s in g.slices if s.engine is Engine.SPATIAL)
 
 
 def _owner_uid(ask: Ask) -> int:

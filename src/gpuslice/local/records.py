@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from gpuslice.host.usage import Watched
 from gpuslice.spec import (
-    Colocation, Engine, Grant, HoldsGrant, Request, SpecError, grant_from_json, grant_to_json, request_from_json, request_to_json, whole_number,
+    Colocation, Engine, Grant, HoldsGrant, Priority, Request, SpecError, grant_from_json, grant_to_json, request_from_json, request_to_json, whole_number,
 )
 
 
@@ -66,7 +66,8 @@ class Ask:
 
     ``engine_auto``: the engine was left to gpuslice (``gpuslice run`` without ``--engine``, ``"engine": "auto"``
     in a socket API request): ``request.engine`` is the one :func:`auto_request` prefers, and the ledger takes the
-    other where only that one fits (the device runs it) and timeslice on a node without MPS."""
+    other where only that one fits (the device runs it) and timeslice on a node without MPS. On the wire the
+    request says ``"engine": "auto"`` (:func:`auto_json`): an agent that predates it refuses it, naming the field."""
 
     request: Request
     owner: str
@@ -82,8 +83,8 @@ class Ask:
     def to_json(self) -> dict[str, Any]:
         return {"request": request_to_json(self.request), "owner": self.owner, "holder_pid": self.holder_pid,
                 "holder_start": self.holder_start, "uid": self.uid, "devices": list(self.devices),
-                "command": self.command, "policy": self.policy, **self.oom.to_json(),
-                **({"engine_auto": True} if self.engine_auto else {})}
+                "command": self.command, "policy": self.policy, **self.oom.to_json()} | \
+            ({"request": auto_json(self.request)} if self.engine_auto else {})
 
     @classmethod
     def from_json(cls, data: Any) -> "Ask":
@@ -127,16 +128,23 @@ def auto_request(fields: Mapping[str, Any]) -> Request:
     return request
 
 
+def auto_json(request: Request) -> dict[str, Any]:
+    """The wire form of a request whose engine is left to gpuslice (``request.engine``: the one
+    :func:`auto_request` preferred): ``"engine": "auto"``, and the priority only where the choice took it as
+    named (:func:`auto_request` of this gives ``request`` back: a low priority the choice did not count as named
+    is the default anyway)."""
+    data = {**request_to_json(request), "engine": ENGINE_AUTO}
+    if request.engine is Engine.TIMESLICE and request.priority is Priority.LOW:
+        del data["priority"]
+    return data
+
+
 def _request_and_auto(data: dict) -> tuple[Request, bool]:
-    """An Ask's request and whether its engine was left to gpuslice: ``"engine": "auto"`` in the request (an API
-    client's), or ``"engine_auto": true`` beside a request whose engine is the preferred one (gpuslice run's)."""
+    """An Ask's request, and whether its engine is left to gpuslice (``"engine": "auto"``)."""
     raw = data.get("request", {})
     if isinstance(raw, dict) and isinstance(raw.get("engine"), str) and raw["engine"].strip().lower() == ENGINE_AUTO:
         return auto_request({k: v for k, v in raw.items() if v is not None}), True
-    auto = data.get("engine_auto", False)
-    if not isinstance(auto, bool):
-        raise SpecError("engine_auto", auto, "true or false")
-    return request_from_json(raw), auto
+    return request_from_json(raw), False
 
 
 def bounded_text(field_name: str, value: Any, limit: int) -> str:

@@ -245,10 +245,11 @@ class DraDriver:
             remove_policies(paths["devices"], grant_id(ref.uid))
             remove_records(paths["devices"], grant_id(ref.uid))
             for folder in (paths["slice"].parent, paths["region"]):
-                # the container writes in its region folder: moved aside at once and deleted in the background,
-                # never through a link inside; a tree too deep or too big to delete fails no unprepare (it raised
-                # RecursionError, or held the claim's lock for as long as it took)
-                if not remove_tree(folder, paths["region"].parent.parent / LEFT):  # kept: the kubelet asks again
+                # moved aside at once (into .left beside it: the same file system, a name no listing takes for a
+                # grant) and deleted in the background, never through a link inside, so nothing in the folder can
+                # fail or stall the unprepare (rmtree raised RecursionError on a tree too deep for it; the
+                # container's mount of the folder is read-only, so only the node could have put one there)
+                if not remove_tree(folder, folder.parent / LEFT):  # kept: the kubelet asks again
                     raise GpusliceError(f"claim {ref.uid}: {folder} could not be removed (the node's log says why)")
             if self.checkpoint.drop(ref.uid):
                 log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
