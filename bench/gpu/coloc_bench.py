@@ -79,6 +79,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -258,6 +259,13 @@ class Bench:
             opts += ["--colocation", "tidal"]
         return [sys.executable, "-m", "gpuslice.cli", *opts, "--", *w], env
 
+    @staticmethod
+    def _await_grant(log: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+        """Until the grant line is in the process's log (or it ended, or ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        while grant_line(log) is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     def pacer_paths(self) -> dict[str, str]:
         """pid -> the pacer path of each gpuslice process on the device now (enforcer's device state)."""
         try:
@@ -288,8 +296,16 @@ class Bench:
         procs = {}
         for role in roles:
             cmd, env = self.command(mode, role, kind, folder)
+            if role == "trainer" and base_mode(mode) in ("spatial", "default"):  # its enforcer says its SM cap (one
+                env.setdefault("GPUSLICE_LOG_LEVEL", "info")                    # line at start; the server's untouched)
             log = open(self.logs / f"{kind}-{mode}-{rep}-{role}.log", "w")
             procs[role] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            if role == "server" and "trainer" in roles and base_mode(mode) in GPUSLICE_MODES:
+                # the trainer starts once the server holds its grant: a yielding spatial trainer takes its SM cap
+                # from the device's roster when its process starts, and one whose grant came first (the two
+                # `gpuslice run`s raced) was not capped (2026-12-06: a GPU-bound server read 1.24x alone beside
+                # such a run's trainer at 0.98x its alone speed, against 1.06x and 0.86x the run before)
+                self._await_grant(self.logs / f"{kind}-{mode}-{rep}-{role}.log", procs[role])
         rec: dict = {"kind": kind, "mode": mode, "rep": rep, "t": time.time()}
         deadline = time.monotonic() + 120
         while not all((folder / f"ready.{r}").exists() for r in roles):
@@ -316,6 +332,9 @@ class Bench:
             grant = grant_line(self.logs / f"{kind}-{mode}-{rep}-{role}.log")
             if grant:  # what gpuslice granted (its engine, its SM cap): the default mode's evidence
                 rec[role]["grant"] = grant
+            threads = mps_threads(self.logs / f"{kind}-{mode}-{rep}-{role}.log")
+            if threads is not None:  # a spatial process's MPS active-thread percentage, as its enforcer set it
+                rec[role]["mps_threads"] = threads
         clock.join(timeout=5)
         rec["sm_clock_mhz"] = clock.result()
         if mode == "alone" and "busy_fraction" in rec.get("server", {}):
@@ -344,6 +363,20 @@ def grant_line(log: Path) -> str | None:
     return next((line.strip()[len("gpuslice: "):] for line in text.splitlines() if line.startswith(lead)), None)
 
 
+GPUSLICE_MODES = ("preemptive", "shared", "tidal", "spatial", "default")  # base modes run under `gpuslice run`
+
+
+def mps_threads(log: Path) -> int | None:
+    """The active-thread percentage a spatial process's enforcer logged at its start (``spatial slice: MPS client
+    of …, active threads N%``, GPUSLICE_LOG_LEVEL=info), or None."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.search(r"spatial slice: MPS client of .*?, active threads (\d+)%", text)
+    return int(found.group(1)) if found else None
+
+
 def chosen_engines(phs: list[dict], kind: str) -> list[str]:
     """What gpuslice granted in the default mode's phases (no --engine): each role's engines, from its grant lines."""
     got = [p for p in phs if p["kind"] == kind and p["mode"] == "default"]
@@ -353,8 +386,9 @@ def chosen_engines(phs: list[dict], kind: str) -> list[str]:
     for role in ("server", "trainer"):
         lines = [p.get(role, {}).get("grant") for p in got]
         engines = sorted({granted_engine(g) for g in lines if g})
+        caps = sorted({p[role]["mps_threads"] for p in got if isinstance(p.get(role, {}).get("mps_threads"), int)})
         said.append(f"the {role} {' / '.join(engines) or 'no grant line'} in {sum(1 for g in lines if g)} of "
-                    f"{len(got)} phases")
+                    f"{len(got)} phases" + (f" (MPS active threads {', '.join(f'{c}%' for c in caps)})" if caps else ""))
     return [f"Default mode (issue 13's commands, no --engine): gpuslice granted {'; '.join(said)}.", ""]
 
 

@@ -219,10 +219,13 @@ def test_coloc_default_mode_runs_the_issues_commands_as_written(tmp_path: Path) 
     assert line.startswith("grant g-1a2b:") and mod.granted_engine(line) == "spatial"
     assert mod.granted_engine("grant g-1: GPU-x memory 1.0 GiB compute unpaced") == "timeslice"
     assert mod.grant_line(tmp_path / "none.log") is None
+    log.write_text("gpuslice[1]: spatial slice: MPS client of /s/mps/x/pipe, active threads 60% (yielding beside "
+                   "high-priority slice g-2), pinned memory 0=16384M, client priority below normal; launches not paced\n")
+    assert mod.mps_threads(log) == 60 and mod.mps_threads(tmp_path / "none.log") is None
     phs = [{"kind": "decode", "mode": "default", "rep": r, "server": {"grant": "grant g-2: GPU-x (spatial, MPS)"},
-            "trainer": {"grant": line}} for r in (0, 1)]
+            "trainer": {"grant": line, "mps_threads": 60}} for r in (0, 1)]
     said = " ".join(mod.chosen_engines(phs, "decode"))
-    assert "the server spatial in 2 of 2 phases" in said and "the trainer spatial in 2 of 2 phases" in said
+    assert "the server spatial in 2 of 2 phases" in said and "the trainer spatial in 2 of 2 phases (MPS active threads 60%)" in said
     assert mod.chosen_engines(phs, "gpu") == []
 
 
