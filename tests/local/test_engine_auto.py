@@ -8,6 +8,7 @@ time-sliced. A named engine keeps its refusals. The MPS daemon is the stand-in (
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -104,9 +105,10 @@ def test_the_default_never_joins_another_users_mps_daemon(root: Path) -> None:
     for fields in ({"priority": "low"}, {}):  # bob's trainer, bob's plain job: both refused on alice's device
         with pytest.raises(NoFit, match="spatial"):
             ledger.acquire(auto(devices=(GPU0,), uid=1002, **fields))
-    trainer = ledger.acquire(auto(uid=1002, priority="low"))  # anywhere: a device of bob's own
-    assert trainer.slices[0].engine is Engine.SPATIAL and trainer.uuids != alice.uuids
-    assert len(mps_processes(root)) == 2
+    server = ledger.acquire(auto(uid=1002, priority="high"))  # anywhere: a device of bob's own
+    trainer = ledger.acquire(auto(uid=1002, priority="low"))  # ... beside his own server
+    assert server.slices[0].engine is trainer.slices[0].engine is Engine.SPATIAL
+    assert trainer.uuids == server.uuids != alice.uuids and len(mps_processes(root)) == 2
     own = ledger.acquire(auto(devices=(GPU0,), uid=1001))  # alice's own plain job joins her daemon
     assert own.slices[0].engine is Engine.SPATIAL and own.mps_pipe_dir == alice.mps_pipe_dir
     named = Ask(request=Request(memory=parse_memory("4GiB"), engine=Engine.SPATIAL), owner="bob", holder_pid=os.getpid(), holder_start=procs.start_time(os.getpid()), devices=(GPU0,),
@@ -115,6 +117,27 @@ def test_the_default_never_joins_another_users_mps_daemon(root: Path) -> None:
     for g in ledger.grants():
         ledger.release(g.grant_id)
     assert mps_processes(root) == []
+
+
+def test_a_low_priority_default_is_spatial_only_beside_its_users_high_priority_server(ledger: Ledger) -> None:
+    """A yielding spatial process takes its SM cap from the roster when it starts: a trainer made spatial before
+    its server would keep every SM (a server of short kernels read 3.6x its alone p50 beside one on the H100).
+    So a low-priority default is spatial only where its user's high-priority server already is; started first,
+    it is time-sliced, and the server that comes later joins its engine (the time-sliced yield path decides at
+    every launch, whatever the order)."""
+    trainer = ledger.acquire(auto(devices=(GPU0,), priority="low"))
+    assert trainer.slices[0].engine is Engine.TIMESLICE and trainer.mps_pipe_dir == ""
+    server = ledger.acquire(auto(devices=(GPU0,), priority="high"))
+    assert server.slices[0].engine is Engine.TIMESLICE
+    alone = ledger.acquire(auto(devices=(GPU1,), priority="low"))  # alone on a device: time-sliced, every SM
+    assert alone.slices[0].engine is Engine.TIMESLICE
+    for g in (trainer, server, alone):
+        ledger.release(g.grant_id)
+    server = ledger.acquire(auto(devices=(GPU0,), priority="high"))
+    trainer = ledger.acquire(auto(priority="low"))  # beside it, wherever it is
+    assert trainer.uuids == server.uuids and trainer.slices[0].engine is Engine.SPATIAL
+    for g in (trainer, server):
+        ledger.release(g.grant_id)
 
 
 def test_a_compute_share_keeps_its_engine(ledger: Ledger) -> None:
@@ -174,12 +197,26 @@ def env(root: Path, enforcer_lib: Path) -> dict[str, str]:
 
 
 def test_run_without_engine_gives_a_priority_slice_its_mps_client_settings(env: dict[str, str], root: Path) -> None:
-    """Issue 13's story as a new user types it: `gpuslice run --priority low -- train.py` is an MPS client, below
-    normal; without --priority the command is not one (time-sliced, as before)."""
+    """Issue 13's story as a new user types it: `gpuslice run --priority high -- serve.py` is an MPS client, and
+    `gpuslice run --priority low -- train.py` beside it one below normal; without --priority the command is not
+    one (time-sliced, as before)."""
     show = 'env | grep ^CUDA_MPS_ | sort'
-    proc = gpuslice("run", "--priority", "low", "--memory", "1GiB", "--", "sh", "-c", show, env=env)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    done = root / "done"
+    server = gpuslice("run", "--priority", "high", "--memory", "1GiB", "--", "sh", "-c",
+                      f'{show}; touch "{done}.started"; while [ ! -e "{done}" ]; do sleep 0.05; done', env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"{done}.started").exists():
+            assert server.poll() is None and time.monotonic() < deadline, server.communicate()[1]
+            time.sleep(0.05)
+        proc = gpuslice("run", "--priority", "low", "--memory", "1GiB", "--", "sh", "-c", show, env=env)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        done.touch()
+        s_out, s_err = server.communicate(timeout=60)
+    assert server.returncode == 0 and proc.returncode == 0, s_err + err
+    assert "CUDA_MPS_PIPE_DIRECTORY=" in s_out and "CUDA_MPS_CLIENT_PRIORITY=1" not in s_out
+    assert "(spatial, MPS)" in s_err and "gpuslice's choice (--engine auto)" in s_err
     assert "CUDA_MPS_CLIENT_PRIORITY=1" in out.splitlines() and "CUDA_MPS_PIPE_DIRECTORY=" in out
     assert "(spatial, MPS, below-normal client)" in err
     assert "gpuslice's choice (--engine auto)" in err and "--engine timeslice keeps" in err

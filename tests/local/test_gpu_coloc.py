@@ -248,9 +248,10 @@ def test_the_pair_given_only_priorities_runs_spatial_on_the_gpu(short: Path, enf
     """Issue 13's story as a new user types it (`gpuslice run --priority high` beside `--priority low`, no
     --engine), the server started first: both are clients of gpuslice's MPS daemon, the trainer below normal on
     60 % of the SMs (its grant line and its enforcer say so), the server keeps close to its alone latency and the
-    trainer works beside it. Loose bounds: bench/gpu/coloc.sh (mode default) measures the goals. The other order
-    is a measured limit (README Limits): a trainer started before the server keeps every SM, and this server of
-    short matmuls read 3.6x its alone p50 beside such a trainer of 4096-square ones (H100, 2026-12-06)."""
+    trainer works beside it. Loose bounds: bench/gpu/coloc.sh (mode default) measures the goals. In the other
+    order a spatial trainer would keep every SM (the cap is read when it starts: this server of short matmuls read
+    3.6x its alone p50 beside such a trainer, H100 2026-12-06), so the default makes a trainer started first
+    time-sliced (tests/local/test_engine_auto.py)."""
     if shutil.which("nvidia-cuda-mps-control") is None:
         pytest.skip("nvidia-cuda-mps-control is not on PATH")
     repo = Path(__file__).resolve().parents[2]

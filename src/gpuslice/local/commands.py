@@ -126,8 +126,9 @@ def run(
                                "the SMs if it starts beside a high priority one, --compute 100 keeps every SM). auto "
                                "(default): spatial for a slice that names --priority and takes one device with no "
                                "--compute share (a server and a trainer given priorities), where the node has MPS "
-                               "and no other user's spatial slice is on the device; timeslice otherwise; a slice "
-                               "with no share takes the other engine where only that one fits (the device runs it)."),
+                               "and no other user's spatial slice is on the device, a low priority one only beside "
+                               "your high priority spatial slice; timeslice otherwise; a slice with no share takes "
+                               "the other engine where only that one fits (the device runs it)."),
     oom_policy: str = typer.Option("return", "--oom-policy", metavar="return|kill|wait",
                                    help="When memory runs out: return the error (default); kill the process at "
                                    "the limit; or wait: an allocation that fits the slice but not the device (the "

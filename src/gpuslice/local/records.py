@@ -119,7 +119,9 @@ def auto_request(fields: Mapping[str, Any]) -> Request:
     issue 13's pair, a server and a trainer given only priorities, whose time-sliced form costs the server a
     context switch per gap and the trainer most of its time (README Limits; H100 2026-12-06: the trainer at 0.32
     of its idle bound beside a decoder) where MPS runs both at once, the low one a below-normal client on 60 %
-    of the SMs. ``timeslice`` for anything else: a slice that names no priority keeps exact, paced shares."""
+    of the SMs. ``timeslice`` for anything else: a slice that names no priority keeps exact, paced shares. Where a
+    spatial one may go (not beside another user's daemon; at low priority only beside its own server) is the
+    ledger's to say, at placement (``ledger.SpatialRoom``)."""
     request = Request.from_mapping({k: v for k, v in fields.items() if k != "engine"})
     named = fields.get("priority") is not None
     if named and request.count == 1 and request.compute == 0 and not request.exclusive \
