@@ -136,8 +136,25 @@ def test_a_low_priority_default_is_spatial_only_beside_its_users_high_priority_s
     server = ledger.acquire(auto(devices=(GPU0,), priority="high"))
     trainer = ledger.acquire(auto(priority="low"))  # beside it, wherever it is
     assert trainer.uuids == server.uuids and trainer.slices[0].engine is Engine.SPATIAL
-    for g in (trainer, server):
+    # the server gone, the trainer's later processes start uncapped: a new default server does not join them
+    ledger.release(server.grant_id)
+    with pytest.raises(NoFit, match="devices with room run spatial slices"):
+        ledger.acquire(auto(devices=(GPU0,), priority="high"))
+    assert ledger.acquire(auto(priority="high")).uuids != trainer.uuids  # elsewhere, where it can
+    for g in ledger.grants():
         ledger.release(g.grant_id)
+
+
+def test_a_default_that_does_not_fit_is_refused_for_its_real_reason(ledger: Ledger) -> None:
+    """Where a low-priority default may not be spatial (no server of its own) and does not fit time-sliced either,
+    the refusal is the time-sliced try's (memory), not that of a spatial try on no device at all."""
+    full = Ask(request=Request(memory=parse_memory("79GiB")), owner="t", holder_pid=os.getpid(),
+               holder_start=procs.start_time(os.getpid()), devices=(GPU0,))
+    held = ledger.acquire(full)
+    with pytest.raises(NoFit) as info:
+        ledger.acquire(auto(devices=(GPU0,), priority="low"))
+    assert "memory" in str(info.value) and "model" not in str(info.value), str(info.value)
+    ledger.release(held.grant_id)
 
 
 def test_a_compute_share_keeps_its_engine(ledger: Ledger) -> None:

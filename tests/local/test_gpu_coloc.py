@@ -52,9 +52,10 @@ for _ in range(20):
     x @ x
 torch.cuda.synchronize()
 open(sys.argv[1], "w").write("ready")
-if len(sys.argv) > 3:  # wait for the go file (a neighbour started meanwhile)
+if len(sys.argv) > 3:  # wait for the go file (a neighbour started meanwhile), 5 minutes at most
     import os
-    while not os.path.exists(sys.argv[3]):
+    give_up = time.time() + 300
+    while not os.path.exists(sys.argv[3]) and time.time() < give_up:
         time.sleep(0.01)
 lat, t0 = [], time.time()
 while time.time() - t0 < float(sys.argv[2]):
@@ -247,8 +248,8 @@ def test_cuda_graphs_capture_beside_a_trainer_under_the_spatial_yield_gate(short
 def test_the_pair_given_only_priorities_runs_spatial_on_the_gpu(short: Path, enforcer_lib: Path) -> None:
     """Issue 13's story as a new user types it (`gpuslice run --priority high` beside `--priority low`, no
     --engine), the server started first: both are clients of gpuslice's MPS daemon, the trainer below normal on
-    60 % of the SMs (its grant line and its enforcer say so), the server keeps close to its alone latency and the
-    trainer works beside it. Loose bounds: bench/gpu/coloc.sh (mode default) measures the goals. In the other
+    60 % of the SMs (its grant line and its enforcer say so), the server keeps within the time-sliced pair's
+    bound and the trainer works beside it. Loose bounds: bench/gpu/coloc.sh (mode default) measures the goals. In the other
     order a spatial trainer would keep every SM (the cap is read when it starts: this server of short matmuls read
     3.6x its alone p50 beside such a trainer, H100 2026-12-06), so the default makes a trainer started first
     time-sliced (tests/local/test_engine_auto.py)."""
@@ -261,12 +262,18 @@ def test_the_pair_given_only_priorities_runs_spatial_on_the_gpu(short: Path, enf
     alone = result(gs_run(env, [*auto, "--priority", "high"], SERVER, str(short / "s-alone"), "4"))
     tag = time.monotonic_ns()
     stop = short / f"stop{tag}"
-    server = gs_run(env, [*auto, "--priority", "high"], SERVER, str(short / f"s{tag}"), "8", str(short / f"go{tag}"))
-    wait_for(short / f"s{tag}", server)  # the server holds its grant and is warm
-    trainer = gs_run({**env, "GPUSLICE_LOG_LEVEL": "info"}, [*auto, "--priority", "low"], TRAINER,
-                     str(short / f"t{tag}"), "120", str(stop))
-    wait_for(short / f"t{tag}", trainer)
-    (short / f"go{tag}").write_text("go")  # the server's requests start once the trainer runs
+    go = short / f"go{tag}"
+    server = gs_run(env, [*auto, "--priority", "high"], SERVER, str(short / f"s{tag}"), "8", str(go))
+    trainer = None
+    try:
+        wait_for(short / f"s{tag}", server)  # the server holds its grant and is warm
+        trainer = gs_run({**env, "GPUSLICE_LOG_LEVEL": "info"}, [*auto, "--priority", "low"], TRAINER,
+                         str(short / f"t{tag}"), "120", str(stop))
+        wait_for(short / f"t{tag}", trainer)
+    finally:  # the server's requests start once the trainer runs (or the test failed: it must end either way)
+        go.write_text("go")
+        if trainer is None:
+            server.kill()
     out, err = server.communicate(timeout=300)
     stop.write_text("stop")
     t_out, t_err = trainer.communicate(timeout=300)
@@ -275,6 +282,7 @@ def test_the_pair_given_only_priorities_runs_spatial_on_the_gpu(short: Path, enf
     assert "(spatial, MPS)" in err, err[-2000:]
     assert "(spatial, MPS, below-normal client)" in t_err, t_err[-2000:]
     assert "active threads 60%" in t_err, t_err[-2000:]  # the yield cap: it started beside the server
+    # the time-sliced pair's bound above (this server beside the capped trainer was not measured yet)
     assert srv["p50_ms"] <= 2.0 * alone["p50_ms"] + 0.3, (srv, alone)
     ends = json.loads(next(x for x in t_out.splitlines() if x.startswith("{")))["ends"]
     assert sum(srv["t0"] <= t <= srv["t1"] for t in ends) > 0  # it worked while the server ran

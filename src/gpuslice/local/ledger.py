@@ -46,7 +46,7 @@ from typing import Callable, Iterator, Sequence
 from gpuslice.enforcer.policy import RosterChanges, reconcile_policies
 from gpuslice.enforcer.slicerecords import RecordChanges
 from gpuslice.host import procs
-from gpuslice.host.mps import MpsError
+from gpuslice.host.mps import MpsError, yields
 from gpuslice.host.mpsfleet import DaemonKey, MpsDaemons, Reconciled
 from gpuslice.host.usage import region_pids
 from gpuslice.local import ledgerdb
@@ -103,10 +103,13 @@ class SpatialRoom:
     high-priority server as plain time-slicing does); at low priority only on ``own_high`` ones (this user's
     high-priority preemptive spatial slices: a yielding process takes its SM cap from the roster when it starts,
     so a trainer spatial before its server kept every SM, and a server of short kernels read 3.6x its alone p50
-    beside it on the H100, 2026-12-06, where the time-sliced pair stayed within 2x)."""
+    beside it on the H100, 2026-12-06, where the time-sliced pair stayed within 2x); at high priority not on
+    ``own_low_alone`` ones (this user's yielding spatial slices with no high one beside them: their processes
+    may have started uncapped, a trainer named spatial or one whose server ended, helper 44)."""
 
     foreign: frozenset[str] = frozenset()
     own_high: frozenset[str] = frozenset()
+    own_low_alone: frozenset[str] = frozenset()  # this user's yielding spatial slices, no high one: maybe uncapped
 
 
 def place_ask(ask: Ask, node: NodeState, policy: PlacementPolicy,
@@ -115,16 +118,20 @@ def place_ask(ask: Ask, node: NodeState, policy: PlacementPolicy,
     (``Ask.engine_auto``) and that fits only with the other engine (a device runs one engine at a time: the one
     it would share runs the other; or it may be spatial only where ``room`` says) takes that one; where neither
     fits, the preferred engine's refusal is raised."""
+    mine = _for_auto(ask, node, room)
     try:
-        return place(ask.request, [_for_auto(ask, node, room)], policy), ask
+        return place(ask.request, [mine], policy), ask
     except NoFit as preferred:
         other = _other_engine(ask)
         if other is None:
             raise
+        theirs = _for_auto(other, node, room)
         try:
-            return place(other.request, [_for_auto(other, node, room)], policy), other
-        except NoFit:
-            raise preferred from None
+            return place(other.request, [theirs], policy), other
+        except NoFit as second:
+            # the refusal of the try that saw more of the node: one the room emptied would name no real reason
+            # (a low-priority default with no server of its own: "no device of model on any node")
+            raise (second if len(theirs.devices) > len(mine.devices) else preferred) from None
 
 
 def _for_auto(ask: Ask, node: NodeState, room: SpatialRoom) -> NodeState:
@@ -132,7 +139,9 @@ def _for_auto(ask: Ask, node: NodeState, room: SpatialRoom) -> NodeState:
     if not (ask.engine_auto and ask.request.engine is Engine.SPATIAL):
         return node
     node = restrict(node, drop=room.foreign)
-    return restrict(node, keep=room.own_high) if ask.request.priority is Priority.LOW else node
+    if ask.request.priority is Priority.LOW:
+        return restrict(node, keep=room.own_high)
+    return restrict(node, drop=room.own_low_alone)
 
 
 def _other_engine(ask: Ask) -> Ask | None:
@@ -614,9 +623,11 @@ def spatial_room(grants: Sequence[GrantRecord], ask: Ask) -> SpatialRoom:
     """Where ``ask``, were its engine left to gpuslice, may be spatial beside ``grants`` (:class:`SpatialRoom`)."""
     uid = _owner_uid(ask)
     spatial = [(g.uid, s) for g in grants for s in g.slices if s.engine is Engine.SPATIAL]
-    return SpatialRoom(foreign=frozenset(s.device_uuid for owner, s in spatial if owner != uid),
-                       own_high=frozenset(s.device_uuid for owner, s in spatial if owner == uid
-                                          and s.priority is Priority.HIGH and s.colocation is Colocation.PREEMPTIVE))
+    own = [s for owner, s in spatial if owner == uid]
+    high = frozenset(s.device_uuid for s in own if s.priority is Priority.HIGH and s.colocation is Colocation.PREEMPTIVE)
+    low = frozenset(s.device_uuid for s in own if yields(s))
+    return SpatialRoom(foreign=frozenset(s.device_uuid for owner, s in spatial if owner != uid), own_high=high,
+                       own_low_alone=low - high)
 
 
 def _owner_uid(ask: Ask) -> int:
