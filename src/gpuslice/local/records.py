@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 from gpuslice.host.usage import Watched
 from gpuslice.spec import (
-    Colocation, Engine, Grant, HoldsGrant, Priority, Request, SpecError, grant_from_json, grant_to_json, request_from_json, request_to_json, whole_number,
+    Colocation, Engine, Grant, HoldsGrant, Priority, Request, SpecError, grant_from_json, grant_to_json,
+    request_from_json, request_to_json, whole_number,
 )
 
 
