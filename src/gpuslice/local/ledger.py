@@ -117,7 +117,7 @@ def place_ask(ask: Ask, node: NodeState, policy: PlacementPolicy,
     """Placement of ``ask`` on ``node``, and the ask as placed. One whose engine was left to gpuslice
     (``Ask.engine_auto``) and that fits only with the other engine (a device runs one engine at a time: the one
     it would share runs the other; or it may be spatial only where ``room`` says) takes that one; where neither
-    fits, the preferred engine's refusal is raised."""
+    fits, the refusal of the try that saw more of the node is raised (the preferred one's on a tie)."""
     mine = _for_auto(ask, node, room)
     try:
         return place(ask.request, [mine], policy), ask

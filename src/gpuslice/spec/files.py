@@ -5,7 +5,7 @@ the same directory, then rename): the slice files the enforcer reads, ``agent.js
 ``open_regular``: a plain file only, never a link, FIFO or device (a tenant's planted name cannot steer or hang
 root). ``ensure_owned_file``: an empty file made ``O_EXCL`` and handed to its owner, or the owner's existing one
 kept (the per-slice record files, :mod:`gpuslice.enforcer.slicerecords`). ``remove_tree``: a folder a tenant
-could fill, moved aside at once and deleted in the background (MPS daemons' folders, Kubernetes grant folders)."""
+could fill, moved aside at once and deleted in the background (MPS daemons' folders; Kubernetes grant folders too)."""
 
 from __future__ import annotations
 
@@ -140,9 +140,10 @@ def _remove(dfd: int, name: str) -> bool:
 
 
 def remove_tree(path: Path, aside: Path) -> bool:
-    """Remove ``path``, a folder a tenant can fill (an MPS daemon's pipe, log and shm folders are the slice user's;
-    a Kubernetes grant's region folder is the container's), never raising and never waiting on what is inside: a
-    pass under a lock (the ledger's, a claim's) must not fail or stall because of what a tenant put there. It is
+    """Remove ``path``, a folder a tenant can fill (an MPS daemon's pipe, log and shm folders are the slice user's)
+    or one whose removal must not fail a pass (a Kubernetes grant's folders: only the node writes them), never
+    raising and never waiting on what is inside: a pass under a lock (the ledger's, a claim's) must not fail or
+    stall because of what a tenant put there. It is
     renamed into ``aside`` (root's, on the same file system) at once, one step whatever it holds, and deleted
     there by a background thread. Deleted in place, a tree nested deeper than Python's recursion limit (a tenant
     makes ~1,100 levels in seconds) raised RecursionError through ``ignore_errors`` and failed every ledger
