@@ -52,7 +52,8 @@ class ComputeMode(str, enum.Enum):
 class Engine(str, enum.Enum):
     """How a device's compute is shared between its slices.
 
-    ``timeslice`` (the default): the enforcer paces launches so slices take turns on the whole device
+    ``timeslice`` (the default on every wire; locally ``gpuslice run``'s ``--engine auto`` may choose either,
+    gpuslice.local.records.auto_request): the enforcer paces launches so slices take turns on the whole device
     (exact shares, strong isolation). ``spatial``: the slices' kernels run at once on fractions of the
     SMs through an NVIDIA MPS control daemon the node side runs per device; the compute share becomes
     the client's active-thread percentage (throughput for many small jobs, weaker fault isolation). A
