@@ -141,3 +141,47 @@ def test_a_link_beside_roots_ledger_is_a_ledger_error_not_a_crash(tmp_path):
     with pytest.raises(LedgerError, match="ledger.db"):
         ledgerdb.connect(path)
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
+
+
+CHECKPOINT = r"""
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
+db.execute("INSERT INTO grants (id, record) VALUES (?, '{}')", (sys.argv[2],))
+print(db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's ledger: the side files are looked at only when root opens it")
+def test_opening_the_ledger_again_keeps_the_locks_of_this_processs_other_connections(tmp_path):
+    """POSIX record locks belong to the process and go with the close of *any* descriptor of the file: opening
+    the ledger's side files to set their mode, and closing them, dropped the locks of every connection this
+    process already had (SQLite's own warning). Another process then took the WAL for unread, reset it under
+    a reader's snapshot, and the reader died of SIGBUS in its mapping of -shm (the demo's CI run, stop 39), or
+    read a torn database. A reader's snapshot must still hold back another process's truncating checkpoint after
+    this process opens a second connection."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "ledger.db"
+    reader = ledgerdb.connect(path)
+    with ledgerdb.immediate(reader):
+        reader.execute("INSERT INTO grants (id, record) VALUES ('g-0', '{}')")
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT COUNT(*) FROM grants").fetchone() == (1,)  # a snapshot held open
+
+    def checkpoint_busy(tag: str) -> int:
+        done = subprocess.run([sys.executable, "-c", CHECKPOINT, str(path), tag], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout)
+
+    assert checkpoint_busy("g-1") == 1  # the reader holds the WAL
+    for _ in range(3):
+        for side in ("", "-wal", "-shm"):  # a mode to mend: the side files are looked at, not only stat'ed
+            os.chmod(f"{path}{side}", 0o644)
+        ledgerdb.connect(path).close()
+        assert all(stat.S_IMODE(os.stat(f"{path}{side}").st_mode) == 0o600 for side in ("", "-wal", "-shm"))
+    assert checkpoint_busy("g-2") == 1  # ... and still does
+    assert reader.execute("SELECT COUNT(*) FROM grants").fetchone() == (1,)
+    reader.execute("COMMIT")
+    reader.close()

@@ -17,9 +17,11 @@ version  what changed
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,15 +59,35 @@ def _root_only(path: Path) -> None:
     users' processes, or the machine, after upgrading to be sure)."""
     if os.geteuid() != 0:
         return  # a user's own ledger, or a state dir its users chose to share: their umask's choice
-    for name, create in ((str(path), os.O_CREAT), (f"{path}-wal", 0), (f"{path}-shm", 0)):
-        try:  # opened, not chmod'ed by name: chmod without following links is ENOTSUP before glibc 2.32 (helper 42)
-            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | create, 0o600)
-        except FileNotFoundError:
-            continue  # no -wal or -shm yet: SQLite makes them with the database's mode
-        try:
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
+    if not os.path.lexists(path):  # a new file: no connection of this process can hold a lock on it
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    for name in (str(path), f"{path}-wal", f"{path}-shm"):
+        _mode_600(name)
+
+
+def _mode_600(name: str) -> None:
+    """``name`` (never through a link: a link there is an error) brought to 0600. Never through a descriptor this
+    process could close while it holds SQLite's locks: POSIX record locks go with the close of *any* descriptor
+    of the file, so opening and closing the side files dropped the locks of every connection this process had,
+    and another process reset the WAL under a reader's snapshot (SIGBUS in its mapping of -shm: the demo's CI run,
+    stop 39). An O_PATH descriptor holds no locks to drop (Linux), and chmod through /proc/self/fd changes the file
+    it names (chmod without following links is ENOTSUP before glibc 2.32: helper 42)."""
+    try:
+        st = os.lstat(name)
+    except FileNotFoundError:
+        return  # no -wal or -shm yet: SQLite makes them with the database's mode
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.ELOOP if stat.S_ISLNK(st.st_mode) else errno.EINVAL,
+                      "not a plain file (a link or something else in the ledger's place)", name)
+    if stat.S_IMODE(st.st_mode) == 0o600:
+        return  # the common case: nothing opened at all
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a plain file", name)
+        os.chmod(f"/proc/self/fd/{fd}", 0o600)
+    finally:
+        os.close(fd)
 
 
 def connect(path: Path) -> sqlite3.Connection:
