@@ -352,13 +352,18 @@ class Bench:
             (self.out / "coloc-raw.json").write_text(json.dumps(self.raw, indent=1))
 
 
+def _log_text(log: Path) -> str:
+    """A process's log as text ("" while there is none)."""
+    try:
+        return log.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def grant_line(log: Path) -> str | None:
     """The grant line `gpuslice run` wrote in a process's log (``gpuslice: grant g-…: <device> memory … compute
     …``), without its prefix."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
+    text = _log_text(log)
     lead = "gpuslice: grant g-"
     return next((line.strip()[len("gpuslice: "):] for line in text.splitlines() if line.startswith(lead)), None)
 
@@ -369,11 +374,7 @@ GPUSLICE_MODES = ("preemptive", "shared", "tidal", "spatial", "default")  # base
 def mps_threads(log: Path) -> int | None:
     """The active-thread percentage a spatial process's enforcer logged at its start (``spatial slice: MPS client
     of …, active threads N%``, GPUSLICE_LOG_LEVEL=info), or None."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    found = re.search(r"spatial slice: MPS client of .*?, active threads (\d+)%", text)
+    found = re.search(r"spatial slice: MPS client of .*?, active threads (\d+)%", _log_text(log))
     return int(found.group(1)) if found else None
 
 

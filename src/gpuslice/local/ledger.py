@@ -144,6 +144,11 @@ def _for_auto(ask: Ask, node: NodeState, room: SpatialRoom) -> NodeState:
     return restrict(node, drop=room.own_low_alone)
 
 
+def _timesliced(ask: Ask) -> Ask:
+    """The ask on the time-sliced engine, its engine no longer gpuslice's to choose."""
+    return replace(ask, request=replace(ask.request, engine=Engine.TIMESLICE), engine_auto=False)
+
+
 def _other_engine(ask: Ask) -> Ask | None:
     """The auto ask with the other engine, or None: its engine was named; the other cannot serve it (a spatial
     request covers one device, a tidal one needs the time-sliced engine); or it would change what the request
@@ -248,15 +253,14 @@ class Ledger:
             if not ask.engine_auto:
                 raise
             log.warning("engine auto: %s; granting the time-sliced engine instead", exc)
-            timesliced = replace(ask, request=replace(ask.request, engine=Engine.TIMESLICE), engine_auto=False)
-            return self._acquire(timesliced, wait=wait, ticket=ticket)
+            return self._acquire(_timesliced(ask), wait=wait, ticket=ticket)
 
     def _acquire(self, ask: Ask, *, wait: bool, ticket: int | None) -> GrantRecord | Queued:
         ask = replace(ask, request=ask.request.with_default_memory())
         policy = parse_policy(ask.policy)
         if ask.engine_auto and not self.mps.available():  # no MPS here: the time-sliced engine, no other
-            ask = replace(ask, request=replace(ask.request, engine=Engine.TIMESLICE), engine_auto=False)
-        if ask.request.engine is Engine.SPATIAL and not self.mps.available():
+            ask = _timesliced(ask)
+        elif ask.request.engine is Engine.SPATIAL and not self.mps.available():
             raise SpecError("engine", "spatial", "timeslice on this node: it has no nvidia-cuda-mps-control (the "
                             "driver's MPS binaries; GPUSLICE_MPS_CONTROL names another path)")
         empty = self.empty_node(ask.devices)
@@ -276,10 +280,11 @@ class Ledger:
             reserved = frozenset().union(*ahead.values()) if ahead else frozenset()
             granted = self._grants(db)
             node = self.node_state([*granted, *(b.grant for b in self._bad if b.grant is not None)], ask.devices)
+            room = spatial_room(granted, ask)
             try:
-                placed, ask = place_ask(ask, restrict(node, drop=reserved), policy, spatial_room(granted, ask))
+                placed, ask = place_ask(ask, restrict(node, drop=reserved), policy, room)
             except NoFit as exc:
-                reason, plain = self._why_waiting(ask, node, policy, len(ahead), spatial_room(granted, ask))
+                reason, plain = self._why_waiting(ask, node, policy, len(ahead), room)
                 if not wait:
                     if plain is None:  # it fits, but only on devices that waiters ahead of it want
                         raise NoFit(reason + "; use --wait to queue behind them", exc.per_node) from None
