@@ -15,7 +15,7 @@ import pytest
 
 from gpuslice.host import procs
 from gpuslice.host.mpsfleet import MpsDaemons
-from gpuslice.local.ledger import Ledger
+from gpuslice.local.ledger import Ledger, daemon_keys
 from gpuslice.local.paths import StateDir
 from gpuslice.local.records import Ask, GrantRecord, auto_request
 from gpuslice.placement import NoFit
@@ -117,6 +117,39 @@ def test_the_default_never_joins_another_users_mps_daemon(root: Path) -> None:
     for g in ledger.grants():
         ledger.release(g.grant_id)
     assert mps_processes(root) == []
+
+
+def test_a_root_callers_ask_without_uid_gets_its_holders_daemon(root: Path) -> None:
+    """A root caller of the socket API may leave the uid out: the grant is then its holder's real user's, and so
+    is the MPS daemon its processes are clients of. The grant used to record the pipe folder of root's own
+    daemon while every later pass kept the holder's user's (a client of another user's daemon, which MPS
+    refuses; root's daemon stopped at the next pass as one no grant needs)."""
+    import subprocess
+
+    from tenantkit import tenant_python
+
+    if os.geteuid() != 0:
+        pytest.skip("a daemon run as another user: needs root")
+    root.chmod(0o755)
+    state = StateDir(root / "s")
+    ledger = Ledger(state, DEVICES, node_name="n1",
+                    mps=MpsDaemons(state.mps, install_standin(root / "bin", tenant_python()), start_timeout=10))
+    holder = subprocess.Popen(["sleep", "600"], user=65534, group=65534)
+    try:
+        ask = Ask(request=auto_request({"memory": "4GiB", "priority": "high"}), owner="root-for-nobody",
+                  holder_pid=holder.pid, holder_start=procs.start_time(holder.pid), engine_auto=True)
+        grant = ledger.acquire(ask)
+        assert isinstance(grant, GrantRecord) and grant.uid == 65534 and grant.slices[0].engine is Engine.SPATIAL
+        kept = ledger.mps.pipe_dir(daemon_keys(grant.slices, grant.uid)[0])
+        assert grant.mps_pipe_dir == str(kept) and "-65534" in kept.parent.name
+        ledger.grants()  # a pass: the daemon the grant names is the one kept
+        (daemon,) = mps_processes(root)
+        assert procs.real_uid(daemon) == 65534
+        ledger.release(grant.grant_id)
+        assert mps_processes(root) == []
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_low_priority_default_is_spatial_only_beside_its_users_high_priority_server(ledger: Ledger) -> None:

@@ -293,10 +293,11 @@ class Ledger:
                     raise NoFit(text + also, exc.per_node) from None
                 return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)
             grant_id = new_grant_id()
-            keys = daemon_keys(placed.slices, ask.uid)
+            owner_uid = _owner_uid(ask)  # the record's and its daemons' user: one answer (a root caller may give none)
+            keys = daemon_keys(placed.slices, owner_uid)
             record = GrantRecord(
                 grant=Grant(grant_id, placed.slices, placed.exclusive), owner=ask.owner, request=ask.request,
-                created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=_owner_uid(ask),
+                created=time.time(), holder_pid=ask.holder_pid, holder_start=ask.holder_start, uid=owner_uid,
                 command=ask.command, slice_file=str(self.state.slice_file(grant_id)),
                 region_file=str(self.state.region_file(grant_id)),
                 mps_pipe_dir=str(self.mps.pipe_dir(keys[0])) if keys else "", oom=ask.oom)
