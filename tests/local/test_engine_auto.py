@@ -280,6 +280,26 @@ def test_run_without_engine_gives_a_priority_slice_its_mps_client_settings(env: 
     assert mps_processes(root) == []
 
 
+def test_run_says_why_a_slice_naming_its_priority_was_time_sliced(env: dict[str, str], root: Path) -> None:
+    """The trainer started before its server (the issue's pair the other way round) is time-sliced: `run` says
+    so and what to do, instead of leaving the user to find the engine in `ps`. A high-priority slice on a node
+    without MPS says why it is not spatial."""
+    proc = gpuslice("run", "--priority", "low", "--memory", "1GiB", "--", "true", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    said = " ".join(err.split())
+    assert "engine timeslice, gpuslice's choice (--engine auto)" in said and "start the server first" in said
+    no_mps = {**env, "GPUSLICE_MPS_CONTROL": str(root / "missing" / "nvidia-cuda-mps-control")}
+    proc = gpuslice("run", "--priority", "high", "--memory", "1GiB", "--", "true", env=no_mps)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    said = " ".join(err.split())
+    assert "engine timeslice, gpuslice's choice" in said and "no MPS binaries" in said and "spatial, MPS" not in said
+    proc = gpuslice("run", "--memory", "1GiB", "--", "true", env=env)  # preferred time-slicing: nothing to say
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "gpuslice's choice" not in err, err
+
+
 def test_the_socket_api_takes_engine_auto(env: dict[str, str], root: Path) -> None:
     """``"engine": "auto"`` through the agent chooses as `gpuslice run` does; a request without "engine" stays
     time-sliced (the wire's default, unchanged)."""

@@ -30,7 +30,7 @@ from gpuslice.host import mps, procs
 from gpuslice.local.client import GrantService
 from gpuslice.local.errors import LaunchError
 from gpuslice.local.records import Ask, GrantRecord
-from gpuslice.spec import Device, SpecError
+from gpuslice.spec import Device, Engine, Priority, SpecError
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -316,10 +316,9 @@ def run_command(service: GrantService, ask: Ask, cmd: Sequence[str], *, wait: bo
         return 130
     try:
         say(describe_grant(grant))
-        if ask.engine_auto and any(s.engine.value == "spatial" for s in grant.slices):
-            say("engine spatial, gpuslice's choice (--engine auto) for a slice that names its priority: an MPS client, "
-                "so a fault in one of your spatial processes on the device ends the others there too, and the slice "
-                "cannot be resized in place; --engine timeslice keeps the time-sliced engine")
+        note = engine_note(ask, grant)
+        if note:
+            say(note)
         become_subreaper()
         tty = _tty_fd()
         with forwarding(grace_seconds()) as tree:
@@ -336,6 +335,26 @@ def run_command(service: GrantService, ask: Ask, cmd: Sequence[str], *, wait: bo
         return shell_code(status)
     finally:
         _release_quietly(service, grant.grant_id, say)
+
+
+def engine_note(ask: Ask, grant: GrantRecord) -> str | None:
+    """What `gpuslice run` says of an engine it chose (``--engine auto``): what spatial gives up, or why a slice
+    that preferred spatial (one naming its priority) was time-sliced, with what to do for the spatial pair."""
+    if not ask.engine_auto:
+        return None
+    if any(s.engine is Engine.SPATIAL for s in grant.slices):
+        return ("engine spatial, gpuslice's choice (--engine auto) for a slice that names its priority: an MPS client, "
+                "so a fault in one of your spatial processes on the device ends the others there too, and the slice "
+                "cannot be resized in place; --engine timeslice keeps the time-sliced engine")
+    if ask.request.engine is not Engine.SPATIAL:
+        return None
+    if ask.request.priority is Priority.LOW:
+        return ("engine timeslice, gpuslice's choice (--engine auto): a low-priority slice is spatial only on a device "
+                "where your high-priority spatial server already runs (its SM cap is set when its process starts); "
+                "for the pair measured best start the server first (README, Spatial slices)")
+    return ("engine timeslice, gpuslice's choice (--engine auto): no device it may use could take it as an MPS client "
+            "(this node has no MPS binaries, its MPS daemon could not start, or the device runs time-sliced slices or "
+            "another user's spatial ones: a device runs one engine at a time); beside it, slices are paced by priority")
 
 
 def _record_child(service: GrantService, grant_id: str, child: int, say: Callable[[str], None]) -> None:
