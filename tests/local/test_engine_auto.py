@@ -40,6 +40,19 @@ def ledger(root: Path) -> Ledger:
                                                                  start_timeout=10))
 
 
+def root_ledger(root: Path, why: str) -> Ledger:
+    """A ledger as root keeps it: each user's daemon runs as that user (the stand-in and its interpreter are
+    ones they may run); ``why`` the test needs root for (skipped without it)."""
+    from tenantkit import tenant_python
+
+    if os.geteuid() != 0:
+        pytest.skip(f"{why}: needs root")
+    root.chmod(0o755)
+    state = StateDir(root / "s")
+    return Ledger(state, DEVICES, node_name="n1",
+                  mps=MpsDaemons(state.mps, install_standin(root / "bin", tenant_python()), start_timeout=10))
+
+
 def auto(devices: tuple[str, ...] = (), uid: int = -1, **fields) -> Ask:
     """An ask as `gpuslice run` builds it without --engine: the preferred engine, engine_auto set."""
     return Ask(request=auto_request({"memory": "4GiB", **fields}), owner="t", holder_pid=os.getpid(),
@@ -90,16 +103,8 @@ def test_the_default_never_joins_another_users_mps_daemon(root: Path) -> None:
     """MPS serves each user apart: another user's spatial slice on the device is time-sliced against this user's
     daemon with no priority between them. A default ask is spatial only where no other user's spatial slice is,
     and does not join one by the other-engine rule either (that user's high-priority server would be disturbed
-    as by plain time-slicing); a named --engine spatial still may. (Root runs each daemon as its user: the
-    stand-in and its interpreter are ones they may run.)"""
-    from tenantkit import tenant_python
-
-    if os.geteuid() != 0:
-        pytest.skip("daemons of two users: needs root")
-    root.chmod(0o755)
-    state = StateDir(root / "s")
-    ledger = Ledger(state, DEVICES, node_name="n1",
-                    mps=MpsDaemons(state.mps, install_standin(root / "bin", tenant_python()), start_timeout=10))
+    as by plain time-slicing); a named --engine spatial still may."""
+    ledger = root_ledger(root, "daemons of two users")
     alice = ledger.acquire(auto(devices=(GPU0,), uid=1001, priority="high"))
     assert alice.slices[0].engine is Engine.SPATIAL
     for fields in ({"priority": "low"}, {}):  # bob's trainer, bob's plain job: both refused on alice's device
@@ -126,14 +131,7 @@ def test_a_root_callers_ask_without_uid_gets_its_holders_daemon(root: Path) -> N
     refuses; root's daemon stopped at the next pass as one no grant needs)."""
     import subprocess
 
-    from tenantkit import tenant_python
-
-    if os.geteuid() != 0:
-        pytest.skip("a daemon run as another user: needs root")
-    root.chmod(0o755)
-    state = StateDir(root / "s")
-    ledger = Ledger(state, DEVICES, node_name="n1",
-                    mps=MpsDaemons(state.mps, install_standin(root / "bin", tenant_python()), start_timeout=10))
+    ledger = root_ledger(root, "a daemon run as another user")
     holder = subprocess.Popen(["sleep", "600"], user=65534, group=65534)
     try:
         ask = Ask(request=auto_request({"memory": "4GiB", "priority": "high"}), owner="root-for-nobody",
