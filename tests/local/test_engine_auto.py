@@ -234,6 +234,27 @@ def test_without_mps_or_with_a_daemon_that_cannot_start_the_default_is_time_slic
         broken.acquire(named)
 
 
+def test_a_grant_whose_own_files_fail_is_not_retried_time_sliced(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a daemon that cannot start sends an auto ask to the time-sliced engine: the grant's own files
+    failing (a full disk) is raised as it is, nothing granted, and not reported as the spatial engine's fault
+    (it was, and the ask was tried twice)."""
+    import errno
+
+    from gpuslice.local import ledger as ledger_module
+
+    tries = []
+
+    def full_disk(record, state):
+        tries.append(record.slices[0].engine)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ledger_module, "write_grant_files", full_disk)
+    with pytest.raises(OSError) as info:
+        ledger.acquire(auto(priority="high"))
+    assert not isinstance(info.value, GpusliceError) and info.value.errno == errno.ENOSPC
+    assert tries == [Engine.SPATIAL] and ledger.grants() == []
+
+
 @pytest.fixture
 def env(root: Path, enforcer_lib: Path) -> dict[str, str]:
     env = dict(os.environ)

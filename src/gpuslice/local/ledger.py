@@ -307,15 +307,21 @@ class Ledger:
                 db.execute("DELETE FROM waiters WHERE ticket = ?", (ticket,))
             try:  # inside the transaction: a failure rolls the grant back, nothing half-applied
                 write_grant_files(record, self.state)
-                for key in keys:  # first use of the device's daemon starts it
-                    self.mps.ensure(key)
-            except (MpsError, OSError) as exc:  # OSError: its folders could not be made
-                remove_grant_files(record.grant_id, self.state)
-                raise SpatialUnavailable(f"engine spatial: {exc}") from None
+                self._start_daemons(keys)
             except BaseException:
                 remove_grant_files(record.grant_id, self.state)
                 raise
             return record
+
+    def _start_daemons(self, keys: Sequence[DaemonKey]) -> None:
+        """First use of a device's daemon starts it. A daemon that cannot start (MpsError, or OSError: its
+        folders could not be made) is :class:`SpatialUnavailable`; the grant's own files failing is not, and
+        is raised as it is (an auto ask must not retry time-sliced on a full disk)."""
+        for key in keys:
+            try:
+                self.mps.ensure(key)
+            except (MpsError, OSError) as exc:
+                raise SpatialUnavailable(f"engine spatial: {exc}") from None
 
     @staticmethod
     def _check_ticket(db: sqlite3.Connection, ticket: int, ask: Ask) -> None:
