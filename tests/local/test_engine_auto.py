@@ -319,6 +319,28 @@ def test_run_says_why_a_slice_naming_its_priority_was_time_sliced(env: dict[str,
     assert proc.returncode == 0 and "gpuslice's choice" not in err, err
 
 
+def test_the_note_says_which_way_the_choice_went(ledger: Ledger) -> None:
+    """The grant's note follows what happened: spatial as preferred, spatial by joining (a plain job on the
+    pair's device), none for a time-sliced job that preferred it."""
+    from gpuslice.local.launcher import engine_note
+
+    server_ask = auto(priority="high")
+    server = ledger.acquire(server_ask)
+    assert "for a slice that names its priority" in engine_note(server_ask, server)
+    joiner_ask = auto(devices=server.uuids)
+    joined = ledger.acquire(joiner_ask)
+    assert joined.slices[0].engine is Engine.SPATIAL
+    assert "it joined your spatial slices there" in engine_note(joiner_ask, joined)
+    plain_ask = auto()
+    plain = ledger.acquire(plain_ask)
+    assert plain.slices[0].engine is Engine.TIMESLICE and engine_note(plain_ask, plain) is None
+    named = Ask(request=Request(memory=parse_memory("4GiB"), engine=Engine.SPATIAL), owner="t", holder_pid=os.getpid(),
+                holder_start=procs.start_time(os.getpid()))
+    assert engine_note(named, ledger.acquire(named)) is None  # named: nothing was chosen
+    for g in ledger.grants():
+        ledger.release(g.grant_id)
+
+
 def test_the_socket_api_takes_engine_auto(env: dict[str, str], root: Path) -> None:
     """``"engine": "auto"`` through the agent chooses as `gpuslice run` does; a request without "engine" stays
     time-sliced (the wire's default, unchanged)."""

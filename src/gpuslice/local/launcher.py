@@ -339,22 +339,29 @@ def run_command(service: GrantService, ask: Ask, cmd: Sequence[str], *, wait: bo
 
 def engine_note(ask: Ask, grant: GrantRecord) -> str | None:
     """What `gpuslice run` says of an engine it chose (``--engine auto``): what spatial gives up, or why a slice
-    that preferred spatial (one naming its priority) was time-sliced, with what to do for the spatial pair."""
+    that preferred spatial (one naming its priority) was time-sliced, with what to do for the spatial pair. The
+    ledger does not say which rule decided, so a note names every cause that can have."""
     if not ask.engine_auto:
         return None
+    preferred = ask.request.engine
     if any(s.engine is Engine.SPATIAL for s in grant.slices):
-        return ("engine spatial, gpuslice's choice (--engine auto) for a slice that names its priority: an MPS client, "
-                "so a fault in one of your spatial processes on the device ends the others there too, and the slice "
-                "cannot be resized in place; --engine timeslice keeps the time-sliced engine")
-    if ask.request.engine is not Engine.SPATIAL:
+        why = ("for a slice that names its priority" if preferred is Engine.SPATIAL else
+               "as time-sliced it fit nowhere it may run (a device runs one engine at a time): it joined your spatial "
+               "slices there")
+        return (f"engine spatial, gpuslice's choice (--engine auto) {why}: an MPS client, so a fault in one of your "
+                "spatial processes on the device ends the others there too, and the slice cannot be resized in place; "
+                "--engine timeslice keeps the time-sliced engine")
+    if preferred is not Engine.SPATIAL:
         return None
     if ask.request.priority is Priority.LOW:
-        return ("engine timeslice, gpuslice's choice (--engine auto): a low-priority slice is spatial only on a device "
-                "where your high-priority spatial server already runs (its SM cap is set when its process starts); "
-                "for the pair measured best start the server first (README, Spatial slices)")
+        return ("engine timeslice, gpuslice's choice (--engine auto): a low-priority slice is spatial only where the "
+                "node has MPS and a device it may use holds your high-priority spatial server with room beside it (its "
+                "SM cap is set when its process starts); if you started it before its server, start the server first "
+                "(README, Spatial slices)")
     return ("engine timeslice, gpuslice's choice (--engine auto): no device it may use could take it as an MPS client "
-            "(this node has no MPS binaries, its MPS daemon could not start, or the device runs time-sliced slices or "
-            "another user's spatial ones: a device runs one engine at a time); beside it, slices are paced by priority")
+            "(this node has no MPS binaries, its MPS daemon could not start, or each device with room runs time-sliced "
+            "slices, another user's spatial ones, or your low-priority spatial slices with no server beside them: a "
+            "device runs one engine at a time); beside it, slices are paced by priority")
 
 
 def _record_child(service: GrantService, grant_id: str, child: int, say: Callable[[str], None]) -> None:
