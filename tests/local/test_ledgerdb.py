@@ -129,6 +129,22 @@ def test_roots_ledger_and_its_wal_files_are_root_only(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root's ledger: the mode is set only when root opens it")
+def test_two_root_processes_opening_a_new_ledger_at_once_both_open_it(tmp_path, monkeypatch):
+    """The agent and a `sudo gpuslice run` may both find no ledger and make it: the one that comes second opens
+    the file the first made (it said "cannot open the ledger: File exists": helper 45)."""
+    path = tmp_path / "ledger.db"
+    first = ledgerdb.connect(path)
+    monkeypatch.setattr(ledgerdb.os.path, "lexists", lambda name: False)  # it looked before the first made it
+    second = ledgerdb.connect(path)
+    with ledgerdb.immediate(first):
+        first.execute("INSERT INTO grants (id, record) VALUES ('g-probe', '{}')")
+    assert second.execute("SELECT id FROM grants").fetchall() == [("g-probe",)]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    first.close()
+    second.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's ledger: the mode is set only when root opens it")
 def test_a_link_beside_roots_ledger_is_a_ledger_error_not_a_crash(tmp_path):
     """The side files are opened without following links and fchmod'ed (chmod without following links is ENOTSUP
     before glibc 2.32, which raised NotImplementedError past the ledger's error handling: helper 42): a link in

@@ -60,7 +60,10 @@ def _root_only(path: Path) -> None:
     if os.geteuid() != 0:
         return  # a user's own ledger, or a state dir its users chose to share: their umask's choice
     if not os.path.lexists(path):  # a new file: no connection of this process can hold a lock on it
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        except FileExistsError:  # another root process (the agent, a `sudo gpuslice run`) made it just now
+            pass
     for name in (str(path), f"{path}-wal", f"{path}-shm"):
         _mode_600(name)
 
