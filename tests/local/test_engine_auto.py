@@ -188,6 +188,26 @@ def test_a_default_that_does_not_fit_is_refused_for_its_real_reason(ledger: Ledg
     ledger.release(held.grant_id)
 
 
+def test_a_refusal_offers_only_sizes_the_engine_can_take_there(ledger: Ledger) -> None:
+    """A device running the other engine takes no size of this one: the refusal's "--memory N fits now" counts
+    only devices the ask may take with an engine it may have (it offered 75.6GiB on the spatial pair's device to
+    a job that could never join it: helper 45)."""
+    server = ledger.acquire(auto(devices=(GPU0,), priority="high"))
+    assert server.slices[0].engine is Engine.SPATIAL
+    timeslice = Ask(request=Request(memory=parse_memory("4GiB")), owner="t", holder_pid=os.getpid(),
+                    holder_start=procs.start_time(os.getpid()), devices=(GPU0,))
+    with pytest.raises(NoFit) as info:  # named time-sliced: GPU 0 runs spatial slices
+        ledger.acquire(timeslice)
+    assert "fits now" not in str(info.value) and "spatial" in str(info.value), str(info.value)
+    held = ledger.acquire(auto(devices=(GPU0,), priority="low", memory="72GiB"))  # the pair fills GPU 0
+    assert held.slices[0].engine is Engine.SPATIAL
+    with pytest.raises(NoFit) as info:  # an auto ask may join it: a smaller size fits there
+        ledger.acquire(auto(devices=(GPU0,), priority="high"))
+    assert "--memory 3.6GiB fits now" in str(info.value), str(info.value)
+    for g in (held, server):
+        ledger.release(g.grant_id)
+
+
 def test_a_compute_share_keeps_its_engine(ledger: Ledger) -> None:
     """A share of the device's time (time-sliced) would become a share of its SMs if the default took the spatial
     engine where a device runs it: such a request keeps its engine and is refused there, saying why."""

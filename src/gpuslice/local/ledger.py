@@ -144,6 +144,16 @@ def _for_auto(ask: Ask, node: NodeState, room: SpatialRoom) -> NodeState:
     return restrict(node, drop=room.own_low_alone)
 
 
+def usable_devices(ask: Ask, node: NodeState, room: SpatialRoom) -> NodeState:
+    """The devices of ``node`` that ``ask`` may take with an engine it may have (the refusal offers sizes that
+    fit on these only): its engine's, and for an auto ask the other engine's, each within ``room``."""
+    keep = set()
+    for each in (ask, _other_engine(ask)):
+        if each is not None:
+            keep.update(d.uuid for d in _for_auto(each, node, room).devices if d.takes(each.request.engine))
+    return restrict(node, keep=frozenset(keep))
+
+
 def _timesliced(ask: Ask) -> Ask:
     """The ask on the time-sliced engine, its engine no longer gpuslice's to choose."""
     return replace(ask, request=replace(ask.request, engine=Engine.TIMESLICE), engine_auto=False)
@@ -288,7 +298,8 @@ class Ledger:
                 if not wait:
                     if plain is None:  # it fits, but only on devices that waiters ahead of it want
                         raise NoFit(reason + "; use --wait to queue behind them", exc.per_node) from None
-                    text = nofit.refusal(plain, node, self.devices, ask.request, wait=False)
+                    text = nofit.refusal(plain, node, self.devices, ask.request, wait=False,
+                                         usable=usable_devices(ask, node, room))
                     also = f"\nalso: {len(ahead)} request(s) ahead in the queue want these devices" if ahead else ""
                     raise NoFit(text + also, exc.per_node) from None
                 return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)

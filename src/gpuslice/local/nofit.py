@@ -9,6 +9,7 @@ node's state now, with the request's compute share and slot counted, so the size
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 from gpuslice.placement import NodeState, TaskShape
@@ -59,11 +60,16 @@ def smaller_request(request: Request, node: NodeState) -> list[str]:
     return out
 
 
-def refusal(reason: str, node: NodeState, devices: Sequence[Device], request: Request, wait: bool) -> str:
-    """The whole refusal: why (named by index), what is free, and the next steps that apply."""
+def refusal(reason: str, node: NodeState, devices: Sequence[Device], request: Request, wait: bool,
+            usable: NodeState | None = None) -> str:
+    """The whole refusal: why (named by index), what is free, and the next steps that apply. Sizes that fit now
+    are offered from ``usable`` (the devices the request may take with the engines it may have; default every
+    device taking its engine): a device running the other engine takes no size of it."""
     names = device_names(devices)
     steps = [] if wait else ["--wait queues it until it fits"]
-    smaller = smaller_request(request, node)
+    if usable is None:
+        usable = replace(node, devices=tuple(d for d in node.devices if d.takes(request.engine)))
+    smaller = smaller_request(request, usable)
     if smaller:
         steps.append(f"{' or '.join(smaller)} fits now")
     steps.append("`gpuslice ps` shows who holds the devices")
