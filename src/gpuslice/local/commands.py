@@ -125,7 +125,8 @@ def run(
                                "is its fraction of the SMs; one device; a low priority one with no share gets 60 % of "
                                "the SMs if it starts beside a high priority one, --compute 100 keeps every SM). auto "
                                "(default): spatial for a slice that names --priority and takes one device with no "
-                               "--compute share (a server and a trainer given priorities), where the node has MPS "
+                               "--compute share, not --exclusive, --colocation preemptive (a server and a trainer "
+                               "given priorities), where the node has MPS "
                                "and no other user's spatial slice is on the device, a low priority one only beside "
                                "your high priority spatial slice; timeslice otherwise; a slice with no share takes "
                                "the other engine where only that one fits (the device runs it)."),
