@@ -260,11 +260,12 @@ class Bench:
         return [sys.executable, "-m", "gpuslice.cli", *opts, "--", *w], env
 
     @staticmethod
-    def _await_grant(log: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-        """Until the grant line is in the process's log (or it ended, or ``timeout`` s)."""
+    def _await_grant(log: Path, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
+        """Until the grant line is in the process's log (or it ended, or ``timeout`` s): whether it came."""
         deadline = time.monotonic() + timeout
         while grant_line(log) is None and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
+        return grant_line(log) is not None
 
     def pacer_paths(self) -> dict[str, str]:
         """pid -> the pacer path of each gpuslice process on the device now (enforcer's device state)."""
@@ -293,7 +294,7 @@ class Bench:
         folder.mkdir(parents=True, exist_ok=True)
         roles = (["server"] if mode == "alone" or mode in SOLO else ["trainer"] if mode in ("trainer", *SOLO_TRAINER)
                  else ["server", "trainer"])
-        procs = {}
+        procs, no_grant = {}, ""
         for role in roles:
             cmd, env = self.command(mode, role, kind, folder)
             if role == "trainer" and base_mode(mode) in ("spatial", "default"):  # its enforcer says its SM cap (one
@@ -305,8 +306,11 @@ class Bench:
                 # from the device's roster when its process starts, and one whose grant came first (the two
                 # `gpuslice run`s raced) was not capped (2026-12-06: a GPU-bound server read 1.24x alone beside
                 # such a run's trainer at 0.98x its alone speed, against 1.06x and 0.86x the run before)
-                self._await_grant(self.logs / f"{kind}-{mode}-{rep}-{role}.log", procs[role])
+                if not self._await_grant(self.logs / f"{kind}-{mode}-{rep}-{role}.log", procs[role]):
+                    no_grant = "the server had no grant line when the trainer started (refused, or 60 s passed)"
         rec: dict = {"kind": kind, "mode": mode, "rep": rep, "t": time.time()}
+        if no_grant:
+            rec["error"] = no_grant
         deadline = time.monotonic() + 120
         while not all((folder / f"ready.{r}").exists() for r in roles):
             if any(p.poll() is not None for p in procs.values()) or time.monotonic() > deadline:
@@ -553,8 +557,22 @@ def _fmt(v: list[float], ref: float | None = None, digits: int = 2, main: float 
     return text + (f" ({m / ref:.3f}x)" if ref else "")
 
 
+def failed_phase(p: dict) -> str | None:
+    """Why a phase measured nothing it can be judged by (a process failed or exited non-zero, or the server had
+    no grant when the trainer started), else None. Its figures are left out of every table and goal: a server
+    timed beside a trainer that crashed read as if it had been co-located."""
+    if p.get("error"):
+        return p["error"]
+    for role in ("server", "trainer"):
+        side = p.get(role)
+        if isinstance(side, dict) and (side.get("error") or side.get("exit", 0) != 0):
+            return f"{role}: {side.get('error') or 'exit ' + str(side.get('exit'))}"
+    return None
+
+
 def report(raw: dict) -> str:
-    phs = raw["phases"]
+    failed = [(p, why) for p in raw["phases"] if (why := failed_phase(p))]
+    phs = [p for p in raw["phases"] if not failed_phase(p)]
     lines = [f"Window {raw.get('window_s')} s per phase, {raw.get('reps')} repeats (ABBA). Server p50 / p99: of all "
              "repeats' requests together [min-max of the repeats' own]; trainer: mean [min-max]; x = against the "
              "same kind alone.", ""]
@@ -598,8 +616,7 @@ def report(raw: dict) -> str:
         lines += yield_table(phs, kind, raw.get("window_s"))
         lines += paired(phs, kind)
         goals += _goals(kind, phs, p50a, p99a, bound, talone, between)
-    errors = [f"{p['kind']}/{p['mode']}#{p['rep']} {r}: {p[r]['error']}" for p in phs for r in ("server", "trainer")
-              if isinstance(p.get(r), dict) and p[r].get("error")]
+    errors = [f"{p['kind']}/{p['mode']}#{p['rep']} {why}: left out of every figure above" for p, why in failed]
     lines += ["### Goals (issue 13)" + (f": not judged, the neighbour is {raw['trainer']}, not the trainer; the goal "
                                        "lines for reference only" if synthetic else ""), ""] + [f"- {g}" for g in goals]
     if raw.get("skipped"):
@@ -749,7 +766,7 @@ def main() -> int:
     finally:
         (Path(args.out) / "coloc-raw.json").write_text(json.dumps(bench.raw, indent=1))
         (Path(args.out) / "coloc.md").write_text(report(bench.raw))
-    failed = [p for p in bench.raw["phases"] for r in ("server", "trainer") if isinstance(p.get(r), dict) and p[r].get("error")]
+    failed = [p for p in bench.raw["phases"] if failed_phase(p)]
     return 1 if failed or not bench.raw["phases"] else 0
 
 

@@ -585,3 +585,27 @@ def test_coloc_plain_floor_judges_the_spatial_engine_too() -> None:
     phs[1] = ph("plain", 12.0, 50.0)  # plain's tail 1.20x alone: it protects nothing, so it is no floor
     floor = [g for g in bench._goals("gpu", phs, 10.0, 10.0, 30.0, 60.0, 0.5) if "plain time-slicing gives" in g]
     assert len(floor) == 2 and all(g.endswith("so it is no floor here") for g in floor)
+
+
+def test_a_phase_whose_trainer_failed_is_left_out_of_every_figure() -> None:
+    """A server timed beside a trainer that crashed (or was refused) was not co-located: its requests went into
+    the pooled p50/p99 and a goal could read "met" (helper 46). Such a phase, and one whose server had no grant
+    when the trainer started, is left out of the tables and goals and listed under Errors."""
+    mod = _bench_module()
+
+    def phase(mode: str, rep: int, p50: float, **extra) -> dict:
+        server = {"p50_ms": p50, "p99_ms": p50, "lat_ms": [p50] * 10, "exit": 0}
+        return {"kind": "gpu", "mode": mode, "rep": rep, "server": server,
+                "trainer": {"it_per_s": 5.0, "exit": 0}, **extra}
+
+    good = phase("default", 0, 4.0)
+    crashed = phase("default", 1, 2.0)
+    crashed["trainer"] = {"error": "no result (exit 1)", "exit": 1}
+    ungranted = phase("default", 2, 2.0, error="the server had no grant line when the trainer started")
+    text = mod.report({"phases": [phase("alone", 0, 4.0), good, crashed, ungranted]})
+    row = next(line for line in text.splitlines() if line.startswith("| default "))
+    assert row.split("|")[2].strip().startswith("4.00") and "(1.000x)" in row, row
+    errors = text[text.index("### Errors"):]
+    assert "gpu/default#1 trainer: no result (exit 1): left out" in errors
+    assert "gpu/default#2 the server had no grant line" in errors
+    assert mod.failed_phase(good) is None
