@@ -80,6 +80,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -212,6 +213,17 @@ class Bench:
         self.raw: dict = {"phases": [], "skipped": [], "window_s": args.window, "reps": args.reps,
                           "trainer": args.trainer}
         self.busy: dict[str, float] = {}  # kind -> the server's busy fraction alone (latest)
+        self.live: dict[str, subprocess.Popen] = {}  # the phase's processes (each its own session) while it runs
+
+    def stop_workers(self) -> None:
+        """End the running phase's processes (a bench ended by a signal: they run in sessions of their own)."""
+        for p in self.live.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
 
     def say(self, text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -295,6 +307,7 @@ class Bench:
         roles = (["server"] if mode == "alone" or mode in SOLO else ["trainer"] if mode in ("trainer", *SOLO_TRAINER)
                  else ["server", "trainer"])
         procs, no_grant = {}, ""
+        self.live = procs
         for role in roles:
             cmd, env = self.command(mode, role, kind, folder)
             if role == "trainer" and base_mode(mode) in ("spatial", "default"):  # its enforcer says its SM cap (one
@@ -761,9 +774,12 @@ def main() -> int:
     if args.plan_only:
         return 0
     bench = Bench(args)
+    # a device call's time limit ends the bench with SIGTERM: the phases done so far still get their report
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         bench.run()
     finally:
+        bench.stop_workers()
         (Path(args.out) / "coloc-raw.json").write_text(json.dumps(bench.raw, indent=1))
         (Path(args.out) / "coloc.md").write_text(report(bench.raw))
     failed = [p for p in bench.raw["phases"] if failed_phase(p)]

@@ -609,3 +609,35 @@ def test_a_phase_whose_trainer_failed_is_left_out_of_every_figure() -> None:
     assert "gpu/default#1 trainer: no result (exit 1): left out" in errors
     assert "gpu/default#2 the server had no grant line" in errors
     assert mod.failed_phase(good) is None
+
+
+def test_a_bench_ended_by_sigterm_writes_its_report_and_ends_its_workers(tmp_path: Path) -> None:
+    """A device call's time limit ends the bench with SIGTERM: the phases done so far still get coloc.md and the
+    raw file, and the running phase's workers (each in a session of its own) end with it (helper 46: nothing was
+    written, and the workers were left running)."""
+    import signal
+    import time
+
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    bench = subprocess.Popen([sys.executable, str(ROOT / "bench/gpu/coloc_bench.py"), "--out", str(out), "--tmp",
+                              str(tmp), "--dry", "--steps", "3", "--modes", "alone,trainer", "--reps", "1",
+                              "--window", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    second = tmp / "phase" / "decode-trainer-0" / "ready.trainer"  # the trainer phase runs after the first's end
+    deadline = time.monotonic() + 120
+    while not second.exists():
+        assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()[0]
+        time.sleep(0.05)
+    bench.send_signal(signal.SIGTERM)
+    said, _ = bench.communicate(timeout=60)
+    assert bench.returncode == 128 + signal.SIGTERM, said
+    raw = json.loads((out / "coloc-raw.json").read_text())
+    assert [p["mode"] for p in raw["phases"]] == ["alone"]
+    assert "| alone |" in (out / "coloc.md").read_text()
+    def cmdline(pid: Path) -> bytes:
+        try:
+            return (pid / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            return b""
+
+    left = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp).encode() in cmdline(p)]
+    assert not left, left
