@@ -584,8 +584,9 @@ def failed_phase(p: dict) -> str | None:
 
 
 def report(raw: dict) -> str:
-    failed = [(p, why) for p in raw["phases"] if (why := failed_phase(p))]
-    phs = [p for p in raw["phases"] if not failed_phase(p)]
+    verdicts = [(p, failed_phase(p)) for p in raw["phases"]]
+    failed = [(p, why) for p, why in verdicts if why]
+    phs = [p for p, why in verdicts if not why]
     lines = [f"Window {raw.get('window_s')} s per phase, {raw.get('reps')} repeats (ABBA). Server p50 / p99: of all "
              "repeats' requests together [min-max of the repeats' own]; trainer: mean [min-max]; x = against the "
              "same kind alone.", ""]

@@ -284,13 +284,14 @@ class Ledger:
                 raise LedgerError(lost_refusal(str(self.state.ledger), self._live_lost))
             if ticket is not None:
                 self._check_ticket(db, ticket, ask)
+            owner_uid = _owner_uid(ask)  # the queue's, the room's, the record's and its daemons' user: one answer
             if wait and ticket is None:
-                ticket = self._enqueue(db, ask)
-            ahead = self._competing(db, ask, ticket if wait else None, mine)
+                ticket = self._enqueue(db, ask, owner_uid)
+            ahead = self._competing(db, ask, owner_uid, ticket if wait else None, mine)
             reserved = frozenset().union(*ahead.values()) if ahead else frozenset()
             granted = self._grants(db)
             node = self.node_state([*granted, *(b.grant for b in self._bad if b.grant is not None)], ask.devices)
-            room = spatial_room(granted, ask)
+            room = spatial_room(granted, owner_uid)
             try:
                 placed, ask = place_ask(ask, restrict(node, drop=reserved), policy, room)
             except NoFit as exc:
@@ -304,7 +305,6 @@ class Ledger:
                     raise NoFit(text + also, exc.per_node) from None
                 return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)
             grant_id = new_grant_id()
-            owner_uid = _owner_uid(ask)  # the record's and its daemons' user: one answer (a root caller may give none)
             keys = daemon_keys(placed.slices, owner_uid)
             record = GrantRecord(
                 grant=Grant(grant_id, placed.slices, placed.exclusive), owner=ask.owner, request=ask.request,
@@ -474,8 +474,8 @@ class Ledger:
             remove_grant_files(gone.grant_id, self.state)
         self._live_lost = [g for g in lost if g.pids]
 
-    def _enqueue(self, db: sqlite3.Connection, ask: Ask) -> int:
-        me = _owner_uid(ask)
+    def _enqueue(self, db: sqlite3.Connection, ask: Ask, me: int) -> int:
+        """Queue ``ask`` of user ``me`` (:func:`_owner_uid`); its ticket."""
         check_queue_room(me, sum(1 for w in self._waiters(db) if queued_by(w) == me))
         cur = db.execute(
             "INSERT INTO waiters (priority, enqueued, pid, pid_start, owner, request, devices, uid) "
@@ -484,13 +484,12 @@ class Ledger:
              json.dumps(request_to_json(ask.request)), json.dumps(list(ask.devices)), me))
         return int(cur.lastrowid or 0)
 
-    def _competing(self, db: sqlite3.Connection, ask: Ask, ticket: int | None,
+    def _competing(self, db: sqlite3.Connection, ask: Ask, me: int, ticket: int | None,
                    mine: frozenset[str]) -> dict[int, frozenset[str]]:
-        """Live waiters ahead of this request (a queued ticket, or a newcomer) that could use a device it
-        could use: ticket -> the devices that waiter could use (reserved for the queue). Who is ahead of whom:
-        :func:`gpuslice.local.admission.holds_back`."""
+        """Live waiters ahead of this request of user ``me`` (a queued ticket, or a newcomer) that could use a
+        device it could use: ticket -> the devices that waiter could use (reserved for the queue). Who is ahead
+        of whom: :func:`gpuslice.local.admission.holds_back`."""
         prio = int(ask.request.priority)
-        me = _owner_uid(ask)
         found: dict[int, frozenset[str]] = {}
         for w in self._waiters(db):
             if not holds_back(queued_by(w), w.priority, w.ticket, me, prio, ticket):
@@ -642,9 +641,9 @@ def slice_processes(grant: GrantRecord, stats: list[procs.ProcStat]) -> SlicePro
     return SliceProcesses(tuple(ours.values()), unsure)
 
 
-def spatial_room(grants: Sequence[GrantRecord], ask: Ask) -> SpatialRoom:
-    """Where ``ask``, were its engine left to gpuslice, may be spatial beside ``grants`` (:class:`SpatialRoom`)."""
-    uid = _owner_uid(ask)
+def spatial_room(grants: Sequence[GrantRecord], uid: int) -> SpatialRoom:
+    """Where an ask of user ``uid`` (its grant's owner, :func:`_owner_uid`), were its engine left to gpuslice, may
+    be spatial beside ``grants`` (:class:`SpatialRoom`)."""
     spatial = [(g.uid, s) for g in grants for s in g.slices if s.engine is Engine.SPATIAL]
     own = [s for owner, s in spatial if owner == uid]
     high = frozenset(s.device_uuid for s in own if s.priority is Priority.HIGH and s.colocation is Colocation.PREEMPTIVE)

@@ -9,7 +9,6 @@ node's state now, with the request's compute share and slot counted, so the size
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Sequence
 
 from gpuslice.placement import NodeState, TaskShape
@@ -61,14 +60,12 @@ def smaller_request(request: Request, node: NodeState) -> list[str]:
 
 
 def refusal(reason: str, node: NodeState, devices: Sequence[Device], request: Request, wait: bool,
-            usable: NodeState | None = None) -> str:
+            usable: NodeState) -> str:
     """The whole refusal: why (named by index), what is free, and the next steps that apply. Sizes that fit now
-    are offered from ``usable`` (the devices the request may take with the engines it may have; default every
-    device taking its engine): a device running the other engine takes no size of it."""
+    are offered from ``usable``, the devices the request may take with the engines it may have (a device running
+    the other engine takes no size of it)."""
     names = device_names(devices)
     steps = [] if wait else ["--wait queues it until it fits"]
-    if usable is None:
-        usable = replace(node, devices=tuple(d for d in node.devices if d.takes(request.engine)))
     smaller = smaller_request(request, usable)
     if smaller:
         steps.append(f"{' or '.join(smaller)} fits now")
