@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,7 @@ def test_a_root_callers_ask_without_uid_gets_its_holders_daemon(root: Path) -> N
         assert isinstance(grant, GrantRecord) and grant.uid == 65534 and grant.slices[0].engine is Engine.SPATIAL
         kept = ledger.mps.pipe_dir(daemon_keys(grant.slices, grant.uid)[0])
         assert grant.mps_pipe_dir == str(kept) and "-65534" in kept.parent.name
-        ledger.grants()  # a pass: the daemon the grant names is the one kept
+        ledger.reclaim()  # a pass (reconciles the daemons): the daemon the grant names is the one kept
         (daemon,) = mps_processes(root)
         assert procs.real_uid(daemon) == 65534
         ledger.release(grant.grant_id)
@@ -148,6 +149,22 @@ def test_a_root_callers_ask_without_uid_gets_its_holders_daemon(root: Path) -> N
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_ask_without_uid_whose_holder_pid_is_another_process_is_nobodys(ledger: Ledger) -> None:
+    """A root caller's ask without a uid belongs to its holder's user, read from the pid; the pid is read with its
+    start time, so that a holder gone before the read, its pid taken by another user's process, does not make the
+    grant (its files, its MPS daemon) that user's (helper 47). The grant is of no owner, reclaimed once its holder
+    is known gone."""
+    me = procs.start_time(os.getpid())
+    ask = Ask(request=auto_request({"memory": "4GiB", "priority": "high"}), owner="root-for-gone",
+              holder_pid=os.getpid(), holder_start=me + 1, engine_auto=True)  # another process had the pid
+    grant = ledger.acquire(ask)
+    assert isinstance(grant, GrantRecord) and grant.uid == -1
+    same = ledger.acquire(replace(ask, holder_start=me))
+    assert same.uid == os.getuid()
+    for g in (grant, same):
+        ledger.release(g.grant_id)
 
 
 def test_a_low_priority_default_is_spatial_only_beside_its_users_high_priority_server(ledger: Ledger) -> None:
@@ -204,7 +221,28 @@ def test_a_refusal_offers_only_sizes_the_engine_can_take_there(ledger: Ledger) -
     with pytest.raises(NoFit) as info:  # an auto ask may join it: a smaller size fits there
         ledger.acquire(auto(devices=(GPU0,), priority="high"))
     assert "--memory 3.6GiB fits now" in str(info.value), str(info.value)
-    for g in (held, server):
+    offered = ledger.acquire(auto(devices=(GPU0,), priority="high", memory="3.6GiB"))  # and is granted
+    for g in (offered, held, server):
+        ledger.release(g.grant_id)
+
+
+def test_a_refusal_offers_no_size_on_devices_the_queue_holds_back(ledger: Ledger) -> None:
+    """A size offered as "fits now" is granted when asked for: none is counted on a device that a waiter ahead
+    holds back (it offered GPU 1's free memory, and the retry was refused with "use --wait": helper 47)."""
+    def ask(memory: str, devices: tuple[str, ...], priority: str = "low") -> Ask:
+        return Ask(request=Request(memory=parse_memory(memory), priority=Priority.parse(priority)), owner="t",
+                   holder_pid=os.getpid(), holder_start=procs.start_time(os.getpid()), devices=devices)
+
+    held = [ledger.acquire(ask("76GiB", (GPU0,))), ledger.acquire(ask("60GiB", (GPU1,)))]
+    waiter = ledger.acquire(ask("30GiB", (GPU1,), priority="high"), wait=True)  # GPU 1 is its, once it frees
+    assert not isinstance(waiter, GrantRecord)
+    with pytest.raises(NoFit) as info:
+        ledger.acquire(ask("20GiB", (GPU0, GPU1)))
+    text = str(info.value)
+    assert "--memory 3.6GiB fits now" in text and "19.6GiB" not in text, text  # GPU 0's room, not GPU 1's
+    held.append(ledger.acquire(ask("3.6GiB", (GPU0, GPU1))))
+    ledger.cancel(waiter.ticket)
+    for g in held:
         ledger.release(g.grant_id)
 
 
@@ -273,6 +311,22 @@ def test_a_grant_whose_own_files_fail_is_not_retried_time_sliced(ledger: Ledger,
         ledger.acquire(auto(priority="high"))
     assert not isinstance(info.value, GpusliceError) and info.value.errno == errno.ENOSPC
     assert tries == [Engine.SPATIAL] and ledger.grants() == []
+
+
+def test_a_daemon_whose_folders_cannot_be_made_sends_the_default_time_sliced(
+        ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon that cannot start for want of its folders (an OSError, not the daemon's own MpsError) is the
+    spatial engine failing, like any other: the default is granted time-sliced, nothing of the try kept."""
+    import errno
+
+    def no_folders(key):
+        raise OSError(errno.EACCES, "Permission denied", str(key))
+
+    monkeypatch.setattr(ledger.mps, "ensure", no_folders)
+    got = ledger.acquire(auto(priority="high"))
+    assert got.slices[0].engine is Engine.TIMESLICE and got.mps_pipe_dir == ""
+    assert [g.grant_id for g in ledger.grants()] == [got.grant_id]
+    ledger.release(got.grant_id)
 
 
 @pytest.fixture

@@ -356,8 +356,8 @@ def engine_note(ask: Ask, grant: GrantRecord) -> str | None:
     if ask.request.priority is Priority.LOW:
         return ("engine timeslice, gpuslice's choice (--engine auto): a low-priority slice is spatial only where the "
                 "node has MPS and a device it may use holds your high-priority spatial server with room beside it (its "
-                "SM cap is set when its process starts); if you started it before its server, start the server first "
-                "(README, Spatial slices)")
+                "SM cap is set when its process starts) and the device's MPS daemon could start; if you started it "
+                "before its server, start the server first (README, Spatial slices)")
     return ("engine timeslice, gpuslice's choice (--engine auto): no device it may use could take it as an MPS client "
             "(this node has no MPS binaries, its MPS daemon could not start, or each device with room runs time-sliced "
             "slices, another user's spatial ones, or your low-priority spatial slices with no server beside them: a "

@@ -299,8 +299,10 @@ class Ledger:
                 if not wait:
                     if plain is None:  # it fits, but only on devices that waiters ahead of it want
                         raise NoFit(reason + "; use --wait to queue behind them", exc.per_node) from None
+                    # sizes that fit now: not on devices the waiters ahead hold back (they would be refused
+                    # again, "use --wait to queue behind them")
                     text = nofit.refusal(plain, node, self.devices, ask.request, wait=False,
-                                         usable=usable_devices(ask, node, room))
+                                         usable=usable_devices(ask, restrict(node, drop=reserved), room))
                     also = f"\nalso: {len(ahead)} request(s) ahead in the queue want these devices" if ahead else ""
                     raise NoFit(text + also, exc.per_node) from None
                 return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)
@@ -658,7 +660,9 @@ def _owner_uid(ask: Ask) -> int:
     if ask.uid >= 0:
         return ask.uid
     uid = procs.real_uid(ask.holder_pid)
-    return uid if uid is not None else -1
+    # the pid read again with its start time: a holder that ended before the read, its pid taken by another
+    # user's process, would make the grant (files, MPS daemon) that user's
+    return uid if uid is not None and procs.alive(ask.holder_pid, ask.holder_start) else -1
 
 
 def queued_by(waiter: Waiter) -> int | None:
