@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.host import procs
+from gpuslice.host.mps import MpsError
 from gpuslice.host.mpsfleet import MpsDaemons
 from gpuslice.local.ledger import Ledger, daemon_keys
 from gpuslice.local.paths import StateDir
@@ -327,6 +328,24 @@ def test_a_daemon_whose_folders_cannot_be_made_sends_the_default_time_sliced(
     assert got.slices[0].engine is Engine.TIMESLICE and got.mps_pipe_dir == ""
     assert [g.grant_id for g in ledger.grants()] == [got.grant_id]
     ledger.release(got.grant_id)
+
+
+def test_a_default_refused_after_its_daemon_failed_says_so(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An auto ask whose daemon could not start is tried time-sliced; where that is refused too, the refusal says
+    the daemon was why (it read as a plain time-sliced refusal, the daemon's error only in the agent's log)."""
+    server = ledger.acquire(auto(devices=(GPU0,), priority="high"))
+    assert server.slices[0].engine is Engine.SPATIAL
+
+    def dead(key):
+        raise MpsError("nvidia-cuda-mps-control: daemon not answering")
+
+    monkeypatch.setattr(ledger.mps, "ensure", dead)
+    with pytest.raises(NoFit) as info:  # spatial beside its server, but the daemon is gone; GPU 0 runs spatial
+        ledger.acquire(auto(devices=(GPU0,), priority="low"))
+    text = str(info.value)
+    assert "spatial slices" in text and "daemon not answering, so the time-sliced engine was tried" in text, text
+    monkeypatch.undo()
+    ledger.release(server.grant_id)
 
 
 @pytest.fixture

@@ -263,7 +263,11 @@ class Ledger:
             if not ask.engine_auto:
                 raise
             log.warning("engine auto: %s; granting the time-sliced engine instead", exc)
-            return self._acquire(_timesliced(ask), wait=wait, ticket=ticket)
+            try:
+                return self._acquire(_timesliced(ask), wait=wait, ticket=ticket)
+            except NoFit as refused:  # say why it was tried time-sliced: the cause is on the node, not in the ask
+                raise NoFit(f"{refused.reason}\nalso: {exc}, so the time-sliced engine was tried",
+                            refused.per_node) from None
 
     def _acquire(self, ask: Ask, *, wait: bool, ticket: int | None) -> GrantRecord | Queued:
         ask = replace(ask, request=ask.request.with_default_memory())
