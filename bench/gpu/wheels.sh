@@ -5,7 +5,7 @@
 # are used instead, as without .whl/.
 # ROOT defaults to this checkout: sourced without it, the wheels were silently not found and the image's own
 # typer and click, not the versions we pin, failed `gpuslice run` (2026-12-07: no attribute 'type_descriptor')
-ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+ROOT=${ROOT:-$(CDPATH= cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)}  # bash only, as every caller
 GS_SITE=${GS_SITE:-/tmp/site}
 if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1 &&
    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GS_SITE" \

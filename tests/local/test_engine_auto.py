@@ -19,7 +19,7 @@ from gpuslice.host.mps import MpsError
 from gpuslice.host.mpsfleet import MpsDaemons
 from gpuslice.local.ledger import Ledger, daemon_keys
 from gpuslice.local.paths import StateDir
-from gpuslice.local.records import Ask, GrantRecord, auto_request
+from gpuslice.local.records import Ask, GrantRecord, Queued, auto_request
 from gpuslice.placement import NoFit
 from gpuslice.spec import Engine, GpusliceError, Priority, Request, SpecError, parse_memory
 from mpskit import failing_control, install_standin, mps_processes, short_root
@@ -152,20 +152,19 @@ def test_a_root_callers_ask_without_uid_gets_its_holders_daemon(root: Path) -> N
         holder.wait()
 
 
-def test_an_ask_without_uid_whose_holder_pid_is_another_process_is_nobodys(ledger: Ledger) -> None:
+def test_an_ask_without_uid_whose_holder_is_gone_is_refused(ledger: Ledger) -> None:
     """A root caller's ask without a uid belongs to its holder's user, read from the pid; the pid is read with its
     start time, so that a holder gone before the read, its pid taken by another user's process, does not make the
-    grant (its files, its MPS daemon) that user's (helper 47). The grant is of no owner, reclaimed once its holder
-    is known gone."""
+    grant (its files, its MPS daemon) that user's (helper 47): it is refused, naming the field, nothing kept."""
     me = procs.start_time(os.getpid())
     ask = Ask(request=auto_request({"memory": "4GiB", "priority": "high"}), owner="root-for-gone",
               holder_pid=os.getpid(), holder_start=me + 1, engine_auto=True)  # another process had the pid
-    grant = ledger.acquire(ask)
-    assert isinstance(grant, GrantRecord) and grant.uid == -1
+    with pytest.raises(SpecError) as info:
+        ledger.acquire(ask)
+    assert info.value.field == "holder_pid" and ledger.grants() == []
     same = ledger.acquire(replace(ask, holder_start=me))
     assert same.uid == os.getuid()
-    for g in (grant, same):
-        ledger.release(g.grant_id)
+    ledger.release(same.grant_id)
 
 
 def test_a_low_priority_default_is_spatial_only_beside_its_users_high_priority_server(ledger: Ledger) -> None:
@@ -241,6 +240,7 @@ def test_a_refusal_offers_no_size_on_devices_the_queue_holds_back(ledger: Ledger
         ledger.acquire(ask("20GiB", (GPU0, GPU1)))
     text = str(info.value)
     assert "--memory 3.6GiB fits now" in text and "19.6GiB" not in text, text  # GPU 0's room, not GPU 1's
+    assert "hold GPU 1 back for themselves" in text, text  # why GPU 1's free memory is not offered
     held.append(ledger.acquire(ask("3.6GiB", (GPU0, GPU1))))
     ledger.cancel(waiter.ticket)
     for g in held:
@@ -344,6 +344,9 @@ def test_a_default_refused_after_its_daemon_failed_says_so(ledger: Ledger, monke
         ledger.acquire(auto(devices=(GPU0,), priority="low"))
     text = str(info.value)
     assert "spatial slices" in text and "daemon not answering, so the time-sliced engine was tried" in text, text
+    queued = ledger.acquire(auto(devices=(GPU0,), priority="low"), wait=True)  # waiting: its reason says so too
+    assert isinstance(queued, Queued) and "daemon not answering" in queued.reason, queued
+    ledger.cancel(queued.ticket)
     monkeypatch.undo()
     ledger.release(server.grant_id)
 

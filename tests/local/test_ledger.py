@@ -178,7 +178,9 @@ def test_crashed_holder_is_reclaimed(ledger):
 
 def test_reused_pid_does_not_keep_a_grant(ledger):
     stale = ask("40GiB")
-    stale = Ask(stale.request, "t", os.getpid(), procs.start_time(os.getpid()) - 1, devices=stale.devices)
+    # with its uid given (an ask without one whose holder is gone is refused at acquire): the reclaimer's check
+    stale = Ask(stale.request, "t", os.getpid(), procs.start_time(os.getpid()) - 1, devices=stale.devices,
+                uid=os.getuid())
     grant = ledger.acquire(stale)
     assert ledger.reclaim() == [grant.grant_id]  # same pid, other start time: not the holder
 

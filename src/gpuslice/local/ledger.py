@@ -263,11 +263,12 @@ class Ledger:
             if not ask.engine_auto:
                 raise
             log.warning("engine auto: %s; granting the time-sliced engine instead", exc)
+            why = f"{exc}, so the time-sliced engine was tried"  # the cause is on the node, not in the ask
             try:
-                return self._acquire(_timesliced(ask), wait=wait, ticket=ticket)
-            except NoFit as refused:  # say why it was tried time-sliced: the cause is on the node, not in the ask
-                raise NoFit(f"{refused.reason}\nalso: {exc}, so the time-sliced engine was tried",
-                            refused.per_node) from None
+                got = self._acquire(_timesliced(ask), wait=wait, ticket=ticket)
+            except NoFit as refused:
+                raise NoFit(f"{refused.reason}\nalso: {why}", refused.per_node) from None
+            return replace(got, reason=f"{got.reason}; {why}") if isinstance(got, Queued) else got
 
     def _acquire(self, ask: Ask, *, wait: bool, ticket: int | None) -> GrantRecord | Queued:
         ask = replace(ask, request=ask.request.with_default_memory())
@@ -307,7 +308,10 @@ class Ledger:
                     # again, "use --wait to queue behind them")
                     text = nofit.refusal(plain, node, self.devices, ask.request, wait=False,
                                          usable=usable_devices(ask, restrict(node, drop=reserved), room))
-                    also = f"\nalso: {len(ahead)} request(s) ahead in the queue want these devices" if ahead else ""
+                    names = device_names(self.devices)
+                    held = ", ".join(sorted(names.get(u, u) for u in reserved))
+                    also = (f"\nalso: {len(ahead)} request(s) ahead in the queue hold {held} back for themselves"
+                            if ahead else "")
                     raise NoFit(text + also, exc.per_node) from None
                 return Queued(ticket=ticket or 0, position=len(ahead) + 1, reason=reason)
             grant_id = new_grant_id()
@@ -660,13 +664,18 @@ def spatial_room(grants: Sequence[GrantRecord], uid: int) -> SpatialRoom:
 
 def _owner_uid(ask: Ask) -> int:
     """The grant's owner: the ask's uid, else (a root caller that gave none) its holder's real uid, so that
-    every new grant names one (a grant of no owner proves nothing by its marker: :func:`_owners`)."""
+    every new grant names one (a grant of no owner proves nothing by its marker: :func:`_owners`). A holder
+    that is gone (its pid, with its start time) is :class:`SpecError` on ``holder_pid``."""
     if ask.uid >= 0:
         return ask.uid
     uid = procs.real_uid(ask.holder_pid)
     # the pid read again with its start time: a holder that ended before the read, its pid taken by another
-    # user's process, would make the grant (files, MPS daemon) that user's
-    return uid if uid is not None and procs.alive(ask.holder_pid, ask.holder_start) else -1
+    # user's process, would make the grant (files, MPS daemon) that user's; a grant for a gone holder would
+    # only be reclaimed, so it is refused as the agent refuses one (agent._checked_ask)
+    if uid is None or not procs.alive(ask.holder_pid, ask.holder_start):
+        raise SpecError("holder_pid", ask.holder_pid, "the pid of a live process, with its start time in "
+                                                      "holder_start (field 22 of /proc/<pid>/stat)")
+    return uid
 
 
 def queued_by(waiter: Waiter) -> int | None:
