@@ -50,7 +50,7 @@ from gpuslice.local.membership import attribute
 from gpuslice.host.metrics import exposition
 from gpuslice.host.monitor import Monitor, NodeView, with_backstop
 from gpuslice.local.paths import StateDir
-from gpuslice.local.records import MAX_TICKS, PID_MAX, Ask, GrantRecord
+from gpuslice.local.records import LIVE_HOLDER, MAX_TICKS, PID_MAX, Ask, GrantRecord
 from gpuslice.placement import NoFit
 from gpuslice.spec import Device, Priority, Resize, SpecError, whole_number
 
@@ -226,8 +226,7 @@ def _checked_ask(ask: Ask, peer: Peer | None) -> Ask:
     if not mine and not _owned_by(ask.holder_pid, peer.uid):
         raise Forbidden(f"holder_pid {ask.holder_pid} is not a process of user {peer.user}")
     if not ask.holder_start or not procs.alive(ask.holder_pid, ask.holder_start):
-        raise SpecError("holder_pid", ask.holder_pid, "the pid of a live process, with its start time in holder_start "
-                                                      "(field 22 of /proc/<pid>/stat)")
+        raise SpecError("holder_pid", ask.holder_pid, LIVE_HOLDER)
     return ask if mine else replace(ask, uid=peer.uid, owner=peer.user)
 
 

@@ -57,7 +57,7 @@ from gpuslice.local.grantfiles import reconcile_grant_records, remove_grant_file
 from gpuslice.local.paths import StateDir
 from gpuslice.local import nofit
 from gpuslice.local.nofit import device_names, local_words
-from gpuslice.local.records import Ask, GrantRecord, Queued, Waiter
+from gpuslice.local.records import LIVE_HOLDER, Ask, GrantRecord, Queued, Waiter
 from gpuslice.local.resize import Resized, evict, resized_request, share_live
 from gpuslice.host.usage import below_usage
 from gpuslice.placement import NodeState, NoFit, Placement, PlacementPolicy, place, resize, resized_slices
@@ -673,8 +673,7 @@ def _owner_uid(ask: Ask) -> int:
     # user's process, would make the grant (files, MPS daemon) that user's; a grant for a gone holder would
     # only be reclaimed, so it is refused as the agent refuses one (agent._checked_ask)
     if uid is None or not procs.alive(ask.holder_pid, ask.holder_start):
-        raise SpecError("holder_pid", ask.holder_pid, "the pid of a live process, with its start time in "
-                                                      "holder_start (field 22 of /proc/<pid>/stat)")
+        raise SpecError("holder_pid", ask.holder_pid, LIVE_HOLDER)
     return uid
 
 

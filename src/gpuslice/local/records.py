@@ -26,6 +26,8 @@ MAX_COMMAND = 1024  # `gpuslice run` sends at most 500 characters of the command
 MAX_POLICY = 64
 MAX_DEVICE_LIST = 64
 MAX_UUID = 96
+# what a holder must be (the agent checks it before the ledger, the ledger again for a root caller's ask without uid)
+LIVE_HOLDER = "the pid of a live process, with its start time in holder_start (field 22 of /proc/<pid>/stat)"
 LIMITS = {"holder_pid": f"1..{PID_MAX}", "holder_start": f"0..{MAX_TICKS}", "uid": f"-1..{MAX_UID}",
           "owner": f"{MAX_OWNER} characters", "command": f"{MAX_COMMAND} characters",
           "policy": f"{MAX_POLICY} characters", "devices": f"{MAX_DEVICE_LIST} UUIDs of {MAX_UUID} characters"}
